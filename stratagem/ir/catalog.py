@@ -1,0 +1,76 @@
+"""Built-in device kinds, from vendor data sheets (dense peak, no sparsity).
+
+Efficiencies are what well-tuned kernels reach in practice; calibration (`stratagem calibrate`)
+replaces them with measured figures for a machine.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from stratagem.ir.document import Strict
+
+TERA = 1e12
+GIGA = 1e9
+
+
+class DeviceSpec(Strict):
+    name: str
+    peak_flops: dict[str, float]
+    """Peak FLOP/s per dtype name (`float32`, `float16`, `bfloat16`)."""
+    memory_bytes: float = Field(gt=0)
+    memory_bandwidth: float = Field(gt=0)
+    """Bytes per second between the device's memory and its cores."""
+    matmul_efficiency: float = Field(default=0.6, gt=0, le=1)
+    """Fraction of peak that matrix multiplies and convolutions reach."""
+    elementwise_efficiency: float = Field(default=0.7, gt=0, le=1)
+    """Fraction of memory bandwidth that element-wise kernels reach."""
+    launch_overhead_s: float = Field(default=5e-6, ge=0)
+    """Fixed cost per layer and pass (kernel launches, framework dispatch)."""
+    is_gpu: bool = True
+
+    def flops_for(self, dtype: str) -> float:
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        if dtype == "bfloat16" and "float16" in self.peak_flops:
+            return self.peak_flops["float16"]
+        return self.peak_flops["float32"]
+
+
+def _gpu(name: str, fp32: float, fp16: float, memory_gb: float, bandwidth_gbs: float, tf32: float | None = None) -> DeviceSpec:
+    flops = {"float32": (tf32 or fp32) * TERA, "float16": fp16 * TERA, "bfloat16": fp16 * TERA}
+    if name == "T4" or name.startswith("V100"):
+        flops["bfloat16"] = fp32 * TERA
+    return DeviceSpec(
+        name=name, peak_flops=flops, memory_bytes=memory_gb * GIGA, memory_bandwidth=bandwidth_gbs * GIGA
+    )
+
+
+CATALOG: dict[str, DeviceSpec] = {
+    spec.name: spec
+    for spec in [
+        _gpu("T4", 8.1, 65, 16, 320),
+        _gpu("V100", 15.7, 125, 32, 900),
+        _gpu("V100-16GB", 15.7, 125, 16, 900),
+        _gpu("A100-40GB", 19.5, 312, 40, 1555, tf32=156),
+        _gpu("A100-80GB", 19.5, 312, 80, 2039, tf32=156),
+        _gpu("H100", 67, 989, 80, 3350, tf32=494),
+        _gpu("H200", 67, 989, 141, 4800, tf32=494),
+        DeviceSpec(
+            name="CPU",
+            peak_flops={"float32": 0.5 * TERA, "float16": 0.1 * TERA, "bfloat16": 0.25 * TERA},
+            memory_bytes=64 * GIGA,
+            memory_bandwidth=20 * GIGA,
+            matmul_efficiency=0.5,
+            elementwise_efficiency=0.5,
+            launch_overhead_s=20e-6,
+            is_gpu=False,
+        ),
+    ]
+}
+
+ALIASES = {"A100": "A100-40GB", "V100-32GB": "V100", "H100-80GB": "H100", "H200-141GB": "H200"}
+
+
+def lookup(name: str) -> DeviceSpec | None:
+    return CATALOG.get(ALIASES.get(name, name))

@@ -1,0 +1,114 @@
+"""The base every IR document shares: strict parsing, a schema version and a content id.
+
+The content id is the sha256 of the canonical JSON of the document without the fields that do not
+change what the document *means* (its id and its provenance), so two services that receive the same
+graph agree on its id and can deduplicate it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from stratagem.errors import InvalidDocumentError, Problem
+
+SCHEMA_VERSION = "1"
+
+
+def canonical_json(data: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form that content ids are computed over."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class Strict(BaseModel):
+    """Sub-objects of documents: unknown fields are an error, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+def problems_from_validation_error(error: ValidationError) -> list[Problem]:
+    """Translate pydantic's error list into Problems with dotted/bracketed paths."""
+    problems = []
+    for item in error.errors(include_url=False):
+        path = ""
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(Problem(path, message))
+    return problems
+
+
+class Document(Strict):
+    """A top-level document: versioned, strictly validated, content-addressed."""
+
+    _id_excluded: ClassVar[frozenset[str]] = frozenset({"id", "provenance"})
+    _error_type: ClassVar[type[InvalidDocumentError]] = InvalidDocumentError
+
+    schema_version: str = SCHEMA_VERSION
+    """Version of the document schema; documents of another major version are refused."""
+    id: str | None = None
+    """Content id (sha256 hex of the canonical JSON without id and provenance); filled in on validation."""
+
+    @model_validator(mode="after")
+    def _check_version_and_id(self) -> Self:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version: {self.schema_version!r} is not supported (this library reads {SCHEMA_VERSION!r})"
+            )
+        expected = self.compute_id()
+        if self.id is not None and self.id != expected:
+            raise ValueError(
+                f"id: {self.id!r} does not match the content (expected {expected!r}); "
+                "remove the id after editing a document"
+            )
+        object.__setattr__(self, "id", expected)
+        return self
+
+    def compute_id(self) -> str:
+        content = self.model_dump(mode="json", exclude=set(self._id_excluded))
+        return hashlib.sha256(canonical_json(content).encode()).hexdigest()
+
+    def replace(self, **changes: Any) -> Self:
+        """A validated copy with some fields changed (and a fresh id)."""
+        data = self.model_dump(mode="json", exclude={"id"})
+        for key, value in changes.items():
+            data[key] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        return type(self).parse(data)
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent, exclude_none=False)
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | str | bytes) -> Self:
+        """Validate a dict or JSON text, raising this document's InvalidDocumentError with field paths."""
+        try:
+            if isinstance(data, (str, bytes)):
+                return cls.model_validate_json(data)
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise cls._error_type(problems_from_validation_error(error)) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        return cls.parse(Path(path).read_text())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+def check(problems: list[Problem], error_type: type[InvalidDocumentError]) -> None:
+    """Raise error_type listing every problem, if there are any."""
+    if problems:
+        raise error_type(problems)
+
+
+def as_value_error(problems: list[Problem]) -> None:
+    """Inside a pydantic validator: report all problems at once, each with its path."""
+    if problems:
+        shown = "; ".join(str(p) for p in problems[:10])
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise ValueError(shown + more)

@@ -1,0 +1,190 @@
+"""ModelGraph: what the simulator needs to know about one training step of one replica.
+
+Names are the contract with the user's model: a layer's `name` is the module's qualified name
+(`model.named_modules()`), a variable's `name` is the parameter's (`model.named_parameters()`), so a
+strategy written for the graph applies to the model without a mapping table.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import Field, model_validator
+
+from stratagem.errors import InvalidGraphError, Problem
+from stratagem.ir.document import Document, Strict, as_value_error
+from stratagem.ir.dtypes import DType
+
+
+class LayerKind(StrEnum):
+    """Coarse class of a layer's work, used to pick a compute efficiency."""
+
+    matmul = "matmul"
+    conv = "conv"
+    attention = "attention"
+    embedding = "embedding"
+    norm = "norm"
+    elementwise = "elementwise"
+    other = "other"
+
+
+class Layer(Strict):
+    name: str = Field(min_length=1)
+    """Qualified module name, unique in the graph."""
+    type: str = "Module"
+    """The module's class name, e.g. `Linear`."""
+    kind: LayerKind = LayerKind.other
+    fwd_flops: float = Field(default=0.0, ge=0)
+    """Floating-point operations of the forward pass at the graph's batch size."""
+    bwd_flops: float = Field(default=0.0, ge=0)
+    """Operations of the backward pass (input and weight gradients)."""
+    bytes_moved: float = Field(default=0.0, ge=0)
+    """Bytes read and written from device memory in the forward pass (for the roofline)."""
+    activation_bytes: float = Field(default=0.0, ge=0)
+    """Bytes saved for backward, deduplicated by storage."""
+    output_bytes: float = Field(default=0.0, ge=0)
+    inputs: list[str] = Field(default_factory=list)
+    """Earlier layers this one reads from; empty means it reads the batch."""
+    variables: list[str] = Field(default_factory=list)
+    """Variables (parameters) this layer uses."""
+
+
+class Variable(Strict):
+    name: str = Field(min_length=1)
+    """Qualified parameter name, unique in the graph."""
+    shape: list[int]
+    dtype: DType = DType.float32
+    trainable: bool = True
+    sparse: bool = False
+    """An embedding with sparse gradients: only the rows looked up change in a step."""
+    lookups_per_step: int | None = Field(default=None, ge=0)
+    """For sparse variables: rows looked up per step at the graph's batch size (with repeats)."""
+    consumer: str | None = None
+    """The layer that uses it; its backward decides when the gradient is ready."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row along axis 0, what a sparse lookup moves."""
+        return (self.numel // self.shape[0]) * self.dtype.itemsize if self.shape else self.nbytes
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        problems = [Problem(f"shape[{i}]", f"must be positive, got {d}") for i, d in enumerate(self.shape) if d <= 0]
+        if self.sparse and self.lookups_per_step is None:
+            problems.append(Problem("lookups_per_step", "is required for a sparse variable"))
+        if self.sparse and len(self.shape) < 1:
+            problems.append(Problem("shape", "a sparse variable needs at least one axis (its rows)"))
+        as_value_error(problems)
+        return self
+
+
+OptimizerKind = Literal["sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "lamb"]
+
+OPTIMIZER_STATE_SLOTS: dict[str, int] = {
+    "sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2,
+}
+
+
+class OptimizerSpec(Strict):
+    kind: OptimizerKind = "adam"
+    state_bytes_per_param: float = Field(default=8.0, ge=0)
+    """Optimizer state per parameter (Adam in fp32: two moments, 8 bytes)."""
+
+    @classmethod
+    def of(cls, kind: str, param_itemsize: int = 4) -> OptimizerSpec:
+        if kind not in OPTIMIZER_STATE_SLOTS:
+            raise InvalidGraphError([Problem("optimizer.kind", f"unknown optimizer {kind!r}")])
+        return cls(kind=kind, state_bytes_per_param=OPTIMIZER_STATE_SLOTS[kind] * param_itemsize)  # type: ignore[arg-type]
+
+
+class ModelGraph(Document):
+    _error_type: ClassVar = InvalidGraphError
+
+    name: str = "model"
+    batch_size: int = Field(gt=0)
+    """The per-replica batch size the FLOPs and bytes were recorded at."""
+    dtype: DType = DType.float32
+    """Default compute dtype (picks the device's peak FLOP/s)."""
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    layers: list[Layer]
+    variables: list[Variable]
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    """Where the graph came from (capture, zoo model and config, torch version); not part of the id."""
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Self:
+        as_value_error(graph_problems(self))
+        return self
+
+    def variable(self, name: str) -> Variable:
+        return self._variables_by_name()[name]
+
+    def layer(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+    def _variables_by_name(self) -> dict[str, Variable]:
+        return {v.name: v for v in self.variables}
+
+    @property
+    def trainable_variables(self) -> list[Variable]:
+        return [v for v in self.variables if v.trainable]
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(v.numel for v in self.variables)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(v.nbytes for v in self.variables)
+
+    @property
+    def total_flops(self) -> float:
+        return sum(layer.fwd_flops + layer.bwd_flops for layer in self.layers)
+
+    def summary(self) -> str:
+        sparse = sum(1 for v in self.variables if v.sparse)
+        return (
+            f"{self.name}: {len(self.layers)} layers, {len(self.variables)} variables "
+            f"({sparse} sparse), {self.num_parameters / 1e6:.1f}M parameters, "
+            f"{self.total_flops / 1e9:.1f} GFLOP per step at batch {self.batch_size}"
+        )
+
+
+def graph_problems(graph: ModelGraph) -> list[Problem]:
+    """Cross-reference rules: unique names, inputs only from earlier layers, variables exist."""
+    problems: list[Problem] = []
+    seen_layers: set[str] = set()
+    variable_names: set[str] = set()
+    for i, var in enumerate(graph.variables):
+        if var.name in variable_names:
+            problems.append(Problem(f"variables[{i}].name", f"duplicate variable name {var.name!r}"))
+        variable_names.add(var.name)
+    layer_names = {layer.name for layer in graph.layers}
+    for i, layer in enumerate(graph.layers):
+        if layer.name in seen_layers:
+            problems.append(Problem(f"layers[{i}].name", f"duplicate layer name {layer.name!r}"))
+        for j, source in enumerate(layer.inputs):
+            if source not in seen_layers:
+                where = "a later layer" if source in layer_names else "not a layer of this graph"
+                problems.append(Problem(f"layers[{i}].inputs[{j}]", f"{source!r} is {where}; a layer reads only from earlier layers"))
+        for j, var_name in enumerate(layer.variables):
+            if var_name not in variable_names:
+                problems.append(Problem(f"layers[{i}].variables[{j}]", f"unknown variable {var_name!r}"))
+        seen_layers.add(layer.name)
+    for i, var in enumerate(graph.variables):
+        if var.consumer is not None and var.consumer not in layer_names:
+            problems.append(Problem(f"variables[{i}].consumer", f"unknown layer {var.consumer!r}"))
+    return problems

@@ -1,0 +1,343 @@
+"""Strategy: the executable artifact, a superset of AutoDist's strategy protobuf.
+
+Per variable (AutoDist's `node_config`) a synchronizer and an optional partition; globally the
+replicas, the data/tensor/pipeline mesh and the consistency model. The content id covers what
+executes: `predicted`, `measured` and `provenance` annotate a strategy without changing it, so the
+same strategy keeps its id after a trial measures it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import Field, model_validator
+
+from stratagem.errors import InvalidStrategyError, Problem
+from stratagem.ir.document import Document, Strict, as_value_error, check
+from stratagem.ir.graph import ModelGraph
+from stratagem.ir.resources import ResourceSpec, parse_device
+
+
+class Compressor(Strict):
+    kind: Literal["none", "fp16", "bf16", "powersgd", "topk"] = "none"
+    rank: int | None = Field(default=None, ge=1)
+    """PowerSGD's rank r: an m×n gradient travels as (m + n)·r numbers."""
+    ratio: float | None = Field(default=None, gt=0, le=1)
+    """Top-k's fraction of entries kept (values and indices travel)."""
+    error_feedback: bool = True
+    """Add what compression dropped to the next step's gradient."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.kind == "powersgd" and self.rank is None:
+            raise ValueError("rank: required for the powersgd compressor")
+        if self.kind == "topk" and self.ratio is None:
+            raise ValueError("ratio: required for the topk compressor")
+        if self.kind not in ("powersgd",) and self.rank is not None:
+            raise ValueError(f"rank: only the powersgd compressor takes a rank, not {self.kind}")
+        if self.kind != "topk" and self.ratio is not None:
+            raise ValueError(f"ratio: only the topk compressor takes a ratio, not {self.kind}")
+        return self
+
+
+class AllReduceSynchronizer(Strict):
+    kind: Literal["allreduce"] = "allreduce"
+    algorithm: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
+    group: int = Field(default=0, ge=0)
+    """Fusion group: variables of one group are reduced together once the last of them is ready."""
+    compressor: Compressor = Field(default_factory=Compressor)
+
+
+class PSSynchronizer(Strict):
+    kind: Literal["ps"] = "ps"
+    reduction_destination: str
+    """The device holding the variable (or shard) and applying its updates, e.g. `10.0.0.1:CPU:0`."""
+    local_replication: bool = False
+    """Aggregate gradients inside a node before pushing (AutoDist's local proxy variable)."""
+    sync: bool = True
+    staleness: int = Field(default=0, ge=0)
+
+
+class ShardedSynchronizer(Strict):
+    """ZeRO-style: gradients reduce-scattered, parameters all-gathered, optimizer state sharded."""
+
+    kind: Literal["sharded"] = "sharded"
+    group: int = Field(default=0, ge=0)
+
+
+Synchronizer = Annotated[
+    AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer, Field(discriminator="kind")
+]
+
+
+class Partition(Strict):
+    axis: int = Field(default=0, ge=0)
+    shards: int = Field(ge=1)
+
+
+class VariableConfig(Strict):
+    var_name: str
+    synchronizer: Synchronizer
+    """How the variable (every shard, unless overridden) is synchronized."""
+    partition: Partition | None = None
+    shard_synchronizers: list[Synchronizer] | None = None
+    """Per-shard overrides (AutoDist's `part_config`), one per shard when given."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.shard_synchronizers is not None:
+            if self.partition is None:
+                raise ValueError("shard_synchronizers: given but the variable is not partitioned")
+            if len(self.shard_synchronizers) != self.partition.shards:
+                raise ValueError(
+                    f"shard_synchronizers: {len(self.shard_synchronizers)} given for {self.partition.shards} shards"
+                )
+        return self
+
+    @property
+    def num_shards(self) -> int:
+        return self.partition.shards if self.partition else 1
+
+    def shard_synchronizer(self, index: int) -> AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer:
+        if self.shard_synchronizers is not None:
+            return self.shard_synchronizers[index]
+        return self.synchronizer
+
+    @property
+    def synchronizers(self) -> list[AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer]:
+        return [self.shard_synchronizer(i) for i in range(self.num_shards)]
+
+
+class Mesh(Strict):
+    """Data × tensor × pipeline degrees over the replicas, in that nesting (tensor innermost)."""
+
+    data: int = Field(default=1, ge=1)
+    tensor: int = Field(default=1, ge=1)
+    pipeline: int = Field(default=1, ge=1)
+
+    @property
+    def size(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+    def describe(self) -> str:
+        return f"data({self.data})*tensor({self.tensor})*pipeline({self.pipeline})={self.size}"
+
+
+class PipelineConfig(Strict):
+    stages: list[list[str]] = Field(min_length=1)
+    """Layer names of each stage, in order."""
+    micro_batches: int = Field(default=1, ge=1)
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+
+
+class Consistency(Strict):
+    kind: Literal["bsp", "ssp", "asp"] = "bsp"
+    staleness: int = Field(default=0, ge=0)
+    """SSP's bound: a worker may run at most this many steps ahead of the slowest."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.kind == "ssp" and self.staleness < 1:
+            raise ValueError("staleness: ssp needs a staleness bound of at least 1")
+        if self.kind == "bsp" and self.staleness != 0:
+            raise ValueError("staleness: bsp has no staleness; use kind 'ssp'")
+        return self
+
+
+class PredictedPerformance(Strict):
+    step_time_s: float = Field(ge=0)
+    samples_per_s: float = Field(ge=0)
+    memory_per_device_bytes: float = Field(ge=0)
+    """Peak memory of the fullest device."""
+    feasible: bool = True
+    infeasible_reason: str | None = None
+    breakdown: dict[str, float] = Field(default_factory=dict)
+    """Seconds per component (compute, exposed communication per kind, bubble, update)."""
+    bottleneck: str = ""
+    uncertainty: float | None = None
+    """Relative width of the prediction's interval when a learned correction is applied."""
+
+
+class MeasuredPerformance(Strict):
+    step_time_s: float = Field(gt=0)
+    """Median over the timed steps."""
+    step_time_p90_s: float | None = Field(default=None, gt=0)
+    samples_per_s: float = Field(ge=0)
+    peak_memory_bytes: float | None = Field(default=None, ge=0)
+    trials: int = Field(default=1, ge=1)
+
+
+class Provenance(Strict):
+    builder: str | None = None
+    search: dict[str, Any] | None = None
+    simulator_version: str | None = None
+    cost_model_version: str | None = None
+    created_at: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class Strategy(Document):
+    _error_type: ClassVar = InvalidStrategyError
+    _id_excluded: ClassVar[frozenset[str]] = frozenset({"id", "provenance", "predicted", "measured"})
+
+    graph_id: str | None = None
+    """Content id of the graph the strategy was made for."""
+    resources_id: str | None = None
+    replicas: list[str] = Field(min_length=1)
+    """Devices that run the model; rank i runs on replicas[i]."""
+    mesh: Mesh | None = None
+    """Defaults to pure data parallel over the replicas."""
+    pipeline: PipelineConfig | None = None
+    consistency: Consistency = Field(default_factory=Consistency)
+    variables: list[VariableConfig]
+    predicted: PredictedPerformance | None = None
+    measured: MeasuredPerformance | None = None
+    provenance: Provenance = Field(default_factory=Provenance)
+
+    @model_validator(mode="after")
+    def _check_self(self) -> Self:
+        as_value_error(strategy_self_problems(self))
+        return self
+
+    @property
+    def effective_mesh(self) -> Mesh:
+        return self.mesh or Mesh(data=len(self.replicas))
+
+    def config_of(self, var_name: str) -> VariableConfig:
+        for config in self.variables:
+            if config.var_name == var_name:
+                return config
+        raise KeyError(var_name)
+
+    def validate_for(self, graph: ModelGraph, resources: ResourceSpec) -> Self:
+        """Check the strategy against the graph and cluster it is meant for; raise with every problem."""
+        check(strategy_problems(self, graph, resources), InvalidStrategyError)
+        return self
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for config in self.variables:
+            for sync in config.synchronizers:
+                kinds[sync.kind] = kinds.get(sync.kind, 0) + 1
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        return f"{len(self.replicas)} replicas, {self.effective_mesh.describe()}, {self.consistency.kind}, {parts}"
+
+    def to_autodist(self) -> str:
+        from stratagem.interop.autodist import strategy_to_autodist
+
+        return strategy_to_autodist(self)
+
+    @classmethod
+    def from_autodist(cls, text: str, **kwargs: Any) -> Strategy:
+        from stratagem.interop.autodist import strategy_from_autodist
+
+        return strategy_from_autodist(text, **kwargs)
+
+
+def strategy_self_problems(strategy: Strategy) -> list[Problem]:
+    """Rules a strategy must satisfy on its own, before anyone looks at a graph."""
+    problems: list[Problem] = []
+    for i, device in enumerate(strategy.replicas):
+        try:
+            parse_device(device)
+        except ValueError as error:
+            problems.append(Problem(f"replicas[{i}]", str(error)))
+    if len(set(strategy.replicas)) != len(strategy.replicas):
+        problems.append(Problem("replicas", "a device is listed twice"))
+    mesh = strategy.effective_mesh
+    if mesh.size != len(strategy.replicas):
+        problems.append(Problem("mesh", f"{mesh.describe()} != replicas({len(strategy.replicas)})"))
+    if mesh.pipeline > 1 and strategy.pipeline is None:
+        problems.append(Problem("pipeline", f"mesh.pipeline is {mesh.pipeline} but no pipeline stages are given"))
+    if strategy.pipeline is not None and len(strategy.pipeline.stages) != mesh.pipeline:
+        problems.append(Problem("pipeline.stages", f"{len(strategy.pipeline.stages)} stages for mesh.pipeline={mesh.pipeline}"))
+    seen: dict[str, int] = {}
+    for i, config in enumerate(strategy.variables):
+        if config.var_name in seen:
+            problems.append(Problem(f"variables[{i}].var_name", f"{config.var_name!r} is configured twice (also variables[{seen[config.var_name]}])"))
+        seen.setdefault(config.var_name, i)
+        for j, sync in enumerate(config.synchronizers):
+            where = f"variables[{i}]" + (f".shard_synchronizers[{j}]" if config.shard_synchronizers else ".synchronizer")
+            problems.extend(_consistency_problems(strategy.consistency, sync, where))
+            if isinstance(sync, PSSynchronizer):
+                try:
+                    parse_device(sync.reduction_destination)
+                except ValueError as error:
+                    problems.append(Problem(f"{where}.reduction_destination", str(error)))
+    return problems
+
+
+def _consistency_problems(consistency: Consistency, sync: Any, where: str) -> list[Problem]:
+    if not isinstance(sync, PSSynchronizer):
+        return []
+    expected = {"bsp": (True, 0), "ssp": (True, consistency.staleness)}.get(consistency.kind)
+    if consistency.kind == "asp" and sync.sync:
+        return [Problem(f"{where}.sync", "must be false under asp consistency")]
+    if expected is not None and (sync.sync, sync.staleness) != expected:
+        return [Problem(where, f"sync={sync.sync}, staleness={sync.staleness} contradicts {consistency.kind} consistency (expects sync={expected[0]}, staleness={expected[1]})")]
+    return []
+
+
+def strategy_problems(strategy: Strategy, graph: ModelGraph, resources: ResourceSpec) -> list[Problem]:
+    """Rules that need the graph and the cluster: names exist, coverage is exact, partitions are real."""
+    problems: list[Problem] = []
+    if strategy.graph_id is not None and strategy.graph_id != graph.id:
+        problems.append(Problem("graph_id", f"made for graph {strategy.graph_id[:12]}, not {str(graph.id)[:12]}"))
+    devices = set(resources.all_devices)
+    for i, device in enumerate(strategy.replicas):
+        if device not in devices:
+            problems.append(Problem(f"replicas[{i}]", f"device {device!r} is not in the resource spec"))
+    variables = {v.name: v for v in graph.variables}
+    covered: set[str] = set()
+    for i, config in enumerate(strategy.variables):
+        var = variables.get(config.var_name)
+        if var is None:
+            problems.append(Problem(f"variables[{i}].var_name", f"{config.var_name!r} is not a variable of the graph"))
+            continue
+        if not var.trainable:
+            problems.append(Problem(f"variables[{i}].var_name", f"{config.var_name!r} is not trainable and needs no synchronizer"))
+        covered.add(config.var_name)
+        if config.partition is not None:
+            axis, shards = config.partition.axis, config.partition.shards
+            if axis >= len(var.shape):
+                problems.append(Problem(f"variables[{i}].partition.axis", f"axis {axis} does not exist: {var.name} has shape {var.shape}"))
+            elif shards > var.shape[axis]:
+                problems.append(Problem(f"variables[{i}].partition.shards", f"{shards} shards exceed axis {axis} of length {var.shape[axis]}"))
+        for j, sync in enumerate(config.synchronizers):
+            if isinstance(sync, PSSynchronizer) and sync.reduction_destination not in devices:
+                problems.append(Problem(f"variables[{i}].synchronizer" if config.shard_synchronizers is None else f"variables[{i}].shard_synchronizers[{j}]",
+                                        f"reduction destination {sync.reduction_destination!r} is not in the resource spec"))
+    missing = [v.name for v in graph.variables if v.trainable and v.name not in covered]
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        problems.append(Problem("variables", f"no synchronizer for trainable variable(s) {shown}"))
+    if strategy.pipeline is not None:
+        problems.extend(_pipeline_problems(strategy.pipeline, graph))
+    return problems
+
+
+def _pipeline_problems(pipeline: PipelineConfig, graph: ModelGraph) -> list[Problem]:
+    order = [layer.name for layer in graph.layers]
+    flat = [name for stage in pipeline.stages for name in stage]
+    unknown = [n for n in flat if n not in set(order)]
+    if unknown:
+        return [Problem("pipeline.stages", f"unknown layer(s) {unknown[:5]}")]
+    if flat != order:
+        return [Problem("pipeline.stages", "stages must cover every layer exactly once, in graph order")]
+    if any(not stage for stage in pipeline.stages):
+        return [Problem("pipeline.stages", "a stage is empty")]
+    return []
+
+
+def shard_sizes(length: int, shards: int) -> list[int]:
+    """Sizes of `shards` near-equal pieces of `length` (the first ones one larger), as torch.chunk-free split."""
+    base, extra = divmod(length, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
+def shard_numel(shape: list[int], partition: Partition | None) -> list[int]:
+    if partition is None:
+        return [math.prod(shape)]
+    rest = math.prod(shape) // shape[partition.axis]
+    return [size * rest for size in shard_sizes(shape[partition.axis], partition.shards)]
