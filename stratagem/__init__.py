@@ -30,10 +30,17 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "capture": "stratagem.capture",
+    "distribute": "stratagem.runtime",
+    "launch": "stratagem.runtime",
+    "Client": "stratagem.client",
+    "Job": "stratagem.client",
+    "optimize": "stratagem.client",
 }
 
 __all__ = [
     "CaptureError",
+    "Client",
+    "Job",
     "InfeasibleStrategyError",
     "InvalidDocumentError",
     "InvalidGraphError",
@@ -51,6 +58,9 @@ __all__ = [
     "UnsupportedStrategyError",
     "__version__",
     "capture",
+    "distribute",
+    "launch",
+    "optimize",
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -59,7 +60,11 @@ class Document(Strict):
             raise ValueError(
                 f"schema_version: {self.schema_version!r} is not supported (this library reads {SCHEMA_VERSION!r})"
             )
-        expected = self.compute_id()
+        try:
+            expected = self.compute_id()
+        except ValueError:  # json refuses inf and nan; say where they are
+            content = self.model_dump(mode="python", exclude=set(self._id_excluded))
+            raise ValueError(f"{_non_finite_path(content)}: must be a finite number") from None
         if self.id is not None and self.id != expected:
             raise ValueError(
                 f"id: {self.id!r} does not match the content (expected {expected!r}); "
@@ -67,6 +72,24 @@ class Document(Strict):
             )
         object.__setattr__(self, "id", expected)
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning a field the id covers re-derives the id; a refused assignment leaves the document as it was.
+
+        Without this, pydantic stores the new value and only then finds the old id stale, leaving a
+        document whose id lies about its content.
+        """
+        if name not in type(self).model_fields:
+            super().__setattr__(name, value)
+            return
+        before = dict(self.__dict__)
+        if name != "id" and name not in self._id_excluded:
+            self.__dict__["id"] = None
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as error:
+            object.__setattr__(self, "__dict__", before)
+            raise self._error_type(problems_from_validation_error(error)) from None
 
     def compute_id(self) -> str:
         content = self.model_dump(mode="json", exclude=set(self._id_excluded))
@@ -98,6 +121,18 @@ class Document(Strict):
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
+
+
+def _non_finite_path(value: Any, path: str = "") -> str:
+    """Where the first inf or nan sits in dumped document data, as a field path."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite_path(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return ""
 
 
 def check(problems: list[Problem], error_type: type[InvalidDocumentError]) -> None:

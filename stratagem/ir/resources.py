@@ -205,7 +205,10 @@ def autodist_to_dict(data: Any, *, device: str, name: str) -> dict[str, Any]:
         node["cpus"] = raw.get("cpus", [0])
         node["device"] = device if raw.get("gpus") else "CPU"
         if "network_bandwidth" in raw:
-            node["network_bandwidth_gbps"] = raw["network_bandwidth"]
+            bandwidth = raw["network_bandwidth"]
+            if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
+                problems.append(Problem(f"nodes[{i}].network_bandwidth", f"must be a positive number of Gbit/s, got {bandwidth!r}"))
+            node["network_bandwidth_gbps"] = bandwidth
             bandwidths.append(raw["network_bandwidth"])
         nodes.append(node)
     if problems:

@@ -223,10 +223,11 @@ class Strategy(Document):
         parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         return f"{len(self.replicas)} replicas, {self.effective_mesh.describe()}, {self.consistency.kind}, {parts}"
 
-    def to_autodist(self) -> str:
+    def to_autodist(self, **kwargs: Any) -> str:
+        """AutoDist's strategy protobuf text; pass `graph=` to write partitioners at each variable's full rank."""
         from stratagem.interop.autodist import strategy_to_autodist
 
-        return strategy_to_autodist(self)
+        return strategy_to_autodist(self, **kwargs)
 
     @classmethod
     def from_autodist(cls, text: str, **kwargs: Any) -> Strategy:
@@ -284,6 +285,8 @@ def strategy_problems(strategy: Strategy, graph: ModelGraph, resources: Resource
     problems: list[Problem] = []
     if strategy.graph_id is not None and strategy.graph_id != graph.id:
         problems.append(Problem("graph_id", f"made for graph {strategy.graph_id[:12]}, not {str(graph.id)[:12]}"))
+    if strategy.resources_id is not None and strategy.resources_id != resources.id:
+        problems.append(Problem("resources_id", f"made for resource spec {strategy.resources_id[:12]}, not {str(resources.id)[:12]}"))
     devices = set(resources.all_devices)
     for i, device in enumerate(strategy.replicas):
         if device not in devices:
