@@ -1,0 +1,117 @@
+"""The interception points of capture, all feeding one Recorder.
+
+- module hooks (global, so the user's module is not touched) track which module call is running;
+- a TorchDispatchMode sees every aten op forward and backward: FLOPs, bytes, reads, lookups;
+- a TorchFunctionMode tags the autograd nodes each forward call creates with the running layer;
+- saved-tensor hooks see what autograd keeps for backward (the activations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.graph import saved_tensors_hooks
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from stratagem.capture.flops import EMBEDDING_OPS, op_category, op_flops
+from stratagem.capture.recorder import LayerRecord, Phase, Recorder, tensors_in
+
+_NO_TRAFFIC = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
+
+
+class OpRecorder(TorchDispatchMode):
+    """Counts each aten op against the running layer (forward) or the node's layer (backward)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not isinstance(func, torch._ops.OpOverload) or func.namespace == "prim":
+            return out
+        if self.recorder.phase is Phase.forward:
+            self._forward_op(func, args, kwargs, out)
+        else:
+            self.recorder.layer_for_backward().bwd_flops += op_flops(func, args, kwargs, out)
+        return out
+
+    def _forward_op(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        recorder = self.recorder
+        layer = recorder.current_layer()
+        inputs = tensors_in((args, kwargs))
+        outputs = tensors_in(out)
+        for tensor in inputs:
+            recorder.read(layer, tensor)
+        recorder.produced(layer, outputs)
+        layer.fwd_flops += op_flops(func, args, kwargs, out)
+        name = func._overloadpacket.__name__
+        if name in EMBEDDING_OPS:
+            self._count_lookups(layer, args)
+        if outputs and not func.is_view and name not in _NO_TRAFFIC:
+            layer.bytes_moved += sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
+            layer.categories.add(op_category(name))
+
+    def _count_lookups(self, layer: LayerRecord, args: tuple[Any, ...]) -> None:
+        """Embedding ops take (weight, indices, ...): every index is one row looked up this step."""
+        weight, indices = args[0], args[1]
+        variable = self.recorder.param_names.get(id(weight))
+        if variable is not None and isinstance(indices, torch.Tensor):
+            self.recorder.lookups[variable] += indices.numel()
+
+
+class NodeTagger(TorchFunctionMode):
+    """After each forward torch call, tags the autograd nodes it created (reachable from its tensors).
+
+    It also marks layers calling `scaled_dot_product_attention` as attention: on CPU that call may
+    lower to plain matmuls (the math kernel, with dropout), which would hide what it is.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.recorder.phase is Phase.forward:
+            if func is F.scaled_dot_product_attention:
+                self.recorder.current_layer().categories.add("attention")
+            # Arguments too: an in-place op (x[i] = y) rewires its input's grad_fn and returns None.
+            tensors = tensors_in((out, args, kwargs))
+            if tensors:
+                self.recorder.tag_nodes(tensors)
+        return out
+
+
+@contextmanager
+def recording(recorder: Recorder) -> Iterator[None]:
+    """All interception points on, for the duration of one forward and backward."""
+
+    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        recorder.enter_module(module, args)
+
+    def post_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        recorder.exit_module(module, output)
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        recorder.saved_for_backward(tensor)
+        return tensor
+
+    with ExitStack() as stack:
+        stack.callback(register_module_forward_pre_hook(pre_hook).remove)
+        stack.callback(register_module_forward_hook(post_hook).remove)
+        stack.enter_context(saved_tensors_hooks(pack, _unpack))
+        stack.enter_context(OpRecorder(recorder))
+        stack.enter_context(NodeTagger(recorder))
+        yield
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

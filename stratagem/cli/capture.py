@@ -1,0 +1,115 @@
+"""`stratagem capture MODULE:BUILDER --batch N [--size S] [--set k=v ...] [-o graph.json]`.
+
+The builder is called on the meta device (nothing allocated, so full-size models are cheap) and
+must return `(module, make_batch)`, like the builders in `examples.zoo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stratagem.errors import CaptureError, StratagemError
+
+ZOO_MODULE = "examples.zoo"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "capture",
+        help="capture a model into a ModelGraph JSON",
+        description="Build a model on the meta device, record one training step, write the graph as JSON.",
+    )
+    parser.add_argument("builder", help="MODULE:FUNCTION returning (module, make_batch), or a zoo name (gpt)")
+    parser.add_argument("--batch", type=int, required=True, help="per-replica batch size")
+    parser.add_argument("--size", default=None, help="size preset passed to the builder (zoo: small, full, 7b, ...)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="builder keyword override, repeatable (--set layers=4)",
+    )
+    parser.add_argument("--optimizer", default="adam", help="optimizer kind (sgd, momentum, adam, adamw, ...)")
+    parser.add_argument("--name", default=None, help="graph name (default: the zoo name or model class)")
+    parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from stratagem.capture import capture
+
+    if args.batch <= 0:
+        raise CaptureError(f"--batch: must be a positive integer, got {args.batch}")
+    builder = resolve_builder(args.builder)
+    kwargs = parse_overrides(args.overrides)
+    if args.size is not None:
+        kwargs["size"] = args.size
+    module, make_batch = build_on_meta(builder, kwargs)
+    with torch.device("meta"):
+        batch = make_batch(args.batch)
+    graph = capture(module, batch, batch_size=args.batch, optimizer=args.optimizer, name=args.name)
+    if args.output is None:
+        sys.stdout.write(graph.to_json() + "\n")
+        print(graph.summary(), file=sys.stderr)
+    else:
+        graph.save(args.output)
+        print(f"{graph.summary()} -> {args.output}")
+    return 0
+
+
+def resolve_builder(spec: str) -> Callable[..., Any]:
+    """`package.module:function`; a bare name means a zoo model (`gpt` is `examples.zoo:gpt`)."""
+    module_name, _, attribute = spec.rpartition(":") if ":" in spec else (ZOO_MODULE, ":", spec)
+    if not module_name or not attribute:
+        raise CaptureError(f"builder {spec!r}: expected MODULE:FUNCTION, e.g. examples.zoo:gpt")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise CaptureError(f"builder {spec!r}: cannot import module {module_name!r}: {error}") from None
+    builder = getattr(module, attribute, None)
+    if not callable(builder):
+        raise CaptureError(f"builder {spec!r}: module {module_name!r} has no function {attribute!r}")
+    return builder
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are JSON when they parse as JSON (4, 0.1, true, [1, 2]), else strings."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise CaptureError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        overrides[key.strip()] = value
+    return overrides
+
+
+def build_on_meta(builder: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, Callable[[int], Any]]:
+    """Call the builder so that it allocates nothing: with `device="meta"` if it takes one, else
+    inside `torch.device("meta")`."""
+    import torch
+
+    parameters = inspect.signature(builder).parameters
+    takes_device = "device" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    try:
+        with torch.device("meta"):
+            built = builder(**kwargs, device="meta") if takes_device else builder(**kwargs)
+    except StratagemError:
+        raise
+    except Exception as error:
+        raise CaptureError(f"builder {builder.__qualname__} failed: {type(error).__name__}: {error}") from error
+    if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module) and callable(built[1])):
+        raise CaptureError(f"builder {builder.__qualname__} must return (module, make_batch), got {type(built).__name__}")
+    return built
