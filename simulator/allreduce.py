@@ -1,0 +1,121 @@
+"""The collective channel: all-reduce and sharded (ZeRO) groups of every candidate, as one FIFO queue.
+
+A fusion group (same `group`, same kind) launches when its last member's gradient is ready, moves the
+sum of its members' wire bytes in one collective (one latency), and runs on the candidate's single
+collective stream after the groups launched before it. `auto` takes the cheapest of ring, tree and
+hierarchical for the group's bytes. Sharded groups reduce-scatter here; their all-gather of updated
+parameters comes after the optimizer step, exposed. Compression work is added to its group's time.
+
+Groups are found with one pass over [N, V]: a group table of 2G + 1 slots per candidate (G = the
+largest group id in the chunk + 1; all-reduce groups, sharded groups, and one slot where PS variables
+are dropped) collects each group's bytes
+(bincount) and its last ready position (maximum.at); everything after that runs on the list of
+non-empty groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator import collectives, compression
+from simulator.context import SimContext
+from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, SyncKind
+from simulator.pipeline import ComputePhase
+from simulator.timeline import fifo_dense
+from simulator.topology import Topology
+
+
+@dataclass
+class CollectivePhase:
+    finish: np.ndarray
+    """[N] when the collective stream has drained (at least the last launch's ready time)."""
+    allreduce_busy: np.ndarray
+    sharded_busy: np.ndarray
+    all_gather: np.ndarray
+    """[N] seconds of the sharded groups' parameter all-gather after the update."""
+    allreduce_bytes: np.ndarray
+    """[N] wire bytes all-reduced per step (after compression)."""
+
+
+def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase) -> CollectivePhase:
+    n, V = len(batch), context.num_variables
+    G = int(batch.group.max()) + 1 if batch.group.size else 1
+    slots = 2 * G + 1
+    kind = batch.kind
+    key = np.where(kind == SyncKind.PS, 2 * G, batch.group + np.where(kind == SyncKind.SHARDED, G, 0))
+    key += (np.arange(n, dtype=key.dtype) * slots)[:, None]
+    key = key.ravel()
+    wire = context.var_bytes_tile(n).copy()
+    _split_bytes(context, batch, wire)
+    compressed = np.flatnonzero((batch.compressor != CompressorKind.NONE) & (kind == SyncKind.ALLREDUCE))
+    squeeze = _compress(context, batch, topo, compressed, wire, key, n * slots)
+    group_bytes = np.bincount(key, weights=wire, minlength=n * slots)
+    last = np.full(n * slots, -1, dtype=np.int32)
+    np.maximum.at(last, key, context.ready_position_tile(n))
+
+    groups = np.flatnonzero(last >= 0)
+    row, local = np.divmod(groups, slots)
+    collective = np.flatnonzero(local < 2 * G)
+    groups, row, local = groups.take(collective), row.take(collective), local.take(collective)
+    sharded = local >= G
+    position = last.take(groups)
+    nbytes = group_bytes.take(groups)
+    algorithm = batch.algorithm.ravel().take(row * V + context.order.take(position))
+    ar_time = _allreduce_seconds(topo, row, algorithm, nbytes)
+    rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
+    duration = np.where(sharded, rs_time, ar_time)
+    if squeeze is not None:
+        duration += squeeze.take(groups)
+    service = np.zeros((n, V))
+    service.ravel()[row * V + position] = duration
+    ag_time = collectives.cost((topo.all_gather[0].take(row), topo.all_gather[1].take(row)), nbytes) * sharded
+    return CollectivePhase(
+        finish=fifo_dense(compute.ready_dense(), service),
+        allreduce_busy=_per_row(row, duration * ~sharded, n),
+        sharded_busy=_per_row(row, duration * sharded, n),
+        all_gather=_per_row(row, ag_time, n),
+        allreduce_bytes=_per_row(row, nbytes * ~sharded, n),
+    )
+
+
+def _per_row(row: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    return np.bincount(row, weights=values, minlength=n).astype(np.float64, copy=False)
+
+
+def _split_bytes(context: SimContext, batch: CandidateBatch, wire: np.ndarray) -> None:
+    """Tensor parallelism: a split variable's gradient is reduced per slice, 1/T of it."""
+    split = np.flatnonzero(batch.tensor > 1)
+    if split.size:
+        rows = wire.reshape(len(batch), -1)
+        rows[split] = np.where(context.var_tensor_split, context.var_bytes / batch.tensor[split, None], context.var_bytes)
+
+
+def _compress(
+    context: SimContext, batch: CandidateBatch, topo: Topology, entries: np.ndarray, wire: np.ndarray, key: np.ndarray, slots: int
+) -> np.ndarray | None:
+    """Shrink the compressed entries of `wire` in place; return each group slot's compression seconds."""
+    if not entries.size:
+        return None
+    row, var = np.divmod(entries, context.num_variables)
+    div = np.where(context.var_tensor_split.take(var), batch.tensor.take(row), 1).astype(float)
+    compressor, param = batch.compressor.ravel().take(entries), batch.compressor_param.ravel().take(entries)
+    wire[entries] = compression.wire_bytes(context.compression, compressor, param, var, div)
+    kinds, kind = context.kinds, topo.kind.take(row)
+    seconds = compression.compute_seconds(
+        context.compression, compressor, param, var, div,
+        byte_rate=kinds.memory_bandwidth[kind] * kinds.elementwise_efficiency[kind],
+        flop_rate=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind],
+    )
+    return np.bincount(key[entries], weights=seconds, minlength=slots)
+
+
+def _allreduce_seconds(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    ring = collectives.cost((topo.ring[0].take(row), topo.ring[1].take(row)), nbytes)
+    tree = collectives.cost((topo.tree[0].take(row), topo.tree[1].take(row)), nbytes)
+    hier = collectives.cost((topo.hierarchical[0].take(row), topo.hierarchical[1].take(row)), nbytes)
+    auto = np.minimum(np.minimum(ring, tree), hier)
+    out = np.where(algorithm == Algorithm.RING, ring, auto)
+    out = np.where(algorithm == Algorithm.TREE, tree, out)
+    return np.where(algorithm == Algorithm.HIERARCHICAL, hier, out)

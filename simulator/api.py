@@ -1,0 +1,43 @@
+"""The convenience entry point: Strategies in, Predictions out, contexts cached per (graph, cluster)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from simulator.context import SimContext, compile_context
+from simulator.encoding import encode
+from simulator.prediction import Prediction, predictions
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+
+SIMULATOR_VERSION = "principled-1.0"
+"""Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
+
+CACHE_SIZE = 8
+_contexts: OrderedDict[tuple[str | None, str | None], SimContext] = OrderedDict()
+_lock = threading.Lock()
+
+
+def context_for(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
+    """A compiled context, reused while the same (graph id, resources id) keeps coming back."""
+    key = (graph.id, resources.id)
+    with _lock:
+        context = _contexts.get(key)
+        if context is not None:
+            _contexts.move_to_end(key)
+            return context
+    context = compile_context(graph, resources)
+    with _lock:
+        _contexts[key] = context
+        while len(_contexts) > CACHE_SIZE:
+            _contexts.popitem(last=False)
+    return context
+
+
+def simulate(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Prediction]:
+    """Predict each strategy. Raises InvalidStrategyError (with the strategy's index in the path) for a
+    strategy that does not match the graph or cluster."""
+    if not strategies:
+        return []
+    context = context_for(graph, resources)
+    return predictions(context, encode(context, strategies))

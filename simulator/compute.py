@@ -1,0 +1,46 @@
+"""Per-layer compute time: a roofline with launch overhead.
+
+    time = max(flops / (peak · efficiency), bytes / (memory bandwidth · elementwise efficiency)) + launch
+
+Matmul, convolution and attention layers compute at the device kind's `matmul_efficiency` of peak,
+other layers at its `elementwise_efficiency`; the memory term uses `elementwise_efficiency` of the
+memory bandwidth (what streaming kernels reach). Backward reads and
+writes about twice what forward does (input and weight gradients), so its memory term uses
+2 x `bytes_moved`. Tensor parallelism divides split layers' work by the tensor degree (launches stay);
+a micro-batch does 1/m of the work and pays every launch again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.context import SimContext
+
+BACKWARD_BYTES_FACTOR = 2.0
+"""Backward bytes moved relative to forward (gradients of inputs and of weights)."""
+
+
+def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of each layer for one micro-batch, on device kind `kind`; cached."""
+    key = (kind, tensor, micro_batches)
+    cached = context._layer_time_cache.get(key)
+    if cached is not None:
+        return cached
+    k = context.kinds
+    efficiency = np.where(context.layer_matmul, k.matmul_efficiency[kind], k.elementwise_efficiency[kind])
+    flop_rate = k.peak_flops[kind] * efficiency
+    byte_rate = k.memory_bandwidth[kind] * k.elementwise_efficiency[kind]
+    share = np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / micro_batches
+    launch = k.launch_overhead_s[kind]
+    fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate) + launch
+    bwd_bytes = BACKWARD_BYTES_FACTOR * context.bytes_moved * share / byte_rate
+    bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + launch
+    result = (fwd, bwd)
+    context._layer_time_cache[key] = result
+    return result
+
+
+def update_seconds(context: SimContext, kind: np.ndarray, update_bytes: np.ndarray) -> np.ndarray:
+    """Optimizer update: streaming param, grad and state through memory at elementwise speed."""
+    k = context.kinds
+    return update_bytes / (k.memory_bandwidth[kind] * k.elementwise_efficiency[kind])

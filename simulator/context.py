@@ -1,0 +1,346 @@
+"""Compile a (graph, cluster) pair once into arrays, so each candidate costs numpy work, not Python.
+
+Everything the engine needs about the model and the machines is here, indexed the way
+`simulator.encoding` documents: variables `v` (trainable, graph order), layers `l` (forward order),
+devices `d` (`resources.all_devices`), nodes `j`, and device kinds `k`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator import collectives
+from simulator.compression import CompressionTables, VariableFigures, tables
+from stratagem.errors import InvalidResourceSpecError, Problem
+from stratagem.ir import DeviceSpec, LayerKind, ModelGraph, Node, ResourceSpec
+
+MATMUL_KINDS = frozenset({LayerKind.matmul, LayerKind.conv, LayerKind.attention})
+"""Layers whose arithmetic runs at the device's matmul efficiency."""
+TENSOR_SPLIT_KINDS = MATMUL_KINDS | {LayerKind.embedding}
+"""Layers Megatron-style tensor parallelism splits across the tensor group (work, weights, activations)."""
+UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
+"""An optimizer update streams the parameter in and out and the gradient in (3 x parameter bytes), and
+the optimizer state in and out (2 x state bytes)."""
+
+
+@dataclass(frozen=True)
+class DeviceKinds:
+    """Per device kind k: the figures the roofline and memory model read (all from the resource spec)."""
+
+    specs: list[DeviceSpec]
+    peak_flops: np.ndarray
+    """FLOP/s at the graph's dtype."""
+    memory_bandwidth: np.ndarray
+    matmul_efficiency: np.ndarray
+    elementwise_efficiency: np.ndarray
+    launch_overhead_s: np.ndarray
+    memory_bytes: np.ndarray
+
+
+@dataclass(frozen=True)
+class ServerPrice:
+    """Per device d as a parameter server: what a byte or a round trip costs there (see `simulator.ps`)."""
+
+    inv_nic: np.ndarray
+    """Seconds per byte through its node's NIC."""
+    inv_intra: np.ndarray
+    """Seconds per byte over its node's intra-node link (pushes from its own node's workers)."""
+    inv_rate: np.ndarray
+    """Seconds per byte the optimizer update streams through its memory."""
+    latency: np.ndarray
+    """Seconds of latency per shard round trip (push, then pull): 2α."""
+
+
+@dataclass(frozen=True)
+class SimContext:
+    """A compiled (graph, resources) pair. Build it with `compile_context`; never mutate it."""
+
+    graph: ModelGraph
+    resources: ResourceSpec
+    variable_names: list[str]
+    variable_index: dict[str, int]
+    layer_names: list[str]
+    layer_index: dict[str, int]
+    devices: list[str]
+    device_index: dict[str, int]
+    compute_device_indices: np.ndarray
+    """Indices of `resources.compute_devices`: where a default candidate places its replicas."""
+    # devices and nodes
+    device_node: np.ndarray
+    device_kind: np.ndarray
+    device_is_gpu: np.ndarray
+    node_starts: np.ndarray
+    """[M] first device index of each node (devices are listed node by node)."""
+    node_addresses: list[str]
+    nic_bandwidth: np.ndarray
+    """[M] bytes/s each node's NIC reaches (line rate x link efficiency)."""
+    nic_latency: np.ndarray
+    intra_bandwidth: np.ndarray
+    intra_latency: np.ndarray
+    nic_gbps: np.ndarray
+    server_price: ServerPrice
+    kinds: DeviceKinds
+    kind_slowness: np.ndarray
+    """[K] rank of each kind by the time it needs for the graph's compute (higher = slower)."""
+    # variables
+    var_bytes: np.ndarray
+    var_numel: np.ndarray
+    var_rows: np.ndarray
+    var_cols: np.ndarray
+    var_itemsize: np.ndarray
+    var_ps_bytes: np.ndarray
+    """Bytes a PS push (or pull) of the variable moves: the rows looked up for sparse ones, capped by the table."""
+    var_sparse: np.ndarray
+    var_tensor_split: np.ndarray
+    var_layer: np.ndarray
+    """The layer whose backward makes the gradient ready (the earliest user in forward order)."""
+    var_shape: np.ndarray
+    """[V, R] the shape padded with 1s, for partition checks."""
+    var_update_bytes: np.ndarray
+    """Bytes the optimizer reads and writes to update the variable: param and state in and out, grad in."""
+    ps_update_bytes: np.ndarray
+    """[V] bytes a PS server streams to update the variable (the touched rows' share for sparse ones)."""
+    ps_held_bytes: np.ndarray
+    """[V] bytes a PS server holds for the variable (parameters and optimizer state)."""
+    var_state_bytes: np.ndarray
+    order: np.ndarray
+    """Variables in the order their gradients become ready (backward order)."""
+    ready_position: np.ndarray
+    """[V] position of each variable in `order` (its rank in gradient-ready order)."""
+    figures: VariableFigures
+    compression: CompressionTables
+    # layers
+    fwd_flops: np.ndarray
+    bwd_flops: np.ndarray
+    bytes_moved: np.ndarray
+    activation_bytes: np.ndarray
+    output_bytes: np.ndarray
+    layer_matmul: np.ndarray
+    layer_tensor_split: np.ndarray
+    layer_tp_allreduce: np.ndarray
+    """Matmul layers that end a Megatron column/row pair: they all-reduce their output in each pass."""
+    layer_frozen_bytes: np.ndarray
+    """Bytes of non-trainable variables per layer (memory only)."""
+    batch_size: int
+    state_bytes_per_param: float
+    _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
+    _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def ready_position_tile(self, n: int) -> np.ndarray:
+        """`ready_position` repeated for n candidates, flat [n·V] (cached; do not modify)."""
+        return self._tile("ready_position", n)
+
+    def var_bytes_tile(self, n: int) -> np.ndarray:
+        """`var_bytes` repeated for n candidates, flat [n·V] (cached; copy before modifying)."""
+        return self._tile("var_bytes", n)
+
+    def _tile(self, name: str, n: int) -> np.ndarray:
+        tile = self._tiles.get((name, n))
+        if tile is None:
+            tile = np.tile(getattr(self, name), n)
+            tile.flags.writeable = False
+            if len(self._tiles) > 16:
+                self._tiles.clear()
+            self._tiles[(name, n)] = tile
+        return tile
+
+    @property
+    def num_variables(self) -> int:
+        return len(self.variable_names)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_addresses)
+
+    def per_node(self, per_device: np.ndarray) -> np.ndarray:
+        """[N, D] -> [N, M]: sum each node's devices (no BLAS: it would spawn threads for tiny products)."""
+        return np.add.reduceat(per_device, self.node_starts, axis=1)
+
+    def var_axis_length(self, axis: np.ndarray) -> np.ndarray:
+        """Length of `axis` for each variable ([N, V] axes in, [N, V] lengths out; 1 beyond the rank)."""
+        clipped = np.clip(axis.astype(np.intp), 0, self.var_shape.shape[1] - 1)
+        return np.take_along_axis(np.broadcast_to(self.var_shape, (*axis.shape, self.var_shape.shape[1])), clipped[..., None], axis=-1)[..., 0]
+
+
+def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
+    """Everything per-graph and per-cluster, computed once; candidates then cost only array work."""
+    devices = resources.all_devices
+    node_of = {node.address: j for j, node in enumerate(resources.nodes)}
+    kind_names, device_kind = _device_kinds(resources, devices)
+    kinds = _kinds_table(resources, kind_names, graph.dtype.value)
+    layers = _layer_arrays(graph)
+    variables = _variable_arrays(graph, layers["index"])
+    compute = set(resources.compute_devices)
+    device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
+    node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))
+    links = _link_arrays(resources)
+    rate = kinds.memory_bandwidth[device_kind] * kinds.elementwise_efficiency[device_kind]
+    server_price = ServerPrice(
+        inv_nic=1.0 / links["nic_bandwidth"][device_node],
+        inv_intra=1.0 / links["intra_bandwidth"][device_node],
+        inv_rate=1.0 / rate,
+        latency=collectives.ps_push_pull(links["nic_latency"][device_node]),
+    )
+    flops_time = (layers["fwd_flops"].sum() + layers["bwd_flops"].sum()) / (kinds.peak_flops * kinds.matmul_efficiency)
+    return SimContext(
+        graph=graph,
+        resources=resources,
+        variable_names=variables["names"],
+        variable_index={n: i for i, n in enumerate(variables["names"])},
+        layer_names=[layer.name for layer in graph.layers],
+        layer_index=layers["index"],
+        devices=devices,
+        device_index={d: i for i, d in enumerate(devices)},
+        compute_device_indices=np.array([i for i, d in enumerate(devices) if d in compute], dtype=np.intp),
+        device_node=device_node,
+        device_kind=device_kind,
+        device_is_gpu=np.array([":GPU:" in d for d in devices]),
+        node_starts=node_starts,
+        node_addresses=[node.address for node in resources.nodes],
+        server_price=server_price,
+        kinds=kinds,
+        kind_slowness=np.argsort(np.argsort(flops_time, kind="stable"), kind="stable"),
+        **links,
+        **{k: v for k, v in variables.items() if k != "names"},
+        **{k: v for k, v in layers.items() if k != "index"},
+        batch_size=graph.batch_size,
+        state_bytes_per_param=graph.optimizer.state_bytes_per_param,
+    )
+
+
+def _device_kind_name(resources: ResourceSpec, node: Node, device: str) -> str:
+    """A CPU-only node may name a kind of its own in `devices` (as calibration writes); else CPU."""
+    if ":GPU:" in device:
+        return node.device
+    if not node.gpus and node.device in resources.devices:
+        return node.device
+    return "CPU"
+
+
+def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str], np.ndarray]:
+    names: list[str] = []
+    kind = np.zeros(len(devices), dtype=np.intp)
+    for i, device in enumerate(devices):
+        name = _device_kind_name(resources, resources.node_of(device), device)
+        if name not in names:
+            names.append(name)
+        kind[i] = names.index(name)
+    return names, kind
+
+
+def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> DeviceKinds:
+    specs = []
+    for i, name in enumerate(names):
+        try:
+            specs.append(resources.device_spec(name))
+        except KeyError:
+            raise InvalidResourceSpecError([Problem(f"devices.{name}", f"unknown device kind {name!r} (kind {i})")]) from None
+    return DeviceKinds(
+        specs=specs,
+        peak_flops=np.array([s.flops_for(dtype) for s in specs]),
+        memory_bandwidth=np.array([s.memory_bandwidth for s in specs]),
+        matmul_efficiency=np.array([s.matmul_efficiency for s in specs]),
+        elementwise_efficiency=np.array([s.elementwise_efficiency for s in specs]),
+        launch_overhead_s=np.array([s.launch_overhead_s for s in specs]),
+        memory_bytes=np.array([s.memory_bytes for s in specs]),
+    )
+
+
+def _link_arrays(resources: ResourceSpec) -> dict[str, np.ndarray]:
+    nics = [resources.nic(node) for node in resources.nodes]
+    intra = [resources.intra_link(node) for node in resources.nodes]
+    return {
+        "nic_bandwidth": np.array([link.bytes_per_s for link in nics]),
+        "nic_latency": np.array([link.latency_s for link in nics]),
+        "nic_gbps": np.array([link.bandwidth_gbps for link in nics]),
+        "intra_bandwidth": np.array([link.bytes_per_s for link in intra]),
+        "intra_latency": np.array([link.latency_s for link in intra]),
+    }
+
+
+def _layer_arrays(graph: ModelGraph) -> dict:
+    layers = graph.layers
+    index = {layer.name: i for i, layer in enumerate(layers)}
+    matmul = np.array([layer.kind in MATMUL_KINDS for layer in layers], dtype=bool)
+    frozen = np.zeros(len(layers))
+    by_name = {v.name: v for v in graph.variables}
+    for i, layer in enumerate(layers):
+        frozen[i] = sum(by_name[n].nbytes for n in layer.variables if not by_name[n].trainable)
+    return {
+        "index": index,
+        "fwd_flops": np.array([layer.fwd_flops for layer in layers], dtype=float),
+        "bwd_flops": np.array([layer.bwd_flops for layer in layers], dtype=float),
+        "bytes_moved": np.array([layer.bytes_moved for layer in layers], dtype=float),
+        "activation_bytes": np.array([layer.activation_bytes for layer in layers], dtype=float),
+        "output_bytes": np.array([layer.output_bytes for layer in layers], dtype=float),
+        "layer_matmul": matmul,
+        "layer_tensor_split": np.array([layer.kind in TENSOR_SPLIT_KINDS for layer in layers], dtype=bool),
+        "layer_tp_allreduce": _row_parallel(graph, index, matmul),
+        "layer_frozen_bytes": frozen,
+    }
+
+
+def _row_parallel(graph: ModelGraph, index: dict[str, int], matmul: np.ndarray) -> np.ndarray:
+    """Megatron splits a column-parallel matmul (widens) and a row-parallel one (narrows back) and
+    all-reduces only the latter's output. A matmul whose output is no wider than its input is taken
+    as row-parallel. Separate q/k/v projections are over-counted by this rule (see docs)."""
+    out = np.zeros(len(graph.layers), dtype=bool)
+    for i, layer in enumerate(graph.layers):
+        if not matmul[i] or layer.kind == LayerKind.attention:
+            continue
+        inputs = sum(graph.layers[index[name]].output_bytes for name in layer.inputs)
+        out[i] = bool(layer.inputs) and 0 < layer.output_bytes <= inputs
+    return out
+
+
+def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
+    users: dict[str, int] = {}
+    for i, layer in enumerate(graph.layers):
+        for name in layer.variables:
+            users.setdefault(name, i)
+    trainable = graph.trainable_variables
+    rank = max([len(v.shape) for v in trainable] + [1])
+    shape = np.ones((len(trainable), rank), dtype=np.int64)
+    for i, var in enumerate(trainable):
+        shape[i, : len(var.shape)] = var.shape
+    layer_of = np.array([layer_index[v.consumer] if v.consumer else users.get(v.name, 0) for v in trainable], dtype=np.intp)
+    nbytes = np.array([v.nbytes for v in trainable], dtype=float)
+    numel = np.array([v.numel for v in trainable], dtype=float)
+    itemsize = np.array([v.dtype.itemsize for v in trainable], dtype=float)
+    rows = np.array([v.shape[0] if v.shape else 1 for v in trainable], dtype=float)
+    ps_bytes = np.array([min(v.nbytes, (v.lookups_per_step or 0) * v.row_bytes) if v.sparse else v.nbytes for v in trainable], dtype=float)
+    split = np.array([bool(graph.layers) and graph.layers[int(li)].kind in TENSOR_SPLIT_KINDS for li in layer_of], dtype=bool)
+    state = numel * graph.optimizer.state_bytes_per_param
+    # Backward runs layers in reverse; a stable sort on -layer keeps graph order among a layer's variables.
+    order = np.argsort(-layer_of, kind="stable")
+    return {
+        "names": [v.name for v in trainable],
+        "var_bytes": nbytes,
+        "var_numel": numel,
+        "var_rows": rows,
+        "var_cols": numel / rows,
+        "var_itemsize": itemsize,
+        "var_ps_bytes": ps_bytes,
+        "var_sparse": np.array([v.sparse for v in trainable], dtype=bool),
+        "var_tensor_split": split,
+        "var_layer": layer_of,
+        "var_shape": shape,
+        "var_update_bytes": UPDATE_PARAM_PASSES * nbytes + UPDATE_STATE_PASSES * state,
+        "ps_update_bytes": (UPDATE_PARAM_PASSES * nbytes + UPDATE_STATE_PASSES * state) * ps_bytes / nbytes,
+        "ps_held_bytes": nbytes + state,
+        "var_state_bytes": state,
+        "order": order,
+        "ready_position": np.argsort(order).astype(np.int32),
+        "figures": VariableFigures(nbytes, numel, rows, numel / rows, itemsize),
+        "compression": tables(VariableFigures(nbytes, numel, rows, numel / rows, itemsize)),
+    }

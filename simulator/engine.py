@@ -1,0 +1,135 @@
+"""simulate_batch: the composer. It only wires the phases in the order a step runs them:
+
+    topology -> compute (forward, backward, tensor parallel, pipeline) -> gradients ready
+             -> collective stream (all-reduce, reduce-scatter) and PS NICs, overlapping backward
+             -> optimizer update -> sharded all-gather -> memory check
+
+A synchronous step ends when compute, the collective stream and the slowest PS pull are all done,
+then updates and gathers:
+
+    bsp  = max(compute_end, collectives_done, ps_done) + update + all_gather
+
+Asynchronous and stale-synchronous PS training take the PS wait off the critical path, up to the
+staleness bound s (in steps), but the busiest PS NIC must still carry a step's traffic each step:
+
+    local = max(compute_end, collectives_done) + update + all_gather
+    ssp   = max(local, ps_throughput, bsp - s · local)        asp = max(local, ps_throughput)
+
+The breakdown splits the step into components that add up to it exactly (see BREAKDOWN_KEYS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.allreduce import CollectivePhase, collective_phase
+from simulator.compute import update_seconds
+from simulator.context import SimContext
+from simulator.encoding import CandidateBatch, ConsistencyKind
+from simulator.memory import KindSums, MemoryPhase, memory_phase, update_bytes
+from simulator.pipeline import ComputePhase, compute_phase
+from simulator.ps import PSPhase, ps_phase
+from simulator.topology import topology
+
+BREAKDOWN_KEYS = (
+    "compute",
+    "tensor_parallel",
+    "pipeline_bubble",
+    "pipeline_p2p",
+    "allreduce",
+    "sharded",
+    "ps",
+    "optimizer_update",
+)
+"""Seconds per component; they sum to the step time. Communication entries are the *exposed* part."""
+
+CHUNK = 512
+"""Candidates simulated per chunk: keeps the [chunk, V] working arrays in cache-friendly sizes."""
+
+
+@dataclass
+class BatchResult:
+    step_time: np.ndarray
+    samples_per_s: np.ndarray
+    memory: np.ndarray
+    """[N] peak bytes on the fullest replica device."""
+    capacity: np.ndarray
+    feasible: np.ndarray
+    breakdown: np.ndarray
+    """[N, len(BREAKDOWN_KEYS)] seconds, columns in BREAKDOWN_KEYS order."""
+    server_over: np.ndarray
+    detail: dict[str, np.ndarray] = field(default_factory=dict)
+    """With detail=True: per-node PS seconds and bytes, all-reduce bytes, server memory (for explanations)."""
+
+    def __len__(self) -> int:
+        return int(self.step_time.shape[0])
+
+    def component(self, key: str) -> np.ndarray:
+        return self.breakdown[:, BREAKDOWN_KEYS.index(key)]
+
+
+def simulate_batch(context: SimContext, batch: CandidateBatch, *, validate: bool = False, detail: bool = False) -> BatchResult:
+    """Step time, memory, feasibility and breakdown of every candidate; row i depends only on row i."""
+    if validate:
+        batch.validate(context)
+    n = len(batch)
+    if n <= CHUNK:
+        return _simulate(context, batch, detail)
+    parts = [_simulate(context, batch.rows(s, min(s + CHUNK, n)), detail) for s in range(0, n, CHUNK)]
+    return BatchResult(**{
+        name: np.concatenate([getattr(p, name) for p in parts]) for name in ("step_time", "samples_per_s", "memory", "capacity", "feasible", "breakdown", "server_over")
+    }, detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail})
+
+
+def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> BatchResult:
+    topo = topology(context, batch)
+    compute = compute_phase(context, batch, topo)
+    coll = collective_phase(context, batch, topo, compute)
+    ps = ps_phase(context, batch, topo, compute)
+    sums = KindSums.of(context, batch, ps.rows, ps.variables)
+    memory = memory_phase(context, batch, topo, compute, sums, ps.held)
+    update = update_seconds(context, topo.kind, update_bytes(context, batch, compute, sums))
+    step, breakdown = _compose(batch, compute, coll, ps, update)
+    global_batch = context.batch_size * batch.data.astype(np.float64)
+    samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)
+    extra = _detail(ps, coll, memory) if detail else {}
+    return BatchResult(step, samples, memory.peak, memory.capacity, memory.feasible, breakdown, memory.server_over, extra)
+
+
+def _compose(batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase, ps: PSPhase, update: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    end = compute.end
+    collectives_done = np.maximum(end, coll.finish)
+    local = collectives_done + update + coll.all_gather
+    bsp = np.maximum(collectives_done, ps.finish) + update + coll.all_gather
+    staleness = batch.staleness.astype(np.float64)
+    ssp = np.maximum(np.maximum(local, ps.throughput), bsp - staleness * local)
+    asp = np.maximum(local, ps.throughput)
+    step = np.where(batch.consistency == ConsistencyKind.SSP, ssp, bsp)
+    step = np.where(batch.consistency == ConsistencyKind.ASP, asp, step)
+
+    exposed = collectives_done - end
+    busy = coll.allreduce_busy + coll.sharded_busy
+    ar_share = np.divide(coll.allreduce_busy, busy, out=np.zeros_like(busy), where=busy > 0)
+    columns = {
+        "compute": compute.compute,
+        "tensor_parallel": compute.tensor_parallel,
+        "pipeline_bubble": compute.bubble,
+        "pipeline_p2p": compute.p2p,
+        "allreduce": exposed * ar_share,
+        "sharded": exposed * (1 - ar_share) + coll.all_gather,
+        "ps": step - local,
+        "optimizer_update": update,
+    }
+    return step, np.stack([columns[k] for k in BREAKDOWN_KEYS], axis=1)
+
+
+def _detail(ps: PSPhase, coll: CollectivePhase, memory: MemoryPhase) -> dict[str, np.ndarray]:
+    return {
+        "ps_node_seconds": ps.node_seconds,
+        "ps_node_bytes": ps.node_bytes,
+        "ps_held": ps.held,
+        "allreduce_bytes": coll.allreduce_bytes,
+        "allreduce_busy": coll.allreduce_busy,
+    }

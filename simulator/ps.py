@@ -1,0 +1,154 @@
+"""Parameter servers: every node's NIC carries the pushes and pulls of the shards it serves and of the
+workers it hosts, so load imbalance and incast show up as one busy NIC.
+
+Per PS variable v (f_v bytes per push: the whole variable, or for a sparse one the rows looked up,
+capped by the table) and node j with c_j data-parallel copies of the model:
+
+- node j's workers push c_j·f_v and pull as much back (with local replication: one aggregated push per
+  node, min(c_j, 1)·f'_v with f'_v = min(c_max·f_v, table) so a sparse table's rows are counted once);
+- the server of shard k (on node s) receives the pushes of every *other* node and sends as many
+  pulls: (Total_v - push_s,v)/K over its NIC; its own node's workers cross the intra-node link;
+- each shard round trip pays 2α, and the server applies the update (streaming param, grad and state
+  through its memory) before anyone can pull.
+
+Push and pull volumes are equal, so one direction of a full-duplex NIC decides: a node's PS time per
+step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
+That total per node is the PS *throughput* bound. For synchronous training the busiest node's NIC is
+also run as a FIFO timeline (transfers queued in gradient-ready order), which gives when the last pull
+lands; other nodes carry less by construction and are not timed one by one.
+
+Work is done on the flat list of PS (candidate, variable) entries only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.context import SimContext
+from simulator.encoding import CandidateBatch, SyncKind
+from simulator.pipeline import ComputePhase
+from simulator.timeline import fifo_segments
+from simulator.topology import Topology
+
+
+@dataclass
+class PSPhase:
+    finish: np.ndarray
+    """[N] when the busiest PS node's queue drains (synchronous training; 0 without PS)."""
+    throughput: np.ndarray
+    """[N] seconds of PS work on the busiest node per step (what asynchronous training cannot hide)."""
+    node_seconds: np.ndarray
+    """[N, M] seconds of PS work on each node's NIC (and memory) per step."""
+    node_bytes: np.ndarray
+    """[N, M] bytes each node's NIC receives (= sends) per step for PS traffic."""
+    held: np.ndarray
+    """[N, D] bytes of PS variables (parameters and optimizer state) each device holds as a server."""
+    rows: np.ndarray
+    """Flat PS entries, sorted by (candidate, ready position): candidate index..."""
+    variables: np.ndarray
+    """...and variable index."""
+
+
+def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase) -> PSPhase:
+    n, M, D, V = len(batch), context.num_nodes, context.num_devices, context.num_variables
+    flat = np.flatnonzero(np.take(batch.kind, context.order, axis=1).ravel() == SyncKind.PS)
+    row, position = np.divmod(flat, V)
+    var = context.order.take(position)
+    if not flat.size:
+        zeros = np.zeros(n)
+        return PSPhase(zeros, zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), row, var)
+    cell = row * V + var
+    lr = batch.local_replication.ravel().take(cell)
+    weights = np.stack([topo.copies, np.minimum(topo.copies, 1.0)], axis=1)
+    """[n, 2, M] pushing weight per node: data-parallel copies, or at most 1 with local replication."""
+    copies = weights.reshape(-1)
+    totals = weights.sum(axis=2).reshape(-1)
+    weight_row = row * 2 + lr
+    ps_bytes = context.var_ps_bytes.take(var)
+    push = np.where(lr, np.minimum(topo.copies.max(axis=1).take(row) * ps_bytes, context.var_bytes.take(var)), ps_bytes)
+
+    # Shard k of entry e sits on server[row, var, k]. Sums are taken per (candidate, server device)
+    # first, then priced with that device's figures, so per-shard work stays a few gathers.
+    shards = batch.shards.ravel().take(cell)
+    count = shards.astype(np.float64)
+    push_share = push / count
+    update = context.ps_update_bytes.take(var) / count
+    keep = context.ps_held_bytes.take(var) / count
+    head, tail, tail_server = _shard_slots(batch, cell, shards)
+    entry = np.concatenate([np.arange(flat.size), tail])
+    server = np.concatenate([head, tail_server])
+    by_device = _device_sums(row, head, tail, tail_server, n, D, lr, push_share, update, keep)
+    device_weights = weights[:, :, context.device_node]
+    own = (by_device["push"] * device_weights).sum(axis=1)
+    remote = (by_device["push"] * weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
+    price = context.server_price
+    device_seconds = remote * price.inv_nic + own * price.inv_intra + by_device["update"] * price.inv_rate + by_device["count"] * price.latency
+    worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * weights).sum(axis=1)
+    node_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_seconds)
+    node_bytes = worker_bytes + context.per_node(remote)
+
+    busiest = node_seconds.argmax(axis=1)
+    busy_node = busiest.take(row)
+    service = copies.take(weight_row * M + busy_node) * push / context.nic_bandwidth.take(busy_node)
+    on_busy = np.flatnonzero(context.device_node.take(server) == busy_node.take(entry))
+    e, d = entry.take(on_busy), server.take(on_busy)
+    own_e = copies.take(weight_row.take(e) * M + context.device_node.take(d)) * push_share.take(e)
+    total_e = push_share.take(e) * totals.take(weight_row.take(e))
+    seconds = ((total_e - 2 * own_e) * price.inv_nic.take(d) + own_e * price.inv_intra.take(d)
+               + update.take(e) * price.inv_rate.take(d) + price.latency.take(d))
+    service += np.bincount(e, weights=seconds, minlength=flat.size)
+    return PSPhase(
+        finish=fifo_segments(row, compute.ready_at(row, position), service, n),
+        throughput=node_seconds.max(axis=1),
+        node_seconds=node_seconds,
+        node_bytes=node_bytes,
+        held=by_device["keep"],
+        rows=row,
+        variables=var,
+    )
+
+
+def _shard_slots(batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Servers of the PS entries at flat [N·V] `cell`s: shard 0 of every entry ([E]), then the
+    (entry, server) pairs of shards 1, 2, ... of the partitioned ones."""
+    K = batch.max_shards
+    servers = batch.server.ravel()
+    head = servers.take(cell * K).astype(np.intp)
+    entries, devices = [], []
+    for k in range(1, K):
+        more = np.flatnonzero(shards > k)
+        if not more.size:
+            break
+        entries.append(more)
+        devices.append(servers.take(cell.take(more) * K + k))
+    if not entries:
+        return head, np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp)
+    return head, np.concatenate(entries), np.concatenate(devices).astype(np.intp)
+
+
+def _device_sums(
+    row: np.ndarray, head: np.ndarray, tail: np.ndarray, tail_server: np.ndarray, n: int, D: int,
+    lr: np.ndarray, push: np.ndarray, update: np.ndarray, keep: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Per (candidate, server device): pushes [n, 2, D] by local replication, and [n, D] update bytes,
+    held bytes and shard count, over shard 0 of every entry (`head`) and the further shards (`tail`)."""
+    device = row * D + head
+    lr_device = (row * 2 + lr) * D + head
+    tail_row = row.take(tail)
+    tail_device = tail_row * D + tail_server
+    tail_lr_device = (tail_row * 2 + lr.take(tail)) * D + tail_server
+
+    def add(keys: np.ndarray, tail_keys: np.ndarray, weights: np.ndarray | None, size: int) -> np.ndarray:
+        out = np.bincount(keys, weights=weights, minlength=size)
+        if tail.size:
+            out = out + np.bincount(tail_keys, weights=None if weights is None else weights.take(tail), minlength=size)
+        return out.astype(np.float64, copy=False)
+
+    return {
+        "push": add(lr_device, tail_lr_device, push, n * 2 * D).reshape(n, 2, D),
+        "update": add(device, tail_device, update, n * D).reshape(n, D),
+        "keep": add(device, tail_device, keep, n * D).reshape(n, D),
+        "count": add(device, tail_device, None, n * D).reshape(n, D),
+    }

@@ -1,0 +1,51 @@
+"""Calibration: the alpha-beta fit, and a real measurement of this machine through the CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simulator import simulate
+from stratagem.calibrate import DEVICE_KIND, fit_ring
+from stratagem.cli import main
+from stratagem.errors import InvalidResourceSpecError
+from stratagem.ir import AllReduceSynchronizer, Layer, ModelGraph, ResourceSpec, Strategy, Variable, VariableConfig
+
+
+def test_ring_fit_recovers_latency_and_bandwidth():
+    alpha, bandwidth, ranks = 30e-6, 2e9, 4
+    sizes = [4, 4096, 1 << 18, 1 << 21, 1 << 23]
+    seconds = [2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n / bandwidth for n in sizes]
+    fitted_alpha, fitted_bandwidth = fit_ring(sizes, seconds, ranks)
+    assert fitted_alpha == pytest.approx(alpha, rel=1e-6)
+    assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+
+
+def test_calibration_needs_two_ranks():
+    from stratagem.calibrate import calibrate
+
+    with pytest.raises(InvalidResourceSpecError, match="ranks"):
+        calibrate(ranks=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
+    path = tmp_path / "spec.json"
+    assert main(["calibrate", "--ranks", "2", "-o", str(path)]) == 0
+    spec = ResourceSpec.load(path)
+    device = spec.devices[DEVICE_KIND]
+    figures = [device.peak_flops["float32"], device.memory_bandwidth, device.launch_overhead_s, spec.intra_node.bandwidth_gbps, spec.intra_node.latency_us]
+    assert all(math.isfinite(x) and x > 0 for x in figures), figures
+    assert spec.nodes[0].cpus == [0, 1] and spec.nodes[0].address == "127.0.0.1"
+    assert spec.compute_devices == ["127.0.0.1:CPU:0", "127.0.0.1:CPU:1"]
+
+    weight = Variable(name="w", shape=[256, 256])
+    graph = ModelGraph(batch_size=8, variables=[weight], layers=[
+        Layer(name="fc", kind="matmul", fwd_flops=2 * 8 * 256 * 256, bwd_flops=4 * 8 * 256 * 256, bytes_moved=4 * 256 * 256, output_bytes=4 * 8 * 256, variables=["w"]),
+    ])
+    strategy = Strategy(replicas=spec.compute_devices, variables=[VariableConfig(var_name="w", synchronizer=AllReduceSynchronizer())])
+    prediction = simulate(graph, spec, [strategy])[0]
+    assert math.isfinite(prediction.step_time_s) and prediction.step_time_s > 0
+    assert prediction.breakdown["compute"] > 0 and prediction.breakdown["allreduce"] >= 0
