@@ -1,0 +1,28 @@
+"""The runtime: execute a Strategy inside torch.distributed (gloo on CPUs, NCCL on GPUs).
+
+`distribute(model, optimizer, strategy)` returns a model and optimizer that train as usual; one
+executor per synchronizer kind (all-reduce, parameter server, ZeRO sharding, with compressors)
+does the communication. `init_from_env()` joins a process group started by `stratagem.launch` or
+torchrun. See docs/runtime.md.
+"""
+
+from stratagem.runtime.data import local_batch
+from stratagem.runtime.distribute import distribute, load_strategy, replica_device
+from stratagem.runtime.launch import DistEnv, init_from_env, launch
+from stratagem.runtime.optimizer import DistributedOptimizer
+from stratagem.runtime.plan import Plan, resolve_plan
+from stratagem.runtime.stats import SyncStats
+
+__all__ = [
+    "DistEnv",
+    "DistributedOptimizer",
+    "Plan",
+    "SyncStats",
+    "distribute",
+    "init_from_env",
+    "launch",
+    "load_strategy",
+    "local_batch",
+    "replica_device",
+    "resolve_plan",
+]

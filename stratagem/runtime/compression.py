@@ -1,0 +1,209 @@
+"""Gradient compressors for all-reduce buckets: none, fp16/bf16 casts, PowerSGD and top-k.
+
+Each reducer averages a bucket's gradients over a team in two halves: `start` runs inside backward
+as soon as the bucket is complete and launches the first collective asynchronously; `finish` runs at
+the optimizer step and completes it. Error feedback keeps, per bucket, what compression dropped and
+adds it to the next step's gradient, which is what makes lossy compression converge.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+
+from stratagem.errors import UnsupportedStrategyError
+from stratagem.ir import Compressor
+from stratagem.runtime.comm import Team, Work, flatten, unflatten, wait
+
+WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Reducer(ABC):
+    """Averages a list of gradients over the team; stateful across steps (error feedback, warm starts)."""
+
+    @abstractmethod
+    def start(self, grads: list[torch.Tensor]) -> None: ...
+
+    @abstractmethod
+    def finish(self) -> list[torch.Tensor]: ...
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this rank put on the wire in the last step (before any collective's own fan-out)."""
+        return self._wire_bytes
+
+    _wire_bytes: int = 0
+
+
+class CastReducer(Reducer):
+    """Plain all-reduce, optionally of a narrower copy (fp16/bf16) of the gradient."""
+
+    def __init__(self, team: Team, *, wire_dtype: torch.dtype | None, error_feedback: bool) -> None:
+        self.team = team
+        self.wire_dtype = wire_dtype
+        self.error_feedback = error_feedback and wire_dtype is not None
+        self.error: torch.Tensor | None = None
+        self._pending: tuple[torch.Tensor, Work, torch.dtype, list[torch.Size]] | None = None
+
+    def start(self, grads: list[torch.Tensor]) -> None:
+        flat = flatten(grads)
+        if self.error is not None:
+            flat = flat + self.error
+        # Dividing first keeps a narrow sum from overflowing.
+        payload = flat / self.team.size
+        if self.wire_dtype is not None:
+            payload = payload.to(self.wire_dtype)
+            if self.error_feedback:
+                self.error = flat - payload.to(flat.dtype) * self.team.size
+        self._wire_bytes = payload.numel() * payload.element_size()
+        self._pending = (payload, self.team.all_reduce(payload, async_op=True), flat.dtype, [g.shape for g in grads])
+
+    def finish(self) -> list[torch.Tensor]:
+        if self._pending is None:
+            raise RuntimeError("finish() before start()")
+        payload, work, dtype, shapes = self._pending
+        self._pending = None
+        wait(work)
+        return unflatten(payload.to(dtype), shapes)
+
+
+class TopKReducer(Reducer):
+    """Each rank keeps its k largest-magnitude entries; values and indices are all-gathered, then summed."""
+
+    def __init__(self, team: Team, *, ratio: float, error_feedback: bool) -> None:
+        self.team = team
+        self.ratio = ratio
+        self.error_feedback = error_feedback
+        self.error: torch.Tensor | None = None
+        self._pending: tuple[list[torch.Tensor], Work, list[torch.Tensor], Work, torch.Tensor, list[torch.Size]] | None = None
+
+    def start(self, grads: list[torch.Tensor]) -> None:
+        flat = flatten(grads)
+        if self.error is not None:
+            flat = flat + self.error
+        k = max(1, math.ceil(self.ratio * flat.numel()))
+        idx = flat.abs().topk(k, sorted=False).indices
+        vals = flat[idx]
+        if self.error_feedback:
+            self.error = flat.clone()
+            self.error[idx] = 0
+        self._wire_bytes = k * (vals.element_size() + idx.element_size())
+        all_vals, w1 = self.team.all_gather(vals, async_op=True)
+        all_idx, w2 = self.team.all_gather(idx, async_op=True)
+        self._pending = (all_vals, w1, all_idx, w2, torch.zeros_like(flat), [g.shape for g in grads])
+
+    def finish(self) -> list[torch.Tensor]:
+        if self._pending is None:
+            raise RuntimeError("finish() before start()")
+        all_vals, w1, all_idx, w2, out, shapes = self._pending
+        self._pending = None
+        wait(w1)
+        wait(w2)
+        out.index_add_(0, torch.cat(all_idx), torch.cat(all_vals))
+        return unflatten(out / self.team.size, shapes)
+
+
+class PowerSGDReducer(Reducer):
+    """Vogels et al. 2019: each matrix M travels as P = MQ and Q' = MᵀP̂ (rank r), Q warm-started across steps.
+
+    Tensors with two or more dimensions are viewed as (dim 0, rest) matrices; vectors, and matrices
+    too small for rank r to save anything, are all-reduced uncompressed.
+    """
+
+    def __init__(self, team: Team, *, rank: int, error_feedback: bool, seed: int) -> None:
+        self.team = team
+        self.rank = rank
+        self.error_feedback = error_feedback
+        self.seed = seed
+        self.qs: dict[int, torch.Tensor] = {}
+        self.errors: dict[int, torch.Tensor] = {}
+        self._pending: dict | None = None
+
+    def _compressible(self, g: torch.Tensor) -> bool:
+        if g.dim() < 2:
+            return False
+        n, m = g.shape[0], g.numel() // g.shape[0]
+        r = min(self.rank, n, m)
+        return (n + m) * r < n * m
+
+    def _initial_q(self, i: int, m: int, r: int, like: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        return torch.randn(m, r, generator=generator, dtype=like.dtype).to(like.device)
+
+    def start(self, grads: list[torch.Tensor]) -> None:
+        matrices = [i for i, g in enumerate(grads) if self._compressible(g)]
+        plain = [i for i, g in enumerate(grads) if i not in set(matrices)]
+        ms, ps = {}, []
+        for i in matrices:
+            m = grads[i].reshape(grads[i].shape[0], -1)
+            if i in self.errors:
+                m = m + self.errors[i]
+            r = min(self.rank, m.shape[0], m.shape[1])
+            if i not in self.qs:
+                self.qs[i] = self._initial_q(i, m.shape[1], r, m)
+            ms[i] = m
+            ps.append(m @ self.qs[i])
+        p_flat = torch.cat([p.reshape(-1) for p in ps]) if ps else None
+        v_flat = flatten([grads[i] for i in plain]) / self.team.size if plain else None
+        self._wire_bytes = sum(t.numel() * t.element_size() for t in (p_flat, v_flat) if t is not None)
+        self._pending = {
+            "shapes": [g.shape for g in grads], "ms": ms, "p_shapes": [p.shape for p in ps], "plain": plain,
+            "p": (p_flat, self.team.all_reduce(p_flat, async_op=True) if p_flat is not None else None),
+            "v": (v_flat, self.team.all_reduce(v_flat, async_op=True) if v_flat is not None else None),
+        }
+
+    def finish(self) -> list[torch.Tensor]:
+        if self._pending is None:
+            raise RuntimeError("finish() before start()")
+        pending, self._pending = self._pending, None
+        out: list[torch.Tensor | None] = [None] * len(pending["shapes"])
+        (p_flat, p_work), (v_flat, v_work) = pending["p"], pending["v"]
+        if p_flat is not None:
+            wait(p_work)
+            self._finish_matrices(pending, p_flat, out)
+        if v_flat is not None:
+            wait(v_work)
+            for i, part in zip(pending["plain"], unflatten(v_flat, [pending["shapes"][i] for i in pending["plain"]]), strict=True):
+                out[i] = part
+        return [t for t in out if t is not None]
+
+    def _finish_matrices(self, pending: dict, p_flat: torch.Tensor, out: list[torch.Tensor | None]) -> None:
+        indices = list(pending["ms"])
+        ps = [torch.linalg.qr(p, mode="reduced").Q for p in unflatten(p_flat, pending["p_shapes"])]
+        qs = [pending["ms"][i].T @ p for i, p in zip(indices, ps, strict=True)]
+        q_flat = torch.cat([q.reshape(-1) for q in qs])
+        wait(self.team.all_reduce(q_flat))
+        self._wire_bytes += q_flat.numel() * q_flat.element_size()
+        q_flat /= self.team.size
+        for i, p, q in zip(indices, ps, unflatten(q_flat, [q.shape for q in qs]), strict=True):
+            approx = p @ q.T
+            if self.error_feedback:
+                self.errors[i] = pending["ms"][i] - approx
+            self.qs[i] = q.clone()
+            out[i] = approx.view(pending["shapes"][i])
+
+
+def apply_compression(compressor: Compressor, *, team: Team, what: str, seed: int, probe_device: torch.device | None = None) -> Reducer:
+    """The reducer a bucket uses for its compressor; `what` names the bucket's variables in errors."""
+    if compressor.kind in WIRE_DTYPES:
+        dtype = WIRE_DTYPES[compressor.kind]
+        if team.size > 1:
+            _probe(team, dtype, what=what, device=probe_device)
+        return CastReducer(team, wire_dtype=dtype, error_feedback=compressor.error_feedback)
+    if compressor.kind == "topk":
+        assert compressor.ratio is not None  # the IR requires it for topk
+        return TopKReducer(team, ratio=compressor.ratio, error_feedback=compressor.error_feedback)
+    if compressor.kind == "powersgd":
+        assert compressor.rank is not None  # the IR requires it for powersgd
+        return PowerSGDReducer(team, rank=compressor.rank, error_feedback=compressor.error_feedback, seed=seed)
+    return CastReducer(team, wire_dtype=None, error_feedback=False)
+
+
+def _probe(team: Team, dtype: torch.dtype, *, what: str, device: torch.device | None) -> None:
+    """Refuse, before training, a narrow all-reduce the backend cannot do (e.g. bf16 on some gloo builds)."""
+    try:
+        team.all_reduce(torch.zeros(1, dtype=dtype, device=device))
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise UnsupportedStrategyError(f"{what}: this process group's backend cannot all-reduce {dtype} ({error})") from None

@@ -1,0 +1,120 @@
+"""`distribute`: run a Strategy inside an initialized process group. Composes the executors; owns none.
+
+Order of composition, and why:
+1. `resolve_plan` first, before any collective: a strategy the runtime cannot execute is refused on
+   every rank alike, with the variable's name, and no rank is left waiting in a collective.
+2. Place the model on the replica's kind of device, then broadcast rank 0's parameters and buffers, so every
+   rank (and every server's master copy, made next) starts from the same values, as DDP does.
+3. Executors, in the order their `finish` runs at each step, which must be the same on every rank
+   because collectives match by issue order: all-reduce buckets first (already in flight since
+   backward, finishing them only waits), then ZeRO buckets (in flight too; their all-gathers are the
+   only new traffic), then parameter servers last (their pulls wait on server arithmetic and nothing
+   is queued behind them). The user's optimizer runs after all of them: it needs every averaged
+   gradient, and the parameters it updates are disjoint from those the executors update.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from stratagem.errors import UnsupportedStrategyError
+from stratagem.ir import Strategy, parse_device
+from stratagem.runtime.allreduce import apply_allreduce
+from stratagem.runtime.comm import Comm, flatten, unflatten
+from stratagem.runtime.executor import Executor, GradReadiness
+from stratagem.runtime.optimizer import DistributedOptimizer
+from stratagem.runtime.plan import resolve_plan
+from stratagem.runtime.ps import apply_ps
+from stratagem.runtime.sharded import apply_sharded
+from stratagem.runtime.stats import StatsRecorder
+from stratagem.runtime.updates import ReplicatedShards
+
+
+def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy | str | Path, *,
+               rank: int | None = None, process_group: dist.ProcessGroup | None = None) -> tuple[nn.Module, DistributedOptimizer]:
+    """Make `model` and `optimizer` train under `strategy` on this rank; train with them as usual.
+
+    Each rank feeds its own slice of the global batch; gradients are averaged over ranks, so N ranks
+    on N slices compute what one process computes on the whole batch.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise UnsupportedStrategyError(
+            "no process group: call stratagem.runtime.init_from_env() or torch.distributed.init_process_group() first")
+    strategy = load_strategy(strategy) if isinstance(strategy, str | Path) else strategy
+    world_size, me = dist.get_world_size(process_group), dist.get_rank(process_group)
+    if rank is not None and rank != me:
+        raise UnsupportedStrategyError(f"rank {rank} was given but this process is rank {me} of its process group")
+    plan = resolve_plan(model, optimizer, strategy, world_size=world_size, rank=me)
+    device = place_model(model, strategy.replicas[me])
+    comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)
+    broadcast_module(model, comm)
+
+    executors: list[Executor] = []
+    executors += apply_allreduce(plan.allreduce, plan.sparse_allreduce, comm=comm)
+    executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer)
+    executors += apply_ps(plan.ps, plan.sparse_ps, comm=comm, optimizer=optimizer)
+    replicated = ReplicatedShards(optimizer, plan.replicated) if plan.replicated else None
+
+    stats = StatsRecorder(device)
+    readiness = GradReadiness(executors, stats)
+    return model, DistributedOptimizer(optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats)
+
+
+def load_strategy(path: str | Path) -> Strategy:
+    """A strategy file, validated (InvalidStrategyError with field paths when it is not one)."""
+    return Strategy.load(path)
+
+
+def place_model(model: nn.Module, replica: str) -> torch.device:
+    """Keep a model that the caller already put on a device of the replica's kind; else move it there.
+
+    Which GPU a rank uses is the launcher's business (torchrun's LOCAL_RANK, Ray's visible device);
+    the strategy only says GPU or CPU, so a model already on a GPU stays where the caller put it.
+    """
+    kind = parse_device(replica)[1]
+    current = next(iter(model.parameters()), torch.empty(0)).device
+    if (kind == "GPU") == (current.type == "cuda"):
+        return current
+    device = replica_device(replica)
+    model.to(device)
+    return device
+
+
+def replica_device(device_name: str) -> torch.device:
+    """The torch device a replica name means in this process.
+
+    `address:GPU:k` is `cuda:k`, unless the process sees exactly one GPU (a scheduler such as Ray
+    gave it one through CUDA_VISIBLE_DEVICES), which is then the replica's GPU.
+    """
+    _, kind, index = parse_device(device_name)
+    if kind == "CPU":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UnsupportedStrategyError(f"replica {device_name!r} is a GPU but this process has no CUDA device")
+    count = torch.cuda.device_count()
+    if index < count:
+        device = torch.device("cuda", index)
+    elif count == 1:
+        device = torch.device("cuda", 0)
+    else:
+        raise UnsupportedStrategyError(f"replica {device_name!r}: this process sees {count} GPUs, not GPU {index}")
+    torch.cuda.set_device(device)
+    return device
+
+
+@torch.no_grad()
+def broadcast_module(model: nn.Module, comm: Comm) -> None:
+    """Rank 0's parameters and buffers on every rank, one broadcast per dtype."""
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.numel()]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = flatten([t.detach() for t in group])
+        comm.world.broadcast(flat, 0)
+        for t, value in zip(group, unflatten(flat, [t.shape for t in group]), strict=True):
+            t.copy_(value)

@@ -1,0 +1,86 @@
+"""The two-phase contract every synchronizer executor follows, and the hooks that drive phase one.
+
+Phase one (`launch`) runs inside backward, from a post-accumulate-grad hook, as soon as the last
+gradient an executor needs is ready: it starts asynchronous communication, as DDP's buckets do, so
+it overlaps the rest of backward. Phase two (`finish`) runs in the optimizer step: it waits, and for
+parameter servers and ZeRO shards also applies the update. Collectives match by issue order, so
+every rank must launch and finish executors in the same order: backward order for launches (the same
+graph runs on every rank), list order for anything still unlaunched at the step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from torch import nn
+
+from stratagem.errors import UnsupportedStrategyError
+from stratagem.runtime.stats import StatsRecorder
+
+
+class Executor(ABC):
+    kind: str
+    """The synchronizer kind, for stats: allreduce, ps or sharded."""
+
+    @property
+    @abstractmethod
+    def params(self) -> list[nn.Parameter]:
+        """Parameters whose gradients must be ready before `launch`."""
+
+    def launch(self, stats: StatsRecorder) -> None:  # noqa: B027 - optional phase
+        """Start communication that can overlap the rest of backward; many executors have none."""
+
+    @abstractmethod
+    def finish(self, stats: StatsRecorder) -> None:
+        """Complete communication and apply any update this executor owns."""
+
+
+class GradReadiness:
+    """Counts each executor's ready gradients during backward and launches it when complete."""
+
+    def __init__(self, executors: list[Executor], stats: StatsRecorder) -> None:
+        self.executors = executors
+        self.stats = stats
+        self._by_param: dict[int, list[int]] = {}
+        self._needed: list[set[int]] = []
+        for index, executor in enumerate(executors):
+            ids = {id(p) for p in executor.params}
+            self._needed.append(ids)
+            for pid in ids:
+                self._by_param.setdefault(pid, []).append(index)
+        self._ready: list[set[int]] = [set() for _ in executors]
+        self._launched = [False] * len(executors)
+        self._repeated: str | None = None
+        params = {id(p): p for e in executors for p in e.params}
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_ready) for p in params.values()]
+
+    def _on_ready(self, param: nn.Parameter) -> None:
+        for index in self._by_param.get(id(param), []):
+            if id(param) in self._ready[index]:
+                self._repeated = "a gradient became ready twice before optimizer.step()"
+                continue
+            self._ready[index].add(id(param))
+            if self._ready[index] == self._needed[index] and not self._launched[index]:
+                self._launch(index)
+
+    def _launch(self, index: int) -> None:
+        self._launched[index] = True
+        with self.stats.launching():
+            self.executors[index].launch(self.stats)
+
+    def finish_all(self) -> None:
+        """Launch what backward did not (unused parameters), then finish everything, in list order."""
+        if self._repeated is not None:
+            raise UnsupportedStrategyError(
+                f"{self._repeated}: gradient accumulation over several backward passes per step is not supported yet")
+        for index, launched in enumerate(self._launched):
+            if not launched:
+                self._launch(index)
+        for executor in self.executors:
+            executor.finish(self.stats)
+        self._ready = [set() for _ in self.executors]
+        self._launched = [False] * len(self.executors)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()

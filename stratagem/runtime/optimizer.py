@@ -1,0 +1,73 @@
+"""The optimizer `distribute` hands back: the user's optimizer, plus the synchronization it needs.
+
+It shares the wrapped optimizer's param groups and state (so schedulers, `zero_grad` and
+`state_dict` behave as usual) and its `step()` first completes every executor (waits on all-reduce
+buckets, runs server and shard updates), then lets the user's optimizer update only the parameters
+every rank updates itself. Parameters updated elsewhere have their gradient hidden from it for the
+call, which every torch optimizer reads as "skip this parameter".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from stratagem.runtime.executor import GradReadiness
+from stratagem.runtime.stats import StatsRecorder, SyncStats
+from stratagem.runtime.updates import ReplicatedShards
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, optimizer: torch.optim.Optimizer, *, readiness: GradReadiness, replicated: ReplicatedShards | None,
+                 local_params: list[nn.Parameter], stats: StatsRecorder) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        super().__init__(params, dict(optimizer.defaults))
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+        self.optimizer = optimizer
+        self._readiness = readiness
+        self._replicated = replicated
+        self._local = {id(p) for p in local_params}
+        self._stats = stats
+
+    @property
+    def sync_stats(self) -> SyncStats | None:
+        """Timing of the last completed step (None before the first)."""
+        return self._stats.last
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._stats.begin_step()
+        self._readiness.finish_all()
+        with self._stats.updating():
+            if self._replicated is not None:
+                self._replicated.step()
+            self._local_step()
+        self._stats.end_step()
+        return loss
+
+    def _local_step(self) -> None:
+        hidden = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in self._local and p.grad is not None:
+                    hidden.append((p, p.grad))
+                    p.grad = None
+        try:
+            self.optimizer.step()
+        finally:
+            for p, grad in hidden:
+                p.grad = grad
+
+    def detach(self) -> None:
+        """Remove the gradient hooks (the model trains locally again)."""
+        self._readiness.remove()
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self.optimizer!r})"

@@ -1,0 +1,72 @@
+"""Updates applied outside the user's optimizer: master copies stepped by clones of it.
+
+A parameter server updates only the variables it serves, a ZeRO rank only its slice, so each keeps
+master copies of those pieces and runs an optimizer of the user's class over them, built from the
+hyper-parameters of the param group the original parameter belongs to. Hyper-parameters are copied
+again before every step, so a learning-rate scheduler attached to the returned optimizer reaches the
+clones too. For elementwise optimizers (SGD, Adam, ...) this is exactly the whole-tensor update;
+`plan` refuses slicing anything else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stratagem.errors import UnsupportedStrategyError
+from stratagem.runtime.plan import Piece
+
+
+def clone_optimizer(optimizer: torch.optim.Optimizer, group_index: int, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """An optimizer of the user's class over `tensors`, with one param group's hyper-parameters."""
+    hyper = {k: v for k, v in optimizer.param_groups[group_index].items() if k != "params"}
+    try:
+        return type(optimizer)([{"params": tensors, **hyper}])
+    except (TypeError, ValueError) as error:
+        raise UnsupportedStrategyError(f"cannot rebuild {type(optimizer).__name__} for server or shard updates: {error}") from None
+
+
+def _sync_hyperparameters(source: dict, target: dict) -> None:
+    for key, value in source.items():
+        if key != "params":
+            target[key] = value
+
+
+class MasterUpdater:
+    """Master copies of some tensors and the optimizer clones that step them.
+
+    `group_indices[i]` is the user's param group whose hyper-parameters apply to `values[i]`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, group_indices: list[int], values: list[torch.Tensor]) -> None:
+        self.optimizer = optimizer
+        self.masters = [v.detach().clone() for v in values]
+        by_group: dict[int, list[torch.Tensor]] = {}
+        for group_index, master in zip(group_indices, self.masters, strict=True):
+            by_group.setdefault(group_index, []).append(master)
+        self.clones = {gi: clone_optimizer(optimizer, gi, tensors) for gi, tensors in by_group.items()}
+
+    def step(self, grads: list[torch.Tensor]) -> None:
+        """One optimizer step of every master with the given gradients (dense or sparse)."""
+        for master, grad in zip(self.masters, grads, strict=True):
+            master.grad = grad
+        for gi, clone in self.clones.items():
+            _sync_hyperparameters(self.optimizer.param_groups[gi], clone.param_groups[0])
+            clone.step()
+        for master in self.masters:
+            master.grad = None
+
+
+class ReplicatedShards:
+    """All-reduced shards of a parameter whose other shards live on servers: every rank updates them."""
+
+    kind = "allreduce"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, pieces: list[Piece]) -> None:
+        self.pieces = pieces
+        self.updater = MasterUpdater(optimizer, [p.group_index for p in pieces], [p.value() for p in pieces])
+
+    def step(self) -> None:
+        self.updater.step([piece.grad().clone() for piece in self.pieces])
+        with torch.no_grad():
+            for piece, master in zip(self.pieces, self.updater.masters, strict=True):
+                piece.value().copy_(master)

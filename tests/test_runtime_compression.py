@@ -1,0 +1,95 @@
+"""Compressors keep what they drop (error feedback) and PowerSGD recovers low-rank gradients exactly.
+
+A team of one rank needs no process group, so the reducers' arithmetic is checked in-process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stratagem.ir import Compressor
+from stratagem.runtime.comm import Team
+from stratagem.runtime.compression import CastReducer, PowerSGDReducer, TopKReducer, apply_compression
+
+SOLO = Team([0], [0], None)
+
+
+def _steps(reducer, grads_per_step: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    outs = []
+    for grads in grads_per_step:
+        reducer.start(grads)
+        outs.append(reducer.finish())
+    return outs
+
+
+def _grads(steps: int, shapes: list[tuple[int, ...]], seed: int = 0) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes] for _ in range(steps)]
+
+
+@pytest.mark.parametrize("reducer", [
+    TopKReducer(SOLO, ratio=0.2, error_feedback=True),
+    CastReducer(SOLO, wire_dtype=torch.float16, error_feedback=True),
+    CastReducer(SOLO, wire_dtype=torch.bfloat16, error_feedback=True),
+], ids=["topk", "fp16", "bf16"])
+def test_error_feedback_loses_nothing_over_steps(reducer) -> None:
+    grads = _grads(6, [(5, 4), (7,)])
+    outs = _steps(reducer, grads)
+    sent = sum(torch.cat([o.reshape(-1) for o in out]) for out in outs)
+    total = sum(torch.cat([g.reshape(-1) for g in step]) for step in grads)
+    torch.testing.assert_close(sent + reducer.error, total)
+    assert not torch.allclose(sent, total), "compression should have dropped something"
+
+
+def test_powersgd_error_feedback_loses_nothing_and_vectors_travel_exactly() -> None:
+    reducer = PowerSGDReducer(SOLO, rank=1, error_feedback=True, seed=3)
+    grads = _grads(5, [(8, 6), (6,), (4, 2, 3)])
+    outs = _steps(reducer, grads)
+    for i in (0, 2):
+        sent = sum(out[i] for out in outs)
+        total = sum(step[i] for step in grads)
+        torch.testing.assert_close(sent + reducer.errors[i].view_as(total), total)
+    for out, step in zip(outs, grads, strict=True):
+        torch.testing.assert_close(out[1], step[1])
+        assert [o.shape for o in out] == [g.shape for g in step]
+
+
+def test_powersgd_recovers_a_gradient_of_at_most_its_rank_exactly() -> None:
+    g = torch.Generator().manual_seed(1)
+    low_rank = torch.randn(10, 2, generator=g) @ torch.randn(2, 7, generator=g)
+    (out,) = _steps(PowerSGDReducer(SOLO, rank=2, error_feedback=False, seed=0), [[low_rank]])[0]
+    torch.testing.assert_close(out, low_rank, rtol=1e-4, atol=1e-5)
+
+
+def test_powersgd_sends_fewer_numbers_than_the_gradient() -> None:
+    reducer = PowerSGDReducer(SOLO, rank=2, error_feedback=True, seed=0)
+    reducer.start([torch.randn(64, 32)])
+    reducer.finish()
+    assert reducer.wire_bytes == (64 + 32) * 2 * 4
+
+
+def test_topk_sends_values_and_indices_of_k_entries() -> None:
+    reducer = apply_compression(Compressor(kind="topk", ratio=0.25), team=SOLO, what="test", seed=0)
+    reducer.start([torch.randn(40)])
+    (out,) = reducer.finish()
+    assert int((out != 0).sum()) == 10
+    assert reducer.wire_bytes == 10 * (4 + 8)
+
+
+class _NoBFloat16(Team):
+    """A team whose backend refuses bfloat16, as some gloo builds do."""
+
+    def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False):
+        if tensor.dtype == torch.bfloat16:
+            raise RuntimeError("Unsupported dtype BFloat16")
+        return None
+
+
+def test_a_backend_without_bf16_is_refused_with_the_bucket_named() -> None:
+    from stratagem.errors import UnsupportedStrategyError
+
+    team = _NoBFloat16([0, 1], [0, 1], None)
+    with pytest.raises(UnsupportedStrategyError, match=r"all-reduce group 0 \(fc1.weight\).*cannot all-reduce torch.bfloat16"):
+        apply_compression(Compressor(kind="bf16"), team=team, what="all-reduce group 0 (fc1.weight)", seed=0)
+    assert isinstance(apply_compression(Compressor(kind="fp16"), team=team, what="x", seed=0), CastReducer)
