@@ -1,0 +1,128 @@
+"""The search: baselines, structured proposals, sampling, local search, then a guarded, diverse top-K.
+
+    result = search(graph, resources, time_budget_s=2.0, max_candidates=20000, top_k=5, seed=0)
+    result.candidates[0]          # the best Strategy, .predicted set, provenance.search says why
+
+The phases run in this order, each on whatever budget the previous ones left:
+
+1. baselines — every pre-built builder (AutoDist's and plain data parallel), always evaluated;
+2. proposals — structured strategies (`proposals.py`);
+3. sampling — AutoSync-style random per-class choices, a share of what is left;
+4. local_search — batched simulated annealing from the best so far (`local_search.py`).
+
+Reproducibility: the same inputs and seed give the same result whenever the candidate budget, not
+the clock, ends the search. A time budget stops at a batch boundary that depends on machine speed,
+so pass `time_budget_s=None` (or a generous one) when runs must be comparable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from optimizer_service.search.answer import Baselines, SearchResult, answer
+from optimizer_service.search.evaluate import Evaluator, ProgressCallback
+from optimizer_service.search.local_search import anneal
+from optimizer_service.search.proposals import autosync_samples, structured_proposals
+from optimizer_service.search.space import SearchOptions, Space
+from simulator import SimContext, context_for, encode
+from stratagem.builders import all_builders
+from stratagem.errors import InvalidDocumentError, Problem, StratagemError
+from stratagem.ir import ModelGraph, ResourceSpec
+
+SAMPLE_SHARE = 0.2
+"""Share of the candidate budget left after the proposals that goes to AutoSync-style sampling."""
+MAX_SAMPLES = 4000
+BATCH = 512
+"""Rows per simulated batch in the sampling phase (progress and the clock are checked between batches)."""
+
+
+class SearchCancelled(StratagemError):
+    """Raise from a progress callback to stop a search; it propagates to the caller of `search`."""
+
+
+def search(
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    *,
+    time_budget_s: float | None = 2.0,
+    max_candidates: int = 20000,
+    top_k: int = 5,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    allow_compression: bool = False,
+    allow_async: bool = False,
+) -> SearchResult:
+    """Find the fastest predicted strategies for `graph` on `resources` within the budgets."""
+    started = time.perf_counter()
+    _check_arguments(time_budget_s, max_candidates, top_k, seed)
+    options = SearchOptions(allow_compression=allow_compression, allow_async=allow_async)
+    context = context_for(graph, resources)
+    space = Space(context, options)
+    baselines = _baselines(graph, resources, context, space)
+    evaluator = Evaluator(context, max_candidates=max_candidates, progress=progress, started=started,
+                          time_budget_s=_search_budget(time_budget_s, baselines.build_seconds, top_k),
+                          archive_size=max(256, 32 * top_k))
+    rng = np.random.default_rng(seed)
+    shards = baselines.batch.max_shards
+    evaluator.evaluate(baselines.batch, [f"builder:{name}" for name in baselines.names], "baselines", force=True)
+    if space.num_variables and not evaluator.exhausted:
+        proposals = structured_proposals(space, shards)
+        evaluator.evaluate(proposals.batch, proposals.labels, "proposals")
+        _sample(space, evaluator, rng, shards)
+        anneal(space, evaluator, rng)
+    evaluator.report("finalizing")
+    return answer(graph, resources, space, evaluator, baselines, top_k=top_k, seed=seed)
+
+
+def _search_budget(time_budget_s: float | None, build_seconds: list[float], top_k: int) -> float | None:
+    """The share of the time budget the evaluation phases may use. The rest is kept for building the
+    answer, whose cost is mostly making top_k Strategy objects: about what a typical builder took to
+    make one (the median, which a first call's one-time costs do not skew), plus three for the
+    predictions and words."""
+    if time_budget_s is None:
+        return None
+    return max(time_budget_s - float(np.median(build_seconds)) * (top_k + 3), 1e-3)
+
+
+def _check_arguments(time_budget_s: float | None, max_candidates: int, top_k: int, seed: int) -> None:
+    problems = []
+
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float)) or not time_budget_s > 0):
+        problems.append(Problem("search.time_budget_s", f"must be a positive number of seconds or null, got {time_budget_s!r}"))
+    if not whole(max_candidates) or max_candidates < 1:
+        problems.append(Problem("search.max_candidates", f"must be a positive integer, got {max_candidates!r}"))
+    if not whole(top_k) or top_k < 1:
+        problems.append(Problem("search.top_k", f"must be a positive integer, got {top_k!r}"))
+    if not whole(seed) or seed < 0:
+        problems.append(Problem("search.seed", f"must be a non-negative integer, got {seed!r}"))
+    if problems:
+        raise InvalidDocumentError(problems, document="search options")
+
+
+def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, space: Space) -> Baselines:
+    names, strategies, seconds = [], [], []
+    for builder in all_builders():
+        started = time.perf_counter()
+        strategies.append(builder.build(graph, resources))
+        names.append(builder.name)
+        seconds.append(time.perf_counter() - started)
+    batch = encode(context, strategies, validate=False)
+    return Baselines(names, strategies, batch.with_max_shards(max(batch.max_shards, space.max_shards)), build_seconds=seconds)
+
+
+def _sample(space: Space, evaluator: Evaluator, rng: np.random.Generator, shards: int) -> None:
+    """AutoSync-style samples until they have used SAMPLE_SHARE of what was left, in candidates or time."""
+    total = min(MAX_SAMPLES, int(SAMPLE_SHARE * evaluator.remaining))
+    started = evaluator.fraction_used()
+    stop_at = started + SAMPLE_SHARE * (1.0 - started)
+    done = 0
+    while done < total and evaluator.fraction_used() < stop_at and not evaluator.exhausted:
+        n = evaluator.affordable(min(BATCH, total - done))
+        samples = autosync_samples(space, n, rng, shards)
+        evaluator.evaluate(samples.batch, samples.labels, "sampling")
+        done += n

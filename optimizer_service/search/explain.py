@@ -1,0 +1,144 @@
+"""Say in words what a candidate does and why it is predicted to beat the baselines.
+
+The words come from the candidate's arrays (which variables go where) and from the simulator's
+breakdown (which part of the step shrank), so they stay true to what was actually evaluated.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from optimizer_service.search.space import Space
+from simulator import Prediction
+from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, ConsistencyKind, SyncKind
+
+MB = 1e6
+GB = 1e9
+LABELS = {
+    "compute": "compute",
+    "tensor_parallel": "tensor-parallel communication",
+    "pipeline_bubble": "pipeline bubble",
+    "pipeline_p2p": "pipeline transfers",
+    "allreduce": "exposed all-reduce",
+    "sharded": "sharded (ZeRO) communication",
+    "ps": "parameter-server waiting",
+    "optimizer_update": "optimizer update",
+}
+
+
+def composition(space: Space, batch: CandidateBatch, i: int) -> dict[str, Any]:
+    """Counts and bytes per synchronizer kind, in a form JSON and people can both read."""
+    context = space.context
+    kind = batch.kind[i]
+    out: dict[str, Any] = {}
+    ar = kind == SyncKind.ALLREDUCE
+    if ar.any():
+        out["allreduce"] = {
+            "variables": int(ar.sum()),
+            "bytes": float(context.var_bytes[ar].sum()),
+            "fusion_groups": len(np.unique(batch.group[i][ar])),
+            "algorithms": _counts(batch.algorithm[i][ar], Algorithm),
+            "compressors": _counts(batch.compressor[i][ar], CompressorKind),
+        }
+    ps = kind == SyncKind.PS
+    if ps.any():
+        servers = batch.server[i][ps]
+        out["ps"] = {
+            "variables": int(ps.sum()),
+            "sparse_variables": int((ps & context.var_sparse).sum()),
+            "bytes": float(context.var_bytes[ps].sum()),
+            "bytes_moved_per_step": float(context.var_ps_bytes[ps].sum()),
+            "servers": len(np.unique(servers[servers >= 0])),
+            "partitioned_variables": int((batch.shards[i][ps] > 1).sum()),
+            "local_replication": int(batch.local_replication[i][ps].sum()),
+        }
+    sharded = kind == SyncKind.SHARDED
+    if sharded.any():
+        out["sharded"] = {
+            "variables": int(sharded.sum()),
+            "bytes": float(context.var_bytes[sharded].sum()),
+            "fusion_groups": len(np.unique(batch.group[i][sharded])),
+        }
+    out["consistency"] = _consistency(batch, i)
+    return out
+
+
+def describe(mix: dict[str, Any]) -> str:
+    """One sentence on where the variables go."""
+    parts = []
+    if "ps" in mix:
+        ps = mix["ps"]
+        sparse = f", {ps['sparse_variables']} of them sparse" if ps["sparse_variables"] else ""
+        moved = f", moving {_size(ps['bytes_moved_per_step'])} per step" if ps["bytes_moved_per_step"] < ps["bytes"] else ""
+        split = f" ({ps['partitioned_variables']} partitioned)" if ps["partitioned_variables"] else ""
+        replicated = " with local replication" if ps["local_replication"] else ""
+        parts.append(f"{ps['variables']} variables ({_size(ps['bytes'])}{sparse}) on {ps['servers']} parameter server(s){split}{replicated}{moved}")
+    if "allreduce" in mix:
+        ar = mix["allreduce"]
+        algorithms = "/".join(sorted(ar["algorithms"]))
+        compressed = {k: n for k, n in ar["compressors"].items() if k != "none"}
+        squeeze = f", compressed ({', '.join(sorted(compressed))})" if compressed else ""
+        parts.append(f"{ar['variables']} all-reduced ({_size(ar['bytes'])}) in {ar['fusion_groups']} fusion group(s) [{algorithms}]{squeeze}")
+    if "sharded" in mix:
+        sh = mix["sharded"]
+        parts.append(f"{sh['variables']} sharded ZeRO-style ({_size(sh['bytes'])}, optimizer state split across replicas)")
+    text = "; ".join(parts) or "nothing on any synchronizer (no trainable variables)"
+    if mix["consistency"] != "bsp":
+        text += f"; {mix['consistency']} consistency"
+    return text
+
+
+def why(prediction: Prediction, mix: dict[str, Any], *, data_parallel: Prediction | None, best_builder: tuple[str, Prediction] | None,
+        builder_name: str | None) -> str:
+    """Why this candidate is worth running, against plain data parallel and the best AutoDist builder."""
+    step = prediction.step_time_s
+    sentences = []
+    if builder_name is not None:
+        sentences.append(f"The pre-built {builder_name} strategy, unchanged.")
+    if data_parallel is not None and data_parallel.feasible:
+        sentences.append(f"Predicted {data_parallel.step_time_s / step:.2f}× the speed of plain data parallel "
+                         f"({_ms(step)} vs {_ms(data_parallel.step_time_s)} per step).")
+    elif data_parallel is not None:
+        sentences.append(f"Plain data parallel does not fit: {data_parallel.infeasible_reason}.")
+    if best_builder is not None and builder_name != best_builder[0] and best_builder[1].feasible:
+        name, pred = best_builder
+        sentences.append(f"{pred.step_time_s / step:.2f}× the best AutoDist builder, {name} ({_ms(pred.step_time_s)}).")
+    sentences.append(f"It puts {describe(mix)}.")
+    if data_parallel is not None and data_parallel.feasible:
+        change = _biggest_change(prediction, data_parallel)
+        if change:
+            sentences.append(change)
+    sentences.append(f"Now: {prediction.bottleneck}.")
+    return " ".join(sentences)
+
+
+def _biggest_change(prediction: Prediction, baseline: Prediction) -> str:
+    deltas = {k: baseline.breakdown.get(k, 0.0) - v for k, v in prediction.breakdown.items()}
+    key = max(deltas, key=lambda k: deltas[k])
+    if deltas[key] <= 0:
+        return ""
+    return (f"Against data parallel, {LABELS.get(key, key)} falls from {_ms(baseline.breakdown.get(key, 0.0))} "
+            f"to {_ms(prediction.breakdown[key])} per step.")
+
+
+def _consistency(batch: CandidateBatch, i: int) -> str:
+    kind = ConsistencyKind(int(batch.consistency[i]))
+    if kind == ConsistencyKind.SSP:
+        return f"ssp(staleness={int(batch.staleness[i])})"
+    return kind.name.lower()
+
+
+def _counts(values: np.ndarray, names: type[IntEnum]) -> dict[str, int]:
+    found, counts = np.unique(values, return_counts=True)
+    return {names(int(v)).name.lower(): int(n) for v, n in zip(found, counts, strict=True)}
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GB:.2f} GB" if nbytes >= 0.1 * GB else f"{nbytes / MB:.1f} MB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"

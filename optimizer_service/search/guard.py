@@ -1,0 +1,40 @@
+"""The guard between the search and its caller: what may be returned, whatever the search found.
+
+Two rules, checked on the final candidates rather than trusted from the search's construction:
+1. Never return a strategy predicted slower than the best pre-built one (AutoDist's builders and
+   plain data parallel): the service must never make a user worse off than picking a builder.
+2. Lossy compression and non-BSP consistency change the training math (gradients perturbed,
+   parameters read stale), so they are returned only when the caller allowed them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optimizer_service.search.space import SearchOptions
+from simulator.encoding import CandidateBatch, CompressorKind, ConsistencyKind
+
+RELATIVE_TOLERANCE = 1e-9
+"""A candidate equal to the best builder within float noise is not 'slower'."""
+
+
+def respects_options(batch: CandidateBatch, options: SearchOptions) -> np.ndarray:
+    """[N] True where a row uses only what the caller allowed."""
+    ok = np.ones(len(batch), dtype=bool)
+    if not options.allow_compression:
+        ok &= ~(batch.compressor != CompressorKind.NONE).any(axis=1)
+    if not options.allow_async:
+        ok &= batch.consistency == ConsistencyKind.BSP
+    return ok
+
+
+def not_slower(scores: np.ndarray, best_prebuilt: float) -> np.ndarray:
+    """[N] True where a row is feasible and predicted no slower than the best pre-built strategy."""
+    finite = np.isfinite(scores)
+    if not np.isfinite(best_prebuilt):
+        return finite
+    return finite & (scores <= best_prebuilt * (1.0 + RELATIVE_TOLERANCE))
+
+
+def admissible(batch: CandidateBatch, scores: np.ndarray, options: SearchOptions, best_prebuilt: float) -> np.ndarray:
+    return respects_options(batch, options) & not_slower(scores, best_prebuilt)

@@ -1,0 +1,239 @@
+"""The strategy space: which choices exist for each variable and globally, and how many there are.
+
+A point of the space is one row of `simulator.encoding.CandidateBatch`. This module decides which
+rows are *allowed* (the constraints) and counts them; `proposals` and `moves` only ever write
+allowed values, so every row the search evaluates decodes to a valid Strategy.
+
+Knobs, per trainable variable:
+- synchronizer: all-reduce (algorithm, compressor, fusion group), parameter server (one server per
+  node, the server of each shard, local replication) or ZeRO-style sharded;
+- partition: the axis and the number of shards (at most the axis length and MAX_SHARDS_LIMIT; a
+  parameter-server variable along axis 0 and at most one shard per server).
+Global knobs: consistency (BSP; SSP with a staleness bound and ASP only with `allow_async`) and the
+mesh (`MeshChoice`: today only pure data parallelism over every device — tensor and pipeline degrees
+join here once the runtime executes them).
+
+Constraints: a sparse variable is held by parameter servers and partitioned along its rows (axis 0),
+because only a server moves just the rows a step touches; lossy compression and non-BSP consistency
+change the training math, so they are off unless the caller allows them; memory feasibility is the
+simulator's verdict per candidate, so `space_size` counts candidates before that check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.context import SimContext, compile_context
+from simulator.encoding import CompressorKind, ConsistencyKind
+from stratagem.builders import ps_servers
+from stratagem.ir import ModelGraph, ResourceSpec
+
+ALGORITHMS = 4
+"""auto, ring, tree, hierarchical (`simulator.encoding.Algorithm`)."""
+SSP_STALENESS = (1, 2, 4, 8)
+POWERSGD_RANKS = (1, 2, 4)
+TOPK_RATIOS = (0.01, 0.1)
+MAX_SHARDS_LIMIT = 8
+"""The most shards the search gives one variable: enough to spread the largest tables over 8 servers
+while other variables fill the rest; more shards cost per-shard latency and [N, V, K] array work."""
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What the caller allows the search to change beyond the system-only knobs.
+
+    Both default to off because they change what is computed, not just where: a lossy compressor
+    (fp16, bf16, PowerSGD, top-k) perturbs every gradient, and SSP/ASP let workers read stale
+    parameters, so convergence may need a different learning rate or more steps — a trade the user
+    must choose, not one a throughput simulator can judge.
+    """
+
+    allow_compression: bool = False
+    allow_async: bool = False
+
+
+@dataclass(frozen=True)
+class MeshChoice:
+    """One way to split the replicas into data × tensor × pipeline degrees.
+
+    Today the strategy schema and the runtime execute only pure data parallelism, so the space holds
+    exactly one MeshChoice (data = every compute device). Tensor and pipeline choices are added here,
+    and the encoding's `tensor`, `pipeline`, `micro_batches` and `layer_stage` arrays already carry them.
+    """
+
+    data: int
+    tensor: int = 1
+    pipeline: int = 1
+    micro_batches: int = 1
+
+
+@dataclass(frozen=True)
+class Compression:
+    kind: CompressorKind
+    param: float = 0.0
+
+    def label(self) -> str:
+        suffix = f"({self.param:g})" if self.param else ""
+        return f"{self.kind.name.lower()}{suffix}"
+
+
+@dataclass(frozen=True)
+class ConsistencyChoice:
+    kind: ConsistencyKind
+    staleness: int = 0
+
+
+class Space:
+    """The allowed values of every knob for one (graph, cluster, options)."""
+
+    def __init__(self, context: SimContext, options: SearchOptions | None = None) -> None:
+        resources = context.resources
+        self.context = context
+        self.options = options or SearchOptions()
+        self.num_variables = context.num_variables
+        self.backward_order = context.order
+        """Variables in the order their gradients become ready."""
+        self.ready_rank = np.empty(self.num_variables, dtype=np.int64)
+        self.ready_rank[self.backward_order] = np.arange(self.num_variables)
+        self.server_names = ps_servers(resources)
+        self.servers = np.array([context.device_index[s] for s in self.server_names], dtype=np.int16)
+        """Device indices of the parameter servers, one per node (AutoDist's rule)."""
+        self.num_servers = len(self.server_names)
+        self.server_slot = np.full(context.num_devices + 1, self.num_servers, dtype=np.int64)
+        """Device index -> server slot (S for devices that are not servers); index -1 (no server) maps to S."""
+        self.server_slot[self.servers] = np.arange(self.num_servers)
+        self.server_bandwidth = context.nic_bandwidth[context.device_node[self.servers]]
+        self.max_shards = max(1, min(self.num_servers, MAX_SHARDS_LIMIT))
+        """Most shards of a PS variable: one per server, at most MAX_SHARDS_LIMIT."""
+        self.max_allreduce_shards = MAX_SHARDS_LIMIT
+        """Most shards of an all-reduced variable (PartitionedAR): they need no servers."""
+        self.local_replication_useful = any(len(node.compute_devices) > 1 for node in resources.nodes)
+        self.meshes = [MeshChoice(data=resources.num_devices)]
+        self.compressions = _compressions(self.options)
+        self.compression_allowed = np.array(
+            [[c in self.compressions_for(v) for v in range(self.num_variables)] for c in self.compressions], dtype=bool
+        ).reshape(len(self.compressions), self.num_variables)
+        """[compressions, V] whether each compressor shrinks each variable."""
+        self.consistencies = _consistencies(self.options)
+        self.shard_limit = self._shard_limits()
+        self.placements: dict[tuple, np.ndarray] = {}
+        """Memo of balanced server placements (`assign.balanced_servers`): proposals repeat them."""
+
+    def _shard_limits(self) -> np.ndarray:
+        """Most parameter-server shards per variable: the room kept per variable, capped by axis 0."""
+        axis0 = self.context.var_shape[:, 0]
+        return np.clip(np.minimum(axis0, self.max_shards), 1, None).astype(np.int32)
+
+    def compressions_for(self, v: int) -> list[Compression]:
+        """Compressors that shrink this variable: PowerSGD only for matrices where (m + n)·r < m·n."""
+        rows, cols = float(self.context.var_rows[v]), float(self.context.var_cols[v])
+        allowed = []
+        for choice in self.compressions:
+            if choice.kind == CompressorKind.POWERSGD and (rows + cols) * choice.param >= rows * cols:
+                continue
+            allowed.append(choice)
+        return allowed
+
+
+def _compressions(options: SearchOptions) -> list[Compression]:
+    choices = [Compression(CompressorKind.NONE)]
+    if options.allow_compression:
+        choices += [Compression(CompressorKind.FP16), Compression(CompressorKind.BF16)]
+        choices += [Compression(CompressorKind.POWERSGD, float(r)) for r in POWERSGD_RANKS]
+        choices += [Compression(CompressorKind.TOPK, r) for r in TOPK_RATIOS]
+    return choices
+
+
+def _consistencies(options: SearchOptions) -> list[ConsistencyChoice]:
+    choices = [ConsistencyChoice(ConsistencyKind.BSP)]
+    if options.allow_async:
+        choices += [ConsistencyChoice(ConsistencyKind.SSP, s) for s in SSP_STALENESS]
+        choices.append(ConsistencyChoice(ConsistencyKind.ASP))
+    return choices
+
+
+# --- counting --------------------------------------------------------------------------------------
+
+
+class SpaceSize(BaseModel):
+    """How big the space is, for the dashboard: log10 of the count and the size of each knob."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    log10_candidates: float
+    """log10 of the number of distinct candidates (before the memory check)."""
+    knobs: dict[str, float] = Field(default_factory=dict)
+    """Per knob, log10 of the choices it offers on its own, over every variable it applies to. Knobs
+    overlap (only an all-reduced variable has an algorithm), so they add up to more than the total."""
+    variables: int
+    sparse_variables: int
+    parameter_servers: int
+    notes: list[str] = Field(default_factory=list)
+
+
+def space_size(graph: ModelGraph, resources: ResourceSpec, options: SearchOptions | None = None) -> SpaceSize:
+    """Count the space exactly, in log space (the counts overflow any integer type for real models)."""
+    return size_of(Space(compile_context(graph, resources), options))
+
+
+def size_of(space: Space) -> SpaceSize:
+    counts = _VariableCounts(space)
+    fusion = max(0, space.num_variables - 1) * math.log10(2)
+    globals_ = math.log10(len(space.consistencies)) + math.log10(len(space.meshes))
+    knobs = {
+        "synchronizer": float(np.where(counts.sparse, 0.0, math.log10(3)).sum()),
+        "ps_placement": float(counts.placements.sum()),
+        "local_replication": float(counts.replication * space.num_variables),
+        "partition": float(np.log10(np.maximum(counts.ar_partitions, space.shard_limit)).sum()),
+        "algorithm": float(np.where(counts.sparse, 0.0, math.log10(ALGORITHMS)).sum()),
+        "compressor": float(np.where(counts.sparse, 0.0, np.log10(counts.compressors)).sum()),
+        "fusion": fusion,
+        "consistency": math.log10(len(space.consistencies)),
+        "mesh": math.log10(len(space.meshes)),
+    }
+    notes = [
+        "a parameter-server variable's shards are each placed on any server",
+        "fusion counts contiguous groups in backward order over all variables (an upper bound)",
+        "candidates that do not fit in memory are counted; the simulator rejects them per candidate",
+    ]
+    if len(space.meshes) == 1:
+        notes.append("mesh: pure data parallelism only, until the runtime executes tensor and pipeline degrees")
+    return SpaceSize(
+        log10_candidates=round(float(counts.per_variable.sum()) + fusion + globals_, 3),
+        knobs={name: round(value, 3) for name, value in knobs.items()},
+        variables=space.num_variables,
+        sparse_variables=int(counts.sparse.sum()),
+        parameter_servers=space.num_servers,
+        notes=notes,
+    )
+
+
+class _VariableCounts:
+    """log10 of each variable's choices: parameter server (any shard count, each shard on any server,
+    replicated or not), all-reduce (algorithm × compressor × partition) or sharded; sparse: servers only."""
+
+    def __init__(self, space: Space) -> None:
+        context = space.context
+        self.sparse = context.var_sparse
+        servers, limit = space.num_servers, space.shard_limit.astype(np.float64)
+        self.replication = math.log10(2) if space.local_replication_useful else 0.0
+        # log10 of sum_{k=1..L} S^k, written to stay finite for large S and L
+        if servers > 1:
+            ratio = 1.0 / servers
+            self.placements = limit * math.log10(servers) + np.log10((1 - ratio**limit) / (1 - ratio))
+        else:
+            self.placements = np.log10(limit)
+        self.compressors = space.compression_allowed.sum(axis=0).astype(np.float64)
+        lengths = np.minimum(context.var_shape, space.max_allreduce_shards)
+        self.ar_partitions = 1 + np.maximum(lengths - 1, 0).sum(axis=1)
+        ps = self.placements + self.replication
+        allreduce = np.log10(ALGORITHMS * self.compressors * self.ar_partitions)
+        dense = np.logaddexp(np.logaddexp(ps * LN10, allreduce * LN10), 0.0) / LN10
+        self.per_variable = np.where(self.sparse, ps, dense)
+
+
+LN10 = math.log(10)
