@@ -1,0 +1,1 @@
+"""HTTP: routers, dependencies, schemas, middleware and the one exception-to-status mapping."""

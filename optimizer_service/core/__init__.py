@@ -1,0 +1,1 @@
+"""Business rules of the service, independent of HTTP: handlers translate requests into these calls."""

@@ -1,0 +1,154 @@
+"""Submitting, reading and cancelling jobs: the rules behind `/v1/optimize` and `/v1/jobs`.
+
+A submission stores its documents (deduplicated) and the job in one transaction, after checking the
+queue has room; the options are stored resolved (service defaults filled in), so a job states exactly
+what it ran with even if the defaults change later.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from models import Job, JobCandidate, JobStatus, StrategyRow, utcnow
+from optimizer_service.api.schemas import OptimizeRequest
+from optimizer_service.core.documents import get_graph_row, get_resources_row, store_graph, store_resources
+from optimizer_service.core.errors import document_rejected, not_found, queue_full, rejected
+from optimizer_service.settings import Settings
+from stratagem.errors import InvalidDocumentError
+from stratagem.ir import MeasuredPerformance, PredictedPerformance, ResourceSpec, Strategy
+
+
+def resolve_options(request: OptimizeRequest, settings: Settings) -> dict[str, Any]:
+    search = request.search
+    return {
+        "objective": request.objective,
+        "max_trials": settings.max_trials if request.max_trials is None else request.max_trials,
+        "trials_backend": settings.effective_trials_backend,
+        "search": {
+            "time_budget_s": search.time_budget_s or settings.search_time_budget_s,
+            "max_candidates": search.max_candidates or settings.search_max_candidates,
+            "top_k": search.top_k or settings.search_top_k,
+            "seed": settings.search_seed if search.seed is None else search.seed,
+            "allow_compression": search.allow_compression,
+            "allow_async": search.allow_async,
+        },
+    }
+
+
+def submit_job(session: Session, request: OptimizeRequest, settings: Settings) -> Job:
+    queued = session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.queued)) or 0
+    if queued >= settings.max_queue_length:
+        raise queue_full(queued, settings.max_queue_length, settings.retry_after_s)
+    graph_id = _graph_id(session, request)
+    resource_id = _resource_id(session, request)
+    job = Job(
+        id=uuid.uuid4(),
+        graph_id=graph_id,
+        resource_id=resource_id,
+        options=resolve_options(request, settings),
+        status=JobStatus.queued,
+        progress={},
+        created_at=utcnow(),
+    )
+    session.add(job)
+    session.commit()
+    return job
+
+
+def _graph_id(session: Session, request: OptimizeRequest) -> str:
+    if request.graph is not None:
+        return store_graph(session, request.graph)[0].id
+    return get_graph_row(session, str(request.graph_id), loc=["body", "graph_id"]).id
+
+
+def _resource_id(session: Session, request: OptimizeRequest) -> str:
+    if request.resource_id is not None:
+        return get_resources_row(session, request.resource_id, loc=["body", "resource_id"]).id
+    resources = request.resources
+    if isinstance(resources, str):
+        resources = autodist_resources(resources, device=request.device)
+    if resources is None:
+        raise rejected("resources: give exactly one of 'resources' and 'resource_id'", loc=["body", "resources"])
+    return store_resources(session, resources)[0].id
+
+
+def autodist_resources(text: str, *, device: str) -> ResourceSpec:
+    """AutoDist resource_spec.yml text as a ResourceSpec; problems point into `body.resources`."""
+    try:
+        return ResourceSpec.from_autodist_yaml(text, device=device)
+    except InvalidDocumentError as error:
+        raise document_rejected(error, ["body", "resources"]) from None
+
+
+def get_job(session: Session, job_id: uuid.UUID) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise not_found("job", job_id)
+    return job
+
+
+def list_jobs(session: Session, *, status: JobStatus | None, limit: int, offset: int) -> tuple[list[Job], int]:
+    query = select(Job)
+    count_query = select(func.count()).select_from(Job)
+    if status is not None:
+        query, count_query = query.where(Job.status == status), count_query.where(Job.status == status)
+    jobs = session.scalars(query.order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset))
+    return list(jobs), session.scalar(count_query) or 0
+
+
+def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
+    """Queued jobs are cancelled at once; running ones are asked to stop at their next check."""
+    now = utcnow()
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued)
+        .values(status=JobStatus.cancelled, finished_at=now, error="cancelled on request before it started", cancel_requested=True)
+    )
+    session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.running).values(cancel_requested=True))
+    session.commit()
+    job = get_job(session, job_id)
+    session.refresh(job)
+    return job
+
+
+def job_candidates(session: Session, job_id: uuid.UUID) -> list[tuple[JobCandidate, StrategyRow]]:
+    get_job(session, job_id)
+    rows = session.execute(
+        select(JobCandidate, StrategyRow)
+        .join(StrategyRow, StrategyRow.id == JobCandidate.strategy_id)
+        .where(JobCandidate.job_id == job_id)
+        .order_by(JobCandidate.rank)
+    )
+    return [(candidate, strategy) for candidate, strategy in rows]
+
+
+def annotated_strategy(candidate: JobCandidate, row: StrategyRow) -> Strategy:
+    """The stored strategy with this job's prediction and measurement (the id does not change)."""
+    strategy = Strategy.parse(row.json)
+    predicted = PredictedPerformance.model_validate(candidate.predicted) if candidate.predicted else None
+    measured = MeasuredPerformance.model_validate(candidate.measured) if candidate.measured else None
+    return strategy.model_copy(update={"predicted": predicted, "measured": measured})
+
+
+def best_strategy(session: Session, job_id: uuid.UUID) -> Strategy:
+    job = get_job(session, job_id)
+    if job.status != JobStatus.succeeded or job.best_strategy_id is None:
+        state = f"{job.status.value}" + (f": {job.error}" if job.error else "")
+        raise rejected(f"job {job_id} has no answer yet (it is {state})", status=409)
+    for candidate, row in job_candidates(session, job_id):
+        if row.id == job.best_strategy_id:
+            return _with_notes(annotated_strategy(candidate, row), job)
+    raise not_found("strategy", job.best_strategy_id)
+
+
+def _with_notes(strategy: Strategy, job: Job) -> Strategy:
+    summary = job.result or {}
+    notes = [*strategy.provenance.notes, *[str(n) for n in summary.get("notes", [])]]
+    notes.append(f"job {job.id}: answer basis {summary.get('answer_basis', 'predicted')}, {summary.get('trials_ok', 0)} of {summary.get('trials_ran', 0)} trials ok")
+    provenance = strategy.provenance.model_copy(update={"notes": list(dict.fromkeys(notes))})
+    return strategy.model_copy(update={"provenance": provenance})
+

@@ -1,0 +1,111 @@
+"""Running a job's trials through `trial_runner`, and choosing the workload a trial trains.
+
+A graph captured from an allow-listed zoo model trains that model; any other graph trains a replay
+of itself (a synthetic module with the graph's variables and per-layer work), so no code from a
+request is ever imported. The backend (local processes or Ray) comes from the settings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from optimizer_service.jobs.types import TrialRecord
+from optimizer_service.settings import Settings
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+
+log = logging.getLogger(__name__)
+
+
+class TrialRunnerExecutor:
+    """`TrialExecutor` over `trial_runner.run_trial` with one backend object."""
+
+    def __init__(self, backend: Any, *, name: str, warmup: int, steps: int, timeout_s: float, simulator_version: str | None = None) -> None:
+        self.backend = name
+        self._backend = backend
+        self._warmup = warmup
+        self._steps = steps
+        self._timeout_s = timeout_s
+        self._simulator_version = simulator_version
+
+    def close(self) -> None:
+        """Release what the backend holds (a Ray it started itself)."""
+        close = getattr(self._backend, "close", None)
+        if callable(close):
+            close()
+
+    def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
+        runner = importlib.import_module("trial_runner")
+        result = runner.run_trial(
+            workload_for(graph),
+            resources,
+            strategy,
+            warmup=self._warmup,
+            steps=self._steps,
+            timeout=self._timeout_s,
+            backend=self._backend,
+        )
+        return record_from_result(result, strategy, simulator_version=self._simulator_version)
+
+
+def record_from_result(result: Any, strategy: Strategy, *, simulator_version: str | None) -> TrialRecord:
+    """A `trial_runner.TrialResult` as the row the database keeps."""
+    peaks = [p for p in (result.peak_memory_bytes or []) if p is not None]
+    outcome = getattr(result.outcome, "value", result.outcome)
+    predicted = strategy.predicted.step_time_s if strategy.predicted is not None else None
+    return TrialRecord(
+        strategy=strategy,
+        outcome=str(outcome),
+        backend=str(result.backend),
+        step_times_s=list(result.step_times_s),
+        median_s=result.median_s,
+        p90_s=result.p90_s,
+        samples_per_s=result.samples_per_s,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        error=result.error,
+        predicted_step_time_s=predicted,
+        simulator_version=simulator_version,
+        details=result.model_dump(mode="json"),
+    )
+
+
+def workload_for(graph: ModelGraph) -> Any:
+    """The zoo model the graph was captured from when it is allow-listed, else a replay of the graph."""
+    workloads = importlib.import_module("trial_runner.workloads")
+    zoo = graph.provenance.get("zoo")
+    if isinstance(zoo, dict) and zoo.get("name") in workloads.ZOO_ALLOW_LIST:
+        overrides = zoo.get("overrides") if isinstance(zoo.get("overrides"), dict) else {}
+        try:
+            return workloads.ZooWorkload(
+                zoo["name"], size=str(zoo.get("size", "small")), batch_size=graph.batch_size, overrides=overrides
+            )
+        except ValidationError as error:  # a provenance the zoo cannot rebuild: the replay still can
+            log.warning("graph %s names zoo model %r but it cannot be rebuilt (%s); replaying the graph", graph.id, zoo["name"], error)
+    return workloads.ReplayWorkload(graph)
+
+
+def make_trial_executor(settings: Settings) -> TrialRunnerExecutor | None:
+    """The executor the settings ask for; None when trials are off."""
+    kind = settings.effective_trials_backend
+    if kind == "none":
+        return None
+    runner = importlib.import_module("trial_runner")
+    backend = runner.RayBackend(address=settings.ray_address) if kind == "ray" else runner.LocalBackend()
+    return TrialRunnerExecutor(
+        backend,
+        name=kind,
+        warmup=settings.trial_warmup,
+        steps=settings.trial_steps,
+        timeout_s=settings.trial_timeout_s,
+        simulator_version=_simulator_version(),
+    )
+
+
+def _simulator_version() -> str | None:
+    try:
+        return str(importlib.import_module("simulator").SIMULATOR_VERSION)
+    except (ImportError, AttributeError):
+        return None

@@ -1,0 +1,135 @@
+"""Worker threads inside the service that claim and run jobs from the database.
+
+Each pool has a unique worker id, `N` job threads and one keeper thread. The keeper refreshes the
+heartbeat of the jobs this pool runs and, in every replica, looks for running jobs whose heartbeat
+went stale (their worker died with its process) to requeue or fail them. Stopping the pool hands
+running jobs back to the queue, so a restarted or scaled-down service loses no work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+
+from optimizer_service.jobs import queue
+from optimizer_service.jobs.runner import JobContext, Pipeline, execute_job
+from optimizer_service.jobs.search_adapter import SearchFn
+from optimizer_service.jobs.types import TrialExecutor
+from optimizer_service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        factory: queue.Factory,
+        settings: Settings,
+        *,
+        pipeline: Pipeline | None = None,
+        search: SearchFn | None = None,
+        trials: TrialExecutor | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.worker_id = worker_id or new_worker_id()
+        self._settings = settings
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._running: set[uuid.UUID] = set()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.processed: deque[uuid.UUID] = deque(maxlen=10_000)
+        """The latest jobs this pool ended, in order (for operators and tests)."""
+        self._context = JobContext(
+            factory=factory,
+            worker_id=self.worker_id,
+            stopping=self._stopping,
+            job_timeout_s=settings.job_timeout_s,
+            progress_interval_s=settings.progress_interval_s,
+            search=search,
+            trials=trials,
+        )
+        if pipeline is not None:
+            self._context.pipeline = pipeline
+
+    @property
+    def size(self) -> int:
+        return self._settings.workers
+
+    def start(self) -> None:
+        self._keep()
+        for index in range(self._settings.workers):
+            self._spawn(self._work, f"stratagem-worker-{index}")
+        self._spawn(self._keeper, "stratagem-keeper")
+
+    def notify(self) -> None:
+        """Wake idle workers now (a job was just queued) instead of at their next poll."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask running jobs to go back to the queue at their next check, and wait up to `timeout_s` in all."""
+        self._stopping.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads.clear()
+
+    def running_jobs(self) -> list[uuid.UUID]:
+        with self._lock:
+            return list(self._running)
+
+    def _spawn(self, target: object, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def _work(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                claim = queue.claim_next(self._context.factory, self.worker_id)
+            except Exception:  # the database is unreachable for a moment: retry after a poll interval
+                log.exception("worker %s could not claim a job", self.worker_id)
+                claim = None
+            if claim is None:
+                self._wake.wait(self._settings.poll_interval_s)
+                self._wake.clear()
+                continue
+            self._run(claim)
+
+    def _run(self, claim: queue.Claim) -> None:
+        with self._lock:
+            self._running.add(claim.job_id)
+        try:
+            status = execute_job(self._context, claim.job_id)
+            log.info("job %s ended: %s", claim.job_id, status.value if status else "taken over")
+            self.processed.append(claim.job_id)
+        except Exception:
+            log.exception("worker %s crashed on job %s", self.worker_id, claim.job_id)
+        finally:
+            with self._lock:
+                self._running.discard(claim.job_id)
+
+    def _keeper(self) -> None:
+        while not self._stopping.wait(self._settings.heartbeat_interval_s):
+            self._keep()
+
+    def _keep(self) -> None:
+        try:
+            queue.heartbeat(self._context.factory, self.running_jobs(), self.worker_id)
+            counts = queue.recover_stale(
+                self._context.factory, stale_after_s=self._settings.stale_after_s, max_attempts=self._settings.max_attempts
+            )
+            if counts["requeued"]:
+                self._wake.set()
+        except Exception:
+            log.exception("worker %s: heartbeat or stale-job recovery failed", self.worker_id)

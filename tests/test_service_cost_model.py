@@ -1,0 +1,85 @@
+"""`/v1/cost-model`: versions are listed with their metrics; retraining needs a trainer and trials."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+from conftest import make_mlp_graph, make_t4_cluster
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from models import CostModelVersion
+from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
+from optimizer_service.db import make_engine, make_session_factory
+from stratagem.builders import AllReduce, DataParallel
+
+pytest_plugins = ["service_fixtures"]
+
+
+class MeanRatioTrainer:
+    """A test trainer honouring the protocol: the mean log(measured / predicted), as a JSON document."""
+
+    def __init__(self) -> None:
+        self.seen: list[TrialSample] = []
+
+    def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
+        self.seen = list(samples)
+        ratios = [math.log(s.measured_step_time_s / s.predicted_step_time_s) for s in samples if s.predicted_step_time_s]
+        bias = sum(ratios) / len(ratios) if ratios else 0.0
+        return TrainedCostModel(
+            model_json=json.dumps({"kind": "mean-log-ratio", "bias": bias}),
+            n_train=len(samples),
+            version=f"mean-{len(samples)}",
+            metrics={"mape": 0.1, "groups": len({s.group for s in samples})},
+        )
+
+
+def _record_trials(client: TestClient, times: list[float]) -> None:
+    graph, resources = make_mlp_graph(), make_t4_cluster(2)
+    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
+    resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
+    strategies = [DataParallel().build(graph, resources), AllReduce().build(graph, resources)]
+    for i, step in enumerate(times):
+        body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategies[i % 2].model_dump(mode="json"),
+                "step_times_s": [step], "predicted_step_time_s": step / 2}
+        assert client.post("/v1/trials", json=body).status_code == 201
+    failed = {"graph_id": graph_id, "resource_id": resource_id, "strategy_id": strategies[0].id, "outcome": "crash"}
+    assert client.post("/v1/trials", json=failed).status_code == 201
+
+
+def test_without_a_trainer_retrain_is_503_and_the_list_is_empty(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    listing = client.get("/v1/cost-model").json()
+    assert listing == {"data": [], "count": 0, "in_use": None, "trainer_configured": False}
+    response = client.post("/v1/cost-model/retrain")
+    assert response.status_code == 503
+    assert response.json()["detail"] == "no cost model trainer configured"
+
+
+def test_retraining_with_no_successful_trials_is_409(make_client) -> None:
+    client: TestClient = make_client(workers=0, cost_model_trainer=MeanRatioTrainer())
+    response = client.post("/v1/cost-model/retrain")
+    assert response.status_code == 409 and "no successful trials" in response.json()["detail"]
+
+
+def test_retraining_stores_a_json_version_and_puts_it_in_use(make_client, database_url: str) -> None:
+    trainer = MeanRatioTrainer()
+    client: TestClient = make_client(workers=0, cost_model_trainer=trainer)
+    _record_trials(client, [0.2, 0.4, 0.3])
+    first = client.post("/v1/cost-model/retrain")
+    assert first.status_code == 201, first.text
+    assert (first.json()["n_train"], first.json()["in_use"], first.json()["version"]) == (3, True, "mean-3")
+    assert len(trainer.seen) == 3 and all(s.strategy.id and s.graph.id for s in trainer.seen)
+    _record_trials(client, [0.5])
+    second = client.post("/v1/cost-model/retrain").json()
+    listing = client.get("/v1/cost-model").json()
+    assert listing["count"] == 2 and listing["in_use"] == second["id"]
+    assert [v["in_use"] for v in listing["data"]] == [True, False]
+    assert listing["data"][0]["metrics"] == {"mape": 0.1, "groups": 4}
+    engine = make_engine(database_url)
+    with make_session_factory(engine)() as session:
+        stored = session.scalars(select(CostModelVersion).order_by(CostModelVersion.id)).all()
+    engine.dispose()
+    assert json.loads(stored[-1].booster)["kind"] == "mean-log-ratio"

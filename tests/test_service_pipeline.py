@@ -1,0 +1,84 @@
+"""The pipeline on its own (no database, no HTTP): search -> trials -> answer, and how it stops."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
+
+from models import JobPhase
+from optimizer_service.jobs.pipeline import run_pipeline
+from optimizer_service.jobs.types import JobInterrupted, PipelineOptions, Progress, TrialRecord
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+
+OPTIONS = PipelineOptions(max_trials=2, time_budget_s=0.5, max_candidates=300, top_k=3, seed=0)
+
+
+class BrokenBackend:
+    """A trial executor whose backend cannot run anything (as when a Ray cluster is unreachable)."""
+
+    backend = "ray"
+
+    def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
+        raise ConnectionError("ray://head:10001 is unreachable")
+
+
+class TimedBackend:
+    """Measures every strategy at 1.5x its prediction (the first one crashes, when told to)."""
+
+    backend = "test"
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.fail_first = fail_first
+        self.ran: list[str] = []
+
+    def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
+        self.ran.append(str(strategy.id))
+        if self.fail_first and len(self.ran) == 1:
+            return TrialRecord(strategy=strategy, outcome="crash", backend=self.backend, error="rank 1 raised")
+        assert strategy.predicted is not None
+        step = strategy.predicted.step_time_s * 1.5
+        return TrialRecord(strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step] * 3, median_s=step, p90_s=step)
+
+
+def test_without_trials_the_answer_is_the_top_prediction_and_progress_walks_the_phases() -> None:
+    phases: list[JobPhase] = []
+    result = run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: phases.append(p.phase), lambda: False)
+    assert result.best is result.candidates[0] and result.best.rank == 1
+    assert result.summary["answer_basis"] == "predicted" and result.summary["trials_ran"] == 0
+    assert phases[0] == JobPhase.searching and phases[-1] == JobPhase.finalizing
+    steps = [c.strategy.predicted.step_time_s for c in result.candidates if c.strategy.predicted and c.strategy.predicted.feasible]
+    assert steps == sorted(steps)
+
+
+def test_trials_decide_the_answer_and_each_is_reported() -> None:
+    backend = TimedBackend()
+    reported: list[TrialRecord] = []
+    result = run_pipeline(make_embedding_graph(), make_t4_cluster(2), OPTIONS, lambda p: None, lambda: False,
+                          trials=backend, on_trial=reported.append)
+    assert [r.strategy.id for r in reported] == backend.ran and 1 <= len(reported) <= 2
+    assert result.summary["answer_basis"] == "measured"
+    measured = [c for c in result.candidates if c.strategy.measured is not None]
+    assert result.candidates[: len(measured)] == measured
+    assert result.best.strategy.measured is not None
+    assert result.best.strategy.measured.step_time_s == min(m.strategy.measured.step_time_s for m in measured)  # type: ignore[union-attr]
+
+
+def test_a_failed_trial_is_recorded_and_never_chosen() -> None:
+    backend = TimedBackend(fail_first=True)
+    result = run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: None, lambda: False, trials=backend)
+    assert result.trials[0].outcome == "crash" and result.trials[0].error == "rank 1 raised"
+    assert result.best.strategy.id != backend.ran[0]
+    assert len(result.trials) == 2 and result.summary["trials_ok"] == 1
+
+
+def test_a_broken_backend_ends_the_trials_with_a_note_not_the_job() -> None:
+    result = run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: None, lambda: False, trials=BrokenBackend())
+    assert result.summary["answer_basis"] == "predicted"
+    assert any("the ray backend failed (ConnectionError" in note for note in result.summary["notes"])
+
+
+def test_a_cancel_request_stops_the_pipeline() -> None:
+    seen: list[Progress] = []
+    with pytest.raises(JobInterrupted) as stop:
+        run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, seen.append, lambda: bool(seen))
+    assert stop.value.status == "cancelled"

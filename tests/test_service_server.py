@@ -1,0 +1,64 @@
+"""The real thing: `python -m optimizer_service` under uvicorn, driven by the client SDK over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import make_mlp_graph, make_t4_cluster
+
+import stratagem
+from stratagem.errors import NotFoundError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_the_served_app_answers_the_sdk_and_stops_cleanly(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'served.db'}", "STRATAGEM_WORKERS": "1",
+           "STRATAGEM_SEARCH_TIME_BUDGET_S": "0.5", "STRATAGEM_MAX_TRIALS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "optimizer_service", "--port", str(port), "--log-level", "info"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the server never became healthy")
+        graph, resources = make_mlp_graph(), make_t4_cluster(2)
+        with stratagem.Client(url) as client:
+            job = client.optimize(graph, resources, max_trials=0).wait(timeout=60)
+            best = job.best()
+            assert best.validate_for(graph, resources).id == job.data["best_strategy_id"]
+            assert len(job.strategies()) >= 1
+            with pytest.raises(NotFoundError):
+                client.job("00000000-0000-4000-8000-000000000000")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=30)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal so the exit status tells why.
+    assert server.returncode in (0, -signal.SIGTERM), output
+    assert "Application shutdown complete" in output, output
+    assert "Traceback" not in output, output

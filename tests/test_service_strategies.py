@@ -1,0 +1,41 @@
+"""`/v1/strategies/{id}`: the stored JSON, or AutoDist's text, or a 422 saying why AutoDist cannot express it."""
+
+from __future__ import annotations
+
+from conftest import make_mlp_graph, make_t4_cluster
+from fastapi.testclient import TestClient
+
+from stratagem.builders import PS
+from stratagem.ir import ShardedSynchronizer, Strategy
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _store(client: TestClient, strategy: Strategy) -> None:
+    graph, resources = make_mlp_graph(), make_t4_cluster(2)
+    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
+    resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
+    body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategy.model_dump(mode="json"), "step_times_s": [0.2]}
+    assert client.post("/v1/trials", json=body).status_code == 201
+
+
+def test_a_strategy_comes_back_as_json_and_as_autodist_text(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    strategy = PS().build(make_mlp_graph(), make_t4_cluster(2))
+    _store(client, strategy)
+    assert Strategy.parse(client.get(f"/v1/strategies/{strategy.id}").json()) == strategy
+    text = client.get(f"/v1/strategies/{strategy.id}", params={"format": "autodist"})
+    assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
+    assert text.text == strategy.to_autodist()
+    assert "PSSynchronizer" in text.text
+
+
+def test_a_strategy_autodist_cannot_express_is_422_with_the_reason(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    base = PS().build(make_mlp_graph(), make_t4_cluster(2))
+    sharded = base.replace(variables=[v.model_copy(update={"synchronizer": ShardedSynchronizer()}) for v in base.variables])
+    _store(client, sharded)
+    response = client.get(f"/v1/strategies/{sharded.id}", params={"format": "autodist"})
+    assert response.status_code == 422
+    assert "AutoDist" in response.json()["detail"] and "sharded" in response.json()["detail"]
+    assert client.get(f"/v1/strategies/{sharded.id}", params={"format": "yaml"}).status_code == 422
