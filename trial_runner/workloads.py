@@ -1,0 +1,127 @@
+"""Workload specs: what model a trial trains, named in JSON so a worker can rebuild it.
+
+`ZooWorkload` names a model of the example zoo from a fixed allow-list: a request can pick a name,
+never a module path, so the service never imports code a caller chose. `ReplayWorkload` carries a
+ModelGraph and trains a synthetic module with the graph's variables and per-layer work, so any
+submitted graph can be trialled without the user's code. `FaultWorkload` wraps either and fails on
+purpose; it exists to prove (and health-check) that failures come back as outcomes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from stratagem.ir import ModelGraph
+from stratagem.ir.graph import OptimizerKind
+
+ZOO_ALLOW_LIST: dict[str, str] = {
+    "resnet50": "examples.zoo:resnet50",
+    "vgg16": "examples.zoo:vgg16",
+    "bert_large": "examples.zoo:bert_large",
+    "gpt": "examples.zoo:gpt",
+    "dlrm": "examples.zoo:dlrm",
+}
+"""Zoo models a trial may build, name -> `module:function`. The only place import paths appear."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ZooWorkload(_Spec):
+    kind: Literal["zoo"] = "zoo"
+    name: str
+    """A key of ZOO_ALLOW_LIST."""
+    size: str = Field(default="small", pattern=r"^[A-Za-z0-9_\-]{1,32}$")
+    batch_size: int = Field(default=8, gt=0, le=1 << 20)
+    """Samples per replica per step."""
+    overrides: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    """Keyword arguments for the zoo builder (e.g. `num_layers`), JSON scalars only."""
+    optimizer: OptimizerKind = "adam"
+
+    def __init__(self, name: str | None = None, /, **data: Any) -> None:
+        if name is not None:
+            data["name"] = name
+        super().__init__(**data)
+
+    @field_validator("name")
+    @classmethod
+    def _allowed(cls, name: str) -> str:
+        if name not in ZOO_ALLOW_LIST:
+            raise ValueError(f"unknown zoo model {name!r}; allowed: {', '.join(sorted(ZOO_ALLOW_LIST))}")
+        return name
+
+    @field_validator("overrides")
+    @classmethod
+    def _identifiers(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        bad = [key for key in overrides if not key.isidentifier() or key.startswith("_")]
+        if bad:
+            raise ValueError(f"override names must be public identifiers, got {bad}")
+        return overrides
+
+    @property
+    def label(self) -> str:
+        return f"zoo:{self.name}"
+
+
+class ReplayWorkload(_Spec):
+    kind: Literal["replay"] = "replay"
+    graph: ModelGraph
+
+    def __init__(self, graph: ModelGraph | None = None, /, **data: Any) -> None:
+        if graph is not None:
+            data["graph"] = graph
+        super().__init__(**data)
+
+    @property
+    def batch_size(self) -> int:
+        return self.graph.batch_size
+
+    @property
+    def optimizer(self) -> str:
+        return self.graph.optimizer.kind
+
+    @property
+    def label(self) -> str:
+        return f"replay:{self.graph.name}"
+
+
+FaultKind = Literal["raise", "hang", "oom", "exit"]
+
+
+class FaultWorkload(_Spec):
+    kind: Literal["fault"] = "fault"
+    inner: Annotated[ZooWorkload | ReplayWorkload, Field(discriminator="kind")]
+    """The workload that runs until the fault strikes."""
+    fault: FaultKind
+    """raise: a RuntimeError; hang: sleep forever; oom: allocate absurdly; exit: the process dies."""
+    rank: int | None = Field(default=None, ge=0)
+    """The rank that fails; None means every rank."""
+    step: int | None = Field(default=0, ge=0)
+    """The step (warm-up included) before which it fails; None means while the model is built."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch_size
+
+    @property
+    def optimizer(self) -> str:
+        return self.inner.optimizer
+
+    @property
+    def label(self) -> str:
+        return f"fault:{self.fault}:{self.inner.label}"
+
+
+def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
+    """The zoo model a graph was captured from, when it names one we may build; else a replay of it."""
+    zoo = graph.provenance.get("zoo")
+    if isinstance(zoo, dict) and zoo.get("name") in ZOO_ALLOW_LIST:
+        try:
+            return ZooWorkload(zoo["name"], size=zoo.get("size", "small"), batch_size=graph.batch_size,
+                               overrides=zoo.get("overrides") or {}, optimizer=graph.optimizer.kind)
+        except ValueError:
+            pass
+    return ReplayWorkload(graph)
