@@ -1,0 +1,402 @@
+"""Which few candidates of a job to run for real, and when to stop.
+
+A job may run only a handful of trials (default 4). The planner spends them so that the answer is
+(1) never worse than a measured builder baseline, (2) the predicted best is checked, and (3) the rest
+go where a trial is most likely to find something faster: lowest lower confidence bound or highest
+expected improvement, with a penalty for candidates of a family already tried, since two strategies
+of one family tend to be wrong in the same way. After each result the predictions are refitted (by a
+callback, e.g. the cost model refit on the new trial) and the planner stops as soon as the best is
+clear: its upper bound lies below every other candidate's lower bound.
+
+Pure logic on candidate ids and (low, mid, high) intervals; the service drives it:
+
+    planner = TrialPlanner(candidates, budget=4, update=CostModelUpdater(...))
+    while not planner.done():
+        for cid in planner.next_candidates(1):
+            planner.record(cid, run(cid))          # seconds, or TrialFailure(reason)
+    answer = planner.answer()
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from scipy.stats import norm
+
+from simulator.learned import CostModel, TrainingRecord
+from stratagem.errors import InvalidDocumentError, Problem, StratagemError, TrialFailedError
+
+Interval = tuple[float, float, float]
+"""(low, mid, high) step time in seconds."""
+
+Updater = Callable[[Mapping[str, float]], Mapping[str, Interval]]
+"""Given every measured step time so far (id -> seconds), fresh intervals for some or all candidates."""
+
+
+class Acquisition(StrEnum):
+    lcb = "lcb"
+    """Lowest lower confidence bound: optimism in the face of uncertainty."""
+    ei = "ei"
+    """Highest expected improvement over the fastest measured so far (log-normal predictions)."""
+
+
+class InvalidPlanError(InvalidDocumentError):
+    def __init__(self, problems: list[Problem] | str) -> None:
+        super().__init__(problems, document="trial plan")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    low: float
+    mid: float
+    high: float
+    baseline: bool = False
+    """A pre-built builder's strategy: one of them is always measured, so the answer is never worse."""
+    family: str | None = None
+    """Candidates of one family (a builder, a synchronizer mix) are tried together only when nothing else looks as good."""
+
+
+@dataclass(frozen=True)
+class TrialFailure:
+    reason: str
+    outcome: str = "crash"
+
+
+@dataclass(frozen=True)
+class Answer:
+    candidate_id: str
+    step_time_s: float
+    low: float
+    high: float
+    source: str
+    """`measured` (a trial ran it) or `predicted` (its interval clears every measured candidate)."""
+    reason: str
+
+
+@dataclass
+class _State:
+    intervals: dict[str, Interval]
+    measured: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, TrialFailure] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    """Ids in the order trials were handed out."""
+
+
+class TrialPlanner:
+    """Chooses trials within a budget; one planner per job."""
+
+    def __init__(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        budget: int = 4,
+        acquisition: Acquisition | str = Acquisition.lcb,
+        diversity: float = 0.25,
+        update: Updater | None = None,
+        measurement_noise: float = 0.02,
+        interval_z: float = 1.645,
+    ) -> None:
+        _check_inputs(candidates, budget, diversity, measurement_noise)
+        self.candidates = {c.id: c for c in candidates}
+        self.budget = budget
+        self.acquisition = Acquisition(acquisition)
+        self.diversity = diversity
+        self.update = update if update is not None else SharedBiasUpdater(candidates)
+        self.measurement_noise = measurement_noise
+        """Relative spread of a measured step time (run-to-run noise), its interval's half-width."""
+        self.interval_z = interval_z
+        """How many standard deviations the candidates' intervals span on each side (for expected improvement)."""
+        self._state = _State(intervals={c.id: (c.low, c.mid, c.high) for c in candidates})
+
+    # --- what the driver calls -------------------------------------------------------------------
+
+    def next_candidates(self, k: int = 1) -> list[str]:
+        """Up to k ids to run now (fewer when the budget or the candidates run out, none when done)."""
+        if k < 1:
+            raise InvalidPlanError([Problem("k", f"must be at least 1, got {k}")])
+        chosen: list[str] = []
+        limit = min(k, self.trials_left)
+        while len(chosen) < limit and not self._best_is_settled():
+            pick = self._pick(excluded=set(chosen))
+            if pick is None:
+                break
+            chosen.append(pick)
+            self._state.pending.append(pick)
+            self._state.order.append(pick)
+        return chosen
+
+    def record(self, candidate_id: str, result: float | TrialFailure) -> None:
+        """A trial's median step time in seconds, or its failure; then re-rank every candidate."""
+        state = self._state
+        if candidate_id not in self.candidates:
+            raise InvalidPlanError([Problem("candidate_id", f"unknown candidate {candidate_id!r}")])
+        if candidate_id in state.measured or candidate_id in state.failed:
+            raise InvalidPlanError([Problem("candidate_id", f"{candidate_id!r} was already recorded")])
+        if isinstance(result, TrialFailure):
+            state.failed[candidate_id] = result
+        elif isinstance(result, (int, float)) and not isinstance(result, bool) and math.isfinite(result) and result > 0:
+            state.measured[candidate_id] = float(result)
+        else:
+            raise InvalidPlanError([Problem("result", f"must be a positive number of seconds or a TrialFailure, got {result!r}")])
+        if candidate_id in state.pending:
+            state.pending.remove(candidate_id)
+        else:
+            state.order.append(candidate_id)
+        if isinstance(result, TrialFailure):
+            return
+        self._apply_update(self.update(dict(state.measured)))
+
+    def done(self) -> bool:
+        """No trial is out and none is worth starting: budget spent, nothing left, or the best is clear."""
+        if self._state.pending:
+            return False
+        return self.trials_left == 0 or self._pick(excluded=set()) is None or self._best_is_settled()
+
+    def answer(self) -> Answer:
+        """The fastest measured candidate, unless an untried one's whole interval is faster still."""
+        state = self._state
+        alive = [cid for cid in self.candidates if cid not in state.failed]
+        if not alive:
+            reasons = "; ".join(f"{cid}: {f.outcome} ({f.reason})" for cid, f in list(state.failed.items())[:5])
+            raise TrialFailedError(f"every candidate failed its trial: {reasons}")
+        untried = [cid for cid in alive if cid not in state.measured]
+        if not state.measured:
+            best = min(untried, key=lambda cid: state.intervals[cid][1])
+            low, mid, high = state.intervals[best]
+            return Answer(best, mid, low, high, "predicted", "no trial succeeded; the best prediction stands")
+        fastest = min(state.measured, key=state.measured.__getitem__)
+        seconds = state.measured[fastest]
+        floor, _ = self._measured_interval(seconds)
+        clearing = [cid for cid in untried if state.intervals[cid][2] < floor]
+        if clearing:
+            best = min(clearing, key=lambda cid: state.intervals[cid][1])
+            low, mid, high = state.intervals[best]
+            return Answer(best, mid, low, high, "predicted",
+                          f"its upper bound {high:.4g} s is below the fastest measured {seconds:.4g} s ({fastest}) less noise")
+        return Answer(fastest, seconds, floor, self._measured_interval(seconds)[1], "measured",
+                      f"fastest of {len(state.measured)} measured")
+
+    # --- views -----------------------------------------------------------------------------------
+
+    @property
+    def trials_left(self) -> int:
+        state = self._state
+        return max(0, self.budget - len(state.measured) - len(state.failed) - len(state.pending))
+
+    @property
+    def measured(self) -> dict[str, float]:
+        return dict(self._state.measured)
+
+    @property
+    def failed(self) -> dict[str, TrialFailure]:
+        return dict(self._state.failed)
+
+    @property
+    def trial_order(self) -> list[str]:
+        return list(self._state.order)
+
+    def interval(self, candidate_id: str) -> Interval:
+        """The current interval: a measured candidate's is its measurement ± noise."""
+        if candidate_id in self._state.measured:
+            low, high = self._measured_interval(self._state.measured[candidate_id])
+            return low, self._state.measured[candidate_id], high
+        return self._state.intervals[candidate_id]
+
+    def ranking(self) -> list[str]:
+        """Candidates that have not failed, fastest first by measurement or else by prediction."""
+        alive = [cid for cid in self.candidates if cid not in self._state.failed]
+        return sorted(alive, key=lambda cid: self.interval(cid)[1])
+
+    # --- choosing --------------------------------------------------------------------------------
+
+    def _pick(self, excluded: set[str]) -> str | None:
+        state = self._state
+        taken = set(state.measured) | set(state.failed) | set(state.pending) | excluded
+        untried = [cid for cid in self.candidates if cid not in taken]
+        if not untried:
+            return None
+        if not taken:
+            return min(untried, key=lambda cid: state.intervals[cid][1])
+        if not self._baseline_covered(taken):
+            baselines = [cid for cid in untried if self.candidates[cid].baseline]
+            if baselines:
+                return min(baselines, key=lambda cid: state.intervals[cid][1])
+        fastest = min(state.measured.values(), default=math.inf)
+        worth = [cid for cid in untried if state.intervals[cid][0] < fastest]
+        if not worth:
+            return None
+        return min(worth, key=lambda cid: self._acquisition_cost(cid, taken))
+
+    def _baseline_covered(self, taken: set[str]) -> bool:
+        """A baseline was measured, or one is out being measured."""
+        state = self._state
+        return any(self.candidates[cid].baseline and cid not in state.failed for cid in taken)
+
+    def _baseline_measured_or_impossible(self) -> bool:
+        state = self._state
+        baselines = [cid for cid in self.candidates if self.candidates[cid].baseline]
+        return any(cid in state.measured for cid in baselines) or all(cid in state.failed for cid in baselines)
+
+    def _incumbent(self) -> float:
+        """What a new trial has to beat: the fastest measurement, else the best prediction still alive."""
+        if self._state.measured:
+            return min(self._state.measured.values())
+        return min(self._state.intervals[cid][1] for cid in self.candidates if cid not in self._state.failed)
+
+    def _acquisition_cost(self, candidate_id: str, taken: set[str]) -> float:
+        """Lower is better. Candidates of a family already tried pay (1 + diversity) per earlier member."""
+        family = self.candidates[candidate_id].family
+        repeats = sum(1 for cid in taken if family is not None and self.candidates[cid].family == family)
+        penalty = 1.0 + self.diversity * repeats
+        low, mid, high = self._state.intervals[candidate_id]
+        if self.acquisition is Acquisition.lcb:
+            return low * penalty
+        return -_expected_improvement(self._incumbent(), low, mid, high, self.interval_z) / penalty
+
+    def _best_is_settled(self) -> bool:
+        """The measured leader's upper bound is below every other live candidate's lower bound.
+
+        Not before a baseline has been measured (unless every baseline failed): the guarantee that the
+        answer is no worse than a builder's strategy rests on a measurement, not on the intervals.
+        """
+        ranking = self.ranking()
+        if not ranking or ranking[0] not in self._state.measured:
+            return False
+        if not self._baseline_measured_or_impossible():
+            return False
+        upper = self.interval(ranking[0])[2]
+        return all(upper < self.interval(cid)[0] for cid in ranking[1:])
+
+    def _measured_interval(self, seconds: float) -> tuple[float, float]:
+        return seconds * (1 - self.measurement_noise), seconds * (1 + self.measurement_noise)
+
+    def _apply_update(self, fresh: Mapping[str, Interval]) -> None:
+        for cid, interval in fresh.items():
+            if cid not in self.candidates:
+                raise StratagemError(f"the update returned an interval for unknown candidate {cid!r}")
+            low, mid, high = (float(x) for x in interval)
+            if not (0 < low <= mid <= high and math.isfinite(high)):
+                raise StratagemError(f"the update returned a bad interval for {cid!r}: low={low}, mid={mid}, high={high}")
+            self._state.intervals[cid] = (low, mid, high)
+
+
+def _expected_improvement(incumbent: float, low: float, mid: float, high: float, z: float) -> float:
+    """E[max(incumbent - T, 0)] for a log-normal T with median `mid` and the interval's log width."""
+    sigma = (math.log(high) - math.log(low)) / (2 * z) if z > 0 else 0.0
+    if sigma <= 0:
+        return max(incumbent - mid, 0.0)
+    mu = math.log(mid)
+    d = (math.log(incumbent) - mu) / sigma
+    return float(incumbent * norm.cdf(d) - math.exp(mu + sigma**2 / 2) * norm.cdf(d - sigma))
+
+
+class SharedBiasUpdater:
+    """The default refit without a cost model: every trial says how far off the predictions are overall.
+
+    The mean log ratio measured/predicted, shrunk towards zero by `prior_trials` pseudo-trials, scales
+    every candidate's original interval. It corrects a shared bias and leaves the order alone.
+    """
+
+    def __init__(self, candidates: Sequence[Candidate], *, prior_trials: float = 1.0) -> None:
+        self.original = {c.id: (c.low, c.mid, c.high) for c in candidates}
+        self.prior_trials = prior_trials
+
+    def __call__(self, measured: Mapping[str, float]) -> dict[str, Interval]:
+        return _shift_by_bias(self.original, measured, self.prior_trials)
+
+
+class CostModelUpdater:
+    """Refit the cost model on earlier jobs' trials plus this job's, re-predict every candidate, then
+    remove what is left of this job's own bias as `SharedBiasUpdater` does.
+
+    The refit learns what this job's trials say about strategies like them; the bias step matters
+    because a job often sits off every earlier job as a whole (another machine load, another model),
+    and a few trials among many earlier ones barely move shallow, regularised trees.
+    """
+
+    def __init__(
+        self,
+        history: Sequence[TrainingRecord],
+        queries: Mapping[str, TrainingRecord],
+        make_model: Callable[[], CostModel] = CostModel,
+        *,
+        prior_trials: float = 1.0,
+    ) -> None:
+        self.history = list(history)
+        self.queries = dict(queries)
+        """Candidate id -> a record without a measurement (the simulator's prediction and summaries)."""
+        self.make_model = make_model
+        self.prior_trials = prior_trials
+
+    def __call__(self, measured: Mapping[str, float]) -> dict[str, Interval]:
+        trials = [self.queries[cid].model_copy(update={"measured_step_time_s": seconds}) for cid, seconds in measured.items()]
+        model = self.make_model().fit(self.history + trials)
+        ids = list(self.queries)
+        low, mid, high = model.predict_interval([self.queries[cid] for cid in ids])
+        refitted = {cid: (float(lo), float(m), float(hi)) for cid, lo, m, hi in zip(ids, low, mid, high, strict=True)}
+        return _shift_by_bias(refitted, measured, self.prior_trials)
+
+
+def _shift_by_bias(intervals: Mapping[str, Interval], measured: Mapping[str, float], prior_trials: float) -> dict[str, Interval]:
+    """Scale every interval by exp(mean log(measured / mid)), the mean shrunk by `prior_trials` pseudo-trials."""
+    ratios = [math.log(seconds / intervals[cid][1]) for cid, seconds in measured.items()]
+    shift = math.exp(sum(ratios) / (len(ratios) + prior_trials))
+    return {cid: (low * shift, mid * shift, high * shift) for cid, (low, mid, high) in intervals.items()}
+
+
+def candidates_from_model(
+    model: CostModel,
+    queries: Mapping[str, TrainingRecord],
+    *,
+    baselines: Sequence[str] = (),
+    families: Mapping[str, str] | None = None,
+) -> list[Candidate]:
+    """Candidates with the model's intervals, ready for a planner."""
+    ids = list(queries)
+    low, mid, high = model.predict_interval([queries[cid] for cid in ids])
+    baseline_ids, families = set(baselines), families or {}
+    return [
+        Candidate(cid, float(lo), float(m), float(hi), baseline=cid in baseline_ids, family=families.get(cid))
+        for cid, lo, m, hi in zip(ids, low, mid, high, strict=True)
+    ]
+
+
+def run_plan(planner: TrialPlanner, run: Callable[[str], float | TrialFailure], *, batch: int = 1) -> Answer:
+    """Drive a planner with a callback that runs one trial; a TrialFailedError it raises is a failure."""
+    while not planner.done():
+        chosen = planner.next_candidates(batch)
+        if not chosen:
+            break
+        for cid in chosen:
+            try:
+                result = run(cid)
+            except TrialFailedError as error:
+                result = TrialFailure(str(error))
+            planner.record(cid, result)
+    return planner.answer()
+
+
+def _check_inputs(candidates: Sequence[Candidate], budget: int, diversity: float, noise: float) -> None:
+    problems: list[Problem] = []
+    if not candidates:
+        problems.append(Problem("candidates", "at least one candidate is needed"))
+    if budget < 1:
+        problems.append(Problem("budget", f"must be at least 1 trial, got {budget}"))
+    if diversity < 0:
+        problems.append(Problem("diversity", f"must not be negative, got {diversity}"))
+    if not 0 <= noise < 1:
+        problems.append(Problem("measurement_noise", f"must be in [0, 1), got {noise}"))
+    seen: set[str] = set()
+    for i, c in enumerate(candidates):
+        if c.id in seen:
+            problems.append(Problem(f"candidates[{i}].id", f"duplicate id {c.id!r}"))
+        seen.add(c.id)
+        if not all(math.isfinite(x) for x in (c.low, c.mid, c.high)) or not 0 < c.low <= c.mid <= c.high:
+            problems.append(Problem(f"candidates[{i}]", f"needs 0 < low <= mid <= high, got {c.low}, {c.mid}, {c.high}"))
+    if problems:
+        raise InvalidPlanError(problems)

@@ -1,0 +1,128 @@
+"""How good a step-time predictor is, judged the way the search uses it.
+
+MAPE says how far off the seconds are; the search only needs the order of one job's candidates
+(Kendall tau within a job) and, above all, that the one it picks is fast (top-1 regret). Every score
+is cross-validated by job: a job's strategies are all in training or all in test, because a model
+that has seen a job's other strategies would look better than it will on a new job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import numpy as np
+from scipy.stats import kendalltau
+from sklearn.model_selection import GroupKFold
+
+from simulator.learned.features import FeatureMatrix
+from stratagem.errors import InvalidDocumentError, Problem
+
+
+class Predictor(Protocol):
+    def fit(self, data: FeatureMatrix) -> object: ...
+    def predict(self, data: FeatureMatrix) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Scores:
+    mape: float
+    """Mean absolute percentage error of the step time, as a fraction (0.1 = 10%)."""
+    log_error: float
+    """Mean |log(predicted / measured)|: like MAPE, but 2x too slow and 2x too fast weigh the same
+    (MAPE caps under-prediction at 100% and lets over-prediction grow without bound)."""
+    kendall_tau: float
+    """Mean over jobs with at least two trials of Kendall's tau between predicted and measured order."""
+    top1_regret: float
+    """Mean over jobs of how much slower the predicted-fastest is than the measured-fastest (0.05 = 5%)."""
+    n: int
+    n_groups: int
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
+    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
+    return float(np.mean(np.abs(predicted - measured) / measured)) if measured.size else math.nan
+
+
+def mean_abs_log_error(measured: np.ndarray, predicted: np.ndarray) -> float:
+    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
+    return float(np.mean(np.abs(np.log(predicted / measured)))) if measured.size else math.nan
+
+
+def _by_group(groups: Sequence[str]) -> dict[str, list[int]]:
+    members: dict[str, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        members[group].append(index)
+    return members
+
+
+def kendall_tau_within_groups(measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> float:
+    """Jobs with one trial, or where either side is constant, have no order to compare and are skipped."""
+    taus = []
+    for rows in _by_group(groups).values():
+        if len(rows) < 2:
+            continue
+        tau = kendalltau(np.asarray(measured)[rows], np.asarray(predicted)[rows]).statistic
+        if not math.isnan(tau):
+            taus.append(float(tau))
+    return float(np.mean(taus)) if taus else math.nan
+
+
+def top1_regret(measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> float:
+    regrets = []
+    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
+    for rows in _by_group(groups).values():
+        chosen = rows[int(np.argmin(predicted[rows]))]
+        regrets.append(measured[chosen] / measured[rows].min() - 1.0)
+    return float(np.mean(regrets)) if regrets else math.nan
+
+
+def score(measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> Scores:
+    return Scores(
+        mape=mape(measured, predicted),
+        log_error=mean_abs_log_error(measured, predicted),
+        kendall_tau=kendall_tau_within_groups(measured, predicted, groups),
+        top1_regret=top1_regret(measured, predicted, groups),
+        n=len(groups),
+        n_groups=len(set(groups)),
+    )
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    simulator: Scores
+    """The analytic simulator alone on the same rows."""
+    corrected: Scores
+    """Out-of-fold predictions of the learned model."""
+    n_splits: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"simulator": self.simulator.to_dict(), "corrected": self.corrected.to_dict(), "n_splits": self.n_splits}
+
+
+def cross_validate(make_model: Callable[[], Predictor], data: FeatureMatrix, *, n_splits: int = 5) -> CrossValidation:
+    """Out-of-fold predictions with GroupKFold over jobs; needs at least two jobs."""
+    n_groups = len(set(data.groups))
+    if n_groups < 2:
+        raise InvalidDocumentError([Problem("groups", f"cross-validation by job needs at least 2 jobs, got {n_groups}")],
+                                   document="training set")
+    if np.isnan(data.measured_s).any():
+        raise InvalidDocumentError([Problem("measured_step_time_s", "every row needs a measurement to be scored")],
+                                   document="training set")
+    splits = min(n_splits, n_groups)
+    predicted = np.empty(len(data))
+    for train, test in GroupKFold(n_splits=splits).split(data.X, groups=data.groups):
+        model = make_model()
+        model.fit(data.take(train))
+        predicted[test] = model.predict(data.take(test))
+    return CrossValidation(
+        simulator=score(data.measured_s, data.simulated_s, data.groups),
+        corrected=score(data.measured_s, predicted, data.groups),
+        n_splits=splits,
+    )

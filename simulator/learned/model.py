@@ -1,0 +1,351 @@
+"""The learned correction: XGBoost fits log(measured / simulated) on top of the simulator.
+
+The simulator's log step time is each row's base margin, so the boosters only learn what the
+simulator gets wrong; with no trials there are no boosters and the model *is* the simulator, exactly.
+A bootstrap ensemble of boosters gives each prediction a spread, widened by the out-of-bag error and
+shrunk towards a prior when there are few trials, so early predictions admit they are guesses.
+
+Saved as one JSON document (XGBoost's own JSON for each booster, never pickle).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import inspect
+import json
+import math
+from collections.abc import Sequence
+from typing import Any, Self
+
+import numpy as np
+import xgboost as xgb
+from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+
+from simulator.learned.features import FeatureMatrix, build_features, default_feature_names, monotone_constraints
+from simulator.learned.records import TrainingRecord
+from stratagem.errors import InvalidDocumentError, Problem, StratagemError
+
+FORMAT = "stratagem-cost-model"
+FORMAT_VERSION = 1
+
+Data = Sequence[TrainingRecord] | FeatureMatrix
+
+
+class NotFittedError(StratagemError, SklearnNotFittedError):
+    """`predict` (or `to_json`) was called before `fit` or `from_json`."""
+
+
+class InvalidCostModelError(InvalidDocumentError):
+    """Bad hyper-parameters, training data without measurements, or a saved model that does not load."""
+
+    def __init__(self, problems: list[Problem] | str) -> None:
+        super().__init__(problems, document="cost model")
+
+
+class CostModel:
+    """Corrects the simulator's step time; scikit-learn's estimator habits, JSON persistence."""
+
+    def __init__(
+        self,
+        *,
+        n_estimators: int = 150,
+        learning_rate: float = 0.05,
+        max_depth: int = 3,
+        min_child_weight: float = 2.0,
+        reg_lambda: float = 5.0,
+        colsample_bytree: float = 0.8,
+        n_bootstrap: int = 8,
+        monotone: bool = True,
+        prior_log_std: float = 0.3,
+        prior_strength: float = 4.0,
+        interval_z: float = 1.645,
+        random_state: int = 0,
+        n_jobs: int = 1,
+    ) -> None:
+        self.n_estimators = n_estimators
+        """Boosting rounds per booster; at a small learning rate on shallow, L2-shrunk trees, 150 fit a bias fully."""
+        self.learning_rate = learning_rate
+        self.max_depth = max_depth
+        self.min_child_weight = min_child_weight
+        """Trials per leaf at least (squared error has unit hessians), so one odd trial cannot own a leaf."""
+        self.reg_lambda = reg_lambda
+        """L2 on leaf values: with n trials in a leaf its value is shrunk by n / (n + lambda) towards the simulator."""
+        self.colsample_bytree = colsample_bytree
+        self.n_bootstrap = n_bootstrap
+        """Boosters, each on a bootstrap resample; their spread is the model's own uncertainty."""
+        self.monotone = monotone
+        """Constrain the correction to be non-decreasing in exposed communication, server load and bubble."""
+        self.prior_log_std = prior_log_std
+        """The simulator's error (std of the log ratio) assumed before any trial."""
+        self.prior_strength = prior_strength
+        """How many trials the prior is worth when blended with the out-of-bag error."""
+        self.interval_z = interval_z
+        """Half-width of intervals in standard deviations (1.645: a two-sided 90% interval)."""
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+
+    # --- scikit-learn's parameter protocol ----------------------------------------------------------
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _init_parameter_names()}
+
+    def set_params(self, **params: Any) -> Self:
+        unknown = sorted(set(params) - set(_init_parameter_names()))
+        if unknown:
+            raise InvalidCostModelError([Problem(f"params.{name}", "unknown hyper-parameter") for name in unknown])
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.get_params().items() if v != _init_defaults()[k]}
+        return f"CostModel({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    # --- fitting ---------------------------------------------------------------------------------
+
+    def fit(self, data: Data) -> Self:
+        """Fit on measured trials; an empty set is allowed and leaves the simulator as it is."""
+        _check_params(self.get_params())
+        matrix = _as_matrix(data, default_feature_names())
+        _check_measured(matrix)
+        self.feature_names_ = list(matrix.names)
+        self.boosters_: list[xgb.Booster] = []
+        self.residual_log_std_ = float(self.prior_log_std)
+        if len(matrix):
+            self._fit_ensemble(matrix)
+        self.n_train_ = len(matrix)
+        self.n_groups_ = len(set(matrix.groups))
+        self.metadata_: dict[str, Any] = {
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "xgboost": xgb.__version__,
+            "n_train": self.n_train_,
+            "n_groups": self.n_groups_,
+        }
+        self.version_ = self._content_version()
+        return self
+
+    def _fit_ensemble(self, matrix: FeatureMatrix) -> None:
+        rng = np.random.default_rng(self.random_state)
+        n = len(matrix)
+        target = np.log(matrix.measured_s)
+        margin = np.log(matrix.simulated_s)
+        oob_sum, oob_count = np.zeros(n), np.zeros(n)
+        for index in range(self.n_bootstrap):
+            rows = rng.integers(0, n, size=n) if self.n_bootstrap > 1 else np.arange(n)
+            train = xgb.DMatrix(matrix.X[rows], label=target[rows], base_margin=margin[rows], feature_names=matrix.names)
+            booster = xgb.train(self._xgb_params(seed=self.random_state + index), train, num_boost_round=self.n_estimators)
+            self.boosters_.append(booster)
+            out_of_bag = np.setdiff1d(np.arange(n), rows)
+            if out_of_bag.size:
+                oob_sum[out_of_bag] += self._tree_output(booster, matrix.X[out_of_bag], matrix.names)
+                oob_count[out_of_bag] += 1
+        seen = oob_count > 0
+        residuals = (target - margin)[seen] - oob_sum[seen] / oob_count[seen]
+        mse = (self.prior_strength * self.prior_log_std**2 + float(np.sum(residuals**2))) / (
+            self.prior_strength + int(seen.sum())
+        )
+        self.residual_log_std_ = math.sqrt(mse)
+
+    def _xgb_params(self, *, seed: int) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "objective": "reg:squarederror",
+            "eta": self.learning_rate,
+            "max_depth": self.max_depth,
+            "min_child_weight": self.min_child_weight,
+            "lambda": self.reg_lambda,
+            "colsample_bytree": self.colsample_bytree,
+            "tree_method": "exact",
+            "seed": seed,
+            "nthread": self.n_jobs,
+        }
+        if self.monotone:
+            params["monotone_constraints"] = "(" + ",".join(map(str, monotone_constraints(self.feature_names_))) + ")"
+        return params
+
+    @staticmethod
+    def _tree_output(booster: xgb.Booster, X: np.ndarray, names: list[str]) -> np.ndarray:
+        """The boosters' correction alone: a zero base margin replaces the simulator's."""
+        matrix = xgb.DMatrix(X, base_margin=np.zeros(X.shape[0]), feature_names=names)
+        return booster.predict(matrix).astype(np.float64)
+
+    # --- predicting ------------------------------------------------------------------------------
+
+    def predict_log_ratio(self, data: Data) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of log(true / simulated) for each row."""
+        self._check_fitted()
+        return self._log_ratio(_as_matrix(data, self.feature_names_))
+
+    def predict(self, data: Data) -> np.ndarray:
+        """Corrected step time in seconds: simulated × exp(correction)."""
+        self._check_fitted()
+        matrix = _as_matrix(data, self.feature_names_)
+        mean, _ = self._log_ratio(matrix)
+        return matrix.simulated_s * np.exp(mean)
+
+    def predict_interval(self, data: Data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(low, mid, high) step times; low and high are `interval_z` standard deviations out in log space."""
+        self._check_fitted()
+        matrix = _as_matrix(data, self.feature_names_)
+        mean, std = self._log_ratio(matrix)
+        simulated, width = matrix.simulated_s, self.interval_z * std
+        return simulated * np.exp(mean - width), simulated * np.exp(mean), simulated * np.exp(mean + width)
+
+    def _log_ratio(self, matrix: FeatureMatrix) -> tuple[np.ndarray, np.ndarray]:
+        if not self.boosters_ or not len(matrix):
+            return np.zeros(len(matrix)), np.full(len(matrix), self.residual_log_std_)
+        outputs = np.stack([self._tree_output(b, matrix.X, self.feature_names_) for b in self.boosters_])
+        spread = outputs.std(axis=0)
+        return outputs.mean(axis=0), np.sqrt(spread**2 + self.residual_log_std_**2)
+
+    def feature_importance(self) -> dict[str, float]:
+        """Total gain per feature averaged over the ensemble, normalised to sum to 1 (empty without boosters)."""
+        self._check_fitted()
+        totals = dict.fromkeys(self.feature_names_, 0.0)
+        for booster in self.boosters_:
+            for name, gain in booster.get_score(importance_type="total_gain").items():
+                totals[name] += float(gain)
+        whole = sum(totals.values())
+        return {name: value / whole for name, value in totals.items() if value > 0} if whole > 0 else {}
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "boosters_"):
+            raise NotFittedError("this CostModel is not fitted yet: call fit(records) or CostModel.from_json(text) first")
+
+    # --- persistence -----------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """The whole model as one JSON document: parameters, feature names, every booster, metadata."""
+        self._check_fitted()
+        return json.dumps({**self._content(), "version": self.version_, "metadata": self.metadata_})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> CostModel:
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise InvalidCostModelError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+        _check_document(document)
+        model = cls(**document["params"])
+        _check_params(model.get_params())
+        model.feature_names_ = list(document["feature_names"])
+        model.boosters_ = [_load_booster(raw, i) for i, raw in enumerate(document["boosters"])]
+        model.residual_log_std_ = float(document["residual_log_std"])
+        model.n_train_ = int(document["n_train"])
+        model.n_groups_ = int(document["n_groups"])
+        model.metadata_ = dict(document.get("metadata") or {})
+        model.version_ = model._content_version()
+        if document["version"] != model.version_:
+            raise InvalidCostModelError([Problem("version", f"{document['version']!r} does not match the content ({model.version_!r})")])
+        return model
+
+    def _content(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "params": self.get_params(),
+            "feature_names": self.feature_names_,
+            "residual_log_std": self.residual_log_std_,
+            "n_train": self.n_train_,
+            "n_groups": self.n_groups_,
+            "boosters": [json.loads(bytes(b.save_raw("json"))) for b in self.boosters_],
+        }
+
+    def _content_version(self) -> str:
+        canonical = json.dumps(self._content(), sort_keys=True, separators=(",", ":"))
+        return "cm-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def retrain_needed(n_new_trials: int, every: int = 20) -> bool:
+    """Retrain once `every` trials have been recorded since the model in use was fitted."""
+    if every < 1:
+        raise InvalidCostModelError([Problem("every", f"must be at least 1, got {every}")])
+    if n_new_trials < 0:
+        raise InvalidCostModelError([Problem("n_new_trials", f"must not be negative, got {n_new_trials}")])
+    return n_new_trials >= every
+
+
+def _as_matrix(data: Data, names: Sequence[str]) -> FeatureMatrix:
+    if isinstance(data, FeatureMatrix):
+        if list(data.names) == list(names):
+            return data
+        position = {name: i for i, name in enumerate(data.names)}
+        columns = [data.X[:, position[n]] if n in position else np.full(len(data), np.nan) for n in names]
+        X = np.column_stack(columns) if columns else np.zeros((len(data), 0))
+        return FeatureMatrix(X=X, names=list(names), simulated_s=data.simulated_s, measured_s=data.measured_s, groups=data.groups)
+    return build_features(data, names)
+
+
+def _check_measured(matrix: FeatureMatrix) -> None:
+    missing = np.flatnonzero(np.isnan(matrix.measured_s))
+    if missing.size:
+        raise InvalidCostModelError([
+            Problem(f"records[{i}].measured_step_time_s", "is missing; only measured trials can train the model")
+            for i in missing[:10]
+        ])
+
+
+_PARAM_RULES: dict[str, tuple[float, float, bool]] = {
+    # name: (lowest, highest, must be an integer)
+    "n_estimators": (1, 100_000, True),
+    "learning_rate": (1e-6, 1.0, False),
+    "max_depth": (1, 16, True),
+    "min_child_weight": (0.0, math.inf, False),
+    "reg_lambda": (0.0, math.inf, False),
+    "colsample_bytree": (1e-6, 1.0, False),
+    "n_bootstrap": (1, 1000, True),
+    "prior_log_std": (0.0, math.inf, False),
+    "prior_strength": (0.0, math.inf, False),
+    "interval_z": (0.0, math.inf, False),
+    "n_jobs": (1, 1024, True),
+}
+
+
+def _check_params(params: dict[str, Any]) -> None:
+    problems = []
+    for name, (low, high, integer) in _PARAM_RULES.items():
+        value = params[name]
+        if integer and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(Problem(f"params.{name}", f"must be an integer, got {value!r}"))
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+            problems.append(Problem(f"params.{name}", f"must be a number in [{low}, {high}], got {value!r}"))
+    if not isinstance(params["monotone"], bool):
+        problems.append(Problem("params.monotone", f"must be true or false, got {params['monotone']!r}"))
+    if problems:
+        raise InvalidCostModelError(problems)
+
+
+def _check_document(document: Any) -> None:
+    if not isinstance(document, dict):
+        raise InvalidCostModelError("a saved cost model is a JSON object")
+    if document.get("format") != FORMAT:
+        raise InvalidCostModelError([Problem("format", f"expected {FORMAT!r}, got {document.get('format')!r}")])
+    if document.get("format_version") != FORMAT_VERSION:
+        raise InvalidCostModelError([Problem("format_version", f"{document.get('format_version')!r} is not supported (this library reads {FORMAT_VERSION})")])
+    expected = {"params": dict, "feature_names": list, "boosters": list, "residual_log_std": (int, float),
+                "n_train": int, "n_groups": int, "version": str}
+    problems = [Problem(key, f"missing or not a {kind.__name__ if isinstance(kind, type) else 'number'}")
+                for key, kind in expected.items() if not isinstance(document.get(key), kind)]
+    if not problems:
+        unknown = sorted(set(document["params"]) - set(_init_parameter_names()))
+        problems = [Problem(f"params.{name}", "unknown hyper-parameter") for name in unknown]
+    if problems:
+        raise InvalidCostModelError(problems)
+
+
+def _load_booster(raw: Any, index: int) -> xgb.Booster:
+    booster = xgb.Booster()
+    try:
+        booster.load_model(bytearray(json.dumps(raw).encode()))
+    except xgb.core.XGBoostError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "unreadable"
+        raise InvalidCostModelError([Problem(f"boosters[{index}]", f"XGBoost cannot load it: {first_line}")]) from None
+    return booster
+
+
+def _init_parameter_names() -> list[str]:
+    return [name for name in inspect.signature(CostModel.__init__).parameters if name != "self"]
+
+
+def _init_defaults() -> dict[str, Any]:
+    return {name: p.default for name, p in inspect.signature(CostModel.__init__).parameters.items() if name != "self"}

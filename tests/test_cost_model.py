@@ -1,0 +1,176 @@
+"""The learned correction: simulator when empty, better than the simulator on unseen jobs, JSON only."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+
+from simulator.learned import (
+    CostModel,
+    InvalidCostModelError,
+    NotFittedError,
+    build_features,
+    cross_validate,
+    retrain_needed,
+)
+from simulator.learned.features import MONOTONE_INCREASING, breakdown_component, default_feature_names, feature_row
+from simulator.learned.synthetic import synthetic_records
+from stratagem.errors import StratagemError
+
+SMALL = {"n_estimators": 60, "n_bootstrap": 4}
+
+
+@pytest.fixture(scope="module")
+def records():
+    return synthetic_records(n_groups=12, per_group=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def fitted(records):
+    return CostModel(**SMALL).fit(records[:64])
+
+
+def test_without_trials_the_model_is_exactly_the_simulator(records):
+    model = CostModel().fit([])
+    simulated = np.array([r.simulated_step_time_s for r in records])
+    assert np.array_equal(model.predict(records), simulated)
+    low, mid, high = model.predict_interval(records)
+    assert np.array_equal(mid, simulated)
+    assert np.all(low < mid) and np.all(mid < high)
+    assert model.n_train_ == 0 and model.feature_importance() == {}
+
+
+@pytest.mark.parametrize("call", ["predict", "predict_interval", "predict_log_ratio", "to_json", "feature_importance"])
+def test_using_an_unfitted_model_raises_not_fitted(records, call):
+    model = CostModel()
+    args = () if call in ("to_json", "feature_importance") else (records[:2],)
+    with pytest.raises(NotFittedError, match="not fitted"):
+        getattr(model, call)(*args)
+    assert issubclass(NotFittedError, StratagemError) and issubclass(NotFittedError, SklearnNotFittedError)
+
+
+def test_correction_beats_the_simulator_on_held_out_jobs(records):
+    result = cross_validate(lambda: CostModel(**SMALL), build_features(records), n_splits=4)
+    simulator, corrected = result.simulator, result.corrected
+    assert simulator.mape > 0.2, "the synthetic simulator should be clearly biased"
+    assert corrected.mape < 0.5 * simulator.mape
+    assert corrected.kendall_tau >= simulator.kendall_tau
+    assert corrected.top1_regret <= simulator.top1_regret
+    assert result.n_splits == 4 and corrected.n_groups == 12
+
+
+def test_json_round_trip_gives_identical_predictions(fitted, records):
+    text = fitted.to_json()
+    document = json.loads(text)
+    assert document["format"] == "stratagem-cost-model" and len(document["boosters"]) == SMALL["n_bootstrap"]
+    restored = CostModel.from_json(text)
+    for before, after in zip(fitted.predict_interval(records), restored.predict_interval(records), strict=True):
+        assert np.array_equal(before, after)
+    assert restored.version_ == fitted.version_ and restored.get_params() == fitted.get_params()
+    assert restored.to_json() == text
+
+
+def test_version_changes_with_the_training_data(records):
+    first = CostModel(**SMALL).fit(records[:40])
+    second = CostModel(**SMALL).fit(records[:48])
+    assert first.version_.startswith("cm-") and first.version_ != second.version_
+    assert CostModel(**SMALL).fit(records[:40]).version_ == first.version_, "fitting is deterministic"
+
+
+def test_a_tampered_or_foreign_document_is_refused_with_its_field(fitted):
+    document = json.loads(fitted.to_json())
+    document["residual_log_std"] = 0.001
+    with pytest.raises(InvalidCostModelError, match="version"):
+        CostModel.from_json(json.dumps(document))
+    with pytest.raises(InvalidCostModelError, match="format"):
+        CostModel.from_json(json.dumps({**document, "format": "pickle"}))
+    with pytest.raises(InvalidCostModelError, match="not JSON"):
+        CostModel.from_json("{not json")
+    with pytest.raises(InvalidCostModelError, match=r"params\.max_depth"):
+        CostModel.from_json(json.dumps({**document, "params": {**document["params"], "max_depth": 0}}))
+    with pytest.raises(InvalidCostModelError, match=r"boosters\[0\]"):
+        CostModel.from_json(json.dumps({**document, "boosters": [{"learner": "nonsense"}]}))
+
+
+def test_fitting_on_unmeasured_records_names_the_record():
+    queries = synthetic_records(n_groups=1, per_group=3, measured=False)
+    with pytest.raises(InvalidCostModelError, match=r"records\[0\]\.measured_step_time_s"):
+        CostModel().fit(queries)
+
+
+def test_bad_hyper_parameters_name_the_parameter(records):
+    with pytest.raises(InvalidCostModelError, match=r"params\.learning_rate.*params\.n_bootstrap"):
+        CostModel(learning_rate=-1.0, n_bootstrap=0).fit(records)
+    with pytest.raises(InvalidCostModelError, match=r"params\.depth"):
+        CostModel().set_params(depth=3)
+
+
+def test_intervals_cover_most_held_out_trials(fitted, records):
+    held_out = records[64:]
+    low, _, high = fitted.predict_interval(held_out)
+    measured = np.array([r.measured_step_time_s for r in held_out])
+    assert np.mean((low <= measured) & (measured <= high)) >= 0.75
+
+
+def test_intervals_are_wide_with_few_trials_and_narrow_with_many(records):
+    few = CostModel(**SMALL).fit(records[:3])
+    many = CostModel(**SMALL).fit(records[:64])
+    width = lambda model: np.median(np.log(model.predict_interval(records[64:])[2] / model.predict_interval(records[64:])[0]))  # noqa: E731
+    assert width(few) > width(many)
+
+
+def test_correction_never_decreases_with_exposed_communication(fitted, records):
+    matrix = build_features(records[64:], fitted.feature_names_)
+    for name in ("exposed_ps_s", "exposed_allreduce_s"):
+        column = fitted.feature_names_.index(name)
+        previous = None
+        for value in np.linspace(0.0, 1.0, 7):
+            X = matrix.X.copy()
+            X[:, column] = value
+            mean, _ = fitted.predict_log_ratio(type(matrix)(X, matrix.names, matrix.simulated_s, matrix.measured_s, matrix.groups))
+            if previous is not None:
+                assert np.all(mean >= previous - 1e-6), f"{name} raised to {value} lowered the correction"
+            previous = mean
+    assert {"exposed_ps_s", "server_load_max_s", "bubble_s"} <= MONOTONE_INCREASING
+
+
+def test_predictions_look_columns_up_by_name(fitted, records):
+    matrix = build_features(records[64:])
+    order = np.random.default_rng(0).permutation(len(matrix.names))
+    shuffled = type(matrix)(matrix.X[:, order], [matrix.names[i] for i in order], matrix.simulated_s, matrix.measured_s, matrix.groups)
+    assert np.array_equal(fitted.predict(matrix), fitted.predict(shuffled))
+    assert np.array_equal(fitted.predict(records[64:]), fitted.predict(matrix))
+
+
+def test_feature_importance_finds_the_biased_component(fitted):
+    importance = fitted.feature_importance()
+    assert abs(sum(importance.values()) - 1) < 1e-9
+    top = max(importance, key=importance.get)
+    assert top in {"exposed_ps_s", "strategy_ps_fraction", "comm_share", "compute_share"}
+
+
+def test_every_feature_is_built_for_a_record(records):
+    assert list(feature_row(records[0])) == default_feature_names()
+
+
+@pytest.mark.parametrize(
+    ("key", "component"),
+    [("compute", "compute"), ("tensor_parallel", "tensor"), ("pipeline_bubble", "bubble"), ("pipeline_p2p", "pipeline"),
+     ("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("sharded", "sharded"), ("reduce_scatter", "sharded"),
+     ("ps", "ps"), ("ps_load:10.0.0.1:CPU:0", "server_load"), ("optimizer_update", "update"),
+     ("steps", "other"), ("mystery", "other")],
+)
+def test_breakdown_keys_fold_into_components(key, component):
+    assert breakdown_component(key) == component
+
+
+def test_retrain_rule():
+    assert not retrain_needed(19, every=20)
+    assert retrain_needed(20, every=20)
+    with pytest.raises(StratagemError, match="every"):
+        retrain_needed(5, every=0)
+    with pytest.raises(StratagemError, match="n_new_trials"):
+        retrain_needed(-1)
