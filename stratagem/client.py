@@ -176,6 +176,12 @@ class Client:
     def upload_resources(self, resources: ResourceSpec) -> str:
         return str(self._post_json("/v1/resources", resources.model_dump(mode="json"))["id"])
 
+    def graph(self, graph_id: str) -> ModelGraph:
+        return ModelGraph.parse(self._get_json(f"/v1/graphs/{graph_id}"))
+
+    def resources(self, resource_id: str) -> ResourceSpec:
+        return ResourceSpec.parse(self._get_json(f"/v1/resources/{resource_id}"))
+
     def strategy(self, strategy_id: str) -> Strategy:
         return Strategy.parse(self._get_json(f"/v1/strategies/{strategy_id}"))
 
@@ -189,11 +195,14 @@ class Client:
         graph: ModelGraph,
         resources: ResourceSpec | str,
         *,
-        max_trials: int = 4,
+        max_trials: int | None = 4,
         objective: str = "throughput",
         search: dict[str, Any] | None = None,
+        device: str | None = None,
     ) -> Job:
-        """Submit a job. `resources` may be a ResourceSpec or AutoDist resource_spec.yml text."""
+        """Submit a job. `resources` may be a ResourceSpec or AutoDist resource_spec.yml text, whose
+        nodes' GPU kind `device` names (the service's default, T4, when None). `max_trials=None`
+        takes the service's default budget."""
         body: dict[str, Any] = {
             "graph": graph.model_dump(mode="json"),
             "resources": resources if isinstance(resources, str) else resources.model_dump(mode="json"),
@@ -202,6 +211,8 @@ class Client:
         }
         if search:
             body["search"] = search
+        if device is not None:
+            body["device"] = device
         created = self._post_json("/v1/optimize", body)
         return Job(self, str(created["id"]), created)
 
@@ -224,8 +235,14 @@ class Client:
         job_id: str | None = None,
         peak_memory_bytes: float | None = None,
         error: str | None = None,
+        **summary: Any,
     ) -> dict[str, Any]:
-        """Report a run measured elsewhere (e.g. on your cluster) so the cost model learns from it."""
+        """Report a run measured elsewhere (e.g. on your cluster) so the cost model learns from it.
+
+        `summary` takes the trial's other recorded fields (`median_s`, `p90_s`, `samples_per_s`,
+        `backend`, `predicted_step_time_s`, `simulator_version`); the service computes the
+        summaries left out from the step times, and rejects unknown names with a 422.
+        """
         body = {
             "graph_id": graph_id,
             "resource_id": resource_id,
@@ -235,6 +252,7 @@ class Client:
             "job_id": job_id,
             "peak_memory_bytes": peak_memory_bytes,
             "error": error,
+            **{key: value for key, value in summary.items() if value is not None},
         }
         return dict(self._post_json("/v1/trials", body))
 
@@ -252,19 +270,31 @@ def optimize(
     model: Any,
     resources: ResourceSpec | str,
     *,
-    example_inputs: tuple[Any, ...],
-    batch_size: int,
+    example_inputs: tuple[Any, ...] | None = None,
+    batch_size: int | None = None,
+    optimizer: str = "adam",
     url: str = DEFAULT_URL,
     api_key: str | None = None,
     max_trials: int = 4,
+    search: dict[str, Any] | None = None,
+    device: str | None = None,
     timeout: float | None = 600.0,
-    progress: bool = True,
+    progress: TextIO | bool = True,
 ) -> Strategy:
-    """The one-liner: capture the model, optimize it on the service, return the best strategy."""
+    """The one-liner: capture the model, optimize it on the service, return the best strategy.
+
+    `model` is a torch module (captured with `example_inputs` at `batch_size`, trained with the
+    `optimizer` kind) or a ModelGraph.
+    """
+    graph = model if isinstance(model, ModelGraph) else _capture(model, example_inputs, batch_size, optimizer)
+    with Client(url, api_key=api_key) as client:
+        job = client.optimize(graph, resources, max_trials=max_trials, search=search, device=device)
+        return job.wait(timeout, progress=progress).best()
+
+
+def _capture(model: Any, example_inputs: tuple[Any, ...] | None, batch_size: int | None, optimizer: str) -> ModelGraph:
     from stratagem.capture import capture
 
-    if not isinstance(model, ModelGraph) and example_inputs is None:
-        raise StratagemError("example_inputs are needed to capture a model")
-    graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, batch_size=batch_size)
-    with Client(url, api_key=api_key) as client:
-        return client.optimize(graph, resources, max_trials=max_trials).wait(timeout, progress=progress).best()
+    if example_inputs is None or batch_size is None:
+        raise StratagemError("optimize(model, ...): a torch module needs example_inputs and batch_size to be captured")
+    return capture(model, example_inputs, batch_size=batch_size, optimizer=optimizer)

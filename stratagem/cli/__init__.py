@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from stratagem.errors import StratagemError
 
-COMMANDS = ["capture", "calibrate"]
+COMMANDS = ["capture", "calibrate", "optimize", "jobs", "trials", "serve", "db"]
 
 EXIT_USAGE = 2
 

@@ -1,0 +1,147 @@
+"""`stratagem optimize MODULE:BUILDER|graph.json --batch N --resources spec.yml --trials 4 -o best.json`.
+
+Capture (or read) the graph, read the cluster, submit both to a service, follow the job with a
+progress bar, write the best strategy and print every ranked candidate. The builder is resolved and
+built exactly as `stratagem capture` does it, so the two commands accept the same models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from stratagem.cli.capture import build_on_meta, parse_overrides, resolve_builder
+from stratagem.cli.jobs import candidates_table, connect, connection_options, positive_int
+from stratagem.errors import CaptureError, InvalidResourceSpecError, Problem, StratagemError
+from stratagem.ir import ModelGraph, ResourceSpec
+
+YAML_SUFFIXES = (".yml", ".yaml")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "optimize",
+        parents=[connection_options()],
+        help="find the fastest strategy for a model on a cluster, through a Stratagem service",
+        description="Capture the model (or read a graph JSON), submit it with the cluster to the service, wait "
+        "for the answer, write the best strategy and print the ranked candidates.",
+    )
+    parser.add_argument("model", help="MODULE:FUNCTION returning (module, make_batch), a zoo name, or a graph .json file")
+    parser.add_argument("--batch", type=positive_int, default=None, help="per-replica batch size (needed to capture)")
+    parser.add_argument("--size", default=None, help="size preset passed to the builder (zoo: small, full, 7b, ...)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="builder keyword override, repeatable (--set layers=4)",
+    )
+    parser.add_argument("--optimizer", default="adam", help="optimizer kind the model trains with (default adam)")
+    parser.add_argument(
+        "--resources", type=Path, required=True,
+        help="the cluster: AutoDist resource_spec.yml, or a ResourceSpec JSON (e.g. from `stratagem calibrate`)",
+    )
+    parser.add_argument("--device", default="T4", help="GPU kind of an AutoDist spec's nodes (default T4)")
+    parser.add_argument("--trials", type=int, default=None, help="real trials of the best candidates (0: simulator only)")
+    parser.add_argument("--time-budget", type=float, default=None, help="search seconds (default: the service's)")
+    parser.add_argument("--top-k", type=positive_int, default=None, help="candidates kept in the ranking")
+    parser.add_argument("--seed", type=int, default=None, help="search seed, for a reproducible answer")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the job (default 3600)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the best strategy JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_numbers(args)
+    graph = load_or_capture(args)
+    resources = read_resources(args.resources, device=args.device)
+    print(f"{graph.summary()}\non {resources.name}: {resources.num_devices} devices on {len(resources.nodes)} node(s)",
+          file=sys.stderr)
+    with connect(args) as client:
+        job = client.optimize(graph, resources, max_trials=args.trials, search=search_options(args))
+        print(f"job {job.id} submitted to {args.url}", file=sys.stderr)
+        job.wait(args.timeout, progress=not args.no_progress)
+        best = job.best()
+        candidates = job.strategies()
+    if args.output is not None:
+        best.save(args.output)
+    print(candidates_table(candidates))
+    print(answer_line(job.data, best.id, args.output))
+    return 0
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse what the service would refuse, before capturing a model for nothing."""
+    if args.trials is not None and args.trials < 0:
+        raise StratagemError(f"--trials: must be 0 or more, got {args.trials}")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise StratagemError(f"--time-budget: must be a positive number of seconds, got {args.time_budget}")
+    if args.seed is not None and args.seed < 0:
+        raise StratagemError(f"--seed: must be 0 or more, got {args.seed}")
+    if args.timeout <= 0:
+        raise StratagemError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
+
+
+def load_or_capture(args: argparse.Namespace) -> ModelGraph:
+    """A `.json` path is a captured graph; anything else names a builder to capture."""
+    if args.model.lower().endswith(".json"):
+        return load_graph(Path(args.model), batch=args.batch)
+    if args.batch is None:
+        raise CaptureError(f"--batch: needed to capture {args.model!r} (the per-replica batch size)")
+    return capture_model(args.model, batch=args.batch, size=args.size, overrides=args.overrides, optimizer=args.optimizer)
+
+
+def load_graph(path: Path, *, batch: int | None) -> ModelGraph:
+    if not path.is_file():
+        raise CaptureError(f"{path}: no such graph file")
+    graph = ModelGraph.load(path)
+    if batch is not None and batch != graph.batch_size:
+        raise CaptureError(f"--batch: {path} was captured at batch {graph.batch_size}, not {batch}; recapture it to change")
+    return graph
+
+
+def capture_model(spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str) -> ModelGraph:
+    import torch
+
+    from stratagem.capture import capture
+
+    kwargs = parse_overrides(overrides)
+    if size is not None:
+        kwargs["size"] = size
+    module, make_batch = build_on_meta(resolve_builder(spec), kwargs)
+    with torch.device("meta"):
+        example = make_batch(batch)
+    return capture(module, example, batch_size=batch, optimizer=optimizer)
+
+
+def read_resources(path: Path, *, device: str) -> ResourceSpec:
+    """AutoDist's YAML by suffix, else our JSON; a file that is neither says what was expected."""
+    if not path.is_file():
+        raise InvalidResourceSpecError([Problem("--resources", f"{path}: no such file")])
+    if path.suffix.lower() in YAML_SUFFIXES:
+        return ResourceSpec.from_autodist_yaml(path, device=device, name=path.stem)
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidResourceSpecError([Problem("--resources", (
+            f"{path}: not JSON ({error.msg} at line {error.lineno}); "
+            f"an AutoDist resource spec must end in {' or '.join(YAML_SUFFIXES)}"))]) from None
+    return ResourceSpec.parse(data)
+
+
+def search_options(args: argparse.Namespace) -> dict[str, Any]:
+    chosen = {"time_budget_s": args.time_budget, "top_k": args.top_k, "seed": args.seed}
+    return {key: value for key, value in chosen.items() if value is not None}
+
+
+def answer_line(job: dict[str, Any], best_id: str | None, output: Path | None) -> str:
+    result = job.get("result") or {}
+    speedup = result.get("speedup_vs_data_parallel")
+    parts = [f"best: {best_id}", f"answer {result.get('answer_basis', '?')}"]
+    if isinstance(speedup, (int, float)):
+        parts.append(f"{speedup:.2f}x predicted vs plain data parallel")
+    if output is not None:
+        parts.append(f"written to {output}")
+    return "; ".join(parts)

@@ -1,0 +1,77 @@
+"""`stratagem serve [--host 127.0.0.1] [--port 8000] [--workers N] [--database-url URL]`: run the service.
+
+Options left out come from the environment (`STRATAGEM_*`, `DATABASE_URL`, `RAY_ADDRESS`), exactly
+as `python -m optimizer_service` reads them; options given win. Several API processes are several
+`stratagem serve` behind a load balancer sharing one PostgreSQL: jobs live in the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from stratagem.cli.jobs import positive_int
+from stratagem.errors import StratagemError
+
+SERVICE_EXTRAS_HINT = "install the service extras: pip install 'stratagem[service]'"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the optimizer service (REST API, job workers, dashboard) with uvicorn",
+        description="Run the Stratagem service. Options not given come from STRATAGEM_* environment variables.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--workers", type=int, default=None,
+        help="worker threads that run jobs in this process; 0 serves the API only (default: $STRATAGEM_WORKERS or 1)",
+    )
+    parser.add_argument("--database-url", default=None, help="SQLAlchemy URL (default: $DATABASE_URL or sqlite:///./stratagem.db)")
+    parser.add_argument("--trials-backend", choices=("ray", "local", "none"), default=None,
+                        help="where trials run (default: ray when RAY_ADDRESS is set, else none)")
+    parser.add_argument("--ray-address", default=None, help="Ray cluster for trials (default: $RAY_ADDRESS)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # The one place `stratagem` reaches into the server packages: imported here, inside the handler,
+    # so the library and its client never depend on them (see DESIGN.md's import rules).
+    try:
+        import uvicorn
+
+        from optimizer_service.app import create_app
+    except ImportError as error:
+        raise StratagemError(f"`stratagem serve` needs the service: {error}; {SERVICE_EXTRAS_HINT}") from None
+    settings = service_settings(
+        database_url=args.database_url, workers=args.workers, trials_backend=args.trials_backend,
+        ray_address=args.ray_address,
+    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level, proxy_headers=True)
+    return 0
+
+
+def service_settings(**overrides: Any) -> Any:
+    """The service's Settings from the environment, with the options given on the command line on top.
+
+    A bad value (from either place) is a StratagemError naming the setting, not a pydantic trace.
+    """
+    try:
+        from pydantic import ValidationError
+
+        from optimizer_service.settings import Settings
+    except ImportError as error:
+        raise StratagemError(f"the service settings are not installed: {error}; {SERVICE_EXTRAS_HINT}") from None
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'settings'}: {item['msg']}" for item in error.errors(include_url=False)
+        )
+        raise StratagemError(f"invalid service settings: {problems}") from None
