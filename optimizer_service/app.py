@@ -18,9 +18,10 @@ from fastapi import FastAPI
 
 import migrations
 import stratagem
+from optimizer_service import dashboard
 from optimizer_service.api import errors, routes
 from optimizer_service.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from optimizer_service.core.cost_model import CostModelTrainer
+from optimizer_service.core.cost_model import CostModelTrainer, default_trainer
 from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs.runner import Pipeline
 from optimizer_service.jobs.search_adapter import SearchFn
@@ -58,9 +59,13 @@ def create_app(
     cost_model_trainer: CostModelTrainer | None = None,
     pipeline: Pipeline | None = None,
 ) -> FastAPI:
-    """A new app; `trials` left unset means the executor the settings ask for (None: no trials)."""
+    """A new app; `trials` left unset means the executor the settings ask for (None: no trials).
+
+    `cost_model_trainer` left None means the learned cost model (`default_trainer`) unless the
+    settings turn it off."""
     settings = settings or Settings()
-    state = ServiceState(settings=settings, metrics=ServiceMetrics(lambda: state.factory), cost_model_trainer=cost_model_trainer)
+    trainer = cost_model_trainer if cost_model_trainer is not None else default_trainer(settings)
+    state = ServiceState(settings=settings, metrics=ServiceMetrics(lambda: state.factory), cost_model_trainer=trainer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,6 +85,7 @@ def create_app(
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)
+    app.include_router(dashboard.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=state.metrics)  # outermost: ids and the catch-all
     return app
@@ -95,7 +101,8 @@ def _start(state: ServiceState, search: SearchFn | None, trials: TrialExecutor |
     if trials is _UNSET:
         state.owned_trials = executor  # made here, so closed here (a Ray it started is shut down)
     if settings.workers > 0:
-        state.workers = WorkerPool(state.factory, settings, pipeline=pipeline, search=search, trials=executor)  # type: ignore[arg-type]
+        state.workers = WorkerPool(state.factory, settings, pipeline=pipeline, search=search, trials=executor,  # type: ignore[arg-type]
+                                   cost_model_trainer=state.cost_model_trainer)
         state.workers.start()
     log.info(
         "stratagem service started: database %s, %d worker(s), trials %s",

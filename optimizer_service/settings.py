@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     search_top_k: int = Field(default=5, ge=1)
     search_seed: int = 0
 
+    cost_model_enabled: bool = True
+    """Learn from trials: train `simulator.learned`'s cost model when no trainer is injected, retrain it
+    in the workers and rank candidates with the version in use. False: the simulator alone ranks."""
+    cost_model_retrain_every: int = Field(default=20, ge=0)
+    """Retrain after a job once this many successful trials arrived since the version in use; 0 never
+    retrains on its own (`POST /v1/cost-model/retrain` still does)."""
+
     @field_validator("database_url")
     @classmethod
     def _psycopg_driver(cls, url: str) -> str:

@@ -50,7 +50,7 @@ def _record_trials(client: TestClient, times: list[float]) -> None:
 
 
 def test_without_a_trainer_retrain_is_503_and_the_list_is_empty(make_client) -> None:
-    client: TestClient = make_client(workers=0)
+    client: TestClient = make_client(workers=0, cost_model_enabled=False)
     listing = client.get("/v1/cost-model").json()
     assert listing == {"data": [], "count": 0, "in_use": None, "trainer_configured": False}
     response = client.post("/v1/cost-model/retrain")

@@ -80,10 +80,11 @@ def test_a_job_with_trials_answers_with_the_fastest_measured_strategy(make_clien
 
     def respond(spec: TrialSpec) -> float | Outcome:
         # Reverse the prediction: the later a candidate is tried, the faster it "runs"; the first one fails.
+        # Faster than any prediction, so no untried candidate's interval can clear them (else it would be the answer).
         if not measured:
             measured[spec.strategy.id] = 0.0
             return Outcome.oom
-        measured[str(spec.strategy.id)] = 1.0 / (len(measured) + 1)
+        measured[str(spec.strategy.id)] = 1e-5 / (len(measured) + 1)
         return measured[str(spec.strategy.id)]
 
     client: TestClient = make_client(trials=fake_executor(respond))

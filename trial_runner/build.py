@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from stratagem.errors import InvalidDocumentError, Problem
+from stratagem.runtime.multi_optimizer import MultiOptimizer
 from trial_runner.replay import ReplayModel, replay_batch_maker, replay_loss
 from trial_runner.workloads import ZOO_ALLOW_LIST, FaultWorkload, ReplayWorkload, ZooWorkload
 
@@ -121,13 +122,32 @@ def strike(fault: str) -> None:
 
 
 SPARSE_CAPABLE = ("sgd", "momentum", "adagrad")
-"""Optimizer kinds whose torch optimizer applies sparse gradients; Adam & co. refuse them."""
+"""Optimizer kinds whose torch optimizer applies sparse gradients itself."""
+
+SPARSE_ADAM_KINDS = ("adam", "adamw", "lamb")
+"""Kinds whose sparse tables train with `torch.optim.SparseAdam` beside the dense optimizer, as DLRM does
+(torch's Adam refuses sparse gradients). SparseAdam has no weight decay: AdamW's decay reaches the dense part only."""
 
 
 def make_optimizer(kind: str, model: nn.Module, *, lr: float = 1e-3) -> torch.optim.Optimizer:
-    """The torch optimizer for an IR optimizer kind; `lamb` has none in torch, AdamW stands in."""
-    _check_sparse_capable(kind, model)
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The torch optimizer for an IR optimizer kind; `lamb` has none in torch, AdamW stands in.
+
+    An Adam-family kind on a model with sparse embeddings is a `MultiOptimizer`: SparseAdam for the
+    sparse tables, the requested optimizer for everything else.
+    """
+    sparse = sparse_parameters(model)
+    _check_sparse_capable(kind, sparse)
+    if sparse and kind in SPARSE_ADAM_KINDS:
+        sparse_ids = {id(p) for p in sparse.values()}
+        dense = [p for p in model.parameters() if p.requires_grad and id(p) not in sparse_ids]
+        parts = [torch.optim.SparseAdam(list(sparse.values()), lr=lr)]
+        if dense:
+            parts.append(_dense_optimizer(kind, dense, lr=lr))
+        return MultiOptimizer(parts)
+    return _dense_optimizer(kind, [p for p in model.parameters() if p.requires_grad], lr=lr)
+
+
+def _dense_optimizer(kind: str, params: list[nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
     if kind == "momentum":
@@ -143,13 +163,20 @@ def make_optimizer(kind: str, model: nn.Module, *, lr: float = 1e-3) -> torch.op
     raise InvalidDocumentError([Problem("workload.optimizer", f"unknown optimizer {kind!r}")], document="workload")
 
 
-def _check_sparse_capable(kind: str, model: nn.Module) -> None:
-    """Refuse up front what torch would refuse at the first step, naming the variable and the way out."""
-    if kind in SPARSE_CAPABLE:
-        return
+def sparse_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Trainable weights of embeddings built with sparse=True (their gradients are sparse), by name."""
+    found: dict[str, nn.Parameter] = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.sparse and module.weight.requires_grad:
-            variable = f"{name}.weight" if name else "weight"
-            raise InvalidDocumentError([Problem("workload.optimizer", (
-                f"{kind} cannot apply the sparse gradient of {variable!r} (an embedding with sparse=True); "
-                f"train such a model with one of {', '.join(SPARSE_CAPABLE)}"))], document="workload")
+            found[f"{name}.weight" if name else "weight"] = module.weight
+    return found
+
+
+def _check_sparse_capable(kind: str, sparse: dict[str, nn.Parameter]) -> None:
+    """Refuse up front what torch would refuse at the first step, naming the variable and the way out."""
+    if not sparse or kind in SPARSE_CAPABLE or kind in SPARSE_ADAM_KINDS:
+        return
+    variable = next(iter(sparse))
+    raise InvalidDocumentError([Problem("workload.optimizer", (
+        f"{kind} cannot apply the sparse gradient of {variable!r} (an embedding with sparse=True); "
+        f"train such a model with one of {', '.join(SPARSE_CAPABLE + SPARSE_ADAM_KINDS)}"))], document="workload")

@@ -1,21 +1,34 @@
-"""Cost-model versions, and the seam where a trainer plugs in.
+"""Cost-model versions, the seam where a trainer plugs in, and when the service retrains.
 
 The learned correction is trained elsewhere (`simulator.learned`); the service only needs something
-that turns recorded trials into a JSON model. Until one is configured, retraining answers 503.
+that turns recorded trials into a JSON model. By default that is `LearnedCostModelTrainer`; with
+`cost_model_enabled=False` and no injected trainer, retraining answers 503.
+
+Every job's trials train one global model: a version is fitted on every successful trial in the
+database, whichever job or user recorded it, so each job ranks with what all earlier jobs measured.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from models import CostModelVersion, GraphRow, ResourceSpecRow, StrategyRow, Trial, utcnow
 from optimizer_service.core.errors import rejected, unavailable
+from optimizer_service.jobs.correction import LoadedCostModel
+from optimizer_service.jobs.queue import json_safe
+from optimizer_service.settings import Settings
+from simulator.learned import CostModel, Trainer, retrain_needed
+from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,9 +68,14 @@ def version_in_use(session: Session) -> CostModelVersion | None:
 
 
 def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVersion:
-    """Train on every successful trial and make the new version the one in use."""
+    """Train on every successful trial and make the new version the one in use.
+
+    The version's `created_at` is when its trials were read, so a trial recorded while it trained
+    counts towards the next retraining.
+    """
     if trainer is None:
         raise unavailable("no cost model trainer configured")
+    started = utcnow()
     samples = training_samples(session)
     if not samples:
         raise rejected("no successful trials recorded yet: nothing to train on", status=409)
@@ -65,7 +83,7 @@ def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVers
     session.execute(update(CostModelVersion).values(in_use=False))
     version = CostModelVersion(
         version=trained.version[:64], booster=trained.model_json, n_train=trained.n_train,
-        metrics=trained.metrics, in_use=True, created_at=utcnow(),
+        metrics=json_safe(dict(trained.metrics)), in_use=True, created_at=started,
     )
     session.add(version)
     session.commit()
@@ -98,3 +116,85 @@ def training_samples(session: Session) -> list[TrialSample]:
             )
         )
     return samples
+
+
+def trials_since_in_use(session: Session) -> int:
+    """Successful trials recorded after the version in use was trained (all of them when none is)."""
+    query = select(func.count()).select_from(Trial).where(Trial.outcome == "ok", Trial.median_s.is_not(None))
+    trained_at = session.scalar(
+        select(CostModelVersion.created_at).where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc()).limit(1)
+    )
+    if trained_at is not None:
+        query = query.where(Trial.created_at >= trained_at)
+    return int(session.scalar(query) or 0)
+
+
+def retrain_if_due(session: Session, trainer: CostModelTrainer, *, every: int) -> CostModelVersion | None:
+    """Retrain once `every` successful trials arrived since the version in use; 0 never retrains."""
+    if every <= 0:
+        return None
+    new_trials = trials_since_in_use(session)
+    if not retrain_needed(new_trials, every):
+        return None
+    log.info("retraining the cost model: %d new successful trials (every %d)", new_trials, every)
+    return retrain(session, trainer)
+
+
+class LearnedCostModelTrainer:
+    """The default trainer: `simulator.learned.Trainer` behind this module's protocol.
+
+    The one place where the learned model's shapes meet the service's: samples go in as they are
+    (they have every field the learned trainer reads), and its result comes back as a
+    `TrainedCostModel` whose metrics also say how many trials the simulator refused.
+    """
+
+    def __init__(self, **params: Any) -> None:
+        self._trainer = Trainer(**params)
+
+    def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
+        trained = self._trainer.train(samples)
+        if trained.n_train == 0:
+            raise rejected(f"none of the {len(samples)} successful trials could be simulated again "
+                           "(their strategies no longer match their graph or cluster): nothing to train on", status=409)
+        return TrainedCostModel(model_json=trained.model_json, n_train=trained.n_train, version=trained.version,
+                                metrics={**trained.metrics, "skipped": trained.skipped})
+
+
+def default_trainer(settings: Settings) -> CostModelTrainer | None:
+    """The trainer a service gets when none is injected: the learned model, unless turned off."""
+    return LearnedCostModelTrainer() if settings.cost_model_enabled else None
+
+
+class InUseCostModel:
+    """The version in use, parsed once per version and shared by a pool's job threads.
+
+    A version whose text is not a model this service can apply (another trainer's format, a newer
+    format version) is logged once and ranks with the simulator alone, rather than failing jobs.
+    """
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._loaded: tuple[int, LoadedCostModel | None] | None = None
+
+    def current(self) -> LoadedCostModel | None:
+        with self._factory() as session:
+            row = session.execute(
+                select(CostModelVersion.id, CostModelVersion.version)
+                .where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc()).limit(1)
+            ).first()
+            if row is None:
+                return None
+            with self._lock:
+                if self._loaded is None or self._loaded[0] != row.id:
+                    text = session.scalar(select(CostModelVersion.booster).where(CostModelVersion.id == row.id))
+                    self._loaded = (row.id, _parse(row.version, text or ""))
+                return self._loaded[1]
+
+
+def _parse(version: str, text: str) -> LoadedCostModel | None:
+    try:
+        return LoadedCostModel(version=version, model=CostModel.from_json(text))
+    except StratagemError as error:
+        log.warning("cost model version %s cannot be applied (%s); jobs rank with the simulator alone", version, error)
+        return None

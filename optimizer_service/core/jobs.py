@@ -149,6 +149,8 @@ def _with_notes(strategy: Strategy, job: Job) -> Strategy:
     summary = job.result or {}
     notes = [*strategy.provenance.notes, *[str(n) for n in summary.get("notes", [])]]
     notes.append(f"job {job.id}: answer basis {summary.get('answer_basis', 'predicted')}, {summary.get('trials_ok', 0)} of {summary.get('trials_ran', 0)} trials ok")
-    provenance = strategy.provenance.model_copy(update={"notes": list(dict.fromkeys(notes))})
+    # The stored row is shared by every job that met this strategy; which cost model ranked it is this job's.
+    provenance = strategy.provenance.model_copy(update={"notes": list(dict.fromkeys(notes)),
+                                                        "cost_model_version": summary.get("cost_model_version")})
     return strategy.model_copy(update={"provenance": provenance})
 

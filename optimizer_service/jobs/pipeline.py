@@ -1,10 +1,14 @@
-"""The optimization itself: search, then (optionally) a few real trials, then the answer.
+"""The optimization itself: search, rank (simulator x learned correction), a few real trials, the answer.
 
 This is the one function a job runs. It knows nothing about the database or HTTP: the worker hands
-it the documents, the options, a progress callback and a cancel check, and persists what it returns
-(and each trial as it finishes, through `on_trial`). The answer is the fastest strategy a trial
-measured; without trials (no backend, budget 0, every trial failed) it is the fastest predicted one,
-and the summary says so.
+it the documents, the options, the cost model in use, a progress callback and a cancel check, and
+persists what it returns (and each trial as it finishes, through `on_trial`).
+
+With a cost model, the search's candidates are re-ranked by the corrected step time and the trial
+planner gets the model's intervals (`correction.py`); without one, the simulator alone ranks. The
+answer is the planner's: the fastest measured strategy, or an untried one only when its whole
+interval lies below every measurement; without trials (no backend, budget 0) it is the fastest
+predicted one, and the summary says so. When every candidate offered to trials failed, the job fails.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from models import JobPhase
+from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
 from optimizer_service.jobs.search_adapter import SearchFn, SearchOutcome, resolve_search, run_search
 from optimizer_service.jobs.trial_plan import make_planner, trial_result
 from optimizer_service.jobs.types import (
@@ -27,6 +33,8 @@ from optimizer_service.jobs.types import (
     TrialExecutor,
     TrialRecord,
 )
+from optimizer_service.lowshot import Answer, Interval, TrialPlanner
+from stratagem.errors import TrialFailedError
 from stratagem.ir import ModelGraph, ResourceSpec
 
 log = logging.getLogger(__name__)
@@ -42,26 +50,39 @@ def run_pipeline(
     search: SearchFn | None = None,
     trials: TrialExecutor | None = None,
     on_trial: Callable[[TrialRecord], None] | None = None,
+    cost_model: LoadedCostModel | None = None,
 ) -> PipelineResult:
     state = Progress(phase=JobPhase.searching)
     clock = _PhaseClock()
     progress(state)
     outcome = _search(graph, resources, options, state, progress, cancelled, search)
     state.timings_s["searching"] = clock.lap()
-    candidates = _rank_by_prediction(outcome)
+    candidates = _distinct_candidates(outcome)
     if not candidates:
         raise JobInterrupted("the search returned no candidate strategy", status="failed")
-    records = _trial_phase(graph, resources, options, candidates, state, progress, cancelled, trials, on_trial)
+    intervals = _correct(graph, resources, candidates, cost_model, state)
+    _rank_by_prediction(candidates)
+    state.timings_s["ranking"] = clock.lap()
+    phase = _trial_phase(graph, resources, options, candidates, intervals, state, progress, cancelled, trials, on_trial)
     state.timings_s["trials"] = clock.lap()
     state.phase = JobPhase.finalizing
     progress(state)
-    ranked = _rank_final(candidates)
+    ranked = _rank_final(candidates, phase)
     best = ranked[0]
-    summary = _summary(outcome, best, records, state)
+    summary = _summary(outcome, best, phase, state, cost_model)
     state.timings_s["finalizing"] = clock.lap()
     summary["timings_s"] = dict(state.timings_s)
     progress(state)
-    return PipelineResult(candidates=ranked, best=best, trials=records, summary=summary)
+    return PipelineResult(candidates=ranked, best=best, trials=phase.records, summary=summary)
+
+
+@dataclass
+class _TrialPhase:
+    records: list[TrialRecord] = field(default_factory=list)
+    answer: Answer | None = None
+    """The planner's answer; None when no trials were planned."""
+    failed: set[str] = field(default_factory=set)
+    """Ids of candidates whose trial failed: never the answer."""
 
 
 def _search(
@@ -89,7 +110,7 @@ def _search(
     return outcome
 
 
-def _rank_by_prediction(outcome: SearchOutcome) -> list[RankedCandidate]:
+def _distinct_candidates(outcome: SearchOutcome) -> list[RankedCandidate]:
     """Search candidates first, then builder baselines, one entry per distinct strategy."""
     seen: set[str] = set()
     candidates: list[RankedCandidate] = []
@@ -100,10 +121,30 @@ def _rank_by_prediction(outcome: SearchOutcome) -> list[RankedCandidate]:
             continue
         seen.add(str(strategy.id))
         candidates.append(RankedCandidate(strategy=strategy, source=source))
+    return candidates
+
+
+def _correct(
+    graph: ModelGraph, resources: ResourceSpec, candidates: list[RankedCandidate], cost_model: LoadedCostModel | None, state: Progress
+) -> dict[str, Interval]:
+    """Apply the cost model in use; one that cannot predict leaves the simulator's ranking, with a note."""
+    if cost_model is None:
+        return {}
+    try:
+        intervals = correct_candidates(graph, resources, candidates, cost_model)
+    except Exception as error:  # a model that cannot predict must not cost the user their answer
+        log.exception("cost model %s could not be applied", cost_model.version)
+        state.notes.append(f"ranked by the simulator alone: cost model {cost_model.version} failed ({type(error).__name__}: {error})")
+        return {}
+    state.notes.append(f"ranked by the simulator corrected by cost model {cost_model.version} "
+                       f"({len(intervals)} of {len(candidates)} candidates corrected)")
+    return intervals
+
+
+def _rank_by_prediction(candidates: list[RankedCandidate]) -> None:
     candidates.sort(key=_predicted_key)
     for rank, candidate in enumerate(candidates, start=1):
         candidate.rank = rank
-    return candidates
 
 
 def _trial_phase(
@@ -111,22 +152,23 @@ def _trial_phase(
     resources: ResourceSpec,
     options: PipelineOptions,
     candidates: list[RankedCandidate],
+    intervals: dict[str, Interval],
     state: Progress,
     progress: ProgressCallback,
     cancelled: CancelCheck,
     trials: TrialExecutor | None,
     on_trial: Callable[[TrialRecord], None] | None,
-) -> list[TrialRecord]:
+) -> _TrialPhase:
     if options.max_trials <= 0:
         state.notes.append("no trials ran: the trial budget is 0")
-        return []
+        return _TrialPhase()
     if trials is None:
         state.notes.append("no trials ran: no trial backend is configured; the answer is the simulator's prediction")
-        return []
-    plan = make_planner(candidates, options.max_trials)
+        return _TrialPhase()
+    plan = make_planner(candidates, options.max_trials, intervals=intervals)
     if plan is None:
         state.notes.append("no trials ran: no candidate is predicted to fit in memory")
-        return []
+        return _TrialPhase()
     planner, by_id = plan
     state.phase, state.trials_budget = JobPhase.trials, planner.budget
     progress(state)
@@ -151,7 +193,15 @@ def _trial_phase(
         progress(state)
     if len(records) < planner.budget and planner.done() and not any("trials stopped" in n for n in state.notes):
         state.notes.append(f"trials stopped after {len(records)} of {planner.budget}: no other candidate could beat the fastest measured")
-    return records
+    return _TrialPhase(records=records, answer=_answer(planner), failed=set(planner.failed))
+
+
+def _answer(planner: TrialPlanner) -> Answer:
+    """The planner's answer; when every candidate it was offered failed, the job fails with their reasons."""
+    try:
+        return planner.answer()
+    except TrialFailedError as error:
+        raise JobInterrupted(f"no strategy to answer with: {error}", status="failed") from None
 
 
 def _run_one(
@@ -168,14 +218,18 @@ def _run_one(
         return None
 
 
-def _rank_final(candidates: list[RankedCandidate]) -> list[RankedCandidate]:
-    """Measured strategies first, fastest first; then the rest by prediction."""
+def _rank_final(candidates: list[RankedCandidate], phase: _TrialPhase) -> list[RankedCandidate]:
+    """The planner's answer first; then measured strategies, fastest first; then the rest by prediction; failed last."""
+    answer_id = phase.answer.candidate_id if phase.answer is not None else None
 
-    def key(candidate: RankedCandidate) -> tuple[int, float, int]:
-        measured = candidate.strategy.measured
+    def key(candidate: RankedCandidate) -> tuple[int, int, float, int]:
+        strategy_id, measured = str(candidate.strategy.id), candidate.strategy.measured
+        if strategy_id == answer_id:
+            return (0, 0, 0.0, candidate.rank)
         if measured is not None:
-            return (0, measured.step_time_s, candidate.rank)
-        return (1, *_predicted_key(candidate)[1:], candidate.rank)
+            return (1, 0, measured.step_time_s, candidate.rank)
+        tier = 3 if strategy_id in phase.failed else 2
+        return (tier, *_predicted_key(candidate), candidate.rank)
 
     ranked = sorted(candidates, key=key)
     for rank, candidate in enumerate(ranked, start=1):
@@ -190,9 +244,12 @@ def _predicted_key(candidate: RankedCandidate) -> tuple[int, float]:
     return (0 if predicted.feasible else 1, predicted.step_time_s)
 
 
-def _summary(outcome: SearchOutcome, best: RankedCandidate, records: list[TrialRecord], state: Progress) -> dict[str, object]:
-    measured = best.strategy.measured is not None
-    return {
+def _summary(
+    outcome: SearchOutcome, best: RankedCandidate, phase: _TrialPhase, state: Progress, cost_model: LoadedCostModel | None
+) -> dict[str, object]:
+    records = phase.records
+    basis = phase.answer.source if phase.answer is not None else ("measured" if best.strategy.measured is not None else "predicted")
+    summary: dict[str, object] = {
         "engine": outcome.engine,
         "evaluated": outcome.evaluated,
         "search_elapsed_s": outcome.elapsed_s,
@@ -200,12 +257,16 @@ def _summary(outcome: SearchOutcome, best: RankedCandidate, records: list[TrialR
         "speedup_vs_best_builder": outcome.speedup_vs_best_builder,
         "trials_ran": len(records),
         "trials_ok": sum(1 for r in records if r.ok),
-        "answer_basis": "measured" if measured else "predicted",
+        "answer_basis": basis,
         "best_source": best.source,
         "best_strategy_id": best.strategy.id,
+        "cost_model_version": cost_model.version if cost_model is not None else None,
         "notes": list(state.notes),
         "search": outcome.details,
     }
+    if phase.answer is not None:
+        summary["answer_reason"] = phase.answer.reason
+    return summary
 
 
 def _stop_if_cancelled(cancelled: CancelCheck) -> None:

@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from models import GraphRow, Job, JobPhase, JobStatus, ResourceSpecRow
+from optimizer_service.core.cost_model import InUseCostModel
 from optimizer_service.core.documents import load_graph, load_resources
 from optimizer_service.jobs import queue
+from optimizer_service.jobs.correction import LoadedCostModel
 from optimizer_service.jobs.pipeline import run_pipeline
 from optimizer_service.jobs.search_adapter import SearchFn
 from optimizer_service.jobs.types import JobInterrupted, PipelineOptions, Progress, TrialExecutor, TrialRecord
@@ -41,6 +43,8 @@ class JobContext:
     pipeline: Pipeline = run_pipeline
     search: SearchFn | None = None
     trials: TrialExecutor | None = None
+    cost_models: InUseCostModel | None = None
+    """Where jobs find the cost model in use; None ranks with the simulator alone."""
 
 
 class _Reporter:
@@ -104,7 +108,7 @@ def execute_job(context: JobContext, job_id: uuid.UUID) -> JobStatus | None:
     try:
         result = context.pipeline(
             graph, resources, options, reporter.progress, reporter.cancelled,
-            search=context.search, trials=context.trials, on_trial=on_trial,
+            search=context.search, trials=context.trials, on_trial=on_trial, cost_model=_cost_model(context),
         )
     except JobInterrupted as stop:
         if stop.status == "lost":
@@ -125,6 +129,17 @@ def execute_job(context: JobContext, job_id: uuid.UUID) -> JobStatus | None:
         log.warning("job %s finished but another worker owns it now; result discarded", job_id)
         return None
     return JobStatus.succeeded
+
+
+def _cost_model(context: JobContext) -> LoadedCostModel | None:
+    """The version in use; if it cannot be read now, this job ranks with the simulator alone."""
+    if context.cost_models is None:
+        return None
+    try:
+        return context.cost_models.current()
+    except Exception:  # the database hiccuped: a job without the correction beats a failed job
+        log.exception("the cost model in use could not be loaded; ranking with the simulator alone")
+        return None
 
 
 def _finish(context: JobContext, job_id: uuid.UUID, status: JobStatus, error: str, reporter: _Reporter) -> JobStatus | None:

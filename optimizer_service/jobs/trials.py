@@ -55,7 +55,7 @@ def record_from_result(result: Any, strategy: Strategy, *, simulator_version: st
     """A `trial_runner.TrialResult` as the row the database keeps."""
     peaks = [p for p in (result.peak_memory_bytes or []) if p is not None]
     outcome = getattr(result.outcome, "value", result.outcome)
-    predicted = strategy.predicted.step_time_s if strategy.predicted is not None else None
+    predicted = _simulated_step_time(strategy)
     return TrialRecord(
         strategy=strategy,
         outcome=str(outcome),
@@ -70,6 +70,14 @@ def record_from_result(result: Any, strategy: Strategy, *, simulator_version: st
         simulator_version=simulator_version,
         details=result.model_dump(mode="json"),
     )
+
+
+def _simulated_step_time(strategy: Strategy) -> float | None:
+    """The simulator's own prediction (the trial row studies its error), not the learned correction of it."""
+    predicted = strategy.predicted
+    if predicted is None:
+        return None
+    return predicted.simulated_step_time_s if predicted.simulated_step_time_s is not None else predicted.step_time_s
 
 
 def workload_for(graph: ModelGraph) -> Any:

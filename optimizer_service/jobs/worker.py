@@ -4,6 +4,10 @@ Each pool has a unique worker id, `N` job threads and one keeper thread. The kee
 heartbeat of the jobs this pool runs and, in every replica, looks for running jobs whose heartbeat
 went stale (their worker died with its process) to requeue or fail them. Stopping the pool hands
 running jobs back to the queue, so a restarted or scaled-down service loses no work.
+
+After each job a worker retrains the cost model when enough new trials have arrived
+(`cost_model_retrain_every`): here, not in a request handler, so no request waits on training. A
+failed retraining is logged and the service carries on with the version it had.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 import uuid
 from collections import deque
 
+from optimizer_service.core.cost_model import CostModelTrainer, InUseCostModel, retrain_if_due
 from optimizer_service.jobs import queue
 from optimizer_service.jobs.runner import JobContext, Pipeline, execute_job
 from optimizer_service.jobs.search_adapter import SearchFn
@@ -38,6 +43,7 @@ class WorkerPool:
         pipeline: Pipeline | None = None,
         search: SearchFn | None = None,
         trials: TrialExecutor | None = None,
+        cost_model_trainer: CostModelTrainer | None = None,
         worker_id: str | None = None,
     ) -> None:
         self.worker_id = worker_id or new_worker_id()
@@ -57,7 +63,10 @@ class WorkerPool:
             progress_interval_s=settings.progress_interval_s,
             search=search,
             trials=trials,
+            cost_models=InUseCostModel(factory) if settings.cost_model_enabled else None,
         )
+        self._trainer = cost_model_trainer if settings.cost_model_enabled else None
+        self._retraining = threading.Lock()
         if pipeline is not None:
             self._context.pipeline = pipeline
 
@@ -118,6 +127,21 @@ class WorkerPool:
         finally:
             with self._lock:
                 self._running.discard(claim.job_id)
+        self.retrain_if_due()
+
+    def retrain_if_due(self) -> None:
+        """Retrain when enough trials arrived; one retraining at a time per pool, failures only logged."""
+        if self._trainer is None or self._stopping.is_set() or not self._retraining.acquire(blocking=False):
+            return
+        try:
+            with self._context.factory() as session:
+                version = retrain_if_due(session, self._trainer, every=self._settings.cost_model_retrain_every)
+            if version is not None:
+                log.info("cost model %s (id %d) trained on %d trials is now in use", version.version, version.id, version.n_train)
+        except Exception:  # a failed retraining must not stop the worker: the version in use stays
+            log.exception("worker %s: retraining the cost model failed", self.worker_id)
+        finally:
+            self._retraining.release()
 
     def _keeper(self) -> None:
         while not self._stopping.wait(self._settings.heartbeat_interval_s):

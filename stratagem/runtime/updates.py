@@ -13,16 +13,20 @@ from __future__ import annotations
 import torch
 
 from stratagem.errors import UnsupportedStrategyError
+from stratagem.runtime.multi_optimizer import owning_optimizer
 from stratagem.runtime.plan import Piece
 
 
 def clone_optimizer(optimizer: torch.optim.Optimizer, group_index: int, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """An optimizer of the user's class over `tensors`, with one param group's hyper-parameters."""
+    """An optimizer of the user's class over `tensors`, with one param group's hyper-parameters.
+
+    For a `MultiOptimizer` the class is that of the part owning the group (SparseAdam for a table)."""
     hyper = {k: v for k, v in optimizer.param_groups[group_index].items() if k != "params"}
+    owner = owning_optimizer(optimizer, group_index)
     try:
-        return type(optimizer)([{"params": tensors, **hyper}])
+        return type(owner)([{"params": tensors, **hyper}])
     except (TypeError, ValueError) as error:
-        raise UnsupportedStrategyError(f"cannot rebuild {type(optimizer).__name__} for server or shard updates: {error}") from None
+        raise UnsupportedStrategyError(f"cannot rebuild {type(owner).__name__} for server or shard updates: {error}") from None
 
 
 def _sync_hyperparameters(source: dict, target: dict) -> None:
