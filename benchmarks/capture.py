@@ -29,7 +29,7 @@ sys.path.insert(0, {root!r})
 started = time.perf_counter()
 import torch
 from examples.zoo import build
-from stratagem.capture import capture
+from stratagem.tracing import capture
 imported = time.perf_counter()
 model, make_batch = build({model!r}, {size!r}, device="meta")
 batch = make_batch({batch})

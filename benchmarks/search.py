@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples import zoo
 from optimizer_service.search import search
-from stratagem.capture import capture
+from stratagem.tracing import capture
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec
 

@@ -88,7 +88,7 @@ def bert_large_captured() -> ModelGraph | None:
     """The zoo's BERT-large through capture, or None when either is not available here."""
     try:
         from examples import zoo
-        from stratagem.capture import capture
+        from stratagem.tracing import capture
 
         model, make_batch = zoo.bert_large(size="full", device="meta")
         return capture(model, make_batch(32), batch_size=32, name="bert_large-full")

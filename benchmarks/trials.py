@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples import zoo
 from stratagem.builders import all_builders
-from stratagem.capture import capture
+from stratagem.tracing import capture
 from stratagem.ir import ModelGraph, Node, ResourceSpec, Strategy
 from trial_runner import LocalBackend, ReplayWorkload, TrialResult, ZooWorkload, run_trial
 

@@ -29,7 +29,7 @@ from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 __version__ = "0.1.0"
 
 _LAZY = {
-    "capture": "stratagem.capture",
+    "capture": "stratagem.tracing",
     "distribute": "stratagem.runtime",
     "launch": "stratagem.runtime",
     "Client": "stratagem.client",

@@ -293,7 +293,7 @@ def optimize(
 
 
 def _capture(model: Any, example_inputs: tuple[Any, ...] | None, batch_size: int | None, optimizer: str) -> ModelGraph:
-    from stratagem.capture import capture
+    from stratagem.tracing import capture
 
     if example_inputs is None or batch_size is None:
         raise StratagemError("optimize(model, ...): a torch module needs example_inputs and batch_size to be captured")

@@ -287,9 +287,12 @@ def test_huggingface_models_built_from_configs_capture(kind: str, monkeypatch: p
     assert graph.total_flops > 6 * 0.9 * graph.num_parameters * 32 * 0.5
 
 
-def test_stratagem_capture_is_callable_even_after_the_package_is_imported() -> None:
-    import stratagem
-    import stratagem.capture.trace  # binds the package as `stratagem.capture`
+def test_stratagem_capture_is_the_function_even_after_the_package_is_imported() -> None:
+    import inspect
 
+    import stratagem
+    import stratagem.tracing.trace  # importing the implementation must not rebind `stratagem.capture`
+
+    assert inspect.isfunction(stratagem.capture)
     graph = stratagem.capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2)
     assert graph.layer("a").fwd_flops == 2 * 2 * 8 * 16

@@ -9,7 +9,7 @@ from conftest import make_cpu_cluster, make_mlp_graph
 
 from examples import zoo
 from stratagem.builders import PS, DataParallel
-from stratagem.capture import capture
+from stratagem.tracing import capture
 from trial_runner import FaultWorkload, LocalBackend, Outcome, ReplayWorkload, ZooWorkload, run_trial
 
 pytestmark = pytest.mark.slow

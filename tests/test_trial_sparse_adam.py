@@ -14,7 +14,7 @@ from torch import nn
 
 from examples import zoo
 from stratagem.builders import DataParallel, Parallax
-from stratagem.capture import capture
+from stratagem.tracing import capture
 from stratagem.errors import InvalidDocumentError, StratagemError
 from stratagem.runtime import MultiOptimizer
 from stratagem.runtime.updates import clone_optimizer

@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from stratagem.capture import capture
+    from stratagem.tracing import capture
 
     if args.batch <= 0:
         raise CaptureError(f"--batch: must be a positive integer, got {args.batch}")

@@ -104,7 +104,7 @@ def load_graph(path: Path, *, batch: int | None) -> ModelGraph:
 def capture_model(spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str) -> ModelGraph:
     import torch
 
-    from stratagem.capture import capture
+    from stratagem.tracing import capture
 
     kwargs = parse_overrides(overrides)
     if size is not None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from stratagem.capture.fake import storage_key
+from stratagem.tracing.fake import storage_key
 
 ROOT_NAME = "<root>"
 LOSS_NAME = "<loss>"

@@ -19,8 +19,8 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stratagem.capture.flops import EMBEDDING_OPS, op_category, op_flops
-from stratagem.capture.recorder import LayerRecord, Phase, Recorder, tensors_in
+from stratagem.tracing.flops import EMBEDDING_OPS, op_category, op_flops
+from stratagem.tracing.recorder import LayerRecord, Phase, Recorder, tensors_in
 
 _NO_TRAFFIC = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
 

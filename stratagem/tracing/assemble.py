@@ -9,8 +9,8 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from stratagem.capture.fake import ir_dtype
-from stratagem.capture.recorder import LayerRecord, Recorder
+from stratagem.tracing.fake import ir_dtype
+from stratagem.tracing.recorder import LayerRecord, Recorder
 from stratagem.errors import CaptureError
 from stratagem.ir import DType, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
 from stratagem.ir.document import problems_from_validation_error

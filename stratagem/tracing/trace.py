@@ -18,10 +18,10 @@ from torch._subclasses.fake_tensor import (
 from torch.func import functional_call
 from torch.utils._pytree import tree_leaves
 
-from stratagem.capture.assemble import build_graph
-from stratagem.capture.fake import fake_inputs, fake_state
-from stratagem.capture.modes import recording
-from stratagem.capture.recorder import Phase, Recorder
+from stratagem.tracing.assemble import build_graph
+from stratagem.tracing.fake import fake_inputs, fake_state
+from stratagem.tracing.modes import recording
+from stratagem.tracing.recorder import Phase, Recorder
 from stratagem.errors import CaptureError, InvalidGraphError, Problem, StratagemError
 from stratagem.ir import ModelGraph, OptimizerSpec
 

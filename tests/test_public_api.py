@@ -1,0 +1,74 @@
+"""The public surface is pinned: `stratagem.__all__` changes only on purpose, and the library never
+reaches into the server packages (imports point from the service towards `stratagem`)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import stratagem
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER_PACKAGES = {"optimizer_service", "simulator", "trial_runner", "models", "migrations"}
+
+PUBLIC = {
+    "CaptureError", "Client", "InfeasibleStrategyError", "InvalidDocumentError", "InvalidGraphError",
+    "InvalidResourceSpecError", "InvalidStrategyError", "Job", "ModelGraph", "NotFoundError",
+    "RequestRejectedError", "ResourceSpec", "ServiceError", "ServiceUnavailableError", "StratagemError",
+    "Strategy", "TrialFailedError", "UnsupportedStrategyError", "__version__", "capture", "distribute",
+    "launch", "optimize",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(stratagem.__all__) == PUBLIC
+
+
+def test_every_public_name_resolves_to_the_thing_it_names() -> None:
+    for name in stratagem.__all__:
+        assert getattr(stratagem, name) is not None
+    for name in ("capture", "distribute", "launch", "optimize"):
+        assert inspect.isfunction(getattr(stratagem, name)), name
+    assert issubclass(stratagem.InvalidGraphError, stratagem.StratagemError)
+    assert issubclass(stratagem.NotFoundError, stratagem.ServiceError)
+
+
+def test_importing_stratagem_does_not_load_torch_or_the_server() -> None:
+    code = (
+        "import sys, stratagem, stratagem.ir, stratagem.client\n"
+        "loaded = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(loaded & {'torch', 'optimizer_service', 'simulator', 'trial_runner', 'models', 'fastapi', 'sqlalchemy'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules imported at module level (imports inside functions are the CLI's deliberate lazy escape hatch)."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_library_never_imports_the_server_packages_at_module_level() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_top_level_imports(path) & SERVER_PACKAGES)
+        for path in (ROOT / "stratagem").rglob("*.py")
+        if _top_level_imports(path) & SERVER_PACKAGES
+    }
+    assert offenders == {}
+
+
+def test_simulator_and_trial_runner_depend_only_on_stratagem() -> None:
+    for package in ("simulator", "trial_runner"):
+        for path in (ROOT / package).rglob("*.py"):
+            bad = _top_level_imports(path) & (SERVER_PACKAGES - {package})
+            assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
