@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples import zoo
 from optimizer_service.search import search
-from stratagem.tracing import capture
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec
+from stratagem.tracing import capture
 
 BATCH = {"resnet50": 32, "vgg16": 32, "bert_large": 32, "gpt": 4, "dlrm": 1024}
 """Per-replica batch sizes: the image and BERT figures of AutoDist's benchmarks; GPT at sequence 1024."""

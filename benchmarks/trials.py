@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples import zoo
 from stratagem.builders import all_builders
-from stratagem.tracing import capture
 from stratagem.ir import ModelGraph, Node, ResourceSpec, Strategy
+from stratagem.tracing import capture
 from trial_runner import LocalBackend, ReplayWorkload, TrialResult, ZooWorkload, run_trial
 
 QUICK_MODELS = ("resnet50", "dlrm")

@@ -1,8 +1,8 @@
 """The collective channel: all-reduce and sharded (ZeRO) groups of every candidate, as one FIFO queue.
 
 A fusion group (same `group`, same kind) launches when its last member's gradient is ready, moves the
-sum of its members' wire bytes in one collective (one latency), and runs on the candidate's single
-collective stream after the groups launched before it. `auto` takes the cheapest of ring, tree and
+sum of its members' wire bytes in one collective (one latency), and runs on the candidate's
+collective stream after the groups launched before it (one stream per pipeline stage). `auto` takes the cheapest of ring, tree and
 hierarchical for the group's bytes. Sharded groups reduce-scatter here; their all-gather of updated
 parameters comes after the optimizer step, exposed. Compression work is added to its group's time.
 
@@ -72,12 +72,29 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     service.ravel()[row * V + position] = duration
     ag_time = collectives.cost((topo.all_gather[0].take(row), topo.all_gather[1].take(row)), nbytes) * sharded
     return CollectivePhase(
-        finish=fifo_dense(compute.ready_dense(), service),
+        finish=_stream_finish(context, batch, compute, service),
         allreduce_busy=_per_row(row, duration * ~sharded, n),
         sharded_busy=_per_row(row, duration * sharded, n),
         all_gather=_per_row(row, ag_time, n),
         allreduce_bytes=_per_row(row, nbytes * ~sharded, n),
     )
+
+
+def _stream_finish(context: SimContext, batch: CandidateBatch, compute: ComputePhase, service: np.ndarray) -> np.ndarray:
+    """[N] when the collective stream drains. Pipeline stages live on different devices, each data-parallel
+    group reducing only its stage's gradients, so a pipelined candidate has one stream per stage (a group
+    belongs to the stage of its last member) and drains when the slowest stage's does."""
+    finish = fifo_dense(compute.ready_dense(), service)
+    rows = compute.piped
+    if rows.size == 0:
+        return finish
+    stage = compute.piped_var_stage[:, context.order]
+    piped_service = service[rows]
+    stages = np.zeros(rows.size)
+    for s in range(int(batch.pipeline[rows].max())):
+        stages = np.maximum(stages, fifo_dense(compute.piped_ready, np.where(stage == s, piped_service, 0.0)))
+    finish[rows] = stages
+    return finish
 
 
 def _per_row(row: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -2,12 +2,14 @@
 
     time = max(flops / (peak · efficiency), bytes / (memory bandwidth · elementwise efficiency)) + launch
 
-Matmul, convolution and attention layers compute at the device kind's `matmul_efficiency` of peak,
-other layers at its `elementwise_efficiency`; the memory term uses `elementwise_efficiency` of the
+Matmul and attention layers compute at the device kind's `matmul_efficiency` of peak, convolutions
+at its `conv_efficiency` (the same unless calibration measured otherwise), other layers at its
+`elementwise_efficiency`; the memory term uses `elementwise_efficiency` of the
 memory bandwidth (what streaming kernels reach). Backward reads and
 writes about twice what forward does (input and weight gradients), so its memory term uses
-2 x `bytes_moved`. Tensor parallelism divides split layers' work by the tensor degree (launches stay);
-a micro-batch does 1/m of the work and pays every launch again.
+2 x `bytes_moved`. Tensor parallelism divides the work of split layers, and of element-wise layers on
+sharded activations (a GELU between a column- and a row-parallel matmul), by the tensor degree
+(launches stay); a micro-batch does 1/m of the work and pays every launch again.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
         return cached
     k = context.kinds
     efficiency = np.where(context.layer_matmul, k.matmul_efficiency[kind], k.elementwise_efficiency[kind])
+    efficiency = np.where(context.layer_conv, k.conv_efficiency[kind], efficiency)
     flop_rate = k.peak_flops[kind] * efficiency
     byte_rate = k.memory_bandwidth[kind] * k.elementwise_efficiency[kind]
-    share = np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / micro_batches
+    share = np.where(context.layer_tensor_split | context.layer_sharded_input, 1.0 / tensor, 1.0) / micro_batches
     launch = k.launch_overhead_s[kind]
     fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate) + launch
     bwd_bytes = BACKWARD_BYTES_FACTOR * context.bytes_moved * share / byte_rate
@@ -41,6 +44,6 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
 
 
 def update_seconds(context: SimContext, kind: np.ndarray, update_bytes: np.ndarray) -> np.ndarray:
-    """Optimizer update: streaming param, grad and state through memory at elementwise speed."""
+    """Optimizer update: streaming param, grad and state through memory at the kind's optimizer efficiency."""
     k = context.kinds
-    return update_bytes / (k.memory_bandwidth[kind] * k.elementwise_efficiency[kind])
+    return update_bytes / (k.memory_bandwidth[kind] * k.optimizer_efficiency[kind])

@@ -13,13 +13,16 @@ import numpy as np
 
 from simulator import collectives
 from simulator.compression import CompressionTables, VariableFigures, tables
+from simulator.tensor_plan import tensor_plan
 from stratagem.errors import InvalidResourceSpecError, Problem
-from stratagem.ir import DeviceSpec, LayerKind, ModelGraph, Node, ResourceSpec
+from stratagem.ir import DeviceSpec, LayerKind, ModelGraph, Node, ResourceSpec, TensorParallelLayer
 
 MATMUL_KINDS = frozenset({LayerKind.matmul, LayerKind.conv, LayerKind.attention})
 """Layers whose arithmetic runs at the device's matmul efficiency."""
 TENSOR_SPLIT_KINDS = MATMUL_KINDS | {LayerKind.embedding}
 """Layers Megatron-style tensor parallelism splits across the tensor group (work, weights, activations)."""
+ROOT_LAYERS = ("<root>", "<loss>")
+"""Capture's names for operations of the model's own forward and of the loss."""
 UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
 """An optimizer update streams the parameter in and out and the gradient in (3 x parameter bytes), and
 the optimizer state in and out (2 x state bytes)."""
@@ -37,6 +40,12 @@ class DeviceKinds:
     elementwise_efficiency: np.ndarray
     launch_overhead_s: np.ndarray
     memory_bytes: np.ndarray
+    conv_efficiency: np.ndarray
+    """Convolutions' fraction of peak (the spec's `conv_efficiency`, else `matmul_efficiency`)."""
+    optimizer_efficiency: np.ndarray
+    """The optimizer update's fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    comm_overlap: np.ndarray
+    """Share of communication time that can hide behind compute on this kind (1: all of it)."""
 
 
 @dataclass(frozen=True)
@@ -118,15 +127,37 @@ class SimContext:
     activation_bytes: np.ndarray
     output_bytes: np.ndarray
     layer_matmul: np.ndarray
+    layer_conv: np.ndarray
+    """Convolution layers (they compute at the kind's `conv_efficiency`)."""
     layer_tensor_split: np.ndarray
     layer_tp_allreduce: np.ndarray
     """Matmul layers that end a Megatron column/row pair: they all-reduce their output in each pass."""
+    layer_sharded_input: np.ndarray
+    """Layers that read activations a tensor split left sharded (between a column- and a row-parallel
+    matmul: attention cores, activations, the row-parallel matmul itself): their saved activations, and
+    an element-wise layer's work, are 1/T per rank. Inputs of column-parallel matmuls stay whole."""
+    layer_recomputed: np.ndarray
+    """Layers inside a numbered block (`blocks.3.*`, `2.*`): with recomputation their forward runs again
+    in backward and only the block's input is kept."""
+    unit_starts: np.ndarray
+    """First layer of each unit (a numbered block or another top-level module); pipelines cut between them."""
+    recompute_kept: np.ndarray
+    """[L] bytes kept under recomputation: a block's input at its first layer, 0 for its other layers,
+    the saved activations of any layer outside the blocks."""
     layer_frozen_bytes: np.ndarray
     """Bytes of non-trainable variables per layer (memory only)."""
     batch_size: int
     state_bytes_per_param: float
     _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
     _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _tensor_plans: dict[int, list[TensorParallelLayer]] = field(default_factory=dict, repr=False, compare=False)
+
+    def tensor_plan(self, degree: int) -> list[TensorParallelLayer]:
+        """The splits this simulator assumes for a tensor degree, as a Strategy names them (cached)."""
+        plan = self._tensor_plans.get(degree)
+        if plan is None:
+            plan = self._tensor_plans[degree] = tensor_plan(self.graph, self.layer_tp_allreduce.tolist(), degree)
+        return list(plan)
 
     def ready_position_tile(self, n: int) -> np.ndarray:
         """`ready_position` repeated for n candidates, flat [n·V] (cached; do not modify)."""
@@ -184,7 +215,7 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
     node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))
     links = _link_arrays(resources)
-    rate = kinds.memory_bandwidth[device_kind] * kinds.elementwise_efficiency[device_kind]
+    rate = kinds.memory_bandwidth[device_kind] * kinds.optimizer_efficiency[device_kind]
     server_price = ServerPrice(
         inv_nic=1.0 / links["nic_bandwidth"][device_node],
         inv_intra=1.0 / links["intra_bandwidth"][device_node],
@@ -253,6 +284,9 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         elementwise_efficiency=np.array([s.elementwise_efficiency for s in specs]),
         launch_overhead_s=np.array([s.launch_overhead_s for s in specs]),
         memory_bytes=np.array([s.memory_bytes for s in specs]),
+        conv_efficiency=np.array([s.conv_efficiency or s.matmul_efficiency for s in specs]),
+        optimizer_efficiency=np.array([s.optimizer_efficiency or s.elementwise_efficiency for s in specs]),
+        comm_overlap=np.array([s.comm_overlap for s in specs]),
     )
 
 
@@ -276,6 +310,17 @@ def _layer_arrays(graph: ModelGraph) -> dict:
     by_name = {v.name: v for v in graph.variables}
     for i, layer in enumerate(layers):
         frozen[i] = sum(by_name[n].nbytes for n in layer.variables if not by_name[n].trainable)
+    row_parallel = _row_parallel(graph, index, matmul)
+    split = np.array([layer.kind in TENSOR_SPLIT_KINDS for layer in layers], dtype=bool)
+    units = [layer_unit(layer.name) for layer in layers]
+    recomputed = np.array([_numbered(unit) for unit in _carried(units)], dtype=bool)
+    starts = _unit_starts(units)
+    output = np.array([layer.output_bytes for layer in layers], dtype=float)
+    activations = np.array([layer.activation_bytes for layer in layers], dtype=float)
+    first = np.zeros(len(layers), dtype=bool)
+    first[starts] = True
+    block_input = np.r_[0.0, output[:-1]] if len(layers) else output
+    kept = np.where(recomputed, np.where(first, block_input, 0.0), activations)
     return {
         "index": index,
         "fwd_flops": np.array([layer.fwd_flops for layer in layers], dtype=float),
@@ -284,8 +329,13 @@ def _layer_arrays(graph: ModelGraph) -> dict:
         "activation_bytes": np.array([layer.activation_bytes for layer in layers], dtype=float),
         "output_bytes": np.array([layer.output_bytes for layer in layers], dtype=float),
         "layer_matmul": matmul,
-        "layer_tensor_split": np.array([layer.kind in TENSOR_SPLIT_KINDS for layer in layers], dtype=bool),
-        "layer_tp_allreduce": _row_parallel(graph, index, matmul),
+        "layer_conv": np.array([layer.kind == LayerKind.conv for layer in layers], dtype=bool),
+        "layer_tensor_split": split,
+        "layer_tp_allreduce": row_parallel,
+        "layer_sharded_input": _sharded_inputs(graph, index, split & matmul & ~row_parallel, row_parallel),
+        "layer_recomputed": recomputed,
+        "unit_starts": starts,
+        "recompute_kept": kept,
         "layer_frozen_bytes": frozen,
     }
 
@@ -301,6 +351,53 @@ def _row_parallel(graph: ModelGraph, index: dict[str, int], matmul: np.ndarray) 
         inputs = sum(graph.layers[index[name]].output_bytes for name in layer.inputs)
         out[i] = bool(layer.inputs) and 0 < layer.output_bytes <= inputs
     return out
+
+
+def layer_unit(name: str) -> str | None:
+    """The unit a layer belongs to: its outermost numbered module (`blocks.3`, `2`) or its top-level
+    module; None for operations of the model itself or of the loss, which join the unit before them."""
+    head = name.split("/")[0]
+    if head in ROOT_LAYERS:
+        return None
+    parts = head.split(".")
+    for k, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: k + 1])
+    return parts[0]
+
+
+def _carried(units: list[str | None]) -> list[str | None]:
+    """Units with root operations joined to the unit before them."""
+    out, current = [], None
+    for unit in units:
+        current = unit if unit is not None else current
+        out.append(current)
+    return out
+
+
+def _numbered(unit: str | None) -> bool:
+    return unit is not None and unit.rsplit(".", 1)[-1].isdigit()
+
+
+def _unit_starts(units: list[str | None]) -> np.ndarray:
+    starts, current = [], None
+    for i, unit in enumerate(units):
+        if unit is not None and unit != current:
+            starts.append(i)
+            current = unit
+    return np.array(starts or [0], dtype=np.intp)
+
+
+def _sharded_inputs(graph: ModelGraph, index: dict[str, int], column: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Follow sharded activations forward: a column-parallel matmul's output is sharded, a row-parallel
+    one's is whole again (all-reduced), and any other layer's output is sharded when all its inputs are."""
+    sharded_output = np.zeros(len(graph.layers), dtype=bool)
+    sharded_input = np.zeros(len(graph.layers), dtype=bool)
+    for i, layer in enumerate(graph.layers):
+        sources = [index[name] for name in layer.inputs]
+        sharded_input[i] = bool(sources) and all(sharded_output[j] for j in sources)
+        sharded_output[i] = bool(column[i]) or (sharded_input[i] and not row[i])
+    return sharded_input
 
 
 def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:

@@ -17,10 +17,11 @@ Per candidate, shape [N]:
 | field | dtype | meaning |
 |---|---|---|
 | `data`, `tensor`, `pipeline` | int32 | mesh degrees; their product is the number of replicas |
-| `micro_batches` | int32 | pipeline micro-batches (1 without a pipeline) |
+| `micro_batches` | int32 | micro-batches per step: pipeline micro-batches, or gradient accumulation without a pipeline |
 | `schedule` | int8 | `Schedule`: 1F1B (0) or GPipe (1); decides activations in flight |
 | `consistency` | int8 | `ConsistencyKind`: BSP (0), SSP (1), ASP (2); applies to PS variables |
 | `staleness` | int32 | SSP's bound in steps (0 for BSP, ignored for ASP) |
+| `recompute` | bool | activation recomputation of the numbered blocks (`context.layer_recomputed`) |
 
 Per candidate and device, shape [N, D]: `replicas` (bool) — the devices that run the model. Ranks are
 assigned in device-table order (node by node), tensor innermost, then pipeline, then data:
@@ -116,7 +117,7 @@ class Schedule(IntEnum):
 
 PER_CANDIDATE: dict[str, Any] = {
     "data": np.int32, "tensor": np.int32, "pipeline": np.int32, "micro_batches": np.int32,
-    "schedule": np.int8, "consistency": np.int8, "staleness": np.int32,
+    "schedule": np.int8, "consistency": np.int8, "staleness": np.int32, "recompute": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8, "group": np.int32, "algorithm": np.int8, "compressor": np.int8,
@@ -138,6 +139,7 @@ class CandidateBatch:
     schedule: np.ndarray
     consistency: np.ndarray
     staleness: np.ndarray
+    recompute: np.ndarray
     replicas: np.ndarray
     layer_stage: np.ndarray
     kind: np.ndarray
@@ -172,6 +174,7 @@ class CandidateBatch:
             schedule=np.zeros(n, np.int8),
             consistency=np.zeros(n, np.int8),
             staleness=np.zeros(n, np.int32),
+            recompute=np.zeros(n, np.bool_),
             replicas=replicas,
             layer_stage=np.zeros((n, L), np.int8),
             kind=np.zeros((n, V), np.int8),
@@ -323,6 +326,7 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.replicas[i, [context.device_index[d] for d in strategy.replicas]] = True
     b.consistency[i] = _CONSISTENCIES[strategy.consistency.kind]
     b.staleness[i] = strategy.consistency.staleness
+    b.recompute[i] = strategy.recompute_activations
     if strategy.pipeline is not None:
         b.micro_batches[i] = strategy.pipeline.micro_batches
         b.schedule[i] = Schedule.GPIPE if strategy.pipeline.schedule == "gpipe" else Schedule.ONE_F_ONE_B
@@ -366,14 +370,15 @@ def _encode_variable(context: SimContext, b: CandidateBatch, i: int, config: Var
 
 
 def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, builder: str | None = None) -> Strategy:
-    """Row `index` as an executable Strategy (replicas in device-table order)."""
+    """Row `index` as an executable Strategy (replicas in device-table order; with a tensor degree, the
+    splits the simulator assumes, `context.tensor_plan`)."""
     i = index
     replicas = [context.devices[d] for d in np.flatnonzero(batch.replicas[i])]
     consistency_kind = ConsistencyKind(int(batch.consistency[i]))
     staleness = int(batch.staleness[i]) if consistency_kind == ConsistencyKind.SSP else 0
     consistency = Consistency(kind=consistency_kind.name.lower(), staleness=staleness)  # type: ignore[arg-type]
     pipeline = None
-    if int(batch.pipeline[i]) > 1:
+    if int(batch.pipeline[i]) > 1 or int(batch.micro_batches[i]) > 1:
         stages: list[list[str]] = [[] for _ in range(int(batch.pipeline[i]))]
         for layer, name in enumerate(context.layer_names):
             stages[int(batch.layer_stage[i, layer])].append(name)
@@ -386,6 +391,8 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         replicas=replicas,
         mesh=Mesh(data=int(batch.data[i]), tensor=int(batch.tensor[i]), pipeline=int(batch.pipeline[i])),
         pipeline=pipeline,
+        tensor_parallel=context.tensor_plan(int(batch.tensor[i])),
+        recompute_activations=bool(batch.recompute[i]),
         consistency=consistency,
         variables=variables,
         provenance=Provenance(builder=builder),

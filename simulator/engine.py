@@ -15,6 +15,10 @@ staleness bound s (in steps), but the busiest PS NIC must still carry a step's t
     local = max(compute_end, collectives_done) + update + all_gather
     ssp   = max(local, ps_throughput, bsp - s · local)        asp = max(local, ps_throughput)
 
+Where compute and communication share cores (a CPU rank under gloo; `DeviceSpec.comm_overlap` < 1),
+the part of each channel's transfers that ran during compute slows compute by (1 - overlap) of it,
+and every completion above moves by that much (`_stolen`); on GPUs (overlap 1) nothing moves.
+
 The breakdown splits the step into components that add up to it exactly (see BREAKDOWN_KEYS).
 """
 
@@ -91,26 +95,30 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
     update = update_seconds(context, topo.kind, update_bytes(context, batch, compute, sums))
-    step, breakdown = _compose(batch, compute, coll, ps, update)
+    step, breakdown = _compose(batch, compute, coll, ps, update, context.kinds.comm_overlap[topo.kind])
     global_batch = context.batch_size * batch.data.astype(np.float64)
     samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)
     extra = _detail(ps, coll, memory) if detail else {}
     return BatchResult(step, samples, memory.peak, memory.capacity, memory.feasible, breakdown, memory.server_over, extra)
 
 
-def _compose(batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase, ps: PSPhase, update: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _compose(
+    batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase, ps: PSPhase, update: np.ndarray, overlap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     end = compute.end
-    collectives_done = np.maximum(end, coll.finish)
+    busy = coll.allreduce_busy + coll.sharded_busy
+    stolen_c = _stolen(end, coll.finish, busy, overlap)
+    stolen_p = _stolen(end, ps.finish, ps.throughput, overlap)
+    collectives_done = np.maximum(end, coll.finish) + stolen_c + stolen_p
     local = collectives_done + update + coll.all_gather
-    bsp = np.maximum(collectives_done, ps.finish) + update + coll.all_gather
+    bsp = np.maximum(collectives_done, ps.finish + stolen_c + stolen_p) + update + coll.all_gather
     staleness = batch.staleness.astype(np.float64)
     ssp = np.maximum(np.maximum(local, ps.throughput), bsp - staleness * local)
     asp = np.maximum(local, ps.throughput)
     step = np.where(batch.consistency == ConsistencyKind.SSP, ssp, bsp)
     step = np.where(batch.consistency == ConsistencyKind.ASP, asp, step)
 
-    exposed = collectives_done - end
-    busy = coll.allreduce_busy + coll.sharded_busy
+    exposed = collectives_done - end - stolen_p
     ar_share = np.divide(coll.allreduce_busy, busy, out=np.zeros_like(busy), where=busy > 0)
     columns = {
         "compute": compute.compute,
@@ -119,10 +127,21 @@ def _compose(batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase
         "pipeline_p2p": compute.p2p,
         "allreduce": exposed * ar_share,
         "sharded": exposed * (1 - ar_share) + coll.all_gather,
-        "ps": step - local,
+        "ps": step - local + stolen_p,
         "optimizer_update": update,
     }
     return step, np.stack([columns[k] for k in BREAKDOWN_KEYS], axis=1)
+
+
+def _stolen(end: np.ndarray, finish: np.ndarray, busy: np.ndarray, overlap: np.ndarray) -> np.ndarray:
+    """Seconds a channel's transfers take from compute they overlap on the same cores.
+
+    Every transfer is ready by `end`, so the channel works without a gap from `end` to `finish`; the
+    rest of its `busy` time ran during compute. Of that, the share the device cannot overlap
+    (1 - `comm_overlap`: all of it when compute and communication take turns on the same CPU cores,
+    none on a GPU) delays compute, and everything after it, by as much."""
+    hidden = np.maximum(busy - np.maximum(finish - end, 0.0), 0.0)
+    return (1.0 - overlap) * hidden
 
 
 def _detail(ps: PSPhase, coll: CollectivePhase, memory: MemoryPhase) -> dict[str, np.ndarray]:

@@ -2,7 +2,12 @@
 
 Per device: parameters + gradients + optimizer state + activations in flight.
 
-- Tensor parallelism divides split layers' variables by the tensor degree, and activations by it.
+- Tensor parallelism divides split layers' variables by the tensor degree, and the activations of
+  layers that read sharded activations (`context.layer_sharded_input`); the inputs of column-parallel
+  matmuls, norms and residuals stay whole on every rank (Megatron without sequence parallelism).
+- Without a pipeline, m micro-batches (gradient accumulation) hold one micro-batch's activations.
+- With activation recomputation a numbered block keeps only its input (per micro-batch in flight),
+  plus, once, the largest block's activations rebuilt during its backward.
 - Sharded (ZeRO-2 style) variables keep full parameters but 1/data of gradients and optimizer state.
 - PS variables keep a parameter copy and a gradient on every worker (the forward needs the weights and
   backward produces the gradient before the push); their optimizer state lives on the server. A server
@@ -24,7 +29,7 @@ import numpy as np
 
 from simulator.context import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES, SimContext
 from simulator.encoding import CandidateBatch, Schedule, SyncKind
-from simulator.pipeline import ComputePhase
+from simulator.pipeline import ComputePhase, block_peak
 from simulator.topology import Topology
 
 # Columns of the per-variable figures summed by synchronizer kind.
@@ -87,7 +92,8 @@ def memory_phase(context: SimContext, batch: CandidateBatch, topo: Topology, com
     state = sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
     frozen_split = (context.layer_frozen_bytes * context.layer_tensor_split).sum()
     frozen_rest = context.layer_frozen_bytes.sum() - frozen_split
-    peak = params + grads + state + frozen_split / tensor + frozen_rest + context.activation_bytes.sum() / tensor
+    acts = _flat_activations(context, batch, tensor) / batch.micro_batches
+    peak = params + grads + state + frozen_split / tensor + frozen_rest + acts
     if compute.piped.size:
         peak[compute.piped] = _pipelined_peak(context, batch, compute)
 
@@ -138,5 +144,22 @@ def _pipelined_peak(context: SimContext, batch: CandidateBatch, compute: Compute
     stage = np.arange(S, dtype=np.float64)[None, :]
     in_flight = np.where(batch.schedule[rows, None] == Schedule.GPIPE, m, np.minimum(m, p - stage))
     tensor = batch.tensor[rows, None].astype(np.float64)
-    acts = compute.piped_stage_activations[:, :S] * np.maximum(in_flight, 0.0) / m / tensor
+    acts = (compute.piped_stage_activations[:, :S] * np.maximum(in_flight, 0.0) + compute.piped_block_peak[:, None]) / m
     return (stage_vars + frozen / tensor + acts).max(axis=1)
+
+
+def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.ndarray) -> np.ndarray:
+    """[N] activations held for the whole per-replica batch without a pipeline, per tensor rank. With
+    recomputation: the blocks' inputs, whatever lies outside the blocks, and the largest block rebuilt."""
+    acts, sharded, recomputed = context.activation_bytes, context.layer_sharded_input, context.layer_recomputed
+    whole = (acts * sharded).sum() / tensor + (acts * ~sharded).sum()
+    rows = np.flatnonzero(batch.recompute)
+    if rows.size == 0:
+        return whole
+    kept = context.recompute_kept[recomputed].sum()
+    outside = (acts * sharded * ~recomputed).sum() / tensor[rows] + (acts * ~sharded * ~recomputed).sum()
+    out = np.array(whole, dtype=np.float64)
+    for degree in np.unique(tensor[rows]).tolist():
+        hit = rows[tensor[rows] == degree]
+        out[hit] = kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
+    return out

@@ -14,10 +14,10 @@ from torch import nn
 
 from examples import zoo
 from stratagem.builders import DataParallel, Parallax
-from stratagem.tracing import capture
 from stratagem.errors import InvalidDocumentError, StratagemError
 from stratagem.runtime import MultiOptimizer
 from stratagem.runtime.updates import clone_optimizer
+from stratagem.tracing import capture
 from trial_runner import LocalBackend, Outcome, ZooWorkload, run_trial
 from trial_runner.build import make_optimizer
 

@@ -12,7 +12,8 @@ and leaves lossy compression and asynchronous consistency out unless the caller 
 from optimizer_service.search.answer import SearchResult
 from optimizer_service.search.driver import SearchCancelled, search
 from optimizer_service.search.evaluate import SearchProgress
-from optimizer_service.search.space import MeshChoice, SearchOptions, SpaceSize, space_size
+from optimizer_service.search.meshes import MeshChoice
+from optimizer_service.search.space import SearchOptions, SpaceSize, space_size
 
 __all__ = [
     "MeshChoice",

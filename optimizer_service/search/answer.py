@@ -81,7 +81,7 @@ class Baselines:
     @property
     def best_builder(self) -> tuple[str, Prediction] | None:
         """The fastest feasible AutoDist builder (plain data parallel left out)."""
-        feasible = [(p.step_time_s, i) for i, p in enumerate(self.predictions) if p.feasible and self.names[i] != DATA_PARALLEL]
+        feasible = [(-p.samples_per_s, i) for i, p in enumerate(self.predictions) if p.feasible and self.names[i] != DATA_PARALLEL]
         if not feasible:
             return None
         _, i = min(feasible)
@@ -105,7 +105,7 @@ def answer(graph: ModelGraph, resources: ResourceSpec, space: Space, evaluator: 
         _candidate(space, archive, int(row), prediction, baselines, rank=rank, shared=shared).validate_for(graph, resources)
         for rank, (row, prediction) in enumerate(zip(rows, explained, strict=True), start=1)
     ]
-    speedups = _speedups(explained[0].step_time_s, baselines)
+    speedups = _speedups(explained[0], baselines)
     return SearchResult(
         candidates=candidates,
         baselines=_annotated_baselines(baselines),
@@ -134,8 +134,9 @@ def _pick(space: Space, evaluator: Evaluator, baselines: Baselines, best_step: f
     picked = allowed[select_diverse(signatures(space, rows), archive.scores[allowed], top_k,
                                     min_distance=default_min_distance(space), mixes=rows.kind)]
     explained = predictions(space.context, archive.batch, picked)
-    # rank by the explained prediction itself, so the order shown is the order of the numbers shown
-    order = sorted(range(len(picked)), key=lambda i: explained[i].step_time_s)
+    # rank by the explained prediction itself (throughput: layouts differ in global batch), so the order
+    # shown is the order of the numbers shown
+    order = sorted(range(len(picked)), key=lambda i: -explained[i].samples_per_s)
     return archive, picked[order], [explained[i] for i in order]
 
 
@@ -150,7 +151,7 @@ def _candidate(space: Space, archive: Archive, row: int, prediction: Prediction,
         "method": method_of(label),
         "why": why(prediction, mix, data_parallel=baselines.data_parallel, best_builder=baselines.best_builder, builder_name=builder),
         "composition": mix,
-        **_speedups(prediction.step_time_s, baselines),
+        **_speedups(prediction, baselines),
         **shared,
     }
     strategy = baselines.strategies[baselines.names.index(builder)] if builder else to_strategy(space.context, archive.batch, row)
@@ -170,14 +171,16 @@ def _annotated_baselines(baselines: Baselines) -> dict[str, Strategy]:
     }
 
 
-def _speedups(step_time: float, baselines: Baselines) -> dict[str, float | None]:
-    """Predicted step-time ratios against plain data parallel and the best AutoDist builder (None if it does not fit)."""
+def _speedups(prediction: Prediction, baselines: Baselines) -> dict[str, float | None]:
+    """Predicted throughput (samples/s) over plain data parallel's and the best AutoDist builder's (None if
+    it does not fit); for layouts with the same global batch, the step-time ratio."""
     data_parallel, best = baselines.data_parallel, baselines.best_builder
-    dp = data_parallel.step_time_s if data_parallel is not None and data_parallel.feasible else None
-    builder = best[1].step_time_s if best else None
+    dp = data_parallel.samples_per_s if data_parallel is not None and data_parallel.feasible else None
+    builder = best[1].samples_per_s if best else None
+    mine = prediction.samples_per_s
     return {
-        "speedup_vs_data_parallel": dp / step_time if dp and step_time > 0 else None,
-        "speedup_vs_best_builder": builder / step_time if builder and step_time > 0 else None,
+        "speedup_vs_data_parallel": mine / dp if dp and mine > 0 else None,
+        "speedup_vs_best_builder": mine / builder if builder and mine > 0 else None,
     }
 
 

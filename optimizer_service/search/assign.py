@@ -42,6 +42,35 @@ def set_allreduce(
     _clear_ps(batch, rr, vv)
 
 
+def set_mesh(space: Space, batch: CandidateBatch, rows: Rows, meshes: np.ndarray | int) -> None:
+    """Rows take mesh choices (indices into `space.meshes`): degrees, micro-batches, schedule and stages.
+    The replicas stay every compute device, which every mesh covers."""
+    choice = np.broadcast_to(np.asarray(meshes, dtype=np.intp), rows.shape)
+    for index in np.unique(choice).tolist():
+        mesh, r = space.meshes[index], rows[choice == index]
+        batch.data[r], batch.tensor[r], batch.pipeline[r] = mesh.data, mesh.tensor, mesh.pipeline
+        batch.micro_batches[r], batch.schedule[r], batch.recompute[r] = mesh.micro_batches, int(mesh.schedule), mesh.recompute
+        batch.layer_stage[r] = np.asarray(mesh.layer_stage, dtype=np.int8) if mesh.layer_stage else 0
+
+
+def respect_mesh(space: Space, batch: CandidateBatch) -> None:
+    """Rows on a tensor, pipeline, micro-batched or recomputed layout synchronize their data-parallel groups with
+    all-reduce or ZeRO only: dense parameter-server variables become all-reduce, hierarchical all-reduce
+    and local replication are dropped (the runtime's data-parallel groups inside a mesh have no
+    per-node servers or node sub-groups yet). Sparse tables stay on their servers."""
+    meshed = np.flatnonzero((batch.tensor > 1) | (batch.pipeline > 1) | (batch.micro_batches > 1) | batch.recompute)
+    if meshed.size == 0:
+        return
+    dense_ps = (batch.kind[meshed] == SyncKind.PS) & ~space.context.var_sparse[None, :]
+    if dense_ps.any():
+        rr, vv = _pairs(meshed, dense_ps)
+        set_allreduce(batch, meshed, dense_ps)
+        batch.group[rr, vv] = space.ready_rank[vv]
+    hierarchical = batch.algorithm[meshed] == Algorithm.HIERARCHICAL
+    batch.algorithm[meshed] = np.where(hierarchical, Algorithm.AUTO, batch.algorithm[meshed])
+    batch.local_replication[meshed] = False
+
+
 def set_sharded(batch: CandidateBatch, rows: Rows, mask: np.ndarray) -> None:
     rr, vv = _pairs(rows, mask)
     batch.kind[rr, vv] = SyncKind.SHARDED

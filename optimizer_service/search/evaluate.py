@@ -20,9 +20,20 @@ from simulator.encoding import DTYPES
 
 INFEASIBLE = np.inf
 """The score of a candidate that does not fit, or that the budget left unevaluated."""
+
+
+def normalized_step(context: SimContext, batch: CandidateBatch, step_time: np.ndarray) -> np.ndarray:
+    """The score: seconds to train on as many samples as one data-parallel step over every compute device
+    does (step time × devices / data degree). The graph's batch is per model replica, so a layout with
+    fewer data-parallel replicas takes a smaller global batch per step, and its step time alone would
+    flatter it; for plain data parallelism the score is the step time."""
+    devices = len(context.compute_device_indices)
+    return step_time * devices / batch.data
 _HASH_SEED = 0x5EED
 PER_MIX = 16
-"""Most archived candidates with one synchronizer mix (the same kind for every variable)."""
+"""Most archived candidates with one synchronizer mix (the same kind for every variable) on one layout."""
+MIX = ("kind", "tensor", "pipeline")
+"""What makes a mix: each variable's synchronizer, and the tensor and pipeline degrees."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,7 @@ class Evaluator:
     # --- evaluation ------------------------------------------------------------------------------
 
     def evaluate(self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str, *, force: bool = False) -> np.ndarray:
-        """Scores (predicted step time, inf when infeasible or left unevaluated) for every row.
+        """Scores (`normalized_step`, inf when infeasible or left unevaluated) for every row.
 
         `force` evaluates every new row even past the candidate budget (the baselines always run).
         """
@@ -129,8 +140,9 @@ class Evaluator:
             fresh = fresh[: self.remaining]
         self.last_fresh = len(fresh)
         if len(fresh):
-            result = simulate_batch(self.context, batch.take(fresh))
-            fresh_scores = np.where(result.feasible, result.step_time, INFEASIBLE)
+            taken = batch.take(fresh)
+            result = simulate_batch(self.context, taken)
+            fresh_scores = np.where(result.feasible, normalized_step(self.context, taken, result.step_time), INFEASIBLE)
             self._seen.update(zip(hashes[fresh].tolist(), fresh_scores.tolist(), strict=True))
             self.evaluated += len(fresh)
             self.by_phase[phase] = self.by_phase.get(phase, 0) + len(fresh)
@@ -178,7 +190,7 @@ class Evaluator:
         else:
             batch, scores, labels, hashes = batch.take(keep), scores[keep], labels[keep], hashes[keep]
         order = np.argsort(scores, kind="stable")
-        order = order[_rank_within(self._hash(batch, ("kind",))[order]) < PER_MIX][: self.archive_size]
+        order = order[_rank_within(self._hash(batch, MIX)[order]) < PER_MIX][: self.archive_size]
         self.archive = Archive(batch.take(order), scores[order], labels[order], hashes[order])
 
     # --- identity --------------------------------------------------------------------------------

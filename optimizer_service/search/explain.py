@@ -13,7 +13,7 @@ import numpy as np
 
 from optimizer_service.search.space import Space
 from simulator import Prediction
-from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, ConsistencyKind, SyncKind
+from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, ConsistencyKind, Schedule, SyncKind
 
 MB = 1e6
 GB = 1e9
@@ -63,7 +63,38 @@ def composition(space: Space, batch: CandidateBatch, i: int) -> dict[str, Any]:
             "fusion_groups": len(np.unique(batch.group[i][sharded])),
         }
     out["consistency"] = _consistency(batch, i)
+    out["mesh"] = _mesh(batch, i)
     return out
+
+
+def _mesh(batch: CandidateBatch, i: int) -> dict[str, Any]:
+    pipeline = int(batch.pipeline[i])
+    stages = np.bincount(batch.layer_stage[i].astype(np.intp), minlength=pipeline)[:pipeline] if pipeline > 1 else None
+    return {
+        "data": int(batch.data[i]), "tensor": int(batch.tensor[i]), "pipeline": pipeline,
+        "micro_batches": int(batch.micro_batches[i]),
+        "schedule": "gpipe" if int(batch.schedule[i]) == Schedule.GPIPE else "1f1b",
+        "recompute": bool(batch.recompute[i]),
+        **({"layers_per_stage": [int(n) for n in stages]} if stages is not None else {}),
+    }
+
+
+def describe_mesh(mesh: dict[str, Any]) -> str:
+    """The layout in words, or '' for plain data parallelism."""
+    if mesh["tensor"] == 1 and mesh["pipeline"] == 1 and mesh["micro_batches"] == 1 and not mesh["recompute"]:
+        return ""
+    parts = [f"data({mesh['data']}) × tensor({mesh['tensor']}) × pipeline({mesh['pipeline']})"]
+    if mesh["tensor"] > 1:
+        parts.append(f"each layer's matmuls split over {mesh['tensor']} devices of a node")
+    if mesh["pipeline"] > 1:
+        sizes = mesh["layers_per_stage"]
+        parts.append(f"{mesh['pipeline']} stages of {min(sizes)}–{max(sizes)} layers, {mesh['micro_batches']} micro-batches "
+                     f"{mesh['schedule'].upper()} (bubble {(mesh['pipeline'] - 1) / (mesh['micro_batches'] + mesh['pipeline'] - 1):.0%})")
+    elif mesh["micro_batches"] > 1:
+        parts.append(f"{mesh['micro_batches']} micro-batches accumulated per step")
+    if mesh["recompute"]:
+        parts.append("activations recomputed block by block in backward")
+    return ", ".join(parts)
 
 
 def describe(mix: dict[str, Any]) -> str:
@@ -86,6 +117,9 @@ def describe(mix: dict[str, Any]) -> str:
         sh = mix["sharded"]
         parts.append(f"{sh['variables']} sharded ZeRO-style ({_size(sh['bytes'])}, optimizer state split across replicas)")
     text = "; ".join(parts) or "nothing on any synchronizer (no trainable variables)"
+    layout = describe_mesh(mix["mesh"]) if "mesh" in mix else ""
+    if layout:
+        text = f"the replicas in a {layout}, and {text}"
     if mix["consistency"] != "bsp":
         text += f"; {mix['consistency']} consistency"
     return text
@@ -98,14 +132,20 @@ def why(prediction: Prediction, mix: dict[str, Any], *, data_parallel: Predictio
     sentences = []
     if builder_name is not None:
         sentences.append(f"The pre-built {builder_name} strategy, unchanged.")
-    if data_parallel is not None and data_parallel.feasible:
+    same_batch = "mesh" not in mix or not describe_mesh(mix["mesh"]) or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+    if data_parallel is not None and data_parallel.feasible and same_batch:
         sentences.append(f"Predicted {data_parallel.step_time_s / step:.2f}× the speed of plain data parallel "
                          f"({_ms(step)} vs {_ms(data_parallel.step_time_s)} per step).")
+    elif data_parallel is not None and data_parallel.feasible:
+        sentences.append(f"Predicted {prediction.samples_per_s / data_parallel.samples_per_s:.2f}× the throughput of plain data parallel "
+                         f"({prediction.samples_per_s:.1f} vs {data_parallel.samples_per_s:.1f} samples/s; fewer replicas take a smaller "
+                         "global batch per step).")
     elif data_parallel is not None:
         sentences.append(f"Plain data parallel does not fit: {data_parallel.infeasible_reason}.")
     if best_builder is not None and builder_name != best_builder[0] and best_builder[1].feasible:
         name, pred = best_builder
-        sentences.append(f"{pred.step_time_s / step:.2f}× the best AutoDist builder, {name} ({_ms(pred.step_time_s)}).")
+        sentences.append(f"{prediction.samples_per_s / pred.samples_per_s:.2f}× the throughput of the best AutoDist builder, {name} "
+                         f"({pred.samples_per_s:.1f} samples/s).")
     sentences.append(f"It puts {describe(mix)}.")
     if data_parallel is not None and data_parallel.feasible:
         change = _biggest_change(prediction, data_parallel)

@@ -14,9 +14,11 @@ from collections.abc import Callable
 import numpy as np
 
 from optimizer_service.search.assign import (
+    respect_mesh,
     round_robin_servers,
     server_traffic,
     set_allreduce,
+    set_mesh,
     set_ps_pairs,
     set_sharded,
 )
@@ -66,6 +68,7 @@ def mutate(space: Space, batch: CandidateBatch, rng: np.random.Generator, *, max
             rows = active[drawn == index]
             if len(rows):
                 moves[name](space, batch, rows, rng, loads)
+    respect_mesh(space, batch)
 
 
 def _applicable(space: Space, batch: CandidateBatch, rows: np.ndarray, names: list[str]) -> np.ndarray:
@@ -109,6 +112,7 @@ MOVE_WEIGHTS = {
     "change_compressor": 1.5,
     "change_consistency": 0.5,
     "partition_allreduce": 0.5,
+    "change_mesh": 1.5,
 }
 
 
@@ -129,6 +133,8 @@ def available_moves(space: Space) -> dict[str, Move]:
         moves["change_compressor"] = change_compressor
     if len(space.consistencies) > 1:
         moves["change_consistency"] = change_consistency
+    if len(space.meshes) > 1:
+        moves["change_mesh"] = change_mesh
     return moves
 
 
@@ -269,6 +275,20 @@ def change_consistency(space: Space, batch: CandidateBatch, rows: np.ndarray, rn
     pick = rng.integers(len(space.consistencies), size=len(rows))
     batch.consistency[rows] = [int(space.consistencies[i].kind) for i in pick]
     batch.staleness[rows] = [space.consistencies[i].staleness for i in pick]
+
+
+def change_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+    """Another layout: half the rows keep their tensor degree (a new pipeline depth, stage split or
+    micro-batch count), the others take any layout of the space."""
+    meshes = space.meshes
+    tensors = np.array([m.tensor for m in meshes])
+    choice = rng.integers(len(meshes), size=len(rows))
+    keep = rng.random(len(rows)) < 0.5
+    for i in np.flatnonzero(keep).tolist():
+        same = np.flatnonzero(tensors == batch.tensor[rows[i]])
+        if same.size:
+            choice[i] = same[rng.integers(same.size)]
+    set_mesh(space, batch, rows, choice)
 
 
 def block_switch(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:

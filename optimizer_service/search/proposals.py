@@ -11,6 +11,8 @@ below is one idea from the literature, instantiated over a few settings:
 - `sharded_large`: ZeRO for the big tensors, all-reduce for the rest (memory-bound models);
 - `by_position`: all-reduce where backward hides it, servers where it cannot;
 - `compressed_allreduce` / `relaxed_ps`: only when the caller allows compression / SSP and ASP;
+- `mesh_layouts`: Megatron-style — every tensor × pipeline layout of the space (`meshes.py`), with
+  fused all-reduce over the data-parallel group, and with ZeRO for the dense variables;
 - `autosync_samples`: AutoSync-style sampling, one random choice per (size, sparsity, position) class.
 """
 
@@ -23,8 +25,10 @@ import numpy as np
 
 from optimizer_service.search.assign import (
     balanced_servers,
+    respect_mesh,
     set_allreduce,
     set_fusion,
+    set_mesh,
     set_ps,
     set_sharded,
     write_whole,
@@ -53,12 +57,13 @@ RowWriter = Callable[[Space, CandidateBatch, np.ndarray], None]
 def structured_proposals(space: Space, max_shards: int) -> Proposals:
     """Every structured family, one row per (family, setting)."""
     writers = [*allreduce_fusion(space), *balanced_ps(space), *hybrid(space), *sharded_large(space), *by_position(space),
-               *compressed_allreduce(space), *relaxed_ps(space)]
+               *compressed_allreduce(space), *relaxed_ps(space), *mesh_layouts(space)]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
     labels = []
     for i, (label, write) in enumerate(writers):
         write(space, batch, np.array([i]))
         labels.append(label)
+    respect_mesh(space, batch)
     return Proposals(batch, labels)
 
 
@@ -132,7 +137,31 @@ def relaxed_ps(space: Space) -> list[tuple[str, RowWriter]]:
     return out
 
 
+def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
+    """Every layout other than plain data parallelism, with all-reduce fused in 25 MB buckets over the
+    data-parallel group, and with the dense variables ZeRO-sharded (for layouts short of memory)."""
+    out = []
+    for index, mesh in enumerate(space.meshes):
+        if index == 0:
+            continue
+        out.append((f"mesh_layout({mesh.label()}, allreduce)", mesh_row(index)))
+        out.append((f"mesh_layout({mesh.label()}, sharded)", mesh_row(index, sharded=True)))
+    return out
+
+
 # --- row writers -----------------------------------------------------------------------------------
+
+
+def mesh_row(index: int, *, sharded: bool = False) -> RowWriter:
+    """Rows on layout `index` of the space, all-reduce fused in 25 MB buckets over the data-parallel group
+    (with `sharded`, the dense variables ZeRO-sharded instead)."""
+    variables = _sharded_row(1.0, 25 * MB) if sharded else _allreduce_row(25 * MB, Algorithm.AUTO)
+
+    def write(space: Space, batch: CandidateBatch, rows: np.ndarray) -> None:
+        variables(space, batch, rows)
+        set_mesh(space, batch, rows, index)
+
+    return write
 
 
 def _allreduce_row(cap: float, algorithm: Algorithm) -> RowWriter:
@@ -269,7 +298,8 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
     """n candidates: each class of variables gets one random choice, each variable a small chance of its own.
 
     Per class: the synchronizer (all-reduce 50%, PS 35%, sharded 15%), the algorithm and compressor,
-    whether PS variables are partitioned and replicated; per row: the fusion cap and the consistency.
+    whether PS variables are partitioned and replicated; per row: the fusion cap, the consistency and,
+    for half the rows, a mesh layout.
     PS shards are dealt round-robin from a random server, biggest variables first.
     """
     batch = CandidateBatch.allocate(space.context, n, max_shards=max_shards)
@@ -294,7 +324,17 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
     rows = np.arange(n)
     set_fusion(space, batch, rows, np.array(FUSION_CAPS)[rng.integers(len(FUSION_CAPS), size=n)])
     _sample_consistency(space, batch, rows, rng)
+    _sample_mesh(space, batch, rows, rng)
+    respect_mesh(space, batch)
     return Proposals(batch, ["autosync_sample"] * n)
+
+
+def _sample_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator) -> None:
+    """Half the samples on a random layout other than plain data parallelism (when there is one)."""
+    if len(space.meshes) == 1:
+        return
+    moved = rows[rng.random(len(rows)) < 0.5]
+    set_mesh(space, batch, moved, rng.integers(1, len(space.meshes), size=len(moved)))
 
 
 def _sample_compression(space: Space, rng: np.random.Generator, n: int, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@
 Distance between two candidates is a Hamming distance on what a person would call the strategy:
 per variable, its synchronizer kind, first server, shard count, algorithm and compressor, plus
 whether it shares a fusion group with its backward neighbour (so regrouping counts, relabelling
-does not). First each pick must put at least `min_distance` variables on a different synchronizer
+does not); per candidate, the consistency and the mesh (degrees and micro-batches). First each pick must put at least `min_distance` variables on a different synchronizer
 than every earlier pick; if that leaves fewer than K, the signature distance alone decides; then the
 best remaining distinct candidates fill in.
 """
@@ -26,7 +26,8 @@ def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
     joined = np.zeros_like(group)
     joined[:, 1:] = (group[:, 1:] == group[:, :-1]) & (kind[:, 1:] == kind[:, :-1])
     parts = [batch.kind, batch.server[:, :, 0], batch.shards, batch.algorithm, batch.compressor, batch.local_replication, joined]
-    per_candidate = np.stack([batch.consistency, batch.staleness], axis=1)
+    per_candidate = np.stack([batch.consistency, batch.staleness, batch.data, batch.tensor, batch.pipeline, batch.micro_batches,
+                              batch.recompute], axis=1)
     return np.concatenate([p.astype(np.int64) for p in parts] + [per_candidate.astype(np.int64)], axis=1)
 
 

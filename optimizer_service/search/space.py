@@ -10,8 +10,8 @@ Knobs, per trainable variable:
 - partition: the axis and the number of shards (at most the axis length and MAX_SHARDS_LIMIT; a
   parameter-server variable along axis 0 and at most one shard per server).
 Global knobs: consistency (BSP; SSP with a staleness bound and ASP only with `allow_async`) and the
-mesh (`MeshChoice`: today only pure data parallelism over every device — tensor and pipeline degrees
-join here once the runtime executes them).
+mesh (`MeshChoice`, `meshes.py`: data × tensor × pipeline degrees with tensor groups inside a node,
+stage splits balanced by compute under a memory cap, and micro-batch counts).
 
 Constraints: a sparse variable is held by parameter servers and partitioned along its rows (axis 0),
 because only a server moves just the rows a step touches; lossy compression and non-BSP consistency
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from optimizer_service.search.meshes import MeshChoice, mesh_choices
 from simulator.context import SimContext, compile_context
 from simulator.encoding import CompressorKind, ConsistencyKind
 from stratagem.builders import ps_servers
@@ -54,21 +55,6 @@ class SearchOptions:
 
     allow_compression: bool = False
     allow_async: bool = False
-
-
-@dataclass(frozen=True)
-class MeshChoice:
-    """One way to split the replicas into data × tensor × pipeline degrees.
-
-    Today the strategy schema and the runtime execute only pure data parallelism, so the space holds
-    exactly one MeshChoice (data = every compute device). Tensor and pipeline choices are added here,
-    and the encoding's `tensor`, `pipeline`, `micro_batches` and `layer_stage` arrays already carry them.
-    """
-
-    data: int
-    tensor: int = 1
-    pipeline: int = 1
-    micro_batches: int = 1
 
 
 @dataclass(frozen=True)
@@ -112,7 +98,8 @@ class Space:
         self.max_allreduce_shards = MAX_SHARDS_LIMIT
         """Most shards of an all-reduced variable (PartitionedAR): they need no servers."""
         self.local_replication_useful = any(len(node.compute_devices) > 1 for node in resources.nodes)
-        self.meshes = [MeshChoice(data=resources.num_devices)]
+        self.meshes: list[MeshChoice] = mesh_choices(context)
+        """Data × tensor × pipeline layouts with their stages and micro-batches; [0] is plain data parallel."""
         self.compressions = _compressions(self.options)
         self.compression_allowed = np.array(
             [[c in self.compressions_for(v) for v in range(self.num_variables)] for c in self.compressions], dtype=bool
@@ -201,7 +188,7 @@ def size_of(space: Space) -> SpaceSize:
         "candidates that do not fit in memory are counted; the simulator rejects them per candidate",
     ]
     if len(space.meshes) == 1:
-        notes.append("mesh: pure data parallelism only, until the runtime executes tensor and pipeline degrees")
+        notes.append("mesh: pure data parallelism only (nothing to split, or one device per node and no place to cut stages)")
     return SpaceSize(
         log10_candidates=round(float(counts.per_variable.sum()) + fusion + globals_, 3),
         knobs={name: round(value, 3) for name, value in knobs.items()},

@@ -27,6 +27,17 @@ class DeviceSpec(Strict):
     """Fraction of memory bandwidth that element-wise kernels reach."""
     launch_overhead_s: float = Field(default=5e-6, ge=0)
     """Fixed cost per layer and pass (kernel launches, framework dispatch)."""
+    conv_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of peak that convolutions reach, where it differs from matrix multiplies (on a CPU,
+    im2col and narrow channels cost more than a GEMM); None means `matmul_efficiency`."""
+    optimizer_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth an optimizer update reaches on the bytes the simulator counts for it
+    (parameter and gradient in, parameter out, state in and out); a real update makes more passes than
+    that. None means `elementwise_efficiency`."""
+    comm_overlap: float = Field(default=1.0, ge=0, le=1)
+    """Fraction of communication time that can run alongside this device's compute without slowing it:
+    1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
+    (CPU ranks under gloo), as calibration measures."""
     is_gpu: bool = True
 
     def flops_for(self, dtype: str) -> float:

@@ -8,15 +8,16 @@ same strategy keeps its id after a trial measures it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
 from stratagem.errors import InvalidStrategyError, Problem
-from stratagem.ir.document import Document, Strict, as_value_error, check
+from stratagem.ir.document import Document, Strict, as_value_error, canonical_json, check
 from stratagem.ir.graph import ModelGraph
-from stratagem.ir.resources import ResourceSpec, parse_device
+from stratagem.ir.resources import ResourceSpec, device_address, parse_device
 
 
 class Compressor(Strict):
@@ -128,7 +129,35 @@ class PipelineConfig(Strict):
     stages: list[list[str]] = Field(min_length=1)
     """Layer names of each stage, in order."""
     micro_batches: int = Field(default=1, ge=1)
+    """Micro-batches per step; with a single stage they are plain gradient accumulation."""
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
+
+
+TensorParallelStyle = Literal["colwise", "rowwise", "vocab", "heads"]
+
+
+class TensorParallelLayer(Strict):
+    """One module split across the tensor-parallel group, Megatron-style."""
+
+    name: str = Field(min_length=1)
+    """Qualified module name: a layer of the graph (`blocks.0.mlp.fc`) or, for `heads`, the attention
+    module that owns the projections (`blocks.0.attn`)."""
+    style: TensorParallelStyle
+    """`colwise`: a Linear's output features are split (input replicated, output sharded);
+    `rowwise`: a Linear's input features are split (its output is all-reduced);
+    `vocab`: an Embedding's rows, or an output-head Linear's rows (the vocabulary), are split;
+    `heads`: an attention module's heads are split: its q/k/v projections column-wise, its output
+    projection row-wise."""
+    heads: int | None = Field(default=None, ge=1)
+    """Attention heads of the module (`heads` style only): the tensor degree must divide them."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.style == "heads" and self.heads is None:
+            raise ValueError("heads: required for the heads style (the tensor degree must divide it)")
+        if self.style != "heads" and self.heads is not None:
+            raise ValueError(f"heads: only the heads style takes a head count, not {self.style}")
+        return self
 
 
 class Consistency(Strict):
@@ -157,6 +186,9 @@ class PredictedPerformance(Strict):
     bottleneck: str = ""
     uncertainty: float | None = None
     """Relative width of the prediction's interval when a learned correction is applied."""
+    simulated_step_time_s: float | None = Field(default=None, ge=0)
+    """The analytic simulator's own step time when `step_time_s` is a learned correction of it
+    (`breakdown` stays the simulator's); None when `step_time_s` is the simulator's."""
 
 
 class MeasuredPerformance(Strict):
@@ -177,6 +209,10 @@ class Provenance(Strict):
     notes: list[str] = Field(default_factory=list)
 
 
+ADDED_FIELDS: dict[str, Any] = {"tensor_parallel": [], "recompute_activations": False}
+"""Strategy fields added after schema 1 shipped, with the default that leaves them out of the content id."""
+
+
 class Strategy(Document):
     _error_type: ClassVar = InvalidStrategyError
     _id_excluded: ClassVar[frozenset[str]] = frozenset({"id", "provenance", "predicted", "measured"})
@@ -189,6 +225,12 @@ class Strategy(Document):
     mesh: Mesh | None = None
     """Defaults to pure data parallel over the replicas."""
     pipeline: PipelineConfig | None = None
+    tensor_parallel: list[TensorParallelLayer] = Field(default_factory=list)
+    """Which modules the tensor-parallel group splits, and how; everything else is replicated in it."""
+    recompute_activations: bool = False
+    """Activation recomputation (checkpointing) of every numbered block (`blocks.3`, or `2` in an
+    nn.Sequential): only a block's input is kept through the forward, and the block's forward runs again
+    in backward. One more forward per step buys the memory of all but one block's activations."""
     consistency: Consistency = Field(default_factory=Consistency)
     variables: list[VariableConfig]
     predicted: PredictedPerformance | None = None
@@ -203,6 +245,15 @@ class Strategy(Document):
     @property
     def effective_mesh(self) -> Mesh:
         return self.mesh or Mesh(data=len(self.replicas))
+
+    def compute_id(self) -> str:
+        """Fields added after schema 1 shipped are left out while they hold their default, so the ids of
+        strategies written before them do not change."""
+        content = self.model_dump(mode="json", exclude=set(self._id_excluded))
+        for name, default in ADDED_FIELDS.items():
+            if content.get(name) == default:
+                content.pop(name, None)
+        return hashlib.sha256(canonical_json(content).encode()).hexdigest()
 
     def config_of(self, var_name: str) -> VariableConfig:
         for config in self.variables:
@@ -253,6 +304,7 @@ def strategy_self_problems(strategy: Strategy) -> list[Problem]:
         problems.append(Problem("pipeline", f"mesh.pipeline is {mesh.pipeline} but no pipeline stages are given"))
     if strategy.pipeline is not None and len(strategy.pipeline.stages) != mesh.pipeline:
         problems.append(Problem("pipeline.stages", f"{len(strategy.pipeline.stages)} stages for mesh.pipeline={mesh.pipeline}"))
+    problems.extend(_tensor_parallel_self_problems(strategy.tensor_parallel, mesh))
     seen: dict[str, int] = {}
     for i, config in enumerate(strategy.variables):
         if config.var_name in seen:
@@ -267,6 +319,30 @@ def strategy_self_problems(strategy: Strategy) -> list[Problem]:
                 except ValueError as error:
                     problems.append(Problem(f"{where}.reduction_destination", str(error)))
     return problems
+
+
+def _tensor_parallel_self_problems(layers: list[TensorParallelLayer], mesh: Mesh) -> list[Problem]:
+    """A split needs a tensor group; a module is split once, and never inside a module split by heads."""
+    problems: list[Problem] = []
+    if layers and mesh.tensor == 1:
+        problems.append(Problem("tensor_parallel", f"{len(layers)} layer(s) split but mesh.tensor is 1"))
+    names = [layer.name for layer in layers]
+    attention = [layer.name for layer in layers if layer.style == "heads"]
+    for i, layer in enumerate(layers):
+        where = f"tensor_parallel[{i}]"
+        if names.index(layer.name) != i:
+            problems.append(Problem(f"{where}.name", f"{layer.name!r} is split twice (also tensor_parallel[{names.index(layer.name)}])"))
+        inside = [a for a in attention if a != layer.name and _within(layer.name, a)]
+        if inside:
+            problems.append(Problem(f"{where}.name", f"{layer.name!r} is inside {inside[0]!r}, which the heads style already splits"))
+        if layer.heads is not None and layer.heads % mesh.tensor:
+            problems.append(Problem(f"{where}.heads", f"mesh.tensor({mesh.tensor}) does not divide heads({layer.heads})"))
+    return problems
+
+
+def _within(name: str, module: str) -> bool:
+    """Whether a layer or module name lies inside `module` (`blocks.0.attn.q` and `blocks.0.attn/ops0` do)."""
+    return name.startswith((module + ".", module + "/"))
 
 
 def _consistency_problems(consistency: Consistency, sync: Any, where: str) -> list[Problem]:
@@ -317,7 +393,60 @@ def strategy_problems(strategy: Strategy, graph: ModelGraph, resources: Resource
         problems.append(Problem("variables", f"no synchronizer for trainable variable(s) {shown}"))
     if strategy.pipeline is not None:
         problems.extend(_pipeline_problems(strategy.pipeline, graph))
+    problems.extend(_tensor_parallel_problems(strategy, graph))
     return problems
+
+
+# The weight axis each style splits: a Linear's weight is [out, in], an Embedding's [rows, dim].
+_SPLIT_AXIS = {"colwise": 0, "rowwise": 1, "vocab": 0}
+_SPLIT_KINDS = {"colwise": {"matmul"}, "rowwise": {"matmul"}, "vocab": {"embedding", "matmul"}}
+
+
+def _tensor_parallel_problems(strategy: Strategy, graph: ModelGraph) -> list[Problem]:
+    """Every split names a module of the graph, of a kind the style can split, along an axis the tensor
+    degree divides; tensor groups stay inside one node (their all-reduces sit on the critical path)."""
+    degree = strategy.effective_mesh.tensor
+    problems = _tensor_groups_cross_nodes(strategy.replicas, degree)
+    layers = {layer.name: layer for layer in graph.layers}
+    variables = {v.name: v for v in graph.variables}
+    for i, split in enumerate(strategy.tensor_parallel):
+        where = f"tensor_parallel[{i}]"
+        if split.style == "heads":
+            inside = [layer for name, layer in layers.items() if _within(name, split.name)]
+            if not inside:
+                problems.append(Problem(f"{where}.name", f"{split.name!r} is not a module of the graph (no layer inside it)"))
+            elif not any(layer.kind in ("matmul", "attention") for layer in inside):
+                problems.append(Problem(f"{where}.name", f"{split.name!r} holds no projection or attention layer to split by heads"))
+            continue
+        layer = layers.get(split.name)
+        if layer is None:
+            problems.append(Problem(f"{where}.name", f"{split.name!r} is not a layer of the graph"))
+            continue
+        if layer.kind.value not in _SPLIT_KINDS[split.style]:
+            problems.append(Problem(f"{where}.style", f"{split.style} cannot split {split.name!r}, a {layer.type} ({layer.kind.value}) layer"))
+            continue
+        weights = [variables[n] for n in layer.variables if len(variables[n].shape) == 2]
+        if not weights:
+            problems.append(Problem(f"{where}.name", f"{split.name!r} has no 2-D weight to split"))
+            continue
+        axis = _SPLIT_AXIS[split.style]
+        length = weights[0].shape[axis]
+        if length % degree:
+            problems.append(Problem(f"{where}.style", f"mesh.tensor({degree}) does not divide axis {axis} of {weights[0].name} {weights[0].shape}"))
+    return problems
+
+
+def _tensor_groups_cross_nodes(replicas: list[str], degree: int) -> list[Problem]:
+    """Tensor groups are `degree` consecutive replicas (tensor is the innermost mesh axis)."""
+    if degree == 1:
+        return []
+    for start in range(0, len(replicas) - degree + 1, degree):
+        group = replicas[start:start + degree]
+        addresses = {device_address(d) for d in group}
+        if len(addresses) > 1:
+            return [Problem("replicas", f"tensor group replicas[{start}:{start + degree}] spans nodes {sorted(addresses)}; "
+                                        "a tensor group must stay inside one node")]
+    return []
 
 
 def _pipeline_problems(pipeline: PipelineConfig, graph: ModelGraph) -> list[Problem]:

@@ -8,7 +8,9 @@ torchrun. See docs/runtime.md.
 
 from stratagem.runtime.data import local_batch
 from stratagem.runtime.distribute import distribute, load_strategy, replica_device
+from stratagem.runtime.hybrid import MeshLayout, data_parallel_rank
 from stratagem.runtime.launch import DistEnv, init_from_env, launch
+from stratagem.runtime.multi_optimizer import MultiOptimizer
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import Plan, resolve_plan
 from stratagem.runtime.stats import SyncStats
@@ -16,8 +18,12 @@ from stratagem.runtime.stats import SyncStats
 __all__ = [
     "DistEnv",
     "DistributedOptimizer",
+    "MeshLayout",
+    "MultiOptimizer",
+    "PipelinedModel",
     "Plan",
     "SyncStats",
+    "data_parallel_rank",
     "distribute",
     "init_from_env",
     "launch",
@@ -26,3 +32,12 @@ __all__ = [
     "replica_device",
     "resolve_plan",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`PipelinedModel` loads torch.distributed.pipelining (about 1 s), so it is imported on first use."""
+    if name == "PipelinedModel":
+        from stratagem.runtime.pipeline_parallel import PipelinedModel
+
+        return PipelinedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ Order of composition, and why:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from stratagem.ir import Strategy, parse_device
 from stratagem.runtime.allreduce import apply_allreduce
 from stratagem.runtime.comm import Comm, flatten, unflatten
 from stratagem.runtime.executor import Executor, GradReadiness
+from stratagem.runtime.hybrid import distribute_mesh, needs_mesh
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import resolve_plan
 from stratagem.runtime.ps import apply_ps
@@ -33,13 +35,19 @@ from stratagem.runtime.sharded import apply_sharded
 from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import ReplicatedShards
 
+if TYPE_CHECKING:
+    from stratagem.runtime.pipeline_parallel import LossFn
+
 
 def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy | str | Path, *,
-               rank: int | None = None, process_group: dist.ProcessGroup | None = None) -> tuple[nn.Module, DistributedOptimizer]:
+               rank: int | None = None, process_group: dist.ProcessGroup | None = None,
+               loss_fn: LossFn | None = None) -> tuple[nn.Module, DistributedOptimizer]:
     """Make `model` and `optimizer` train under `strategy` on this rank; train with them as usual.
 
     Each rank feeds its own slice of the global batch; gradients are averaged over ranks, so N ranks
-    on N slices compute what one process computes on the whole batch.
+    on N slices compute what one process computes on the whole batch. With a tensor or pipeline mesh
+    the slice is the data-parallel group's (`data_parallel_rank`), and a pipelined strategy returns a
+    `PipelinedModel` trained with `model.train_step(*inputs, target=...)` and `loss_fn(output, target)`.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise UnsupportedStrategyError(
@@ -48,6 +56,12 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Str
     world_size, me = dist.get_world_size(process_group), dist.get_rank(process_group)
     if rank is not None and rank != me:
         raise UnsupportedStrategyError(f"rank {rank} was given but this process is rank {me} of its process group")
+    if needs_mesh(strategy):
+        if process_group is not None and world_size != dist.get_world_size():
+            raise UnsupportedStrategyError("a tensor or pipeline mesh spans the default process group; pass process_group=None")
+        device = place_model(model, strategy.replicas[me])
+        return distribute_mesh(model, optimizer, strategy, rank=me, world_size=world_size, device=device, loss_fn=loss_fn,
+                               broadcast=broadcast_module)
     plan = resolve_plan(model, optimizer, strategy, world_size=world_size, rank=me)
     device = place_model(model, strategy.replicas[me])
     comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)

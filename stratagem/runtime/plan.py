@@ -8,6 +8,7 @@ refused with the variable's name on every rank before a single collective is iss
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,7 @@ from stratagem.ir import (
     device_address,
     shard_sizes,
 )
+from stratagem.runtime.multi_optimizer import component_optimizers
 
 SyncConfig = AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer
 
@@ -76,7 +78,7 @@ class Piece:
 
     def value(self) -> torch.Tensor:
         """A view of the piece's current values (detached, writable in place)."""
-        data = self.param.detach()
+        data = local_tensor(self.param.detach())
         return data if self.whole else data.narrow(self.axis, self.start, self.length)
 
     def grad(self) -> torch.Tensor:
@@ -86,7 +88,25 @@ class Piece:
             param.grad = torch.zeros_like(param)
         elif param.grad.is_sparse:
             param.grad = param.grad.to_dense()
-        return param.grad if self.whole else param.grad.narrow(self.axis, self.start, self.length)
+        grad = local_tensor(param.grad)
+        return grad if self.whole else grad.narrow(self.axis, self.start, self.length)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel (DTensor) parameter's shard on this rank, as a view; any other tensor as it is.
+
+    Data-parallel synchronizers move and update what a rank stores, so they see the local shard: the
+    ranks of a data-parallel group hold the same shard of every split parameter.
+    """
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no tensor can be a DTensor (saves ~1 s)
+    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
+        with torch.no_grad():
+            return tensor.to_local()
+    return tensor
+
+
+def local_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(local_tensor(tensor).shape)
 
 
 @dataclass
@@ -158,7 +178,15 @@ def _check_layout(strategy: Strategy, *, world_size: int, rank: int) -> None:
     mesh = strategy.effective_mesh
     if mesh.tensor > 1 or mesh.pipeline > 1:
         raise UnsupportedStrategyError(
-            f"mesh {mesh.describe()}: the runtime executes data parallelism only; tensor and pipeline parallelism are not supported yet")
+            f"mesh {mesh.describe()}: resolve_plan plans data parallelism only (tensor and pipeline parallelism are not supported yet "
+            "at this level); distribute() runs them through stratagem.runtime.hybrid")
+
+
+def check_coverage(strategy: Strategy, model: nn.Module) -> None:
+    """Every trainable parameter of `model` has a synchronizer and every configured variable is one of them."""
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    _check_coverage(strategy, params, frozen)
 
 
 def _check_coverage(strategy: Strategy, params: dict[str, nn.Parameter], frozen: set[str]) -> None:
@@ -170,7 +198,7 @@ def _check_coverage(strategy: Strategy, params: dict[str, nn.Parameter], frozen:
         elif config.var_name not in params:
             problems.append(Problem(f"{where}.var_name", f"{config.var_name!r} is not a parameter of the model (model.named_parameters())"))
         elif config.partition is not None:
-            problems.extend(_partition_problems(where, config, tuple(params[config.var_name].shape)))
+            problems.extend(_partition_problems(where, config, local_shape(params[config.var_name])))
     configured = {c.var_name for c in strategy.variables}
     missing = [name for name in params if name not in configured]
     if missing:
@@ -195,14 +223,15 @@ def _group_index(optimizer: torch.optim.Optimizer) -> dict[int, int]:
 
 
 def _whole(name: str, param: nn.Parameter, group_index: int) -> Piece:
-    return Piece(name, param, 0, 1, 0, 0, param.shape[0] if param.dim() else 1, group_index)
+    shape = local_shape(param)
+    return Piece(name, param, 0, 1, 0, 0, shape[0] if shape else 1, group_index)
 
 
 def _pieces(config: VariableConfig, param: nn.Parameter, group_index: int) -> list[Piece]:
     if config.partition is None:
         return [_whole(config.var_name, param, group_index)]
     axis = config.partition.axis
-    sizes = shard_sizes(param.shape[axis], config.partition.shards)
+    sizes = shard_sizes(local_shape(param)[axis], config.partition.shards)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [Piece(config.var_name, param, i, len(sizes), axis, start, size, group_index)
             for i, (start, size) in enumerate(zip(starts, sizes, strict=True))]
@@ -267,7 +296,7 @@ def _check_optimizer(plan: Plan, optimizer: torch.optim.Optimizer) -> None:
         raise UnsupportedStrategyError("optimizer LBFGS: it treats all parameters as one vector and cannot be distributed per variable")
     sliced = [p for p, _, _ in plan.ps + plan.sparse_ps if not p.whole]
     sliced += [p for p, _ in plan.sharded] + plan.replicated
-    if sliced and type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
+    if sliced and any(type(part) not in ELEMENTWISE_OPTIMIZERS for part in component_optimizers(optimizer)):
         raise UnsupportedStrategyError(
             f"variable {sliced[0].name!r}: {type(optimizer).__name__} is not known to update each element independently, "
             "so updating a shard or a ZeRO slice separately would not equal the whole-tensor update")

@@ -9,11 +9,11 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from stratagem.tracing.fake import ir_dtype
-from stratagem.tracing.recorder import LayerRecord, Recorder
 from stratagem.errors import CaptureError
 from stratagem.ir import DType, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
 from stratagem.ir.document import problems_from_validation_error
+from stratagem.tracing.fake import ir_dtype
+from stratagem.tracing.recorder import LayerRecord, Recorder
 
 _KIND_PRIORITY = ("attention", "conv", "matmul", "embedding", "norm")
 

@@ -18,12 +18,12 @@ from torch._subclasses.fake_tensor import (
 from torch.func import functional_call
 from torch.utils._pytree import tree_leaves
 
+from stratagem.errors import CaptureError, InvalidGraphError, Problem, StratagemError
+from stratagem.ir import ModelGraph, OptimizerSpec
 from stratagem.tracing.assemble import build_graph
 from stratagem.tracing.fake import fake_inputs, fake_state
 from stratagem.tracing.modes import recording
 from stratagem.tracing.recorder import Phase, Recorder
-from stratagem.errors import CaptureError, InvalidGraphError, Problem, StratagemError
-from stratagem.ir import ModelGraph, OptimizerSpec
 
 LossFn = Callable[[Any], torch.Tensor]
 

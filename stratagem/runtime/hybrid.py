@@ -1,0 +1,172 @@
+"""Hybrid parallelism: a data × pipeline × tensor mesh over the replicas, then per-variable synchronizers.
+
+`distribute` hands a strategy whose mesh has a tensor or pipeline degree (or micro-batches) to
+`distribute_mesh`. Ranks sit on the mesh as the strategy says, tensor innermost:
+`rank = (d · P + p) · T + t`, so a tensor group is T consecutive replicas (one node) and a
+data-parallel group is every rank with the same (p, t).
+
+Order of composition, and why:
+1. Check everything that can be refused (layout, coverage, the loss function a pipeline needs) before
+   any collective, so every rank refuses alike.
+2. Broadcast rank 0's whole model to every rank, while parameters are still plain tensors: the tensor
+   splits then scatter identical weights, and every stage starts from what one process would.
+3. Split the tensor-parallel modules (DTensor) on the whole model and point the optimizer at the new
+   parameters — every rank of a tensor group must split the same modules in the same order. Then
+   wrap the numbered blocks for recomputation, around the split modules' own communication.
+4. Cut this rank's pipeline stage out of the split model.
+5. Synchronize what the stage holds over its data-parallel group with the per-variable executors
+   (all-reduce, parameter server, ZeRO) exactly as for pure data parallelism: each rank of the group
+   holds the same shard of every split parameter, so the executors work on local shards.
+With micro-batches a parameter's gradient accumulates over several backward passes, so the executors
+launch at the optimizer step instead of inside backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from stratagem.errors import UnsupportedStrategyError
+from stratagem.ir import Strategy, device_address
+from stratagem.runtime.allreduce import apply_allreduce
+from stratagem.runtime.comm import Comm
+from stratagem.runtime.executor import Executor, GradReadiness
+from stratagem.runtime.optimizer import DistributedOptimizer
+from stratagem.runtime.plan import check_coverage, resolve_plan
+from stratagem.runtime.ps import apply_ps
+from stratagem.runtime.recompute import apply_recomputation
+from stratagem.runtime.sharded import apply_sharded
+from stratagem.runtime.stats import StatsRecorder
+from stratagem.runtime.updates import ReplicatedShards
+
+if TYPE_CHECKING:
+    from stratagem.runtime.pipeline_parallel import LossFn
+
+MESH_AXES = ("data", "pipeline", "tensor")
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """Where each rank sits on the data × pipeline × tensor mesh (tensor innermost)."""
+
+    data: int
+    pipeline: int
+    tensor: int
+
+    @classmethod
+    def of(cls, strategy: Strategy) -> MeshLayout:
+        mesh = strategy.effective_mesh
+        return cls(mesh.data, mesh.pipeline, mesh.tensor)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.data, self.pipeline, self.tensor
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(data index, stage, tensor index) of `rank`."""
+        d, rest = divmod(rank, self.pipeline * self.tensor)
+        p, t = divmod(rest, self.tensor)
+        return d, p, t
+
+    def data_group(self, rank: int) -> list[int]:
+        """The ranks holding the same stage and tensor shard as `rank`, in data order."""
+        _, p, t = self.coordinates(rank)
+        return [(d * self.pipeline + p) * self.tensor + t for d in range(self.data)]
+
+
+def data_parallel_rank(strategy: Strategy, rank: int) -> tuple[int, int]:
+    """(index, size) of `rank`'s data-parallel group: which slice of the global batch it trains on.
+
+    The ranks of one tensor group and of one pipeline feed the same slice.
+    """
+    layout = MeshLayout.of(strategy)
+    return layout.coordinates(rank)[0], layout.data
+
+
+def needs_mesh(strategy: Strategy) -> bool:
+    """Whether the strategy needs more than the pure data-parallel runtime: splits, stages, micro-batches
+    or recomputation."""
+    mesh = strategy.effective_mesh
+    micro = strategy.pipeline.micro_batches if strategy.pipeline is not None else 1
+    return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute_activations
+
+
+def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, *, rank: int, world_size: int,
+                    device: torch.device, loss_fn: LossFn | None,
+                    broadcast: Callable[[nn.Module, Comm], None]) -> tuple[nn.Module, DistributedOptimizer]:
+    """The hybrid half of `distribute`: `model` is already on `device`; `broadcast` copies rank 0's model."""
+    # DTensor and pipelining cost about 2 s of imports; only meshes need them.
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from stratagem.runtime.pipeline_parallel import PipelinedModel, stage_children, stage_module
+    from stratagem.runtime.tensor_parallel import apply_tensor_parallel, retarget_optimizer
+
+    layout = MeshLayout.of(strategy)
+    _check(strategy, model, world_size=world_size, loss_fn=loss_fn)
+    stages = stage_children(model, strategy.pipeline.stages) if strategy.pipeline is not None else None
+    broadcast(model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False))
+    mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_AXES)
+    if layout.tensor > 1:
+        retarget_optimizer(optimizer, apply_tensor_parallel(model, mesh["tensor"], strategy.tensor_parallel))
+    if strategy.recompute_activations:
+        apply_recomputation(model)
+    _, p, _ = layout.coordinates(rank)
+    runner: nn.Module = model
+    module = model
+    if strategy.pipeline is not None and stages is not None:
+        module = stage_module(model, stages[p])
+        assert loss_fn is not None  # _check refused a pipeline without one
+        runner = PipelinedModel(module, stage_index=p, num_stages=layout.pipeline, config=strategy.pipeline,
+                                group=mesh["pipeline"].get_group(), device=device, loss_fn=loss_fn)
+    return runner, _synchronize(module, optimizer, strategy, layout, rank, mesh["data"].get_group(), device)
+
+
+def _check(strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: LossFn | None) -> None:
+    layout = MeshLayout.of(strategy)
+    if world_size != len(strategy.replicas):
+        raise UnsupportedStrategyError(
+            f"the strategy has {len(strategy.replicas)} replicas (rank i runs replicas[i]) but the process group has {world_size} ranks")
+    if layout.tensor > 1 and not strategy.tensor_parallel:
+        raise UnsupportedStrategyError(
+            f"mesh.tensor is {layout.tensor} but tensor_parallel names no module to split; list the layers and their styles")
+    if strategy.pipeline is not None and loss_fn is None:
+        raise UnsupportedStrategyError("a strategy with pipeline stages or micro-batches needs distribute(..., loss_fn=...): "
+                                       "the last stage computes the loss of each micro-batch")
+    check_coverage(strategy, model)
+
+
+def _data_parallel_part(strategy: Strategy, module: nn.Module, group: list[int]) -> Strategy:
+    """The strategy the data-parallel executors see: this stage's variables over this rank's data group."""
+    present = {name for name, p in module.named_parameters() if p.requires_grad}
+    return Strategy.parse({
+        "replicas": [strategy.replicas[r] for r in group],
+        "consistency": strategy.consistency.model_dump(mode="json"),
+        "variables": [c.model_dump(mode="json") for c in strategy.variables if c.var_name in present],
+    })
+
+
+def _synchronize(module: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, layout: MeshLayout, rank: int,
+                 group: torch.distributed.ProcessGroup, device: torch.device) -> DistributedOptimizer:
+    members = layout.data_group(rank)
+    part = _data_parallel_part(strategy, module, members)
+    me = members.index(rank)
+    plan = resolve_plan(module, optimizer, part, world_size=len(members), rank=me)
+    if plan.needs_node_groups:
+        raise UnsupportedStrategyError(
+            "hierarchical all-reduce and parameter-server local replication are not supported inside a tensor or pipeline mesh yet")
+    comm = Comm(group, rank=me, node_of_rank=plan.node_of_rank, node_groups=False)
+    executors: list[Executor] = []
+    executors += apply_allreduce(plan.allreduce, plan.sparse_allreduce, comm=comm)
+    executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer)
+    executors += apply_ps(plan.ps, plan.sparse_ps, comm=comm, optimizer=optimizer)
+    replicated = ReplicatedShards(optimizer, plan.replicated) if plan.replicated else None
+    stats = StatsRecorder(device)
+    readiness = GradReadiness(executors, stats)
+    if strategy.pipeline is not None:
+        readiness.remove()  # gradients accumulate over micro-batches: launch everything at the step
+    # Parameters of other stages stay in the user's optimizer without gradients, which it skips.
+    return DistributedOptimizer(optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats)

@@ -1,0 +1,119 @@
+"""Tensor and pipeline splits the runtime cannot execute are refused before any collective, naming the
+field and the reason (in-process: no process is spawned)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_hybrid_runtime import HEADS, HIDDEN, Attention, loss_fn, tiny_gpt
+from torch import nn
+
+from stratagem.errors import InvalidStrategyError, UnsupportedStrategyError
+from stratagem.ir import PipelineConfig, Strategy, TensorParallelLayer
+from stratagem.runtime import PipelinedModel, distribute
+from stratagem.runtime.pipeline_parallel import stage_children
+from stratagem.runtime.tensor_parallel import apply_tensor_parallel
+
+
+class FakeMesh:
+    """A tensor group of `degree` ranks as far as the checks can tell: they run before any collective."""
+
+    def __init__(self, degree: int) -> None:
+        self.degree = degree
+
+    def size(self) -> int:
+        return self.degree
+
+
+def split(*layers: dict) -> list[TensorParallelLayer]:
+    return [TensorParallelLayer(**layer) for layer in layers]
+
+
+def refusal(model: nn.Module, degree: int, *layers: dict) -> str:
+    with pytest.raises((InvalidStrategyError, UnsupportedStrategyError)) as caught:
+        apply_tensor_parallel(model, FakeMesh(degree), split(*layers))  # type: ignore[arg-type]
+    return str(caught.value)
+
+
+class Fused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = HEADS
+        self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+
+
+def test_an_unknown_module_is_named_with_its_field_path() -> None:
+    assert "tensor_parallel[0].name: '9.fc' is not a module of the model" in refusal(tiny_gpt(), 2, {"name": "9.fc", "style": "colwise"})
+
+
+def test_a_degree_that_does_not_divide_the_split_axis_is_refused() -> None:
+    text = refusal(tiny_gpt(), 3, {"name": "1.fc", "style": "colwise"})
+    assert "tensor_parallel[0].style: mesh.tensor(3) does not divide the 128 output features of 1.fc" in text
+    text = refusal(tiny_gpt(), 3, {"name": "1.proj", "style": "rowwise"})
+    assert "does not divide the 128 input features of 1.proj" in text
+
+
+def test_a_style_is_refused_on_a_module_it_cannot_split() -> None:
+    assert "the colwise style splits a Linear, not LayerNorm" in refusal(tiny_gpt(), 2, {"name": "1.ln1", "style": "colwise"})
+
+
+def test_heads_must_match_the_module_and_split_evenly() -> None:
+    assert "tensor_parallel[0].heads: 8 given, but 1.attn.heads is 4" in refusal(tiny_gpt(), 2, {"name": "1.attn", "style": "heads", "heads": 8})
+    assert "does not divide the 4 heads of 1.attn" in refusal(tiny_gpt(), 3, {"name": "1.attn", "style": "heads", "heads": 4})
+
+
+def test_fused_qkv_is_refused_rather_than_split_across_q_k_and_v() -> None:
+    text = refusal(nn.Sequential(Fused()), 2, {"name": "0", "style": "heads", "heads": HEADS})
+    assert "looks like fused q/k/v" in text
+
+
+def test_an_attention_without_a_head_count_is_refused() -> None:
+    attention = Attention()
+    del attention.heads
+    assert "needs the module's head count" in refusal(nn.Sequential(attention), 2, {"name": "0", "style": "heads", "heads": HEADS})
+
+
+def test_tied_weights_are_not_silently_untied() -> None:
+    model = tiny_gpt()
+    model[3].out.weight = model[0].tok.weight
+    assert "3.out.weight is tied to 0.tok" in refusal(model, 2, {"name": "3.out", "style": "vocab"})
+
+
+def test_stages_must_cut_between_the_children_of_a_sequential() -> None:
+    model = tiny_gpt()
+    assert stage_children(model, [["0.tok", "1.attn.q"], ["2.fc", "3.out", "<loss>"]]) == [["0", "1"], ["2", "3"]]
+    with pytest.raises(UnsupportedStrategyError, match=r"module '1' is split between stages 0 and 1"):
+        stage_children(model, [["0.tok", "1.attn.q"], ["1.fc", "3.out"]])
+    with pytest.raises(UnsupportedStrategyError, match=r"Block is not one; wrap the model's parts"):
+        stage_children(model[1], [["ln1"], ["fc"]])
+    with pytest.raises(InvalidStrategyError, match=r"pipeline.stages\[1\]\[0\]: '7.fc' is not inside any child"):
+        stage_children(model, [["0.tok"], ["7.fc"]])
+
+
+def test_1f1b_with_fewer_micro_batches_than_stages_is_refused() -> None:
+    config = PipelineConfig(stages=[["0"], ["1"], ["2"]], micro_batches=2, schedule="1f1b")
+    with pytest.raises(InvalidStrategyError, match=r"pipeline.micro_batches: 1F1B needs at least as many micro-batches as stages: 2 < 3"):
+        PipelinedModel(nn.Sequential(), stage_index=0, num_stages=3, config=config, group=None, device=torch.device("cpu"), loss_fn=loss_fn)
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_micro_batches_without_a_loss_function_are_refused(one_rank) -> None:
+    model = tiny_gpt()
+    names = [n for n, _ in model.named_parameters()]
+    strategy = Strategy.parse({"replicas": ["127.0.0.1:CPU:0"], "pipeline": {"stages": [["0", "1", "2", "3"]], "micro_batches": 2},
+                               "variables": [{"var_name": n, "synchronizer": {"kind": "allreduce"}} for n in names]})
+    with pytest.raises(UnsupportedStrategyError, match=r"needs distribute\(\.\.\., loss_fn=\.\.\.\)"):
+        distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
