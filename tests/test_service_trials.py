@@ -120,6 +120,7 @@ def test_a_graph_from_an_allow_listed_zoo_model_trains_that_model_else_a_replay(
     zoo = graph.model_copy(update={"provenance": {"zoo": {"name": "resnet50", "size": "small"}}})
     workload = workload_for(zoo)
     assert isinstance(workload, ZooWorkload) and workload.name == "resnet50" and workload.batch_size == graph.batch_size
+    assert workload.optimizer == graph.optimizer.kind
     sneaky = graph.model_copy(update={"provenance": {"zoo": {"name": "os:system"}}})
     assert isinstance(workload_for(sneaky), ReplayWorkload)
     odd = graph.model_copy(update={"provenance": {"zoo": {"name": "gpt", "overrides": {"layers": [1, 2]}}}})

@@ -11,8 +11,6 @@ import importlib
 import logging
 from typing import Any
 
-from pydantic import ValidationError
-
 from optimizer_service.jobs.types import TrialRecord
 from optimizer_service.settings import Settings
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
@@ -81,18 +79,9 @@ def _simulated_step_time(strategy: Strategy) -> float | None:
 
 
 def workload_for(graph: ModelGraph) -> Any:
-    """The zoo model the graph was captured from when it is allow-listed, else a replay of the graph."""
-    workloads = importlib.import_module("trial_runner.workloads")
-    zoo = graph.provenance.get("zoo")
-    if isinstance(zoo, dict) and zoo.get("name") in workloads.ZOO_ALLOW_LIST:
-        overrides = zoo.get("overrides") if isinstance(zoo.get("overrides"), dict) else {}
-        try:
-            return workloads.ZooWorkload(
-                zoo["name"], size=str(zoo.get("size", "small")), batch_size=graph.batch_size, overrides=overrides
-            )
-        except ValidationError as error:  # a provenance the zoo cannot rebuild: the replay still can
-            log.warning("graph %s names zoo model %r but it cannot be rebuilt (%s); replaying the graph", graph.id, zoo["name"], error)
-    return workloads.ReplayWorkload(graph)
+    """The zoo model the graph was captured from when it is allow-listed (trained with the graph's
+    optimizer), else a replay of the graph; the rule lives in `trial_runner.workloads`."""
+    return importlib.import_module("trial_runner.workloads").workload_for_graph(graph)
 
 
 def make_trial_executor(settings: Settings) -> TrialRunnerExecutor | None:
