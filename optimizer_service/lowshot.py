@@ -172,10 +172,14 @@ class TrialPlanner:
         fastest = min(state.measured, key=state.measured.__getitem__)
         seconds = state.measured[fastest]
         floor, _ = self._measured_interval(seconds)
-        clearing = [cid for cid in untried if state.intervals[cid][2] < floor]
+        # Judge an untried candidate against the measured one on the same footing: scale its interval by
+        # how far the measured candidate's own prediction was off, so a bias shared by every prediction
+        # (an uncalibrated cluster, a loaded machine) can never make a guess beat a measurement.
+        scale = seconds / state.intervals[fastest][1] if state.intervals[fastest][1] > 0 else 1.0
+        clearing = [cid for cid in untried if state.intervals[cid][2] * max(scale, 1.0) < floor]
         if clearing:
             best = min(clearing, key=lambda cid: state.intervals[cid][1])
-            low, mid, high = state.intervals[best]
+            low, mid, high = (value * max(scale, 1.0) for value in state.intervals[best])
             return Answer(best, mid, low, high, "predicted",
                           f"its upper bound {high:.4g} s is below the fastest measured {seconds:.4g} s ({fastest}) less noise")
         return Answer(fastest, seconds, floor, self._measured_interval(seconds)[1], "measured",

@@ -234,7 +234,7 @@ def two_candidates() -> list[Strategy]:
     return [s.replace(predicted=p) for s, p in zip((first, second), predicted, strict=True)]
 
 
-@pytest.mark.parametrize(("factor", "basis"), [(3.0, "predicted"), (1.1, "measured")])
+@pytest.mark.parametrize(("factor", "basis"), [(3.0, "measured"), (1.1, "measured"), (0.5, "measured")])
 def test_the_answer_is_predicted_only_when_its_interval_clears_every_measurement(factor: float, basis: str) -> None:
     strategies = two_candidates()
     backend = TimesBackend(factor)
