@@ -12,7 +12,7 @@ from typing import Any
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 
-from optimizer_service.jobs.search_adapter import resolve_search
+from optimizer_service.search import search
 from optimizer_service.settings import Settings
 from stratagem.ir import ModelGraph, ResourceSpec
 
@@ -55,7 +55,6 @@ def slow_search(graph: ModelGraph, resources: ResourceSpec, *, progress: Any, **
     for evaluated in range(3000):
         progress(SimpleNamespace(evaluated=evaluated, best_step_time_s=None))
         time.sleep(0.01)
-    search, _ = resolve_search()
     return search(graph, resources, progress=progress, **budgets)
 
 

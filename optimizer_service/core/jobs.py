@@ -116,7 +116,13 @@ def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
 
 
 def job_candidates(session: Session, job_id: uuid.UUID) -> list[tuple[JobCandidate, StrategyRow]]:
+    """A job's ranked candidates with their strategies; 404 when the job does not exist."""
     get_job(session, job_id)
+    return candidate_rows(session, job_id)
+
+
+def candidate_rows(session: Session, job_id: uuid.UUID) -> list[tuple[JobCandidate, StrategyRow]]:
+    """A job's ranked candidates with their strategies, best first (none for an unknown job)."""
     rows = session.execute(
         select(JobCandidate, StrategyRow)
         .join(StrategyRow, StrategyRow.id == JobCandidate.strategy_id)

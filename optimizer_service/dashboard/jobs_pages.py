@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from models import Job, JobCandidate, StrategyRow
+from optimizer_service.core.jobs import candidate_rows
 from optimizer_service.dashboard import charts, queries
 from optimizer_service.dashboard.progress import progress_of
 from stratagem.errors import StratagemError
@@ -71,7 +72,7 @@ def job_context(session: Session, job_id: uuid.UUID) -> dict[str, Any] | None:
 
 def _candidates(session: Session, job: Job) -> list[CandidateView]:
     measured = queries.measured_by_strategy(session, job.id)
-    return [_candidate_view(c, row, measured.get(row.id)) for c, row in queries.job_candidates(session, job.id)]
+    return [_candidate_view(c, row, measured.get(row.id)) for c, row in candidate_rows(session, job.id)]
 
 
 def _candidate_view(candidate: JobCandidate, row: StrategyRow, trialled: tuple[float, int] | None) -> CandidateView:

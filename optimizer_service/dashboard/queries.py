@@ -121,16 +121,6 @@ def get_job(session: Session, job_id: uuid.UUID) -> tuple[Job, GraphRow, Resourc
     return (row[0], row[1], row[2]) if row is not None else None
 
 
-def job_candidates(session: Session, job_id: uuid.UUID) -> list[tuple[JobCandidate, StrategyRow]]:
-    rows = session.execute(
-        select(JobCandidate, StrategyRow)
-        .join(StrategyRow, StrategyRow.id == JobCandidate.strategy_id)
-        .where(JobCandidate.job_id == job_id)
-        .order_by(JobCandidate.rank)
-    )
-    return [(candidate, strategy) for candidate, strategy in rows]
-
-
 def measured_by_strategy(session: Session, job_id: uuid.UUID) -> dict[str, tuple[float, int]]:
     """Per strategy of a job: the fastest median of its successful trials and how many trials ran."""
     rows = session.execute(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from models import JobPhase
 from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
-from optimizer_service.jobs.search_adapter import SearchFn, SearchOutcome, resolve_search, run_search
+from optimizer_service.jobs.search_adapter import SearchFn, SearchOutcome, run_search
 from optimizer_service.jobs.trial_plan import make_planner, trial_result
 from optimizer_service.jobs.types import (
     CancelCheck,
@@ -101,12 +101,9 @@ def _search(
         progress(state)
         _stop_if_cancelled(cancelled)
 
-    search_fn, engine = (search, "search") if search is not None else resolve_search()
-    outcome = run_search(graph, resources, options, on_progress, search=search_fn, engine=engine)
+    outcome = run_search(graph, resources, options, on_progress, search=search)
     _stop_if_cancelled(cancelled)
     state.candidates_evaluated = max(state.candidates_evaluated, outcome.evaluated)
-    if engine != "search":
-        state.notes.append(f"ranked by {engine}: the strategy search is not installed")
     return outcome
 
 
@@ -250,7 +247,6 @@ def _summary(
     records = phase.records
     basis = phase.answer.source if phase.answer is not None else ("measured" if best.strategy.measured is not None else "predicted")
     summary: dict[str, object] = {
-        "engine": outcome.engine,
         "evaluated": outcome.evaluated,
         "search_elapsed_s": outcome.elapsed_s,
         "speedup_vs_data_parallel": outcome.speedup_vs_data_parallel,

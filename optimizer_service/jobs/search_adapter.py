@@ -1,29 +1,21 @@
-"""The pipeline's one door to the strategy search, and a clearly marked stand-in while it is missing.
+"""The pipeline's one door to the strategy search: budgets in, progress out, a plain outcome back.
 
-The search lives in `optimizer_service.search` (its own engineer): `search(graph, resources, *,
-time_budget_s, max_candidates, top_k, seed, progress) -> SearchResult`. When that package cannot be
-imported, `builders_fallback` ranks AutoDist's pre-built strategies with the simulator instead.
-TEMPORARY: the fallback exists so the service answers during development; once the search ships it
-is never used (and a job says in its notes which engine answered).
+The search itself is `optimizer_service.search.search`; tests pass a function with the same
+signature (a slow one, one that fails) through `run_search(search=...)`.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from optimizer_service.core.errors import unavailable
 from optimizer_service.jobs.types import PipelineOptions
+from optimizer_service.search import SearchProgress, SearchResult
+from optimizer_service.search import search as default_search
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-log = logging.getLogger(__name__)
-
-SearchFn = Callable[..., Any]
+SearchFn = Callable[..., SearchResult]
 SearchProgressFn = Callable[[int, float | None], None]
 """Called with (candidates evaluated, best predicted step time so far)."""
 
@@ -38,23 +30,8 @@ class SearchOutcome:
     elapsed_s: float
     speedup_vs_data_parallel: float | None
     speedup_vs_best_builder: float | None
-    engine: str
     details: dict[str, Any]
-    """The search's own summary (space size, budgets hit, evaluations per phase) when it gives one."""
-
-
-def resolve_search() -> tuple[SearchFn, str]:
-    """The real search when importable, else the TEMPORARY builders fallback."""
-    try:
-        search = getattr(importlib.import_module("optimizer_service.search"), "search", None)
-    except ImportError as error:
-        search, reason = None, str(error)
-    else:
-        reason = "it has no search() yet"
-    if callable(search):
-        return search, "search"
-    log.warning("optimizer_service.search is not usable (%s); ranking pre-built strategies only", reason)
-    return builders_fallback, "builders-fallback"
+    """The search's own summary (space size, budgets hit, evaluations per phase)."""
 
 
 def run_search(
@@ -63,104 +40,28 @@ def run_search(
     options: PipelineOptions,
     on_progress: SearchProgressFn,
     *,
-    search: SearchFn,
-    engine: str,
+    search: SearchFn | None = None,
 ) -> SearchOutcome:
-    def progress(update: Any) -> None:
-        on_progress(int(getattr(update, "evaluated", 0)), getattr(update, "best_step_time_s", None))
+    def progress(update: SearchProgress) -> None:
+        on_progress(update.evaluated, update.best_step_time_s)
 
-    kwargs: dict[str, Any] = {
-        "time_budget_s": options.time_budget_s,
-        "max_candidates": options.max_candidates,
-        "top_k": options.top_k,
-        "seed": options.seed,
-        "progress": progress,
-    }
-    accepted = inspect.signature(search).parameters
-    for name in ("allow_compression", "allow_async"):
-        if name in accepted:
-            kwargs[name] = getattr(options, name)
-    started = time.perf_counter()
-    result = search(graph, resources, **kwargs)
+    result = (search or default_search)(
+        graph,
+        resources,
+        time_budget_s=options.time_budget_s,
+        max_candidates=options.max_candidates,
+        top_k=options.top_k,
+        seed=options.seed,
+        progress=progress,
+        allow_compression=options.allow_compression,
+        allow_async=options.allow_async,
+    )
     return SearchOutcome(
         candidates=list(result.candidates),
-        baselines=dict(getattr(result, "baselines", {}) or {}),
-        evaluated=int(getattr(result, "evaluated", len(result.candidates))),
-        elapsed_s=float(getattr(result, "elapsed_s", time.perf_counter() - started)),
-        speedup_vs_data_parallel=_float_or_none(getattr(result, "speedup_vs_data_parallel", None)),
-        speedup_vs_best_builder=_float_or_none(getattr(result, "speedup_vs_best_builder", None)),
-        engine=engine,
-        details=_summary_of(result),
+        baselines=dict(result.baselines),
+        evaluated=result.evaluated,
+        elapsed_s=result.elapsed_s,
+        speedup_vs_data_parallel=result.speedup_vs_data_parallel,
+        speedup_vs_best_builder=result.speedup_vs_best_builder,
+        details=result.summary(),
     )
-
-
-def _summary_of(result: Any) -> dict[str, Any]:
-    summary = getattr(result, "summary", None)
-    if not callable(summary):
-        return {}
-    data = summary()
-    return data if isinstance(data, dict) else {}
-
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-@dataclass
-class _FallbackResult:
-    candidates: list[Strategy]
-    baselines: dict[str, Strategy]
-    evaluated: int
-    elapsed_s: float
-    speedup_vs_data_parallel: float | None
-    speedup_vs_best_builder: float | None
-
-
-def builders_fallback(
-    graph: ModelGraph,
-    resources: ResourceSpec,
-    *,
-    time_budget_s: float,
-    max_candidates: int,
-    top_k: int,
-    seed: int,
-    progress: Callable[[Any], None] | None = None,
-) -> _FallbackResult:
-    """TEMPORARY stand-in for the search: every pre-built strategy, ranked by the simulator."""
-    try:
-        builders_module = importlib.import_module("stratagem.builders")
-        simulator = importlib.import_module("simulator")
-    except ImportError as error:
-        raise unavailable(f"no search engine: optimizer_service.search, stratagem.builders or simulator is missing ({error})") from None
-    started = time.perf_counter()
-    baselines = {type(b).__name__: b.build(graph, resources) for b in builders_module.all_builders()}
-    predictions = simulator.simulate(graph, resources, list(baselines.values()))
-    predicted = {name: s.replace(predicted=p.to_predicted()) for (name, s), p in zip(baselines.items(), predictions, strict=True)}
-    ranked = sorted(predicted.values(), key=_predicted_key)
-    step = {name: s.predicted.step_time_s for name, s in predicted.items() if s.predicted and s.predicted.feasible}
-    best_time = ranked[0].predicted.step_time_s if ranked and ranked[0].predicted else None
-    if progress is not None:
-        progress(_Progress(evaluated=len(ranked), best_step_time_s=best_time))
-    data_parallel = step.get("DataParallel")
-    builder_times = [t for name, t in step.items() if name != "DataParallel"]
-    return _FallbackResult(
-        candidates=ranked[:top_k],
-        baselines=predicted,
-        evaluated=len(ranked),
-        elapsed_s=time.perf_counter() - started,
-        speedup_vs_data_parallel=data_parallel / best_time if data_parallel and best_time else None,
-        speedup_vs_best_builder=min(builder_times) / best_time if builder_times and best_time else None,
-    )
-
-
-@dataclass
-class _Progress:
-    evaluated: int
-    best_step_time_s: float | None
-
-
-def _predicted_key(strategy: Strategy) -> tuple[int, float]:
-    predicted = strategy.predicted
-    if predicted is None:
-        return (2, float("inf"))
-    return (0 if predicted.feasible else 1, predicted.step_time_s)
