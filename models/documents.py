@@ -17,22 +17,21 @@ from models.base import Base, UTCDateTime, utcnow
 CONTENT_ID = String(64)
 
 
-class GraphRow(Base):
+class NamedDocument:
+    """The columns of a document users upload and list by name: graphs and resource specs."""
+
+    id: Mapped[str] = mapped_column(CONTENT_ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+
+
+class GraphRow(NamedDocument, Base):
     __tablename__ = "graphs"
 
-    id: Mapped[str] = mapped_column(CONTENT_ID, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
-    json: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
 
-
-class ResourceSpecRow(Base):
+class ResourceSpecRow(NamedDocument, Base):
     __tablename__ = "resource_specs"
-
-    id: Mapped[str] = mapped_column(CONTENT_ID, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
-    json: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
 
 
 class StrategyRow(Base):
