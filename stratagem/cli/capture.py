@@ -29,12 +29,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("builder", help="MODULE:FUNCTION returning (module, make_batch), or a zoo name (gpt)")
     parser.add_argument("--batch", type=int, required=True, help="per-replica batch size")
-    parser.add_argument("--size", default=None, help="size preset passed to the builder (zoo: small, full, 7b, ...)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="builder keyword override, repeatable (--set layers=4)",
-    )
-    parser.add_argument("--optimizer", default="adam", help="optimizer kind (sgd, momentum, adam, adamw, ...)")
+    add_builder_arguments(parser)
     parser.add_argument("--name", default=None, help="graph name (default: the zoo name or model class)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
     parser.set_defaults(func=run)
@@ -79,6 +74,16 @@ def resolve_builder(spec: str) -> Callable[..., Any]:
     if not callable(builder):
         raise CaptureError(f"builder {spec!r}: module {module_name!r} has no function {attribute!r}")
     return builder
+
+
+def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a model builder is configured, the same for every command that captures one."""
+    parser.add_argument("--size", default=None, help="size preset passed to the builder (zoo: small, full, 7b, ...)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="builder keyword override, repeatable (--set layers=4)",
+    )
+    parser.add_argument("--optimizer", default="adam", help="optimizer kind the model trains with (sgd, momentum, adam, adamw, ...)")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stratagem.cli.capture import build_on_meta, parse_overrides, resolve_builder
+from stratagem.cli.capture import add_builder_arguments, build_on_meta, parse_overrides, resolve_builder
 from stratagem.cli.jobs import candidates_table, connect, connection_options, positive_int
 from stratagem.errors import CaptureError, InvalidResourceSpecError, Problem, StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec
@@ -31,12 +31,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("model", help="MODULE:FUNCTION returning (module, make_batch), a zoo name, or a graph .json file")
     parser.add_argument("--batch", type=positive_int, default=None, help="per-replica batch size (needed to capture)")
-    parser.add_argument("--size", default=None, help="size preset passed to the builder (zoo: small, full, 7b, ...)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="builder keyword override, repeatable (--set layers=4)",
-    )
-    parser.add_argument("--optimizer", default="adam", help="optimizer kind the model trains with (default adam)")
+    add_builder_arguments(parser)
     parser.add_argument(
         "--resources", type=Path, required=True,
         help="the cluster: AutoDist resource_spec.yml, or a ResourceSpec JSON (e.g. from `stratagem calibrate`)",
