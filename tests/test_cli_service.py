@@ -353,12 +353,24 @@ def test_serve_without_the_service_extras_says_how_to_install_them(
     assert code == 2 and "pip install 'stratagem[service]'" in err and len(err.strip().splitlines()) == 1
 
 
-def test_the_cli_imports_no_server_package_until_a_server_command_runs() -> None:
+@pytest.mark.parametrize("argv", [["serve", "--port", "9000"], ["db", "upgrade"]])
+def test_without_the_service_installed_its_commands_say_how_to_install_it(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import stratagem.cli
+
+    monkeypatch.setattr(stratagem.cli, "entry_points", lambda group: [])  # no package plugs commands in
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and f"`stratagem {argv[0]}` comes with the service" in err and "pip install 'stratagem[service]'" in err
+
+
+def test_the_cli_loads_only_the_services_command_registrations_until_a_server_command_runs() -> None:
     script = (
         "import sys\n"
         "from stratagem.cli import build_parser\n"
         "build_parser().parse_args(['jobs'])\n"
-        "server = ('optimizer_service', 'simulator', 'trial_runner', 'models', 'migrations', 'uvicorn', 'fastapi')\n"
+        "assert {'optimizer_service.cli.serve', 'optimizer_service.cli.db'} <= set(sys.modules)\n"
+        "server = ('simulator', 'trial_runner', 'models', 'migrations', 'uvicorn', 'fastapi', 'sqlalchemy')\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(server)))\n"
     )
     completed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -1,8 +1,13 @@
-"""The `stratagem` command line: one subcommand per module listed in COMMANDS.
+"""The `stratagem` command line: one subcommand per module listed in COMMANDS, plus plug-ins.
 
 Each module `stratagem.cli.<name>` has `register(subparsers)`, which adds its subparser and sets
 `func=handler`, where `handler(args) -> int` is the exit status. Modules import their heavy
 dependencies inside the handler, so `stratagem --help` stays fast.
+
+Other installed packages add commands the same way through the `stratagem.commands` entry-point
+group: the service contributes `serve` and `db` (`optimizer_service.cli`), so the library never
+imports the service. Where the service is not installed, those two names still parse and say how to
+install it.
 """
 
 from __future__ import annotations
@@ -11,10 +16,15 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from stratagem.errors import StratagemError
 
-COMMANDS = ["capture", "calibrate", "optimize", "jobs", "trials", "serve", "db"]
+COMMANDS = ["capture", "calibrate", "optimize", "jobs", "trials"]
+PLUGIN_GROUP = "stratagem.commands"
+SERVICE_COMMANDS = {"serve": "run the optimizer service", "db": "migrate the service's database"}
+"""Commands the service plugs in, named here only to explain their absence."""
+SERVICE_EXTRAS_HINT = "install the service extras: pip install 'stratagem[service]'"
 
 EXIT_USAGE = 2
 
@@ -29,12 +39,32 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"stratagem.cli.{name}").register(subparsers)
+    plugged = set()
+    for entry in entry_points(group=PLUGIN_GROUP):
+        entry.load().register(subparsers)
+        plugged.add(entry.name)
+    for name, help_text in SERVICE_COMMANDS.items():
+        if name not in plugged:
+            subparsers.add_parser(name, help=f"{help_text} (needs the service extras)")
     return parser
+
+
+def _service_command_missing(argv: Sequence[str]) -> str | None:
+    """The service command `argv` asks for when the service has not plugged it in (its own options are
+    unknown here, so this is decided before parsing them)."""
+    if not argv or argv[0] not in SERVICE_COMMANDS:
+        return None
+    return None if argv[0] in {entry.name for entry in entry_points(group=PLUGIN_GROUP)} else argv[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; a StratagemError prints `error: <message>` and exits 2, without a traceback."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    missing = _service_command_missing(argv)
+    if missing:
+        print(f"error: `stratagem {missing}` comes with the service, which is not installed; {SERVICE_EXTRAS_HINT}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from stratagem.cli.serve import SERVICE_EXTRAS_HINT, service_settings
+from optimizer_service.cli.serve import SERVICE_EXTRAS_HINT, service_settings
 from stratagem.errors import StratagemError
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ def run_current(args: argparse.Namespace) -> int:
 
 
 def _open(database_url: str | None) -> tuple[Any, Any]:
-    # Server packages, imported inside the handler: `stratagem` must not depend on them otherwise.
+    # imported here, not at the top, so registering the command stays light
     settings = service_settings(database_url=database_url)
     try:
         import migrations

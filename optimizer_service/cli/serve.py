@@ -39,8 +39,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The one place `stratagem` reaches into the server packages: imported here, inside the handler,
-    # so the library and its client never depend on them (see DESIGN.md's import rules).
+    # imported here, not at the top, so registering the command stays light and a missing extra is one line
     try:
         import uvicorn
 
