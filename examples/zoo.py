@@ -363,15 +363,16 @@ class Attention(nn.Module):
             self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, hidden = x.shape
-        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, hidden // self.heads).permute(2, 0, 3, 1, 4)
+        batch, seq, _ = x.shape
+        # Views sized by the head count and the local tensors, so a tensor-parallel split (fewer heads per rank) just works.
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         if self.rope:
             cos, sin = self.cos[:seq], self.sin[:seq]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.causal)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))
+        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

@@ -13,6 +13,7 @@ from torch import nn
 
 from stratagem.errors import InvalidStrategyError, UnsupportedStrategyError
 from stratagem.ir import PipelineConfig, Strategy, TensorParallelLayer
+from stratagem.parallel_rules import fused_row_order, tie_refusal
 from stratagem.runtime import PipelinedModel, distribute
 from stratagem.runtime.pipeline_parallel import stage_children
 from stratagem.runtime.tensor_parallel import apply_tensor_parallel
@@ -38,11 +39,13 @@ def refusal(model: nn.Module, degree: int, *layers: dict) -> str:
     return str(caught.value)
 
 
-class Fused(nn.Module):
+class Interleaved(nn.Module):
+    """Megatron's fused projection, laid out [heads, 3, head_dim]: a layout the runtime does not recognise."""
+
     def __init__(self) -> None:
         super().__init__()
         self.heads = HEADS
-        self.qkv, self.out = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.query_key_value, self.dense = nn.Linear(HIDDEN, 3 * HIDDEN), nn.Linear(HIDDEN, HIDDEN)
 
 
 def test_an_unknown_module_is_named_with_its_field_path() -> None:
@@ -65,9 +68,26 @@ def test_heads_must_match_the_module_and_split_evenly() -> None:
     assert "does not divide the 4 heads of 1.attn" in refusal(tiny_gpt(), 3, {"name": "1.attn", "style": "heads", "heads": 4})
 
 
-def test_fused_qkv_is_refused_rather_than_split_across_q_k_and_v() -> None:
-    text = refusal(nn.Sequential(Fused()), 2, {"name": "0", "style": "heads", "heads": HEADS})
-    assert "looks like fused q/k/v" in text
+def test_a_fused_projection_of_an_unrecognised_layout_is_refused_rather_than_split_across_q_k_and_v() -> None:
+    text = refusal(nn.Sequential(Interleaved()), 2, {"name": "0", "style": "heads", "heads": HEADS})
+    assert "query_key_value has 96 output features for 32 attention features" in text
+    assert "nor a fused [q; k; v] projection named one of qkv" in text
+
+
+def test_a_fused_qkv_is_reordered_so_each_rank_holds_q_k_and_v_of_its_own_heads() -> None:
+    heads, head_dim, degree = 4, 2, 2
+    order = fused_row_order(heads, head_dim, degree)
+    rows = [(block, row // head_dim) for block in "qkv" for row in range(heads * head_dim)]  # (q/k/v, head) of each row
+    shards = [[rows[i] for i in order[r * 12:(r + 1) * 12]] for r in range(degree)]
+    assert shards[0] == [(b, h) for b in "qkv" for h in (0, 0, 1, 1)]
+    assert shards[1] == [(b, h) for b in "qkv" for h in (2, 2, 3, 3)]
+    assert sorted(order) == list(range(3 * heads * head_dim))
+
+
+def test_a_tied_weight_splits_only_when_every_holder_splits_by_vocabulary() -> None:
+    assert tie_refusal({"embed": "vocab", "head": "vocab"}) is None
+    assert tie_refusal({"embed": None, "head": None}) is None
+    assert "split all of them by vocab" in str(tie_refusal({"embed": "vocab", "head": None}))
 
 
 def test_an_attention_without_a_head_count_is_refused() -> None:
@@ -87,7 +107,7 @@ def test_stages_must_cut_between_the_children_of_a_sequential() -> None:
     assert stage_children(model, [["0.tok", "1.attn.q"], ["2.fc", "3.out", "<loss>"]]) == [["0", "1"], ["2", "3"]]
     with pytest.raises(UnsupportedStrategyError, match=r"module '1' is split between stages 0 and 1"):
         stage_children(model, [["0.tok", "1.attn.q"], ["1.fc", "3.out"]])
-    with pytest.raises(UnsupportedStrategyError, match=r"Block is not one; wrap the model's parts"):
+    with pytest.raises(UnsupportedStrategyError, match=r"the model is a Block, not an nn.Sequential; wrap the model's parts"):
         stage_children(model[1], [["ln1"], ["fc"]])
     with pytest.raises(InvalidStrategyError, match=r"pipeline.stages\[1\]\[0\]: '7.fc' is not inside any child"):
         stage_children(model, [["0.tok"], ["7.fc"]])
@@ -97,6 +117,46 @@ def test_1f1b_with_fewer_micro_batches_than_stages_is_refused() -> None:
     config = PipelineConfig(stages=[["0"], ["1"], ["2"]], micro_batches=2, schedule="1f1b")
     with pytest.raises(InvalidStrategyError, match=r"pipeline.micro_batches: 1F1B needs at least as many micro-batches as stages: 2 < 3"):
         PipelinedModel(nn.Sequential(), stage_index=0, num_stages=3, config=config, group=None, device=torch.device("cpu"), loss_fn=loss_fn)
+
+
+def test_micro_batches_inside_forward_need_a_model_that_returns_its_loss_and_batch_first_inputs() -> None:
+    from stratagem.runtime.pipeline_parallel import AccumulatedModel
+
+    class ReturnsLogits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    with pytest.raises(UnsupportedStrategyError, match=r"ReturnsLogits returned \[2, 2\], not its loss"):
+        AccumulatedModel(ReturnsLogits(), micro_batches=2)(torch.randn(4, 4), torch.zeros(4))
+    with pytest.raises(UnsupportedStrategyError, match=r"the inputs' first dimensions are \[3, 4\]"):
+        AccumulatedModel(ReturnsLogits(), micro_batches=2)(torch.randn(4, 4), torch.zeros(3))
+
+
+def test_micro_batches_inside_forward_average_the_loss_and_accumulate_every_gradient() -> None:
+    from stratagem.runtime.pipeline_parallel import AccumulatedModel
+
+    class Regression(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return (self.fc(x).squeeze(1) - y).square().mean()
+
+    torch.manual_seed(0)
+    model, x, y = Regression(), torch.randn(8, 4), torch.randn(8)
+    whole = model(x, y)
+    whole.backward()
+    expected = model.fc.weight.grad.clone()
+    model.zero_grad()
+    loss = AccumulatedModel(model, micro_batches=4)(x, y)
+    assert float(loss.detach()) == pytest.approx(float(whole.detach()), rel=1e-6)
+    loss.backward()
+    assert torch.allclose(model.fc.weight.grad, expected, rtol=1e-5, atol=1e-7)
 
 
 @pytest.fixture

@@ -22,17 +22,29 @@ from stratagem.ir import ModelGraph
 
 
 def gpt_like(layers: int = 8, hidden: int = 1024, heads: int = 16, tokens: int = 4096, batch: int = 8) -> ModelGraph:
-    """transformer_graph's blocks named like a ModuleList (`blocks.3.qkv`), with a head count on record."""
+    """transformer_graph's blocks named like a ModuleList, q/k/v and output projections inside an attention
+    module around its attention core (`blocks.3.attn.qkv`, `blocks.3.attn/ops0`, `blocks.3.attn.out`),
+    with a head count on record: a graph whose every split the runtime can execute."""
     graph = transformer_graph(layers=layers, hidden=hidden, tokens=tokens).model_dump(mode="json", exclude={"id"})
-    rename = {f"b{i}.": f"blocks.{i}." for i in range(layers)}
+    rename = {f"b{i}.{part}": f"blocks.{i}.{'attn.' if part in ('qkv', 'out') else ''}{part}"
+              for i in range(layers) for part in ("qkv", "out", "ffn1", "ffn2", "norm")}
 
     def renamed(name: str) -> str:
-        prefix = name.split(".")[0] + "."
-        return rename[prefix] + name[len(prefix):] if prefix in rename else name
+        stem, _, leaf = name.rpartition(".")
+        return rename.get(name) or (f"{rename[stem]}.{leaf}" if stem in rename else name)
 
+    out = []
     for layer in graph["layers"]:
         layer["name"], layer["inputs"] = renamed(layer["name"]), [renamed(n) for n in layer["inputs"]]
         layer["variables"] = [renamed(n) for n in layer["variables"]]
+        if layer["name"].endswith(".attn.out"):
+            core = layer["name"].replace(".attn.out", ".attn/ops0")
+            out.append({"name": core, "type": "Attention", "kind": "attention", "fwd_flops": 4.0 * tokens * 128 * hidden,
+                        "bwd_flops": 8.0 * tokens * 128 * hidden, "bytes_moved": 16.0 * tokens * hidden, "activation_bytes": 12.0 * tokens * hidden,
+                        "output_bytes": 4.0 * tokens * hidden, "inputs": layer["inputs"]})
+            layer["inputs"] = [core]
+        out.append(layer)
+    graph["layers"] = out
     for variable in graph["variables"]:
         variable["name"] = renamed(variable["name"])
     graph.update(batch_size=batch, provenance={"zoo": {"config": {"heads": heads}}})
@@ -61,7 +73,7 @@ def test_stages_are_balanced_by_compute() -> None:
 
 
 def test_a_head_count_the_degree_does_not_divide_rules_the_degree_out() -> None:
-    context = compile_context(gpt_like(heads=6), cluster(nodes=1, gpus=4))
+    context = compile_context(gpt_like(heads=6, hidden=1536), cluster(nodes=1, gpus=4))
     assert {m.tensor for m in mesh_choices(context)} == {1, 2}
 
 
@@ -114,7 +126,7 @@ def test_tensor_parallelism_splits_only_sharded_activations() -> None:
     sharded = context.activation_bytes[context.layer_sharded_input].sum()
     assert 0 < sharded < context.activation_bytes.sum()
     names = [n for n, s in zip(context.layer_names, context.layer_sharded_input, strict=True) if s]
-    assert "blocks.0.out" in names and "blocks.0.ffn2" in names and "blocks.0.qkv" not in names and "blocks.0.norm" not in names
+    assert "blocks.0.attn.out" in names and "blocks.0.ffn2" in names and "blocks.0.attn.qkv" not in names and "blocks.0.norm" not in names
     batch = CandidateBatch.allocate(context, 2)
     batch.tensor[1], batch.data[1] = 4, 1
     memory = simulate_batch(context, batch).memory
@@ -141,7 +153,7 @@ def test_recomputation_trades_a_forward_for_all_but_one_blocks_activations() -> 
     batch.recompute[1] = True
     result = simulate_batch(context, batch)
     blocks = context.layer_recomputed
-    assert blocks.sum() == 4 * 5 and not blocks[0]  # four blocks of five layers; the embedding is not one
+    assert blocks.sum() == 4 * 6 and not blocks[0]  # four blocks of six layers; the embedding is not one
     forward = simulate_batch(context, batch.take([0])).component("compute")[0]
     extra = result.component("compute")[1] - result.component("compute")[0]
     assert 0 < extra < forward / 2  # one more forward of the blocks, not of the whole step

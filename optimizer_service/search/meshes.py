@@ -2,16 +2,21 @@
 
 For G compute devices, N per node:
 - tensor degree T: divides N (a tensor group fills part of one node, never two: its all-reduces sit on
-  the critical path) and G, and splits every layer the simulator splits (`simulator.tensor_plan`:
-  heads, features, vocabulary); T > 1 only when the graph has something to split;
+  the critical path) and G, and the runtime's plan for T (`simulator.tensor_plan`: heads, column/row
+  pairs, vocabulary) splits every layer the simulator prices as split — so a CNN, whose convolutions
+  the runtime cannot split, or an attention without a recognised layout, gets no tensor degree;
 - pipeline degree P: divides G / T, at most the number of places a model can be cut (between blocks:
-  `units`); data degree D = G / (T · P);
+  `units`); data degree D = G / (T · P). Only for graphs the runtime can cut
+  (`stratagem.parallel_rules.graph_pipeline_refusal`: an nn.Sequential that leaves its loss to
+  `loss_fn`); for others — every zoo model computes its loss inside forward — P = 1, and `mesh_notes`
+  says why;
 - stages: contiguous runs of units, cut where the forward + backward work reaches equal shares
   (balanced by compute); if a stage then exceeds the device memory, re-cut greedily under the memory
   cap (parameters, gradients and optimizer state of its layers, plus 1F1B's activations in flight);
 - micro-batches m: with a pipeline P, 2P, 4P, 8P and one sample each (m = batch), where they divide
   the per-replica batch (1F1B; GPipe with m = batch when the batch is smaller than P); without one, 1, and gradient accumulation with
-  the fewest micro-batches whose activations fit when a whole batch's do not;
+  the fewest micro-batches whose activations fit when a whole batch's do not, where the runtime can
+  accumulate (`graph_accumulation_refusal`: a model that returns its loss needs batch-first inputs);
 - activation recomputation: offered for a layout whose activations do not fit without it (it costs a
   forward per step, so it is never worth it where memory suffices).
 Memory is an estimate here, only for cutting and for offering recomputation; the simulator decides
@@ -28,7 +33,8 @@ from simulator.compute import layer_times
 from simulator.context import SimContext
 from simulator.encoding import Schedule
 from simulator.pipeline import block_peak
-from simulator.tensor_plan import candidate_splits, degree_splits_everything, head_count
+from simulator.tensor_plan import Split, candidate_splits, covered_layers
+from stratagem.parallel_rules import graph_accumulation_refusal, graph_pipeline_refusal
 
 MAX_STAGES = 64
 """Deepest pipeline tried (the encoding's int8 `layer_stage` holds 127; Megatron's 1T model used 64)."""
@@ -69,19 +75,42 @@ def mesh_choices(context: SimContext) -> list[MeshChoice]:
     starts = context.unit_starts
     figures = _LayerFigures(context)
     out = [MeshChoice(data=devices)]
+    cuttable = graph_pipeline_refusal(context.graph) is None
+    accumulate = graph_accumulation_refusal(context.graph) is None
     for tensor in _tensor_degrees(context, devices, per_node):
         for pipeline in _divisors(devices // tensor):
-            if pipeline > min(len(starts), MAX_STAGES):
+            if pipeline > (min(len(starts), MAX_STAGES) if cuttable else 1):
                 break
-            out.extend(_meshes_for(context, figures, starts, devices, tensor, pipeline))
+            out.extend(_meshes_for(context, figures, starts, devices, tensor, pipeline, accumulate=accumulate))
     return _unique(out)
 
 
-def _meshes_for(context: SimContext, figures: _LayerFigures, starts: np.ndarray, devices: int, tensor: int, pipeline: int) -> list[MeshChoice]:
+def mesh_notes(context: SimContext) -> list[str]:
+    """Why the space holds no tensor or pipeline layouts for this graph, in words for the space report."""
+    notes = []
+    refusal = graph_pipeline_refusal(context.graph)
+    if refusal is not None:
+        notes.append(f"mesh: no pipeline stages: {refusal}")
+    refusal = graph_accumulation_refusal(context.graph)
+    if refusal is not None:
+        notes.append(f"mesh: no accumulated micro-batches: {refusal}")
+    devices = len(context.compute_device_indices)
+    degrees = [t for t in _divisors(_devices_per_node(context)) if t > 1 and devices % t == 0]
+    if degrees and not set(degrees) & set(_tensor_degrees(context, devices, _devices_per_node(context))):
+        missing = _uncovered(context, candidate_splits(context.graph), degrees[0])
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        notes.append(f"mesh: no tensor degree: the simulator would price {shown or 'no layer'} as split, which the runtime's "
+                     "plan cannot split (docs/hybrid.md says what it splits)")
+    return notes
+
+
+def _meshes_for(context: SimContext, figures: _LayerFigures, starts: np.ndarray, devices: int, tensor: int, pipeline: int, *,
+                accumulate: bool) -> list[MeshChoice]:
     data = devices // (tensor * pipeline)
     batch = context.batch_size
     if pipeline == 1:
-        return [MeshChoice(data=data, tensor=tensor, micro_batches=m, recompute=r) for m, r in _accumulation(figures, tensor, batch)]
+        return [MeshChoice(data=data, tensor=tensor, micro_batches=m, recompute=r)
+                for m, r in _accumulation(figures, tensor, batch, accumulate=accumulate)]
     cost = figures.cost(tensor)
     balanced = _cut_by_compute(cost, starts, pipeline)
     out = []
@@ -103,12 +132,17 @@ def _meshes_for(context: SimContext, figures: _LayerFigures, starts: np.ndarray,
 
 
 def _tensor_degrees(context: SimContext, devices: int, per_node: int) -> list[int]:
-    row_parallel = context.layer_tp_allreduce.tolist()
-    if not candidate_splits(context.graph, row_parallel):
+    """1, and each T > 1 whose plan splits every layer the simulator splits at T."""
+    splits = candidate_splits(context.graph)
+    if not splits:
         return [1]
-    heads = head_count(context.graph) or 1
-    return [t for t in _divisors(per_node)
-            if devices % t == 0 and heads % t in (0, heads) and (t == 1 or degree_splits_everything(context.graph, row_parallel, t))]
+    return [t for t in _divisors(per_node) if devices % t == 0 and (t == 1 or not _uncovered(context, splits, t))]
+
+
+def _uncovered(context: SimContext, splits: list[Split], tensor: int) -> list[str]:
+    """Layers the simulator prices as split at degree `tensor` that the runtime's plan leaves whole."""
+    covered = covered_layers(splits, tensor)
+    return [name for i, name in enumerate(context.layer_names) if context.layer_tensor_split[i] and i not in covered]
 
 
 def _micro_batches(batch: int, pipeline: int) -> list[tuple[int, Schedule]]:
@@ -117,16 +151,17 @@ def _micro_batches(batch: int, pipeline: int) -> list[tuple[int, Schedule]]:
     return [(m, Schedule.ONE_F_ONE_B) for m in counts] or [(batch, Schedule.GPIPE)]
 
 
-def _accumulation(figures: _LayerFigures, tensor: int, batch: int) -> list[tuple[int, bool]]:
+def _accumulation(figures: _LayerFigures, tensor: int, batch: int, *, accumulate: bool) -> list[tuple[int, bool]]:
     """(micro-batches, recompute): one micro-batch; where a whole batch's activations do not fit, the
-    fewest accumulated micro-batches that do, and recomputation with the fewest micro-batches that fit."""
+    fewest accumulated micro-batches that do (one, where the runtime cannot accumulate), and
+    recomputation with the fewest micro-batches that fit."""
     static = figures.static(tensor).sum()
     out = [(1, False)]
     for recompute in (False, True):
         acts = figures.activations(tensor, recompute).sum() + figures.peak(tensor, recompute)
         if static + acts <= figures.capacity and not recompute:
             return out
-        fitting = [m for m in _divisors(batch) if static + acts / m <= figures.capacity]
+        fitting = [m for m in _divisors(batch) if static + acts / m <= figures.capacity] if accumulate else [1]
         out.append((fitting[0] if fitting else batch, recompute))
     return _ordered_unique(out)
 

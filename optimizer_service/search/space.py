@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from optimizer_service.search.meshes import MeshChoice, mesh_choices
+from optimizer_service.search.meshes import MeshChoice, mesh_choices, mesh_notes
 from simulator.context import SimContext, compile_context
 from simulator.encoding import CompressorKind, ConsistencyKind
 from stratagem.builders import ps_servers
@@ -189,6 +189,7 @@ def size_of(space: Space) -> SpaceSize:
     ]
     if len(space.meshes) == 1:
         notes.append("mesh: pure data parallelism only (nothing to split, or one device per node and no place to cut stages)")
+    notes += mesh_notes(space.context)
     return SpaceSize(
         log10_candidates=round(float(counts.per_variable.sum()) + fusion + globals_, 3),
         knobs={name: round(value, 3) for name, value in knobs.items()},

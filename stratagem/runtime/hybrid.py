@@ -13,7 +13,8 @@ Order of composition, and why:
 3. Split the tensor-parallel modules (DTensor) on the whole model and point the optimizer at the new
    parameters — every rank of a tensor group must split the same modules in the same order. Then
    wrap the numbered blocks for recomputation, around the split modules' own communication.
-4. Cut this rank's pipeline stage out of the split model.
+4. Cut this rank's pipeline stage out of the split model — or, for micro-batches without stages on a
+   model that is no nn.Sequential (it returns its own loss), wrap it to accumulate inside forward.
 5. Synchronize what the stage holds over its data-parallel group with the per-variable executors
    (all-reduce, parameter server, ZeRO) exactly as for pure data parallelism: each rank of the group
    holds the same shard of every split parameter, so the executors work on local shards.
@@ -102,12 +103,13 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
     # DTensor and pipelining cost about 2 s of imports; only meshes need them.
     from torch.distributed.device_mesh import init_device_mesh
 
-    from stratagem.runtime.pipeline_parallel import PipelinedModel, stage_children, stage_module
+    from stratagem.runtime.pipeline_parallel import AccumulatedModel, PipelinedModel, stage_children, stage_module
     from stratagem.runtime.tensor_parallel import apply_tensor_parallel, retarget_optimizer
 
     layout = MeshLayout.of(strategy)
-    _check(strategy, model, world_size=world_size, loss_fn=loss_fn)
-    stages = stage_children(model, strategy.pipeline.stages) if strategy.pipeline is not None else None
+    accumulate_in_forward = _accumulates_in_forward(strategy, model)
+    _check(strategy, model, world_size=world_size, loss_fn=loss_fn, needs_loss_fn=not accumulate_in_forward)
+    stages = stage_children(model, strategy.pipeline.stages) if strategy.pipeline is not None and not accumulate_in_forward else None
     broadcast(model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False))
     mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_AXES)
     if layout.tensor > 1:
@@ -117,6 +119,8 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
     _, p, _ = layout.coordinates(rank)
     runner: nn.Module = model
     module = model
+    if accumulate_in_forward and strategy.pipeline is not None:
+        runner = AccumulatedModel(model, micro_batches=strategy.pipeline.micro_batches)
     if strategy.pipeline is not None and stages is not None:
         module = stage_module(model, stages[p])
         assert loss_fn is not None  # _check refused a pipeline without one
@@ -125,7 +129,16 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
     return runner, _synchronize(module, optimizer, strategy, layout, rank, mesh["data"].get_group(), device)
 
 
-def _check(strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: LossFn | None) -> None:
+def _accumulates_in_forward(strategy: Strategy, model: nn.Module) -> bool:
+    """Micro-batches without stages on a model the runtime cannot cut: accumulated inside its forward
+    (`AccumulatedModel`), which needs the model to return its loss (`parallel_rules.accumulation_refusal`)."""
+    from stratagem.parallel_rules import class_path, pipeline_refusal
+
+    return (strategy.pipeline is not None and strategy.effective_mesh.pipeline == 1
+            and pipeline_refusal(class_path(type(model)), returns_loss=False) is not None)
+
+
+def _check(strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: LossFn | None, needs_loss_fn: bool) -> None:
     layout = MeshLayout.of(strategy)
     if world_size != len(strategy.replicas):
         raise UnsupportedStrategyError(
@@ -133,7 +146,7 @@ def _check(strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: Lo
     if layout.tensor > 1 and not strategy.tensor_parallel:
         raise UnsupportedStrategyError(
             f"mesh.tensor is {layout.tensor} but tensor_parallel names no module to split; list the layers and their styles")
-    if strategy.pipeline is not None and loss_fn is None:
+    if strategy.pipeline is not None and needs_loss_fn and loss_fn is None:
         raise UnsupportedStrategyError("a strategy with pipeline stages or micro-batches needs distribute(..., loss_fn=...): "
                                        "the last stage computes the loss of each micro-batch")
     check_coverage(strategy, model)

@@ -2,7 +2,8 @@
 
 A strategy's stages are lists of graph layer names (module paths). The runtime cuts the model between
 its top-level modules, so the model must be an `nn.Sequential` whose children chain into the output
-(embeddings, blocks, head), and every child must fall inside one stage. The stage keeps the children's
+(embeddings, blocks, head) and leave the loss to `loss_fn`, and every child must fall inside one stage
+(`stratagem.parallel_rules.pipeline_refusal`, which the search obeys too). The stage keeps the children's
 names, so parameter names — what the strategy's variables refer to — are the same as in the whole model.
 
 A step runs every micro-batch through the stage with `ScheduleGPipe` or `Schedule1F1B` (PyTorch's own
@@ -23,6 +24,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from stratagem.errors import InvalidStrategyError, Problem, UnsupportedStrategyError
 from stratagem.ir import PipelineConfig
+from stratagem.parallel_rules import class_path, pipeline_refusal
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ROOT_LAYERS = ("<root>", "<loss>")
@@ -32,10 +34,9 @@ ROOT_LAYERS = ("<root>", "<loss>")
 def stage_children(model: nn.Module, stages: list[list[str]]) -> list[list[str]]:
     """The model's top-level children in each stage, in order. A child no stage names (capture recorded
     no layer inside it) runs in the stage of the child before it."""
-    if not isinstance(model, nn.Sequential):
-        raise UnsupportedStrategyError(
-            f"pipeline: the runtime cuts a model between the children of an nn.Sequential, and {type(model).__name__} is not one; "
-            "wrap the model's parts (embeddings, blocks, head) in an nn.Sequential")
+    refusal = pipeline_refusal(class_path(type(model)), returns_loss=False)
+    if refusal is not None:
+        raise UnsupportedStrategyError(f"pipeline: {refusal}; wrap the model's parts (embeddings, blocks, head) in an nn.Sequential")
     children = list(model._modules)
     stage_of: dict[str, int] = {}
     for s, names in enumerate(stages):
@@ -84,7 +85,7 @@ class PipelinedModel(nn.Module):
                                                 f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}")])
         pipe = PipelineStage(stage, stage_index, num_stages, device, group=group)
         schedule = Schedule1F1B if config.schedule == "1f1b" else ScheduleGPipe
-        self.schedule = schedule(pipe, config.micro_batches, loss_fn=loss_fn)
+        self.schedule = schedule(pipe, config.micro_batches, loss_fn=_scoring_outputs(loss_fn))
 
     @property
     def is_first(self) -> bool:
@@ -110,3 +111,54 @@ class PipelinedModel(nn.Module):
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         raise UnsupportedStrategyError("a pipeline stage runs whole steps: call model.train_step(*inputs, target=...)")
+
+
+class AccumulatedModel(nn.Module):
+    """Micro-batches on one stage for a model that returns its own loss (a mean over samples), trained
+    as usual: `loss = model(*batch); loss.backward()`. Forward splits every input along its first
+    dimension, runs forward and backward for every micro-batch but the last, and returns the mean loss
+    whose backward is the last micro-batch's — so gradients are the whole batch's mean while only one
+    micro-batch's activations are alive. The model is `self.module` (parameter names gain `module.`,
+    as under DDP). Without gradients (evaluation) it only averages the micro-batch losses."""
+
+    def __init__(self, module: nn.Module, *, micro_batches: int) -> None:
+        super().__init__()
+        self.module = module
+        self.micro_batches = micro_batches
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        chunks = self._chunks(inputs)
+        for index, chunk in enumerate(chunks):
+            loss = self.module(*chunk)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise UnsupportedStrategyError(
+                    f"pipeline.micro_batches: {type(self.module).__name__} returned {shape}, not its loss: micro-batches of a "
+                    "model that is not an nn.Sequential accumulate only when its forward returns the loss (a single number)")
+            if index < len(chunks) - 1 and torch.is_grad_enabled():
+                (loss / self.micro_batches).backward()
+                loss = loss.detach()
+            losses.append(loss)
+        return torch.stack(losses).mean()
+
+    def _chunks(self, inputs: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+        """Every tensor input split along its first dimension, which must be the same batch for all."""
+        rows = sorted({t.shape[0] if t.dim() else 0 for t in inputs if isinstance(t, torch.Tensor)})
+        if len(rows) != 1 or rows[0] % self.micro_batches:
+            raise UnsupportedStrategyError(
+                f"pipeline.micro_batches: {self.micro_batches} micro-batches split every input along its first dimension, "
+                f"which must be one local batch they divide; the inputs' first dimensions are {rows}")
+        split = [t.chunk(self.micro_batches) if isinstance(t, torch.Tensor) else (t,) * self.micro_batches for t in inputs]
+        return list(zip(*split, strict=True))
+
+
+def _scoring_outputs(loss_fn: LossFn) -> LossFn:
+    """`loss_fn`, refusing a 0-d model output: the model computed its own loss, which micro-batching cannot score."""
+
+    def scored(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if isinstance(output, torch.Tensor) and output.dim() == 0:
+            raise UnsupportedStrategyError(f"pipeline: {pipeline_refusal(None, returns_loss=True)}")
+        return loss_fn(output, target)
+
+    return scored

@@ -9,30 +9,43 @@ Each style is one of `torch.distributed.tensor.parallel`'s, so the collectives a
 - `vocab` — an Embedding's rows (`RowwiseParallel(input_layouts=Replicate())`: a rank looks up only its
   rows and the partial embeddings are summed), or an output head's rows (`ColwiseParallel(output_layouts=
   Replicate())`: each rank computes its slice of the logits and the slices are gathered);
-- `heads` — an attention module: its q/k/v projections `colwise`, its output projection `rowwise`, and
-  its head-count attribute divided by the degree, so each rank runs whole heads. The module's forward
-  must size its views from that attribute and the local tensors (`view(b, s, self.heads, -1)`), as
-  Megatron-style attention does.
+- `heads` — an attention module: its q/k/v projections `colwise` (a fused [q; k; v] one after reordering
+  its rows so each rank's shard holds q, k and v of its own heads), its output projection `rowwise`,
+  and its head-count attribute divided by the degree, so each rank runs whole heads.
 
-Splitting replaces the parameters with DTensor parameters, so the optimizer built on the old ones is
-pointed at the new ones (`retarget_optimizer`); that is only sound before its first step.
+Which module takes which style, and why, is `stratagem.parallel_rules` — the same rules the search's
+plan follows. A weight tied between modules that are all split by vocabulary is split once and stays
+tied. Splitting replaces the parameters with DTensor parameters, so the optimizer built on the old ones
+is pointed at the new ones (`retarget_optimizer`); that is only sound before its first step.
+`gathered_parameters` undoes the splits (and a fused projection's row order) for comparison or saving.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from stratagem.errors import InvalidStrategyError, Problem, UnsupportedStrategyError
 from stratagem.ir import TensorParallelLayer
+from stratagem.parallel_rules import (
+    HEAD_COUNT_ATTRIBUTES,
+    AttentionSplit,
+    Projection,
+    Refusal,
+    attention_split,
+    fused_row_order,
+    head_attribute,
+    style_refusal,
+    tie_refusal,
+)
 
-HEAD_COUNT_ATTRIBUTES = ("heads", "num_heads", "n_heads", "n_head", "num_attention_heads")
-"""Where an attention module keeps its number of heads (the `heads` style divides it)."""
-OUTPUT_PROJECTIONS = ("out", "o", "o_proj", "out_proj", "wo", "c_proj", "dense", "proj")
-"""Names of an attention module's output projection; its other Linear children project into heads."""
+ROW_ORDER = "stratagem_row_order"
+"""Attribute of a Linear whose weight rows were reordered before the split: new row i is old row order[i]."""
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, layers: list[TensorParallelLayer]) -> dict[int, nn.Parameter]:
@@ -41,25 +54,58 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, layers: list[Tenso
     Every rank of the tensor group must call it with the same layers: splitting scatters rank 0's weights.
     """
     degree = mesh.size()
-    shared = _shared_parameters(model)
-    plan: dict[str, ParallelStyle] = {}
-    heads: list[tuple[nn.Module, str, int]] = []
-    for i, layer in enumerate(layers):
-        module = _module(model, layer.name, f"tensor_parallel[{i}].name")
-        if layer.style == "heads":
-            attribute = _check_heads(module, layer, degree, f"tensor_parallel[{i}]")
-            heads.append((module, attribute, degree))
-            plan.update(_attention_plan(module, layer.name, degree, f"tensor_parallel[{i}]"))
-        else:
-            plan[layer.name] = _style(module, layer, degree, f"tensor_parallel[{i}]")
-    for name in plan:
-        _check_untied(model.get_submodule(name), name, shared)
+    splits = _collect(model, layers, degree)
+    ties = _check_ties(model, splits.styles)
+    for projection, order in splits.reordered:
+        _reorder_rows(projection, order)
     before = dict(model.named_parameters())
-    parallelize_module(model, mesh, plan)
-    for module, attribute, degree in heads:
+    parallelize_module(model, mesh, splits.plan)
+    _retie(model, ties)
+    for module, attribute in splits.heads:
         setattr(module, attribute, getattr(module, attribute) // degree)
+    for name in splits.plan:
+        model.get_submodule(name).register_forward_hook(_own_output)
     after = dict(model.named_parameters())
-    return {id(before[name]): after[name] for name in before if after[name] is not before[name]}
+    replaced = {id(before[name]): after[name] for name in before if after[name] is not before[name]}
+    for param in replaced.values():
+        param.register_post_accumulate_grad_hook(_grad_like_param)
+    return replaced
+
+
+@dataclass
+class _Splits:
+    """What one strategy's `tensor_parallel` asks of the model, checked before anything changes."""
+
+    plan: dict[str, ParallelStyle] = field(default_factory=dict)
+    """Module path -> PyTorch's style for it."""
+    styles: dict[str, str] = field(default_factory=dict)
+    """Module path -> the strategy's style that split it (`heads` for an attention's projections)."""
+    heads: list[tuple[nn.Module, str]] = field(default_factory=list)
+    """Attention modules and their head-count attribute, divided by the degree after the split."""
+    reordered: list[tuple[nn.Linear, list[int]]] = field(default_factory=list)
+    """Fused q/k/v projections and their head-group row order."""
+
+
+def _collect(model: nn.Module, layers: list[TensorParallelLayer], degree: int) -> _Splits:
+    splits = _Splits()
+    for i, layer in enumerate(layers):
+        where = f"tensor_parallel[{i}]"
+        module = _module(model, layer.name, f"{where}.name")
+        if layer.style != "heads":
+            splits.plan[layer.name] = _style(module, layer, degree, where)
+            splits.styles.setdefault(layer.name, layer.style)
+            continue
+        attribute, count = _check_heads(module, layer, degree, where)
+        split = _attention(module, layer.name, count, degree, where)
+        splits.heads.append((module, attribute))
+        for name, style in _attention_plan(layer.name, split).items():
+            splits.plan[name] = style
+            splits.styles.setdefault(name, "heads")
+        if split.fused is not None:
+            projection = module.get_submodule(split.fused)
+            assert isinstance(projection, nn.Linear)  # attention_split names Linear children only
+            splits.reordered.append((projection, fused_row_order(count, projection.out_features // (3 * count), degree)))
+    return splits
 
 
 def retarget_optimizer(optimizer: torch.optim.Optimizer, replaced: dict[int, nn.Parameter]) -> None:
@@ -74,6 +120,20 @@ def retarget_optimizer(optimizer: torch.optim.Optimizer, replaced: dict[int, nn.
         group["params"] = [replaced.get(id(p), p) for p in group["params"]]
 
 
+def gathered_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole and in the model's own layout: split ones gathered over the tensor group
+    (a collective: every rank of the group must call it) and reordered rows put back."""
+    out: dict[str, torch.Tensor] = {}
+    for module_name, module in model.named_modules():
+        order = getattr(module, ROW_ORDER, None)
+        for name, param in module.named_parameters(recurse=False):
+            full = (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+            if order is not None:
+                full = torch.empty_like(full).index_copy_(0, torch.as_tensor(order), full)
+            out[f"{module_name}.{name}" if module_name else name] = full
+    return out
+
+
 def _module(model: nn.Module, name: str, where: str) -> nn.Module:
     try:
         return model.get_submodule(name)
@@ -83,14 +143,13 @@ def _module(model: nn.Module, name: str, where: str) -> nn.Module:
 
 def _style(module: nn.Module, layer: TensorParallelLayer, degree: int, where: str) -> ParallelStyle:
     """The ParallelStyle of a colwise, rowwise or vocab split, after checking the module can take it."""
-    if isinstance(module, nn.Embedding) and layer.style == "vocab":
-        if module.sparse:
-            raise UnsupportedStrategyError(f"{where} ({layer.name}): a sparse-gradient Embedding cannot be split by vocabulary")
+    refusal = style_refusal(layer.style, type(module).__name__, sparse=bool(getattr(module, "sparse", False)))
+    if refusal is not None:
+        raise UnsupportedStrategyError(f"{where} ({layer.name}): {refusal}")
+    if isinstance(module, nn.Embedding):
         _divides(degree, module.num_embeddings, f"{where}.style", f"the {module.num_embeddings} rows of {layer.name}")
         return RowwiseParallel(input_layouts=Replicate())
-    if not isinstance(module, nn.Linear):
-        kinds = "an Embedding or a Linear" if layer.style == "vocab" else "a Linear"
-        raise UnsupportedStrategyError(f"{where} ({layer.name}): the {layer.style} style splits {kinds}, not {type(module).__name__}")
+    assert isinstance(module, nn.Linear)  # style_refusal admits only these two classes
     if layer.style == "rowwise":
         _divides(degree, module.in_features, f"{where}.style", f"the {module.in_features} input features of {layer.name}")
         return RowwiseParallel()
@@ -98,41 +157,61 @@ def _style(module: nn.Module, layer: TensorParallelLayer, degree: int, where: st
     return ColwiseParallel(output_layouts=Replicate()) if layer.style == "vocab" else ColwiseParallel()
 
 
-def _check_heads(module: nn.Module, layer: TensorParallelLayer, degree: int, where: str) -> str:
-    """The module's head-count attribute, after checking it matches the strategy and splits evenly."""
-    attribute = next((a for a in HEAD_COUNT_ATTRIBUTES if isinstance(getattr(module, a, None), int)), None)
-    if attribute is None:
+def _check_heads(module: nn.Module, layer: TensorParallelLayer, degree: int, where: str) -> tuple[str, int]:
+    """The module's head-count attribute and value, after checking it matches the strategy and splits evenly."""
+    found = head_attribute({name: getattr(module, name, None) for name in HEAD_COUNT_ATTRIBUTES})
+    if found is None:
         raise UnsupportedStrategyError(
             f"{where} ({layer.name}): the heads style needs the module's head count as an int attribute "
             f"({', '.join(HEAD_COUNT_ATTRIBUTES)}); {type(module).__name__} has none")
-    count = getattr(module, attribute)
+    attribute, count = found
     if count != layer.heads:
         raise InvalidStrategyError([Problem(f"{where}.heads", f"{layer.heads} given, but {layer.name}.{attribute} is {count}")])
     _divides(degree, count, f"{where}.heads", f"the {count} heads of {layer.name}")
-    return attribute
+    return attribute, count
 
 
-def _attention_plan(module: nn.Module, name: str, degree: int, where: str) -> dict[str, ParallelStyle]:
+def _attention(module: nn.Module, name: str, heads: int, degree: int, where: str) -> AttentionSplit:
+    projections = [Projection(child, m.in_features, m.out_features) for child, m in module.named_children() if type(m) is nn.Linear]
+    split = attention_split(projections, heads)
+    if isinstance(split, Refusal):
+        raise UnsupportedStrategyError(f"{where} ({name}): {split}")
+    width = module.get_submodule(split.output).in_features
+    _divides(degree, width, f"{where}.heads", f"the {width} attention features of {name}")
+    return split
+
+
+def _attention_plan(name: str, split: AttentionSplit) -> dict[str, ParallelStyle]:
     """q/k/v projections column-wise and the output projection row-wise, each holding whole heads."""
-    linears = {child: m for child, m in module.named_children() if isinstance(m, nn.Linear)}
-    outputs = [child for child in linears if child in OUTPUT_PROJECTIONS]
-    if len(outputs) != 1 or len(linears) < 2:
-        raise UnsupportedStrategyError(
-            f"{where} ({name}): the heads style needs Linear children projecting into heads and exactly one output "
-            f"projection named one of {', '.join(OUTPUT_PROJECTIONS)}; found Linear children {sorted(linears)}")
-    out = linears[outputs[0]]
-    plan: dict[str, ParallelStyle] = {f"{name}.{outputs[0]}": RowwiseParallel()}
-    for child, projection in linears.items():
-        if child == outputs[0]:
-            continue
-        if projection.out_features != out.in_features:
-            raise UnsupportedStrategyError(
-                f"{where} ({name}.{child}): {projection.out_features} output features for {out.in_features} attention "
-                "features looks like fused q/k/v; contiguous column shards would mix q, k and v, so split it into "
-                "separate projections")
+    plan: dict[str, ParallelStyle] = {f"{name}.{split.output}": RowwiseParallel()}
+    for child in (*split.separate, *([split.fused] if split.fused else [])):
         plan[f"{name}.{child}"] = ColwiseParallel()
-    _divides(degree, out.in_features, f"{where}.heads", f"the {out.in_features} attention features of {name}")
     return plan
+
+
+def _grad_like_param(param: nn.Parameter) -> None:
+    """Lay a split parameter's gradient out as the parameter: DTensor may propagate another placement
+    (a positional embedding's gradient comes back replicated), and the data-parallel synchronizers,
+    hooked after this one, work on local shards."""
+    grad = param.grad
+    if isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements:
+        param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def _own_output(module: nn.Module, inputs: object, output: torch.Tensor) -> torch.Tensor:
+    """A copy of a split module's local output: DTensor hands back a view of its own tensor, which autograd
+    forbids modifying in place, and in-place code often follows (`ReLU(inplace=True)`, `out += x`)."""
+    return output.clone()
+
+
+def _reorder_rows(projection: nn.Linear, order: list[int]) -> None:
+    """Put a fused projection's rows in head-group order, so contiguous shards hold whole heads' q, k and v."""
+    index = torch.as_tensor(order, device=projection.weight.device)
+    with torch.no_grad():
+        projection.weight.copy_(projection.weight.index_select(0, index))
+        if projection.bias is not None:
+            projection.bias.copy_(projection.bias.index_select(0, index))
+    setattr(projection, ROW_ORDER, order)
 
 
 def _divides(degree: int, length: int, where: str, what: str) -> None:
@@ -140,20 +219,36 @@ def _divides(degree: int, length: int, where: str, what: str) -> None:
         raise InvalidStrategyError([Problem(where, f"mesh.tensor({degree}) does not divide {what}")])
 
 
-def _shared_parameters(model: nn.Module) -> dict[int, list[str]]:
-    """Parameter id -> every module that owns it (tied weights have several owners)."""
-    owners: dict[int, list[str]] = {}
+def _holders(model: nn.Module) -> dict[int, list[tuple[str, str]]]:
+    """Parameter id -> every (module, attribute) that holds it (tied weights have several holders)."""
+    holders: dict[int, list[tuple[str, str]]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
-        for param in module._parameters.values():
+        for attribute, param in module._parameters.items():
             if param is not None:
-                owners.setdefault(id(param), []).append(name)
-    return owners
+                holders.setdefault(id(param), []).append((name, attribute))
+    return holders
 
 
-def _check_untied(module: nn.Module, name: str, owners: dict[int, list[str]]) -> None:
-    for param_name, param in module.named_parameters(recurse=False):
-        others = [o for o in owners.get(id(param), []) if o != name]
-        if others:
-            raise UnsupportedStrategyError(
-                f"tensor_parallel ({name}): {name}.{param_name} is tied to {others[0]}; splitting would untie them, "
-                "so untie the weights or leave this module unsplit")
+def _check_ties(model: nn.Module, styles: dict[str, str]) -> list[list[tuple[str, str]]]:
+    """Refuse a split that would untie a shared weight; return the tied groups the split keeps tied."""
+    kept = []
+    for holders in _holders(model).values():
+        modules = sorted({module for module, _ in holders})
+        if len(modules) < 2 or not any(module in styles for module in modules):
+            continue
+        refusal = tie_refusal({module: styles.get(module) for module in modules})
+        if refusal is not None:
+            split, attribute = next(holder for holder in holders if holder[0] in styles)
+            other = next(module for module in modules if module != split)
+            raise UnsupportedStrategyError(f"tensor_parallel ({split}): {split}.{attribute} is tied to {other}; {refusal}")
+        kept.append(holders)
+    return kept
+
+
+def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
+    """Every holder of a tied weight takes the first holder's split parameter (all hold the same rows)."""
+    for holders in ties:
+        first_module, first_attribute = holders[0]
+        shared = model.get_submodule(first_module)._parameters[first_attribute]
+        for module, attribute in holders[1:]:
+            model.get_submodule(module)._parameters[attribute] = shared

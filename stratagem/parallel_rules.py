@@ -1,0 +1,225 @@
+"""What the runtime can split across a tensor group or cut into pipeline stages, stated once.
+
+The search writes a tensor plan and stage cuts from a ModelGraph (`simulator.tensor_plan`,
+`optimizer_service.search.meshes`); the runtime applies them to a live module
+(`stratagem.runtime.tensor_parallel`, `pipeline_parallel`). Both ask the functions here, on plain
+descriptions (class names, Linear shapes, a head count), so the plan never emits what the runtime
+refuses and the two cannot drift. No torch here: the simulator imports it without a GPU stack.
+
+Tensor parallelism (Megatron's styles):
+- `colwise` / `rowwise` split a `Linear`; `vocab` splits the rows of an `Embedding` with dense
+  gradients, or of an output-head `Linear` (its logits gathered). Exact class names: a subclass may
+  override `forward` in ways a split does not survive.
+- `heads` splits an attention module that keeps its head count in an int attribute
+  (`HEAD_COUNT_ATTRIBUTES`) and whose Linear children are one output projection
+  (`OUTPUT_PROJECTIONS`) and either separate q, k and v projections, each as wide as the output
+  projection's input, or one fused projection (`FUSED_QKV_PROJECTIONS`) laid out as [q; k; v]
+  blocks of heads × head_dim rows (GPT-2, nanoGPT, MPT). The fused one is split per head group: its
+  rows are reordered so that each rank's contiguous shard is [q, k, v] of its own heads
+  (`fused_row_order`). The module's forward must size its views from the head count and the local
+  tensors (`view(b, s, self.heads, -1)`), as Megatron-style attention does: nothing can check that
+  before it runs. Megatron's own interleaved [heads, 3, head_dim] layout is not recognised.
+- A weight shared by several modules (tied embeddings) may be split only when every module holding
+  it is split by vocabulary: each split takes the same rows, so one sharded parameter stays tied.
+
+Pipeline stages and micro-batches: the runtime cuts an `nn.Sequential` between its top-level children
+and computes each micro-batch's loss with the caller's `loss_fn` on the last stage. A model of any
+other class (its forward may do anything between its children) or one that returns its own loss
+(nothing is left for `loss_fn` to score) cannot be cut into stages. Micro-batches on one stage
+(gradient accumulation) work for those too when the model returns its loss, a mean over samples, and
+every input has the batch as its first dimension: the runtime splits the inputs and runs each
+micro-batch's forward and backward in turn (`accumulation_refusal`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stratagem.ir import ModelGraph
+
+HEAD_COUNT_ATTRIBUTES = ("heads", "num_heads", "n_heads", "n_head", "num_attention_heads")
+"""Where an attention module keeps its number of heads (the `heads` style divides it)."""
+OUTPUT_PROJECTIONS = ("out", "o", "o_proj", "out_proj", "wo", "c_proj", "dense", "proj")
+"""Names of an attention module's output projection."""
+FUSED_QKV_PROJECTIONS = ("qkv", "c_attn", "qkv_proj", "Wqkv", "in_proj")
+"""Names of a fused projection laid out as [q; k; v] blocks, each heads × head_dim rows."""
+STYLE_MODULES = {"colwise": ("Linear",), "rowwise": ("Linear",), "vocab": ("Embedding", "Linear")}
+"""Module classes each style splits (exact class names)."""
+SEQUENTIAL_CLASS = "torch.nn.modules.container.Sequential"
+"""The one model class the runtime cuts into pipeline stages (between its top-level children)."""
+LOSS_LAYER = "<loss>"
+"""Capture's layer for the loss function's operations, outside the model."""
+MAX_ITEMSIZE = 8
+"""Bytes of the widest scalar: a layer whose output is no larger holds a single number."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the runtime cannot split or cut something, in words for a report or an error."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A Linear child of an attention module: its name and features."""
+
+    name: str
+    in_features: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class AttentionSplit:
+    """How the heads style splits one attention module's projections."""
+
+    output: str
+    """The output projection (row-wise)."""
+    separate: tuple[str, ...] = ()
+    """Separate q, k and v projections (column-wise)."""
+    fused: str | None = None
+    """A fused [q; k; v] projection (column-wise after `fused_row_order`)."""
+
+
+def style_refusal(style: str, module_class: str, *, sparse: bool = False) -> Refusal | None:
+    """Whether a colwise, rowwise or vocab split fits a module of this class (None when it does)."""
+    kinds = STYLE_MODULES.get(style)
+    if kinds is None:
+        return Refusal(f"unknown style {style!r}")
+    if module_class not in kinds:
+        return Refusal(f"the {style} style splits {' or '.join(f'a {k}' for k in kinds)}, not {module_class}")
+    if sparse:
+        return Refusal("a sparse-gradient Embedding cannot be split by vocabulary (a parameter server moves just its touched rows)")
+    return None
+
+
+def head_attribute(attributes: dict[str, object]) -> tuple[str, int] | None:
+    """The (attribute, head count) an attention module keeps, from its attributes, or None."""
+    for name in HEAD_COUNT_ATTRIBUTES:
+        value = attributes.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return name, value
+    return None
+
+
+def attention_split(projections: Sequence[Projection], heads: int) -> AttentionSplit | Refusal:
+    """How the heads style splits an attention module with these Linear children and head count."""
+    names = sorted(p.name for p in projections)
+    outputs = [p for p in projections if p.name in OUTPUT_PROJECTIONS]
+    if len(outputs) != 1 or len(projections) < 2:
+        return Refusal(f"the heads style needs Linear children projecting into heads and exactly one output projection "
+                       f"named one of {', '.join(OUTPUT_PROJECTIONS)}; found Linear children {names}")
+    out = outputs[0]
+    width = out.in_features
+    if width % heads:
+        return Refusal(f"{width} attention features do not divide into {heads} heads")
+    separate: list[str] = []
+    fused: list[str] = []
+    for p in projections:
+        if p is out:
+            continue
+        if p.in_features != out.out_features:
+            return Refusal(f"{p.name} reads {p.in_features} features but {out.name} writes {out.out_features}: not a projection into heads")
+        if p.out_features == width:
+            separate.append(p.name)
+        elif p.out_features == 3 * width and p.name in FUSED_QKV_PROJECTIONS:
+            fused.append(p.name)
+        else:
+            return Refusal(
+                f"{p.name} has {p.out_features} output features for {width} attention features: neither one of separate q/k/v "
+                f"projections nor a fused [q; k; v] projection named one of {', '.join(FUSED_QKV_PROJECTIONS)}")
+    if fused and (separate or len(fused) > 1):
+        return Refusal(f"a fused q/k/v projection ({fused[0]}) beside other projections {sorted(separate + fused[1:])}")
+    return AttentionSplit(output=out.name, separate=tuple(separate), fused=fused[0] if fused else None)
+
+
+def fused_row_order(heads: int, head_dim: int, degree: int) -> list[int]:
+    """Rows of a fused [q; k; v] weight reordered so that shard r of `degree` contiguous shards is
+    [q; k; v] of heads r·H/T .. (r+1)·H/T - 1: new row i is old row order[i]."""
+    width = heads * head_dim
+    local = heads // degree
+    order: list[int] = []
+    for group in range(degree):
+        for block in range(3):
+            start = block * width + group * local * head_dim
+            order.extend(range(start, start + local * head_dim))
+    return order
+
+
+def tie_refusal(holders: dict[str, str | None]) -> Refusal | None:
+    """Whether a weight held by several modules (module -> its split style, None if unsplit) may be
+    split: only when every holder is split by vocabulary, or none is split."""
+    styles = set(holders.values())
+    if styles <= {"vocab"} or styles == {None}:
+        return None
+    return Refusal(f"splitting would untie the weight shared by {', '.join(sorted(holders))}: split all of them by vocab "
+                   "(the same rows each) or none")
+
+
+def pipeline_refusal(model_class: str | None, *, returns_loss: bool) -> Refusal | None:
+    """Whether the runtime can cut the model into stages and micro-batches. `model_class` is the
+    model's class path (None when unknown, as for a hand-built graph); `returns_loss` whether its
+    forward returns a single number (the loss computed inside forward)."""
+    reasons = []
+    if model_class is not None and model_class != SEQUENTIAL_CLASS:
+        reasons.append(f"the model is a {model_class.rsplit('.', 1)[-1]}, not an nn.Sequential")
+    if returns_loss:
+        reasons.append("it computes its loss inside forward (it returns a single number, leaving loss_fn nothing to score)")
+    if not reasons:
+        return None
+    return Refusal("the runtime cuts pipeline stages only between the children of an nn.Sequential whose output goes to "
+                   f"loss_fn: {'; '.join(reasons)}")
+
+
+def accumulation_refusal(model_class: str | None, *, returns_loss: bool, input_rows: Sequence[int | None] | None,
+                         batch: int | None) -> Refusal | None:
+    """Whether the runtime can accumulate micro-batches on one stage: as a one-stage pipeline where it
+    can cut the model (`pipeline_refusal`), else, for a model that returns its own loss, by splitting
+    every input along its first dimension (which must be the batch: `input_rows`, when known) and
+    running forward and backward per micro-batch inside the model's forward."""
+    refusal = pipeline_refusal(model_class, returns_loss=returns_loss)
+    if refusal is None:
+        return None
+    if not returns_loss:
+        return refusal
+    wrong = [rows for rows in input_rows or () if rows != batch]
+    if batch is not None and wrong:
+        return Refusal(f"micro-batches split every input of a model that returns its loss along its first dimension, and an "
+                       f"input's first dimension ({wrong[0]}) is not the batch ({batch})")
+    return None
+
+
+def graph_pipeline_refusal(graph: ModelGraph) -> Refusal | None:
+    """`pipeline_refusal` for a captured graph: capture records the model's class (`provenance.model_class`),
+    and a model that returns its loss feeds a single number to the `<loss>` layer."""
+    return pipeline_refusal(_model_class(graph), returns_loss=_returns_loss(graph))
+
+
+def graph_accumulation_refusal(graph: ModelGraph) -> Refusal | None:
+    """`accumulation_refusal` for a captured graph (capture records its inputs' shapes in `provenance.inputs`)."""
+    inputs = graph.provenance.get("inputs")
+    rows = None
+    if isinstance(inputs, list):
+        shapes = [item.get("shape") if isinstance(item, dict) else None for item in inputs]
+        rows = [shape[0] if isinstance(shape, list) and shape else None for shape in shapes]
+    return accumulation_refusal(_model_class(graph), returns_loss=_returns_loss(graph), input_rows=rows, batch=graph.batch_size)
+
+
+def _model_class(graph: ModelGraph) -> str | None:
+    model_class = graph.provenance.get("model_class")
+    return model_class if isinstance(model_class, str) else None
+
+
+def _returns_loss(graph: ModelGraph) -> bool:
+    loss = next((layer for layer in graph.layers if layer.name == LOSS_LAYER), None)
+    fed = [graph.layer(name) for name in loss.inputs] if loss is not None else []
+    return bool(fed) and all(0 < layer.output_bytes <= MAX_ITEMSIZE for layer in fed)
+
+
+def class_path(cls: type) -> str:
+    """A class as capture records it (`provenance.model_class`)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
