@@ -22,19 +22,30 @@ Tensor parallelism (Megatron's styles):
 - A weight shared by several modules (tied embeddings) may be split only when every module holding
   it is split by vocabulary: each split takes the same rows, so one sharded parameter stays tied.
 
-Pipeline stages and micro-batches: the runtime cuts an `nn.Sequential` between its top-level children
-and computes each micro-batch's loss with the caller's `loss_fn` on the last stage. A model of any
-other class (its forward may do anything between its children) or one that returns its own loss
-(nothing is left for `loss_fn` to score) cannot be cut into stages. Micro-batches on one stage
-(gradient accumulation) work for those too when the model returns its loss, a mean over samples, and
-every input has the batch as its first dimension: the runtime splits the inputs and runs each
-micro-batch's forward and backward in turn (`accumulation_refusal`).
+Pipeline stages, two ways (`pipeline_route`):
+- `children`: an `nn.Sequential` whose output goes to the caller's `loss_fn` is cut between its
+  top-level children, and the last stage scores each micro-batch with `loss_fn`;
+- `blocks`: a model of any other class that returns its own loss (a 0-d mean over samples) and keeps
+  its transformer blocks in a ModuleList named one of `BLOCK_LISTS` (`blocks.3`, `layers.0`) is cut at
+  the beginning of blocks: torch.distributed.pipelining's tracer (`pipeline(..., split_spec=...)`)
+  exports the whole forward and splits it there, so everything before the first cut (embeddings) is
+  stage 0 and everything after the last (final norm, head, loss) the last stage, whatever the forward
+  does around its blocks. Every input is split along its first dimension into micro-batches, so it must
+  be the batch. The traced graph holds no DTensor and no checkpoint, so such a pipeline has no tensor
+  degree and no recomputation. A weight tied across stages (embedding and output head) is held by
+  both stages and its gradient summed over them before the optimizer step.
+Anything else (a forward that returns logits and is no nn.Sequential, blocks in an unrecognised
+container) cannot be cut into stages. Micro-batches on one stage (gradient accumulation) work for a
+model that returns its loss, a mean over samples, when every input has the batch as its first
+dimension: the runtime splits the inputs and runs each micro-batch's forward and backward in turn
+(`accumulation_refusal`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from stratagem.ir import ModelGraph
 
@@ -50,6 +61,8 @@ SEQUENTIAL_CLASS = "torch.nn.modules.container.Sequential"
 """The one model class the runtime cuts into pipeline stages (between its top-level children)."""
 LOSS_LAYER = "<loss>"
 """Capture's layer for the loss function's operations, outside the model."""
+BLOCK_LISTS = ("blocks", "layers", "h")
+"""Names of the ModuleList holding a model's numbered blocks, where the `blocks` route cuts stages."""
 MAX_ITEMSIZE = 8
 """Bytes of the widest scalar: a layer whose output is no larger holds a single number."""
 
@@ -161,9 +174,9 @@ def tie_refusal(holders: dict[str, str | None]) -> Refusal | None:
 
 
 def pipeline_refusal(model_class: str | None, *, returns_loss: bool) -> Refusal | None:
-    """Whether the runtime can cut the model into stages and micro-batches. `model_class` is the
-    model's class path (None when unknown, as for a hand-built graph); `returns_loss` whether its
-    forward returns a single number (the loss computed inside forward)."""
+    """Whether the `children` route can cut the model: an nn.Sequential whose output goes to loss_fn.
+    `model_class` is the model's class path (None when unknown, as for a hand-built graph);
+    `returns_loss` whether its forward returns a single number (the loss computed inside forward)."""
     reasons = []
     if model_class is not None and model_class != SEQUENTIAL_CLASS:
         reasons.append(f"the model is a {model_class.rsplit('.', 1)[-1]}, not an nn.Sequential")
@@ -173,6 +186,55 @@ def pipeline_refusal(model_class: str | None, *, returns_loss: bool) -> Refusal 
         return None
     return Refusal("the runtime cuts pipeline stages only between the children of an nn.Sequential whose output goes to "
                    f"loss_fn: {'; '.join(reasons)}")
+
+
+PipelineRoute = Literal["children", "blocks"]
+
+
+def pipeline_route(model_class: str | None, *, returns_loss: bool, blocks: Sequence[str],
+                   input_rows: Sequence[int | None] | None = None, batch: int | None = None) -> PipelineRoute | Refusal:
+    """How the runtime cuts the model into stages, or why it cannot. `blocks` are the model's numbered
+    blocks in a `BLOCK_LISTS` container (`block_of`), `input_rows` its inputs' first dimensions when known."""
+    children = pipeline_refusal(model_class, returns_loss=returns_loss)
+    if children is None:
+        return "children"
+    reasons = []
+    if not returns_loss:
+        reasons.append("it does not return its own loss")
+    if not blocks:
+        reasons.append(f"no layer sits in a numbered block of a ModuleList named {', '.join(BLOCK_LISTS)}")
+    wrong = [rows for rows in input_rows or () if rows != batch]
+    if batch is not None and wrong:
+        reasons.append(f"an input's first dimension ({wrong[0]}) is not the batch ({batch}), so micro-batches cannot split it")
+    if not reasons:
+        return "blocks"
+    return Refusal(f"{children}; nor can it be cut between the blocks of a model that returns its loss: {'; '.join(reasons)}")
+
+
+def block_of(layer: str) -> str | None:
+    """The numbered block a layer or module path sits in (`blocks.3.attn.qkv` -> `blocks.3`), or None."""
+    parts = layer.split("/")[0].split("#")[0].split(".")
+    for i in range(len(parts) - 1):
+        if parts[i] in BLOCK_LISTS and parts[i + 1].isdigit():
+            return ".".join(parts[:i + 2])
+    return None
+
+
+def block_cuts(stages: Sequence[Sequence[str]]) -> list[str] | Refusal:
+    """The block each stage after the first begins with (the `blocks` route's split points): the first
+    layer of every later stage (operations of the model itself or the loss aside) must open a block
+    that no earlier stage touches."""
+    cuts = []
+    for s in range(1, len(stages)):
+        first = next((name for name in stages[s] if not name.startswith("<")), None)
+        block = block_of(first) if first is not None else None
+        if block is None:
+            return Refusal(f"pipeline.stages[{s}] begins with {first!r}, not inside a numbered block of a ModuleList named "
+                           f"{', '.join(BLOCK_LISTS)}: stages of a model that returns its loss are cut at the beginning of blocks")
+        if any(block_of(name) == block for earlier in stages[:s] for name in earlier):
+            return Refusal(f"pipeline.stages[{s}]: block {block!r} is split between stages {s - 1} and {s}; stages are cut between blocks")
+        cuts.append(block)
+    return cuts
 
 
 def accumulation_refusal(model_class: str | None, *, returns_loss: bool, input_rows: Sequence[int | None] | None,
@@ -194,19 +256,31 @@ def accumulation_refusal(model_class: str | None, *, returns_loss: bool, input_r
 
 
 def graph_pipeline_refusal(graph: ModelGraph) -> Refusal | None:
-    """`pipeline_refusal` for a captured graph: capture records the model's class (`provenance.model_class`),
-    and a model that returns its loss feeds a single number to the `<loss>` layer."""
-    return pipeline_refusal(_model_class(graph), returns_loss=_returns_loss(graph))
+    """Why the runtime cannot cut a captured graph into stages (`graph_pipeline_route`), or None."""
+    route = graph_pipeline_route(graph)
+    return route if isinstance(route, Refusal) else None
+
+
+def graph_pipeline_route(graph: ModelGraph) -> PipelineRoute | Refusal:
+    """`pipeline_route` for a captured graph: capture records the model's class (`provenance.model_class`) and its
+    inputs' shapes (`provenance.inputs`), and a model that returns its loss feeds a single number to `<loss>`."""
+    blocks = list(dict.fromkeys(b for b in (block_of(layer.name) for layer in graph.layers) if b is not None))
+    return pipeline_route(_model_class(graph), returns_loss=_returns_loss(graph), blocks=blocks, input_rows=_input_rows(graph),
+                          batch=graph.batch_size)
 
 
 def graph_accumulation_refusal(graph: ModelGraph) -> Refusal | None:
     """`accumulation_refusal` for a captured graph (capture records its inputs' shapes in `provenance.inputs`)."""
+    return accumulation_refusal(_model_class(graph), returns_loss=_returns_loss(graph), input_rows=_input_rows(graph),
+                                batch=graph.batch_size)
+
+
+def _input_rows(graph: ModelGraph) -> list[int | None] | None:
     inputs = graph.provenance.get("inputs")
-    rows = None
-    if isinstance(inputs, list):
-        shapes = [item.get("shape") if isinstance(item, dict) else None for item in inputs]
-        rows = [shape[0] if isinstance(shape, list) and shape else None for shape in shapes]
-    return accumulation_refusal(_model_class(graph), returns_loss=_returns_loss(graph), input_rows=rows, batch=graph.batch_size)
+    if not isinstance(inputs, list):
+        return None
+    shapes = [item.get("shape") if isinstance(item, dict) else None for item in inputs]
+    return [shape[0] if isinstance(shape, list) and shape else None for shape in shapes]
 
 
 def _model_class(graph: ModelGraph) -> str | None:

@@ -170,7 +170,8 @@ def cases_for(world: int, graphs: dict[str, ModelGraph]) -> dict[str, dict[str, 
     cases: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
     for name, graph in graphs.items():
-        layouts = searched_layouts(name, graph, world)
+        # pipelines (the transformers') run in tests/test_hybrid_pipeline_zoo.py, where each stage reports its own parameters
+        layouts = {label: s for label, s in searched_layouts(name, graph, world).items() if s["mesh"]["pipeline"] == 1}
         if world == 2:
             layouts[f"{name} planned tensor(2)"] = planned_layout(graph, tensor=2)
         if world == 2 and name == "gpt":
@@ -196,8 +197,10 @@ def test_the_search_emits_no_layout_the_runtime_cannot_run_and_says_why(graphs: 
     emitted = {}
     for name, graph in graphs.items():
         space = Space(compile_context(graph, cpu_node(4)))
-        assert all(m.pipeline == 1 for m in space.meshes), f"{name}: a pipeline"
         emitted[name] = sorted({m.tensor for m in space.meshes})
+        if name in ("gpt", "bert_large"):  # cut between blocks: tests/test_hybrid_pipeline_zoo.py
+            continue
+        assert all(m.pipeline == 1 for m in space.meshes), f"{name}: a pipeline"
         notes = size_of(space).notes
         assert any("no pipeline stages" in n and "computes its loss inside forward" in n for n in notes), name
     # DLRM's indices are [tables, lookups], not batch-first: no micro-batches. Shapes tell only when the
@@ -212,12 +215,14 @@ def test_the_search_emits_no_layout_the_runtime_cannot_run_and_says_why(graphs: 
 
 
 @pytest.mark.slow
-def test_a_searched_tensor_layout_runs_as_a_service_trial(graphs: dict[str, ModelGraph]) -> None:
+@pytest.mark.parametrize("mesh", ["tensor(2)×pipeline(1)", "tensor(1)×pipeline(2), 2 micro-batches 1F1B, stages by compute"])
+def test_a_searched_tensor_or_pipeline_layout_runs_as_a_service_trial(graphs: dict[str, ModelGraph], mesh: str) -> None:
     """The path whose trials used to end `invalid`: the trial runner builds the zoo model itself."""
     from trial_runner import LocalBackend, Outcome, ZooWorkload, run_trial
 
     layouts = searched_layouts("gpt", graphs["gpt"], 2)
-    strategy = Strategy.parse(layouts["gpt data(1)×tensor(2)×pipeline(1)"])
+    assert f"gpt data(1)×{mesh}" in layouts, sorted(layouts)
+    strategy = Strategy.parse(layouts[f"gpt data(1)×{mesh}"])
     result = run_trial(ZooWorkload("gpt", batch_size=BATCH, overrides=OVERRIDES["gpt"]), cpu_node(2), strategy, warmup=1, steps=2,
                        timeout=120, backend=LocalBackend(), measure_undistributed=False)
     assert result.outcome == Outcome.ok, result.error

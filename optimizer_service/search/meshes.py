@@ -7,9 +7,10 @@ For G compute devices, N per node:
   the runtime cannot split, or an attention without a recognised layout, gets no tensor degree;
 - pipeline degree P: divides G / T, at most the number of places a model can be cut (between blocks:
   `units`); data degree D = G / (T · P). Only for graphs the runtime can cut
-  (`stratagem.parallel_rules.graph_pipeline_refusal`: an nn.Sequential that leaves its loss to
-  `loss_fn`); for others — every zoo model computes its loss inside forward — P = 1, and `mesh_notes`
-  says why;
+  (`stratagem.parallel_rules.graph_pipeline_route`): an nn.Sequential that leaves its loss to
+  `loss_fn`, cut between units, or a model that returns its loss with numbered blocks (the zoo's
+  transformers), cut only at the beginning of blocks, with T = 1 and no recomputation (its stages are
+  traced); for others P = 1, and `mesh_notes` says why;
 - stages: contiguous runs of units, cut where the forward + backward work reaches equal shares
   (balanced by compute); if a stage then exceeds the device memory, re-cut greedily under the memory
   cap (parameters, gradients and optimizer state of its layers, plus 1F1B's activations in flight);
@@ -34,7 +35,13 @@ from simulator.context import SimContext
 from simulator.encoding import Schedule
 from simulator.pipeline import block_peak
 from simulator.tensor_plan import Split, candidate_splits, covered_layers
-from stratagem.parallel_rules import graph_accumulation_refusal, graph_pipeline_refusal
+from stratagem.parallel_rules import (
+    Refusal,
+    block_of,
+    graph_accumulation_refusal,
+    graph_pipeline_refusal,
+    graph_pipeline_route,
+)
 
 MAX_STAGES = 64
 """Deepest pipeline tried (the encoding's int8 `layer_stage` holds 127; Megatron's 1T model used 64)."""
@@ -75,14 +82,27 @@ def mesh_choices(context: SimContext) -> list[MeshChoice]:
     starts = context.unit_starts
     figures = _LayerFigures(context)
     out = [MeshChoice(data=devices)]
-    cuttable = graph_pipeline_refusal(context.graph) is None
+    route = graph_pipeline_route(context.graph)
+    if route == "blocks":
+        starts = _block_starts(context)
     accumulate = graph_accumulation_refusal(context.graph) is None
     for tensor in _tensor_degrees(context, devices, per_node):
+        deepest = 1 if isinstance(route, Refusal) or (route == "blocks" and tensor > 1) else min(len(starts), MAX_STAGES)
         for pipeline in _divisors(devices // tensor):
-            if pipeline > (min(len(starts), MAX_STAGES) if cuttable else 1):
+            if pipeline > deepest:
                 break
-            out.extend(_meshes_for(context, figures, starts, devices, tensor, pipeline, accumulate=accumulate))
+            meshes = _meshes_for(context, figures, starts, devices, tensor, pipeline, accumulate=accumulate)
+            out.extend(m for m in meshes if not (route == "blocks" and m.pipeline > 1 and m.recompute))
     return _unique(out)
+
+
+def _block_starts(context: SimContext) -> np.ndarray:
+    """The first layer, and the first layer of each numbered block: where traced stages may be cut
+    (`parallel_rules.block_cuts`), so embeddings stay in the first stage and the head in the last."""
+    names = context.layer_names
+    blocks = [block_of(names[i]) for i in context.unit_starts]
+    return np.array([0] + [int(i) for i, block in zip(context.unit_starts, blocks, strict=True) if block is not None and i > 0],
+                    dtype=context.unit_starts.dtype)
 
 
 def mesh_notes(context: SimContext) -> list[str]:

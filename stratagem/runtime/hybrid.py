@@ -13,8 +13,9 @@ Order of composition, and why:
 3. Split the tensor-parallel modules (DTensor) on the whole model and point the optimizer at the new
    parameters — every rank of a tensor group must split the same modules in the same order. Then
    wrap the numbered blocks for recomputation, around the split modules' own communication.
-4. Cut this rank's pipeline stage out of the split model — or, for micro-batches without stages on a
-   model that is no nn.Sequential (it returns its own loss), wrap it to accumulate inside forward.
+4. Cut this rank's pipeline stage out of the split model (an nn.Sequential between its children; a
+   model that returns its loss between its blocks, traced on the first step) — or, for micro-batches
+   without stages on a model that is no nn.Sequential, wrap it to accumulate inside forward.
 5. Synchronize what the stage holds over its data-parallel group with the per-variable executors
    (all-reduce, parameter server, ZeRO) exactly as for pure data parallelism: each rank of the group
    holds the same shard of every split parameter, so the executors work on local shards.
@@ -103,13 +104,23 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
     # DTensor and pipelining cost about 2 s of imports; only meshes need them.
     from torch.distributed.device_mesh import init_device_mesh
 
-    from stratagem.runtime.pipeline_parallel import AccumulatedModel, PipelinedModel, stage_children, stage_module
+    from stratagem.runtime.pipeline_parallel import (
+        AccumulatedModel,
+        PipelinedModel,
+        TracedPipelinedModel,
+        stage_children,
+        stage_module,
+        stage_parameters,
+    )
     from stratagem.runtime.tensor_parallel import apply_tensor_parallel, retarget_optimizer
 
     layout = MeshLayout.of(strategy)
     accumulate_in_forward = _accumulates_in_forward(strategy, model)
-    _check(strategy, model, world_size=world_size, loss_fn=loss_fn, needs_loss_fn=not accumulate_in_forward)
-    stages = stage_children(model, strategy.pipeline.stages) if strategy.pipeline is not None and not accumulate_in_forward else None
+    cuts = _block_cuts(strategy, model)
+    _check(strategy, model, world_size=world_size, loss_fn=loss_fn, needs_loss_fn=not accumulate_in_forward and cuts is None)
+    by_children = strategy.pipeline is not None and not accumulate_in_forward and cuts is None
+    stages = stage_children(model, strategy.pipeline.stages) if by_children and strategy.pipeline is not None else None
+    held = stage_parameters(model, strategy.pipeline.stages) if cuts is not None and strategy.pipeline is not None else None
     broadcast(model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False))
     mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_AXES)
     if layout.tensor > 1:
@@ -126,7 +137,67 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
         assert loss_fn is not None  # _check refused a pipeline without one
         runner = PipelinedModel(module, stage_index=p, num_stages=layout.pipeline, config=strategy.pipeline,
                                 group=mesh["pipeline"].get_group(), device=device, loss_fn=loss_fn)
+    if strategy.pipeline is not None and cuts is not None and held is not None:
+        module = _holder(held[p])
+        runner = TracedPipelinedModel(model, cuts=cuts, stage_index=p, num_stages=layout.pipeline, config=strategy.pipeline,
+                                      group=mesh["pipeline"].get_group(), device=device, tied=_tied(held), held=set(held[p]))
     return runner, _synchronize(module, optimizer, strategy, layout, rank, mesh["data"].get_group(), device)
+
+
+def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
+    """Where stages of a model that is no nn.Sequential are cut (the `blocks` route of `parallel_rules.pipeline_route`),
+    or None for the `children` route and for no pipeline. Refused here: what the traced stages cannot hold."""
+    from stratagem.parallel_rules import BLOCK_LISTS, Refusal, block_cuts, class_path, pipeline_refusal
+
+    if strategy.pipeline is None or strategy.effective_mesh.pipeline == 1:
+        return None
+    if pipeline_refusal(class_path(type(model)), returns_loss=False) is None:
+        return None
+    cuts = block_cuts(strategy.pipeline.stages)
+    if isinstance(cuts, Refusal):
+        raise UnsupportedStrategyError(f"pipeline: {cuts}")
+    for cut in cuts:
+        container = cut.rpartition(".")[0]
+        if not isinstance(model.get_submodule(container) if _has_module(model, container) else None, nn.ModuleList):
+            raise UnsupportedStrategyError(f"pipeline: {container!r} is not a ModuleList of the model's blocks "
+                                           f"(stages of a {type(model).__name__} are cut between the blocks of a ModuleList named "
+                                           f"{', '.join(BLOCK_LISTS)})")
+        if not _has_module(model, cut):
+            raise UnsupportedStrategyError(f"pipeline: the model has no block {cut!r}")
+    mesh = strategy.effective_mesh
+    if mesh.tensor > 1 or strategy.recompute_activations:
+        raise UnsupportedStrategyError(
+            f"pipeline: stages cut between the blocks of a {type(model).__name__} are traced (torch.export), and a traced stage "
+            "holds neither DTensor splits nor recomputation: use mesh.tensor 1 and recompute_activations false with them")
+    return cuts
+
+
+def _has_module(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _tied(held: list[dict[str, nn.Parameter]]) -> list[str]:
+    """Parameters held by several stages, in one order on every rank (each all-reduces them in turn)."""
+    names = list(dict.fromkeys(name for stage in held for name in stage))
+    return [name for name in names if sum(name in stage for stage in held) > 1]
+
+
+def _holder(params: dict[str, nn.Parameter]) -> nn.Module:
+    """A module holding `params` under their dotted names, for the data-parallel executors."""
+    root = nn.Module()
+    for name, param in params.items():
+        owner = root
+        *path, leaf = name.split(".")
+        for part in path:
+            if part not in owner._modules:
+                owner.add_module(part, nn.Module())
+            owner = owner._modules[part]  # type: ignore[assignment]
+        owner.register_parameter(leaf, param)
+    return root
 
 
 def _accumulates_in_forward(strategy: Strategy, model: nn.Module) -> bool:

@@ -10,6 +10,10 @@ A step runs every micro-batch through the stage with `ScheduleGPipe` or `Schedul
 schedules, point-to-point sends over the pipeline group); gradients are summed over micro-batches and
 divided by their number, so a step sees the mean loss gradient over the local batch, as one process would.
 With a single stage the schedule is plain gradient accumulation over the micro-batches.
+
+A model of another class that returns its own loss and keeps numbered blocks in a ModuleList (the zoo's
+transformers) is cut at the beginning of blocks instead, by pipelining's tracer: `TracedPipelinedModel`
+(the `blocks` route of `parallel_rules.pipeline_route`).
 """
 
 from __future__ import annotations
@@ -162,3 +166,140 @@ def _scoring_outputs(loss_fn: LossFn) -> LossFn:
         return loss_fn(output, target)
 
     return scored
+
+
+def stage_parameters(model: nn.Module, stages: list[list[str]]) -> list[dict[str, nn.Parameter]]:
+    """Each stage's parameters under their first name in `model.named_parameters()` (the strategy's
+    variable names): those of the modules its layers name. A weight tied between modules of two stages
+    (embedding and output head) is in both."""
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    owners = [{name.split("/")[0].split("#")[0] for name in names} for names in stages]
+    out: list[dict[str, nn.Parameter]] = [{} for _ in stages]
+    for name, param in model.named_parameters(remove_duplicate=False):
+        for s, modules in enumerate(owners):
+            if name.rpartition(".")[0] in modules:
+                out[s][canonical[id(param)]] = param
+    missing = [name for name in canonical.values() if not any(name in stage for stage in out)]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InvalidStrategyError([Problem("pipeline.stages", f"no stage names the module of {missing[0]!r}{more}")])
+    return out
+
+
+class TracedPipelinedModel(nn.Module):
+    """This rank's stage of a model that returns its own loss, cut at the beginning of blocks by
+    torch.distributed.pipelining's tracer (`parallel_rules.block_cuts`), trained as usual:
+    `loss = model(*batch); loss.backward()`. Forward runs the whole step (every micro-batch's forward
+    and backward through the schedule) and returns the mean micro-batch loss on every rank of the
+    pipeline (broadcast from the last stage) as a leaf tensor, so the caller's backward touches no
+    parameter. Every rank passes the same batch; only the first stage reads it.
+
+    The trace is built on the first step, from the first micro-batch's shapes (export fixes them, so
+    later batches must have the same shapes). Every input is cloned at the top of the traced forward,
+    so the inputs the later stages need (the labels) travel through the stages as activations:
+    pipelining feeds the model's own inputs to the first stage only. The stage's parameters are the
+    model's own (the tracer copies a weight used by two stages; it is put back), and the gradient of a
+    weight tied across stages is summed over the pipeline group after the schedule."""
+
+    def __init__(self, model: nn.Module, *, cuts: list[str], stage_index: int, num_stages: int, config: PipelineConfig,
+                 group: dist.ProcessGroup, device: torch.device, tied: list[str], held: set[str]) -> None:
+        super().__init__()
+        if config.schedule == "1f1b" and config.micro_batches < num_stages:
+            raise InvalidStrategyError([Problem("pipeline.micro_batches",
+                                                f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}")])
+        self.module = model
+        self.cuts = cuts
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.micro_batches = config.micro_batches
+        self.schedule_class = Schedule1F1B if config.schedule == "1f1b" else ScheduleGPipe
+        self.group = group
+        self.device = device
+        self.tied = tied
+        self.held = held
+        self.schedule: Schedule1F1B | ScheduleGPipe | None = None
+        self.shapes: list[tuple[int, ...]] = []
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        shapes = [tuple(t.shape) for t in batch]
+        rows = {shape[0] if shape else 0 for shape in shapes}
+        if len(rows) != 1 or next(iter(rows)) % self.micro_batches:
+            raise UnsupportedStrategyError(
+                f"pipeline.micro_batches: {self.micro_batches} micro-batches split every input along its first dimension, "
+                f"which must be one local batch they divide; the inputs' shapes are {[list(s) for s in shapes]}")
+        if self.schedule is None:
+            self.schedule = self._build(batch)
+            self.shapes = shapes
+        elif shapes != self.shapes:
+            raise UnsupportedStrategyError(f"pipeline: the stages were traced for inputs of shapes {[list(s) for s in self.shapes]}, "
+                                           f"not {[list(s) for s in shapes]}: every step of a traced pipeline has the same shapes")
+        losses: list[torch.Tensor] = []
+        args = batch if self.is_first else ()
+        if self.is_last:  # the schedule splits a target for its loss_fn; the model's own loss needs none
+            self.schedule.step(*args, target=torch.zeros(self.micro_batches, device=self.device), losses=losses,
+                               return_outputs=False)
+        else:
+            self.schedule.step(*args)
+        self._sum_tied_gradients()
+        loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else torch.zeros((), device=self.device)
+        dist.broadcast(loss, group_src=self.num_stages - 1, group=self.group)
+        return loss.requires_grad_()
+
+    def _build(self, batch: tuple[torch.Tensor, ...]) -> Schedule1F1B | ScheduleGPipe:
+        from torch.distributed.pipelining import SplitPoint, pipeline
+
+        example = tuple(t.chunk(self.micro_batches)[0] for t in batch)
+        handle = self.module.register_forward_pre_hook(_clone_inputs)
+        try:
+            pipe = pipeline(self.module, mb_args=example, split_spec={cut: SplitPoint.BEGINNING for cut in self.cuts})
+        finally:
+            handle.remove()
+        if pipe.num_stages != self.num_stages:
+            raise UnsupportedStrategyError(f"pipeline: tracing at {self.cuts} gave {pipe.num_stages} stages, not {self.num_stages}: "
+                                           "a cut block is not called in the traced forward")
+        _retie(pipe.get_stage_module(self.stage_index), self.module)
+        stage = pipe.build_stage(self.stage_index, self.device, group=self.group)
+        return self.schedule_class(stage, self.micro_batches, loss_fn=_own_loss)
+
+    def _sum_tied_gradients(self) -> None:
+        """A weight held by several stages gets each stage's gradient; they add up to the whole model's."""
+        for name in self.tied:
+            param = self.module.get_parameter(name)
+            grad = param.grad if param.grad is not None and name in self.held else torch.zeros_like(param)
+            dist.all_reduce(grad, group=self.group)
+            if name in self.held:
+                param.grad = grad
+
+
+def _clone_inputs(_module: nn.Module, args: tuple[object, ...]) -> tuple[object, ...]:
+    """Inputs copied inside the traced forward: their copies are stage 0's outputs, sent on to the stages that need them."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _retie(stage: nn.Module, model: nn.Module) -> None:
+    """Point each of the stage's parameters at the model's own (the optimizer holds those)."""
+    for name, param in list(stage.named_parameters(remove_duplicate=False)):
+        try:
+            original = model.get_parameter(name)
+        except AttributeError:
+            raise UnsupportedStrategyError(f"pipeline: the traced stage holds {name!r}, which is not a parameter of the model") from None
+        if param is not original:
+            owner, _, leaf = name.rpartition(".")
+            stage.get_submodule(owner)._parameters[leaf] = original
+
+
+def _own_loss(output: torch.Tensor, _target: object) -> torch.Tensor:
+    """The last stage's output is the model's own loss: a single number, scored as it is."""
+    if not isinstance(output, torch.Tensor) or output.dim() != 0:
+        shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise UnsupportedStrategyError(f"pipeline: the model returned {shape}, not its loss; a pipeline cut between blocks needs a "
+                                       "model whose forward returns its loss (a single number)")
+    return output
