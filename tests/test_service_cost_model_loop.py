@@ -206,7 +206,8 @@ def test_with_a_cost_model_the_pipeline_ranks_by_the_corrected_time_and_keeps_th
 
 def fixed_search(strategies: list[Strategy]) -> Any:
     def search(graph: ModelGraph, resources: ResourceSpec, **budgets: Any) -> Any:
-        return SimpleNamespace(candidates=strategies, baselines={}, evaluated=len(strategies))
+        return SimpleNamespace(candidates=strategies, baselines={}, evaluated=len(strategies), elapsed_s=0.0,
+                               speedup_vs_data_parallel=None, speedup_vs_best_builder=None, summary=dict)
 
     return search
 
