@@ -1,26 +1,40 @@
-"""Simulator accuracy on this machine: calibrate it, run real trials, score the calibrated simulator.
+"""Simulator accuracy on this machine: real 2-rank gloo training steps against the calibrated simulator.
 
-1. `stratagem.calibrate.calibrate(ranks=2)` measures this machine into a ResourceSpec;
-2. every zoo model in `--models` (sizes where a step takes tens to hundreds of milliseconds, so the
-   medians are stable) is captured, and each pre-built builder plus a few search-style mixes builds a
-   strategy for the calibrated spec (strategies that coincide are measured once);
-3. each strategy runs for real through the local backend (2 gloo ranks, one thread each), in
-   `--rounds` interleaved rounds (A B C, A B C, ... with the order rotated per round), and its step
-   time is the median of the rounds' medians;
-4. the simulator (no learned correction) predicts every strategy with the calibrated spec.
+1. every zoo model in `--models` is captured at a size where a step takes tens to hundreds of
+   milliseconds and synchronization is a real share of it;
+2. each model gets the strategies that execute differently on one node (`strategies_for`): PS,
+   AllReduce, DataParallel, Parallax (sparse models), one all-reduce per variable, fp16 / PowerSGD /
+   top-k compression, ZeRO-style sharding; builders that coincide there (`SAME_ON_ONE_NODE`) only with
+   `--all-builders`;
+3. in each of `--rounds` rounds, for each model, one interleaved block (`--mode interleaved`, the
+   default): one pair of gloo ranks trains a model copy per strategy plus an undistributed copy, one
+   step of each in turn (order rotated every step), and runs the calibration's probes after every
+   timed round of steps, so the spec describes the machine those very steps ran on. `--mode trials`
+   instead runs one trial-runner trial per strategy after a separate calibration;
+4. the simulator (no learned correction) predicts every strategy with its block's spec; a strategy's
+   measured and predicted step times are the medians over its rounds.
+
+Interleaving matters on a shared machine: its neighbours' load changes its speed two- or threefold
+within a minute, so strategies timed one after another are compared across different machines, and
+a calibration taken before a block describes another machine than the one the block ran on.
 
 Prints one JSON object: MAPE and Kendall tau overall and per model (tau within one model's
-strategies is the ranking the search relies on), each strategy's measured and predicted step time,
-the rounds' spread, and the calibration figures. Every trial is also written as one JSON line
-{graph, resources, strategy, result} to `--out` (the format of `benchmarks/trials.py`, with the
-calibrated spec), for the cost-model benchmark. `--from-records` re-scores such a file without
-measuring anything (to compare simulator versions on the same measurements).
+strategies is the ranking the search relies on), the rounds' spread and the round-to-round tau (the
+ceiling noise puts on any predictor), the compute check (the undistributed step against the
+simulator's compute + update), each strategy's measured and predicted step time with its predicted
+breakdown, and the calibration figures; with `--ablation`, the scores with each CPU refinement reset
+to its default. Every strategy-round is also written as one JSON line {graph, resources, strategy,
+result} to `--out` (the format of `benchmarks/trials.py`), for the cost-model benchmark.
+`--from-records` re-scores such a file without measuring anything (to compare simulator versions on
+the same measurements).
 
-    .venv/bin/python benchmarks/simulator_accuracy.py [--quick] [--models gpt vgg16 dlrm] [--steps 10]
-        [--rounds 3] [--out /tmp/stratagem-bench/accuracy.jsonl] [--from-records FILE]
+    .venv/bin/python benchmarks/simulator_accuracy.py [--quick] [--models bert_large vgg16 dlrm] [--steps 16]
+        [--rounds 3] [--mode interleaved|trials] [--calibrate block|once] [--all-builders] [--ablation]
+        [--out /tmp/stratagem-bench/accuracy.jsonl] [--from-records FILE] [--priority 15]
 
-The process lowers its niceness by 5 when allowed (its trial ranks inherit it), so neighbours on a
-shared machine disturb the timings less; the output says whether that worked.
+The process lowers its niceness by `--priority` (default 15) when allowed; its calibrations and
+ranks inherit it, so neighbours' processes disturb them less (they still share the cores' caches,
+memory bandwidth and hyper-threads). The output says what niceness it ran at.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples import zoo
 from stratagem.builders import AllReduce, all_builders
-from stratagem.ir import ModelGraph, Provenance, ResourceSpec, ShardedSynchronizer, Strategy, VariableConfig
+from stratagem.calibrate import DEVICE_KIND
+from stratagem.ir import Compressor, ModelGraph, Provenance, ResourceSpec, ShardedSynchronizer, Strategy, VariableConfig
 from stratagem.tracing import capture
 
 TARGETS = {"mape": 0.20, "kendall_tau": 0.80}
@@ -60,45 +76,78 @@ class Case:
 
 
 CASES: dict[str, Case] = {
-    "bert_large": Case(16, {"hidden": 128, "ffn": 512, "layers": 2, "seq": 64}, min_warmup=5),
-    "vgg16": Case(32, {"width": 16}),
+    "bert_large": Case(4, {"hidden": 256, "ffn": 1024, "layers": 4, "seq": 32, "vocab": 8192}, min_warmup=5),
+    "vgg16": Case(16, {"width": 16, "hidden": 2048}),
     "dlrm": Case(2048, {"dim": 32, "bottom": "256,128", "top": "256,128"}, optimizer="adagrad"),
     "gpt": Case(16, {"hidden": 128, "ffn": 512, "layers": 2, "seq": 64}, min_warmup=14),
     "resnet50": Case(16, {"width": 16}),
 }
-"""The zoo's language models start with saturated softmaxes whose backward is full of denormal floats,
-which a CPU computes 10-20x slower until training moves away from them (GPT for about 12 steps at
-Adam's default rate, BERT for 2-3), hence their longer warm-up. DLRM trains with Adagrad: Adam cannot
-apply its sparse embedding gradients."""
+"""Sizes where synchronization is a real share of the step, so the strategies differ by more than the
+machine's noise: few tokens per step for many parameters (BERT: 5M parameters, 128 tokens), VGG's
+wide classifier (4.5M parameters behind cheap narrow convolutions), DLRM's sparse tables. The zoo's
+language models start with saturated softmaxes whose backward is full of denormal floats, which a CPU
+computes 10-20x slower until training moves away from them (GPT for about 12 steps at Adam's default
+rate, BERT for 2-3), hence their longer warm-up. DLRM trains with Adagrad: Adam cannot apply its
+sparse embedding gradients."""
 DEFAULT_MODELS = ("bert_large", "vgg16", "dlrm")
 QUICK_MODELS = ("bert_large", "dlrm")
-QUICK_STRATEGIES = ("PS", "PartitionedPS", "AllReduce", "Parallax", "DataParallel", "AllReduce-unfused")
+QUICK_STRATEGIES = ("PS", "AllReduce", "Parallax", "DataParallel", "AllReduce-unfused", "AllReduce-fp16")
+RANKS = 2
+PROBE_BUDGET_SCALE = 0.25
+"""Interleaved calibration probes get a quarter of `stratagem calibrate`'s time budgets: they run
+after every timed round, and their median over the rounds is what counts."""
+LOCAL = "__undistributed__"
+"""The model copy every interleaved rank trains alone (no strategy): its step is the compute and update
+the simulator predicts without synchronization, measured under the same load as the strategies."""
+ONCE_PROBES = ("bf16_flops",)
+"""Probed in the first timed round only: the zoo graphs train in fp32, and a CPU without bf16 units
+takes seconds per probe."""
+
+
+@dataclass
+class Trial:
+    """One real run of a strategy, with the spec calibrated just before it and the simulator's prediction."""
+
+    resources: ResourceSpec
+    strategy: Strategy
+    median_s: float | None
+    failure: str | None = None
+    predicted_s: float | None = None
+    breakdown: dict[str, float] = field(default_factory=dict)
+    undistributed_s: float | None = None
+    """The same model's step without synchronization, measured alongside (interleaved mode)."""
 
 
 @dataclass
 class Measured:
-    """One (model, strategy) pair: its documents, the trial medians of each round, and the prediction."""
+    """One (model, strategy) pair and its trials, one per round: measured and predicted are the
+    medians over the successful trials, each predicted with the calibration that preceded it."""
 
     model: str
     name: str
     graph: ModelGraph
-    resources: ResourceSpec
-    strategy: Strategy
-    medians: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    predicted: float | None = None
-    breakdown: dict[str, float] = field(default_factory=dict)
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[Trial]:
+        return [t for t in self.trials if t.median_s is not None]
 
     @property
     def measured(self) -> float | None:
-        return statistics.median(self.medians) if self.medians else None
+        return statistics.median([t.median_s for t in self.ok]) if self.ok else None  # type: ignore[misc]
+
+    @property
+    def predicted(self) -> float | None:
+        values = [t.predicted_s for t in self.ok if t.predicted_s is not None]
+        return statistics.median(values) if values else None
 
     @property
     def spread(self) -> float | None:
         """(slowest - fastest round) / median: how far repeated measurements of it disagree."""
-        if len(self.medians) < 2:
+        medians = [t.median_s for t in self.ok]
+        if len(medians) < 2:
             return None
-        return (max(self.medians) - min(self.medians)) / statistics.median(self.medians)
+        return (max(medians) - min(medians)) / statistics.median(medians)  # type: ignore[type-var, operator]
 
 
 # -- metrics ------------------------------------------------------------------------------------------
@@ -157,16 +206,32 @@ def accuracy_report(pairs: list[Measured]) -> dict[str, Any]:
     return {"overall": overall, "models": models}
 
 
+def compute_check(pairs: list[Measured]) -> dict[str, Any]:
+    """Per model, the step without synchronization: measured (the undistributed copy trained alongside)
+    against the simulator's compute + optimizer update (from the AllReduce strategy's breakdown, where
+    every rank updates everything). It tells a compute miss from a communication miss."""
+    out = {}
+    for pair in pairs:
+        trials = [t for t in pair.ok if t.undistributed_s and t.breakdown]
+        if pair.name != "AllReduce" or not trials:
+            continue
+        measured = statistics.median(t.undistributed_s for t in trials)  # type: ignore[misc]
+        predicted = statistics.median(t.breakdown.get("compute", 0.0) + t.breakdown.get("optimizer_update", 0.0) for t in trials)
+        out[pair.model] = {"measured_ms": round(measured * 1e3, 2), "predicted_ms": round(predicted * 1e3, 2),
+                           "error": round((predicted - measured) / measured, 3)}
+    return out
+
+
 def noise_report(pairs: list[Measured]) -> dict[str, Any]:
     """How well the measurements agree with themselves: the ceiling for any predictor's scores."""
     spreads = [p.spread for p in pairs if p.spread is not None]
     taus = []
     by_model: dict[str, list[Measured]] = defaultdict(list)
     for pair in pairs:
-        if len(pair.medians) >= 2:
+        if len(pair.ok) >= 2:
             by_model[pair.model].append(pair)
     for members in by_model.values():
-        tau = kendall_tau([p.medians[0] for p in members], [p.medians[1] for p in members])
+        tau = kendall_tau([p.ok[0].median_s for p in members], [p.ok[1].median_s for p in members])  # type: ignore[misc]
         if not math.isnan(tau):
             taus.append(tau)
     return {
@@ -200,24 +265,26 @@ def strategy_name(strategy: Strategy) -> str:
 
 
 def read_records(path: Path) -> list[Measured]:
-    """Pairs from a records file: one per (graph, strategy), every successful trial a round."""
+    """Pairs from a records file: one per (graph, strategy name), every trial of it one round. A spec
+    recorded before a device figure was added to the schema gets that figure's default and a fresh id
+    (the strategy follows it), so old measurements re-score with today's simulator."""
     pairs: dict[tuple[str, str], Measured] = {}
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
-            graph, resources = ModelGraph.parse(data["graph"]), ResourceSpec.parse(data["resources"])
-            strategy, result = Strategy.parse(data["strategy"]), data["result"]
+            graph, result = ModelGraph.parse(data["graph"]), data["result"]
+            resources = ResourceSpec.parse({k: v for k, v in data["resources"].items() if k != "id"})
+            strategy = Strategy.parse({**{k: v for k, v in data["strategy"].items() if k != "id"}, "resources_id": resources.id})
         except (ValueError, KeyError, TypeError) as error:
             raise SystemExit(f"{path}:{number}: not a trial record: {error}") from None
         model = str((graph.provenance.get("zoo") or {}).get("name") or graph.name)
-        key = (str(graph.id), str(strategy.id))
-        pair = pairs.setdefault(key, Measured(model, strategy_name(strategy), graph, resources, strategy))
-        if result.get("outcome") == "ok" and result.get("median_s"):
-            pair.medians.append(float(result["median_s"]))
-        else:
-            pair.failures.append(str(result.get("outcome")))
+        name = strategy_name(strategy)
+        pair = pairs.setdefault((str(graph.id), name), Measured(model, name, graph))
+        ok = result.get("outcome") == "ok" and result.get("median_s")
+        pair.trials.append(Trial(resources, strategy, float(result["median_s"]) if ok else None,
+                                 None if ok else str(result.get("outcome")), undistributed_s=result.get("undistributed_step_s")))
     return list(pairs.values())
 
 
@@ -230,13 +297,25 @@ def build_graph(model: str) -> ModelGraph:
     return capture(module, make_batch(case.batch_size), batch_size=case.batch_size, optimizer=case.optimizer)
 
 
-def strategies_for(graph: ModelGraph, resources: ResourceSpec) -> dict[str, Strategy]:
-    """The nine builders, plus mixes a search would propose that cost differently on this machine:
-    one all-reduce per variable (latency-bound), fp16-compressed all-reduce, ZeRO-style sharding.
-    Coinciding strategies (on one server PS and PSLoadBalancing do) keep the first name."""
-    out: dict[str, Strategy] = {b.name: b.build(graph, resources) for b in all_builders()}
+SAME_ON_ONE_NODE = ("PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "PartitionedAR", "RandomAxisPartitionAR")
+"""Builders that execute like another one on a single node, and are measured only with `--all-builders`:
+AutoDist puts one server on each node, so the load-balanced and partitioned PS builders place every
+shard on the same server as PS, where the runtime fuses them into the same bucket; the partitioned
+all-reduce builders cut variables into pieces of the same fusion groups as AllReduce. Their trials
+measure the machine's noise twice, not another strategy, and tie pairs that no ranking can order."""
+
+
+def strategies_for(graph: ModelGraph, resources: ResourceSpec, *, all_builders_: bool = False) -> dict[str, Strategy]:
+    """The builders that differ on this cluster, plus mixes a search would propose that cost differently
+    on it: one all-reduce per variable (latency-bound), fp16, PowerSGD and top-k compression of the
+    dense gradients (less wire, more arithmetic), ZeRO-style sharding. Coinciding strategies (on a
+    dense model Parallax is AllReduce) keep the first name."""
+    out: dict[str, Strategy] = {b.name: b.build(graph, resources) for b in all_builders()
+                                if all_builders_ or b.name not in SAME_ON_ONE_NODE}
     out["AllReduce-unfused"] = _mix(AllReduce(chunk_size=1).build(graph, resources), "AllReduce-unfused")
-    out["AllReduce-fp16"] = _mix(AllReduce(compressor="HorovodCompressor").build(graph, resources), "AllReduce-fp16")
+    for name, compressor in (("AllReduce-fp16", Compressor(kind="fp16")), ("AllReduce-powersgd", Compressor(kind="powersgd", rank=4)),
+                             ("AllReduce-topk", Compressor(kind="topk", ratio=0.01))):
+        out[name] = _mix(_compressed(out["AllReduce"], graph, compressor), name)
     dense = [v for v in graph.trainable_variables if not v.sparse]
     if len(dense) == len(graph.trainable_variables):
         sharded = [VariableConfig(var_name=v.name, synchronizer=ShardedSynchronizer()) for v in dense]
@@ -250,44 +329,283 @@ def strategies_for(graph: ModelGraph, resources: ResourceSpec) -> dict[str, Stra
     return unique
 
 
+def _compressed(strategy: Strategy, graph: ModelGraph, compressor: Compressor) -> Strategy:
+    """`strategy` with `compressor` on the all-reduce of every dense variable (sparse rows travel as they are)."""
+    sparse = {v.name for v in graph.variables if v.sparse}
+    configs = []
+    for config in strategy.variables:
+        data = config.model_dump(mode="json")
+        if config.var_name not in sparse and data["synchronizer"]["kind"] == "allreduce":
+            data["synchronizer"]["compressor"] = compressor.model_dump(mode="json")
+        configs.append(data)
+    return strategy.replace(variables=configs)
+
+
 def _mix(strategy: Strategy, name: str) -> Strategy:
     return strategy.replace(provenance=Provenance(search={"benchmark": "simulator_accuracy", "mix": name}))
 
 
-def measure(pairs: list[Measured], args: argparse.Namespace, out: Any) -> None:
-    """Interleaved rounds: every pair once per round, the order rotated each round."""
+def measure(models: list[str], args: argparse.Namespace, out: Any) -> tuple[list[Measured], list[dict[str, Any]]]:
+    """Rounds of every model's strategies; the machine is calibrated before each model's block, or
+    once with `--calibrate once`. A block is one interleaved run of all the model's strategies
+    (`--mode interleaved`), or one trial per strategy in an order rotated every round (`--mode trials`)."""
+    graphs = {model: build_graph(model) for model in models}
+    pairs: dict[tuple[str, str], Measured] = {}
+    calibrations: list[dict[str, Any]] = []
+    resources: ResourceSpec | None = None
+    for round_index in range(args.rounds):
+        for model in models:
+            if resources is None or (args.calibrate == "block" and args.mode == "trials"):
+                resources = _calibrated(resources)
+            chosen = {n: s for n, s in strategies_for(graphs[model], resources, all_builders_=args.all_builders).items()
+                      if not args.quick or n in QUICK_STRATEGIES}
+            if args.mode == "interleaved":
+                results, block_spec = measure_interleaved(model, chosen, args)
+                if block_spec is not None and args.calibrate == "block":
+                    resources = block_spec
+                    chosen = {name: strategy.replace(resources_id=resources.id) for name, strategy in chosen.items()}
+            else:
+                names = list(chosen)
+                shift = round_index % len(names)
+                results = {name: _run(model, chosen[name], resources, args) for name in names[shift:] + names[:shift]}
+            calibrations.append({"round": round_index + 1, "model": model, **calibration_summary(resources)})
+            for name, result in results.items():
+                out.write(record_line(graphs[model], resources, chosen[name], result) + "\n")
+                ok = result.get("outcome") == "ok" and result.get("median_s")
+                trial = Trial(resources, chosen[name], float(result["median_s"]) if ok else None,
+                              None if ok else f"{result.get('outcome')}: {(result.get('error') or '').strip()[:200]}",
+                              undistributed_s=result.get("undistributed_step_s"))
+                pairs.setdefault((model, name), Measured(model, name, graphs[model])).trials.append(trial)
+                shown = f"{trial.median_s * 1e3:8.1f} ms" if trial.median_s else trial.failure
+                print(f"round {round_index + 1} {model:10s} {name:22s} {shown}", file=sys.stderr, flush=True)
+            out.flush()
+    return list(pairs.values()), calibrations
+
+
+def _calibrated(previous: ResourceSpec | None) -> ResourceSpec:
+    """A fresh calibration; after two failed attempts the previous one (there must be one)."""
+    from stratagem.calibrate import CalibrationError, calibrate
+
+    for attempt in (1, 2):
+        try:
+            return calibrate(ranks=2, threads=1)
+        except CalibrationError as error:
+            print(f"calibration attempt {attempt} failed: {error}", file=sys.stderr, flush=True)
+    if previous is None:
+        raise SystemExit("could not calibrate this machine")
+    return previous
+
+
+def _run(model: str, strategy: Strategy, resources: ResourceSpec, args: argparse.Namespace) -> dict[str, Any]:
+    """One trial through the trial runner's local backend (a process pair per strategy)."""
     from trial_runner import LocalBackend, ZooWorkload, run_trial
 
-    backend = LocalBackend()
-    for round_index in range(args.rounds):
-        shift = round_index % max(1, len(pairs))
-        for pair in pairs[shift:] + pairs[:shift]:
-            case = CASES[pair.model]
-            workload = ZooWorkload(pair.model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
-            result = run_trial(workload, pair.resources, pair.strategy, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
-                               timeout=args.timeout, backend=backend, threads_per_rank=1)
-            out.write(record_line(pair.graph, pair.resources, pair.strategy, result.model_dump(mode="json")) + "\n")
-            out.flush()
-            if result.ok and result.median_s:
-                pair.medians.append(result.median_s)
-            else:
-                pair.failures.append(f"{result.outcome.value}: {(result.error or '').splitlines()[0][:200] if result.error else ''}")
-            shown = f"{result.median_s * 1e3:8.1f} ms" if result.ok and result.median_s else result.outcome.value
-            print(f"round {round_index + 1} {pair.model:10s} {pair.name:22s} {shown}", file=sys.stderr, flush=True)
+    case = CASES[model]
+    workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
+    result = run_trial(workload, resources, strategy, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
+                       timeout=args.timeout, backend=LocalBackend(), threads_per_rank=1)
+    return result.model_dump(mode="json")
+
+
+# -- interleaved measurement ----------------------------------------------------------------------------
+
+
+def measure_interleaved(model: str, strategies: dict[str, Strategy], args: argparse.Namespace
+                        ) -> tuple[dict[str, dict[str, Any]], ResourceSpec | None]:
+    """Every strategy of one model trained side by side by one pair of gloo ranks (`_worker`): a model
+    copy per strategy, one step of each in turn, the order rotated every step. On a shared machine
+    whose speed drifts two- or threefold within a minute, every strategy then sees the same mixture of
+    load, so their differences are measured rather than the drift. The calibration's probes
+    (`stratagem.calibrate.probes`, the gloo all-reduce sizes) run after every timed round of steps, so
+    the spec describes the machine those steps ran on, not the one of a minute before.
+
+    Returns a trial-like result per strategy (outcome, median_s, per-step times: the slowest rank's,
+    as a synchronous step waits for it) and the calibrated spec (None when the ranks failed)."""
+    from stratagem.calibrate import SIZES, combine, spec_from_figures
+
+    case = CASES[model]
+    spare_cores = len(os.sched_getaffinity(0)) - RANKS
+    job = {"model": model, "warmup": max(args.warmup, case.min_warmup), "steps": args.steps, "spare_cores": spare_cores,
+           "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
+    with tempfile.TemporaryDirectory(prefix="stratagem-accuracy-") as folder:
+        job_path = Path(folder) / "job.json"
+        job_path.write_text(json.dumps(job))
+        outputs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
+        failure = _launch(job_path, outputs, args.timeout)
+        reports = [json.loads(path.read_text()) for path in outputs] if failure is None else []
+    resources = None
+    if reports:
+        resources = spec_from_figures({
+            "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": RANKS, "threads": 1,
+            "allreduce_bytes": list(SIZES), "spare_cores": spare_cores, "interleaved_with": model,
+            **combine([r["figures"] for r in reports]),
+        })
+    local = statistics.median(max(column) for column in zip(*(r["times"][LOCAL] for r in reports), strict=True)) if reports else None
+    results = {}
+    for name, strategy in strategies.items():
+        base = {"world_size": RANKS, "backend": "interleaved", "workload": f"zoo:{model}", "strategy_id": strategy.id,
+                "global_batch_size": RANKS * case.batch_size, "undistributed_step_s": local}
+        refused = next((r["refused"][name] for r in reports if name in r["refused"]), None)
+        if failure is not None or refused is not None:
+            results[name] = {**base, "outcome": "invalid" if refused else "crash", "error": refused or failure, "median_s": None}
+            continue
+        steps = [max(column) for column in zip(*(r["times"][name] for r in reports), strict=True)]
+        median = statistics.median(steps)
+        results[name] = {**base, "outcome": "ok", "error": None, "median_s": median, "step_times_s": steps,
+                         "p90_s": sorted(steps)[int(0.9 * (len(steps) - 1))], "samples_per_s": RANKS * case.batch_size / median,
+                         "ranks": [{"rank": i, "step_times_s": r["times"][name], "warmup_times_s": r["warmup"][name]}
+                                   for i, r in enumerate(reports)]}
+    return results, resources
+
+
+def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
+    """Run the ranks of an interleaved job to the end; None, or why it failed."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for rank, path in enumerate(outputs)]
+    deadline = time.monotonic() + timeout
+    errors = []
+    for rank, proc in enumerate(procs):
+        try:
+            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+                other.wait()
+            return f"timeout: the interleaved ranks ran past {timeout:.0f} s"
+        if proc.returncode != 0:
+            lines = stderr.strip().splitlines()
+            errors.append(f"rank {rank} exited {proc.returncode}: {lines[-1] if lines else ''}")
+    missing = [path.name for path in outputs if not path.exists()]
+    return "; ".join(errors) or (f"no result from {', '.join(missing)}" if missing else None)
+
+
+def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
+    """One rank of an interleaved job: distribute a fresh model copy per strategy, then warm-up and timed
+    steps, one of each strategy in turn; every step starts from a barrier, so it times the step alone."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from stratagem import calibrate as calibration
+    from stratagem.errors import StratagemError
+    from stratagem.runtime import distribute
+    from trial_runner.build import batch_for, build_workload, make_optimizer
+    from trial_runner.workloads import ZooWorkload
+
+    torch.set_num_threads(1)
+    job = json.loads(job_path.read_text())
+    case = CASES[job["model"]]
+    workload = ZooWorkload(job["model"], batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS,
+                            timeout=datetime.timedelta(seconds=300))
+    runs: dict[str, tuple[Any, Any, Any]] = {}
+    refused: dict[str, str] = {}
+    for name, data in job["strategies"].items():
+        built = build_workload(workload, seed=0, rank=rank)
+        try:  # the runtime refuses a strategy on every rank alike, before any collective
+            model, optimizer = distribute(built.model, make_optimizer(built.optimizer_kind, built.model), Strategy.parse(data), rank=rank)
+        except StratagemError as error:
+            refused[name] = f"{type(error).__name__}: {error}"
+            continue
+        runs[name] = (built, model, optimizer)
+    local = build_workload(workload, seed=0, rank=rank)
+    runs[LOCAL] = (local, local.model, make_optimizer(local.optimizer_kind, local.model))
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    warmup: dict[str, list[float]] = {name: [] for name in names}
+
+    def agree(go: bool) -> bool:
+        flag = torch.tensor([int(go)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    probes = calibration.probes(calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE))
+    samples: dict[str, list[Any]] = {name: [] for name in (*probes, "allreduce_seconds", "scatter_efficiency", "overlap")}
+    for step in range(job["warmup"] + job["steps"]):
+        shift = step % max(len(names), 1)
+        for name in names[shift:] + names[:shift]:
+            built, model, optimizer = runs[name]
+            batch = batch_for(built, seed=0, rank=rank, step=step, device=torch.device("cpu"))
+            dist.barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            built.loss(model(*batch)).backward()
+            optimizer.step()
+            (warmup if step < job["warmup"] else times)[name].append(time.perf_counter() - start)
+        if step >= job["warmup"]:
+            for name, probe in probes.items():
+                if name in ONCE_PROBES and samples[name]:
+                    continue
+                samples[name].append(probe())
+            samples["allreduce_seconds"].append(calibration.allreduce_seconds(dist, torch))
+            samples["scatter_efficiency"].append(calibration.scatter_efficiency(dist, torch))
+            samples["overlap"].append(calibration.overlap_share(dist, torch) if job["spare_cores"] > 0 else 0.0)
+    dist.barrier()
+    figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
+    figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
+    output.write_text(json.dumps({"times": times, "warmup": warmup, "refused": refused, "figures": figures}))
+    os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
 
 
 def predict(pairs: list[Measured]) -> None:
-    """The calibrated simulator's step time for every pair (one `simulate` call per graph)."""
+    """The calibrated simulator's step time for every trial (one `simulate` call per graph and spec)."""
     from simulator import simulate
 
-    by_graph: dict[tuple[str, str], list[Measured]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[tuple[Measured, Trial]]] = defaultdict(list)
     for pair in pairs:
-        by_graph[(str(pair.graph.id), str(pair.resources.id))].append(pair)
-    for members in by_graph.values():
-        predictions = simulate(members[0].graph, members[0].resources, [p.strategy for p in members])
-        for pair, prediction in zip(members, predictions, strict=True):
-            pair.predicted = prediction.step_time_s
-            pair.breakdown = {k: round(v * 1e3, 3) for k, v in prediction.breakdown.items() if v > 0}
+        for trial in pair.trials:
+            groups[(str(pair.graph.id), str(trial.resources.id))].append((pair, trial))
+    for members in groups.values():
+        graph, resources = members[0][0].graph, members[0][1].resources
+        predictions = simulate(graph, resources, [trial.strategy for _, trial in members])
+        for (_, trial), prediction in zip(members, predictions, strict=True):
+            trial.predicted_s = prediction.step_time_s
+            trial.breakdown = dict(prediction.breakdown)
+
+
+CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "cast_efficiency",
+               "select_efficiency", "scatter_efficiency")
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "conv_efficiency as matmul": {"conv_efficiency": None},
+    "norm_efficiency as elementwise": {"norm_efficiency": None},
+    "optimizer_efficiency as elementwise": {"optimizer_efficiency": None},
+    "no optimizer_knee_bytes (update cost independent of tensor size)": {"optimizer_knee_bytes": None},
+    "cast and select efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None},
+    "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
+    "comm_overlap 1 (as on GPUs)": {"comm_overlap": 1.0},
+    "none of them": {**dict.fromkeys(CPU_FIGURES), "comm_overlap": 1.0},
+}
+"""Device figures reset to their defaults, one CPU refinement at a time, to show what each contributes."""
+
+
+def ablation(pairs: list[Measured]) -> dict[str, dict[str, Any]]:
+    """The scores with each refinement switched off, on the same trials and calibrations."""
+    out = {}
+    for label, change in ABLATIONS.items():
+        adjusted: dict[str, ResourceSpec] = {}
+        variant = []
+        for pair in pairs:
+            trials = []
+            for trial in pair.trials:
+                key = str(trial.resources.id)
+                if key not in adjusted:
+                    devices = {k: d.model_copy(update=change) for k, d in trial.resources.devices.items()}
+                    adjusted[key] = trial.resources.replace(devices={k: d.model_dump(mode="json") for k, d in devices.items()})
+                trials.append(Trial(adjusted[key], trial.strategy.replace(resources_id=adjusted[key].id), trial.median_s, trial.failure))
+            variant.append(Measured(pair.model, pair.name, pair.graph, trials))
+        predict(variant)
+        report = accuracy_report(variant)
+        out[label] = {"overall": report["overall"], "models": report["models"]}
+    return out
 
 
 # -- main ---------------------------------------------------------------------------------------------
@@ -296,11 +614,16 @@ def predict(pairs: list[Measured]) -> None:
 def main() -> None:
     args = _arguments()
     started = time.perf_counter()
+    calibrations: list[dict[str, Any]] = []
+    niceness = None
     if args.from_records:
-        pairs, calibration, niceness = read_records(Path(args.from_records)), None, None
+        pairs = read_records(Path(args.from_records))
     else:
-        niceness = _lower_niceness()
-        pairs, calibration = _measure_fresh(args)
+        niceness = _lower_niceness(args.priority)
+        models = args.models or list(QUICK_MODELS if args.quick else DEFAULT_MODELS)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as out:
+            pairs, calibrations = measure(models, args, out)
     predict(pairs)
     report = {
         "benchmark": "simulator_accuracy",
@@ -308,59 +631,58 @@ def main() -> None:
         "targets": TARGETS,
         **accuracy_report(pairs),
         "noise": noise_report(pairs),
+        "compute_check": compute_check(pairs),
+        "ablation": ablation(pairs) if args.ablation else None,
         "pairs": [_pair_summary(p) for p in pairs],
-        "calibration": calibration,
-        "settings": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "niceness": niceness,
-                     "records": args.from_records or args.out, "threads_per_rank": 1, "ranks": 2},
+        "calibrations": calibrations,
+        "settings": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "calibrate": args.calibrate,
+                     "niceness": niceness, "records": args.from_records or args.out, "threads_per_rank": 1, "ranks": 2},
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(report, indent=2))
 
 
-def _measure_fresh(args: argparse.Namespace) -> tuple[list[Measured], dict[str, Any]]:
-    from stratagem.calibrate import calibrate
-
-    resources = calibrate(ranks=2, threads=1)
-    models = args.models or (QUICK_MODELS if args.quick else DEFAULT_MODELS)
-    pairs: list[Measured] = []
-    for model in models:
-        graph = build_graph(model)
-        for name, strategy in strategies_for(graph, resources).items():
-            if args.quick and name not in QUICK_STRATEGIES:
-                continue
-            pairs.append(Measured(model, name, graph, resources, strategy))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as out:
-        measure(pairs, args, out)
-    return pairs, _calibration_summary(resources)
-
-
-def _calibration_summary(resources: ResourceSpec) -> dict[str, Any]:
-    device = next(iter(resources.devices.values()))
+def calibration_summary(resources: ResourceSpec) -> dict[str, Any]:
+    """The calibrated figures worth reading at a glance."""
+    device = resources.device_spec(DEVICE_KIND) if DEVICE_KIND in resources.devices else next(iter(resources.devices.values()))
     link = resources.intra_node or resources.network
-    return {"resources_id": resources.id, "device": device.model_dump(mode="json"),
-            "link": {"bandwidth_gbps": link.bandwidth_gbps, "latency_us": link.latency_us}}
+    return {
+        "resources_id": resources.id,
+        "matmul_gflops": round(device.flops_for("float32") / 1e9, 2),
+        "copy_gbps": round(device.memory_bandwidth / 1e9, 2),
+        "conv_efficiency": device.conv_efficiency,
+        "norm_efficiency": device.norm_efficiency,
+        "elementwise_efficiency": round(device.elementwise_efficiency, 3),
+        "optimizer_efficiency": device.optimizer_efficiency,
+        "launch_overhead_us": round(device.launch_overhead_s * 1e6, 1),
+        "comm_overlap": round(device.comm_overlap, 3),
+        "latency_us": round(link.latency_us, 1),
+        "bandwidth_gbps": round(link.bandwidth_gbps, 2),
+    }
 
 
 def _pair_summary(pair: Measured) -> dict[str, Any]:
     measured, predicted = pair.measured, pair.predicted
+    breakdowns = [t.breakdown for t in pair.ok if t.breakdown]
+    mean = {k: round(1e3 * statistics.mean(b.get(k, 0.0) for b in breakdowns), 2) for k in (breakdowns[0] if breakdowns else {})}
     return {
         "model": pair.model,
         "strategy": pair.name,
         "measured_ms": _round(measured * 1e3 if measured else None, 2),
         "predicted_ms": _round(predicted * 1e3 if predicted is not None else None, 2),
         "error": _round((predicted - measured) / measured if measured and predicted is not None else None, 3),
-        "round_medians_ms": [round(m * 1e3, 2) for m in pair.medians],
+        "round_medians_ms": [round(t.median_s * 1e3, 2) if t.median_s else None for t in pair.trials],
+        "round_predicted_ms": [round(t.predicted_s * 1e3, 2) if t.predicted_s else None for t in pair.trials],
         "spread": _round(pair.spread, 3),
-        "predicted_breakdown_ms": pair.breakdown,
-        "failures": pair.failures,
+        "predicted_breakdown_ms": {k: v for k, v in mean.items() if v > 0},
+        "failures": [t.failure for t in pair.trials if t.failure],
     }
 
 
-def _lower_niceness() -> int:
-    """Raise this process's priority by 5 (inherited by the trial ranks) where permitted."""
+def _lower_niceness(boost: int) -> int:
+    """Raise this process's priority by `boost` (inherited by calibrations and trial ranks) where permitted."""
     try:
-        return os.nice(-5)
+        return os.nice(-boost)
     except PermissionError:
         return os.nice(0)
 
@@ -375,12 +697,20 @@ def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"models {QUICK_MODELS}, strategies {QUICK_STRATEGIES}, 1 round")
     parser.add_argument("--models", nargs="*", choices=tuple(CASES))
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per trial")
+    parser.add_argument("--steps", type=int, default=16, help="timed steps per strategy and round")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, 1 with --quick)")
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one block (interleaved) or one trial")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON Lines file of {graph, resources, strategy, result}")
+    parser.add_argument("--calibrate", choices=("block", "once"), default="block",
+                        help="calibrate before each model's block of trials in every round (default), or once")
     parser.add_argument("--from-records", help="score this records file instead of measuring")
+    parser.add_argument("--ablation", action="store_true", help="also score with each CPU refinement switched off")
+    parser.add_argument("--mode", choices=("interleaved", "trials"), default="interleaved",
+                        help="all of a model's strategies side by side in one process pair (default), or one trial each")
+    parser.add_argument("--all-builders", action="store_true", help=f"also measure {', '.join(SAME_ON_ONE_NODE)}")
+    parser.add_argument("--priority", type=int, default=15, choices=range(21), metavar="0..20",
+                        help="lower the niceness by this much while measuring (default 15)")
     args = parser.parse_args()
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
@@ -390,4 +720,7 @@ def _arguments() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        _worker(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
+    else:
+        main()

@@ -6,6 +6,10 @@ collective stream after the groups launched before it (one stream per pipeline s
 hierarchical for the group's bytes. Sharded groups reduce-scatter here; their all-gather of updated
 parameters comes after the optimizer step, exposed. Compression work is added to its group's time.
 
+Sparse variables (embeddings with sparse gradients) are not reduced in a fusion group: at the
+optimizer step every rank all-gathers the rows it touched (row count, indices, values: three
+all-gathers per variable), so they join the stream after backward with (p - 1) peers' rows to receive.
+
 Groups are found with one pass over [N, V]: a group table of 2G + 1 slots per candidate (G = the
 largest group id in the chunk + 1; all-reduce groups, sharded groups, and one slot where PS variables
 are dropped) collects each group's bytes
@@ -26,6 +30,11 @@ from simulator.pipeline import ComputePhase
 from simulator.timeline import fifo_dense
 from simulator.topology import Topology
 
+SPARSE_ALLREDUCE_COLLECTIVES = 3
+"""All-gathers per sparse variable: its row count, then indices and values (their sizes vary per step)."""
+SPARSE_INDEX_BYTES = 8.0
+"""A row index travels as int64."""
+
 
 @dataclass
 class CollectivePhase:
@@ -44,12 +53,14 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     G = int(batch.group.max()) + 1 if batch.group.size else 1
     slots = 2 * G + 1
     kind = batch.kind
-    key = np.where(kind == SyncKind.PS, 2 * G, batch.group + np.where(kind == SyncKind.SHARDED, G, 0))
+    sparse = _sparse_allreduce(context, batch)
+    dropped = kind == SyncKind.PS if sparse is None else (kind == SyncKind.PS) | sparse
+    key = np.where(dropped, 2 * G, batch.group + np.where(kind == SyncKind.SHARDED, G, 0))
     key += (np.arange(n, dtype=key.dtype) * slots)[:, None]
     key = key.ravel()
     wire = context.var_bytes_tile(n).copy()
     _split_bytes(context, batch, wire)
-    compressed = np.flatnonzero((batch.compressor != CompressorKind.NONE) & (kind == SyncKind.ALLREDUCE))
+    compressed = np.flatnonzero((batch.compressor != CompressorKind.NONE) & (kind == SyncKind.ALLREDUCE) & ~dropped)
     squeeze = _compress(context, batch, topo, compressed, wire, key, n * slots)
     group_bytes = np.bincount(key, weights=wire, minlength=n * slots)
     last = np.full(n * slots, -1, dtype=np.int32)
@@ -71,13 +82,40 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     service = np.zeros((n, V))
     service.ravel()[row * V + position] = duration
     ag_time = collectives.cost((topo.all_gather[0].take(row), topo.all_gather[1].take(row)), nbytes) * sharded
+    busy, wire_total = _per_row(row, duration * ~sharded, n), _per_row(row, nbytes * ~sharded, n)
+    if sparse is not None:
+        rows_seconds, rows_bytes = _sparse_rows(context, batch, topo, sparse)
+        service[:, V - 1] += rows_seconds
+        busy, wire_total = busy + rows_seconds, wire_total + rows_bytes
     return CollectivePhase(
         finish=_stream_finish(context, batch, compute, service),
-        allreduce_busy=_per_row(row, duration * ~sharded, n),
+        allreduce_busy=busy,
         sharded_busy=_per_row(row, duration * sharded, n),
         all_gather=_per_row(row, ag_time, n),
-        allreduce_bytes=_per_row(row, nbytes * ~sharded, n),
+        allreduce_bytes=wire_total,
     )
+
+
+def _sparse_allreduce(context: SimContext, batch: CandidateBatch) -> np.ndarray | None:
+    """[N, V] all-reduce entries of sparse variables (None when the graph has none): they are not reduced
+    in a fusion group but exchanged as rows on their own, see `_sparse_rows`."""
+    if not context.var_sparse.any():
+        return None
+    return (batch.kind == SyncKind.ALLREDUCE) & context.var_sparse[None, :]
+
+
+def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[N] seconds and wire bytes of the sparse variables' row exchanges. As the runtime runs them, at
+    the optimizer step each rank all-gathers its touched rows in three collectives (row count, int64
+    indices, values), so every rank receives its p - 1 peers' rows."""
+    rows = context.var_ps_bytes / (context.var_bytes / context.var_rows)
+    own = context.var_ps_bytes + rows * SPARSE_INDEX_BYTES
+    per_row = np.where(sparse, own, 0.0).sum(axis=1)
+    gathered = per_row * batch.data
+    latency, per_byte = topo.all_gather
+    count = sparse.sum(axis=1)
+    seconds = np.where(count > 0, SPARSE_ALLREDUCE_COLLECTIVES * latency * count + gathered * per_byte, 0.0)
+    return seconds, per_row * np.maximum(batch.data - 1, 0)
 
 
 def _stream_finish(context: SimContext, batch: CandidateBatch, compute: ComputePhase, service: np.ndarray) -> np.ndarray:
@@ -120,11 +158,10 @@ def _compress(
     compressor, param = batch.compressor.ravel().take(entries), batch.compressor_param.ravel().take(entries)
     wire[entries] = compression.wire_bytes(context.compression, compressor, param, var, div)
     kinds, kind = context.kinds, topo.kind.take(row)
-    seconds = compression.compute_seconds(
-        context.compression, compressor, param, var, div,
-        byte_rate=kinds.memory_bandwidth[kind] * kinds.elementwise_efficiency[kind],
-        flop_rate=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind],
-    )
+    bandwidth = kinds.memory_bandwidth[kind]
+    rates = compression.Rates(byte=bandwidth * kinds.elementwise_efficiency[kind], cast=bandwidth * kinds.cast_efficiency[kind],
+                              select=bandwidth * kinds.select_efficiency[kind], flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
+    seconds = compression.compute_seconds(context.compression, compressor, param, var, div, rates)
     return np.bincount(key[entries], weights=seconds, minlength=slots)
 
 

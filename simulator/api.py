@@ -10,7 +10,7 @@ from simulator.encoding import encode
 from simulator.prediction import Prediction, predictions
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-SIMULATOR_VERSION = "principled-1.1"
+SIMULATOR_VERSION = "principled-1.2"
 """Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
 
 CACHE_SIZE = 8

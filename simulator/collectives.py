@@ -75,6 +75,11 @@ def send(alpha: Number, bandwidth: Number) -> tuple[Number, Number]:
     return alpha, 1.0 / np.asarray(bandwidth, dtype=float)
 
 
+SPARSE_PS_ROUND_TRIPS = 3
+"""Round trips of a sparse PS exchange: rows are found only at run time, so the push sends a row count,
+then indices, then values, and the pull the same, each its own message; a dense push and pull are one."""
+
+
 def ps_push_pull(alpha: Number) -> Number:
     """The latency a PS round trip adds per variable shard (push, then pull): 2·α.
 

@@ -3,9 +3,23 @@ every formula is capped at the uncompressed size (a 1-D bias under PowerSGD trav
 PyTorch's PowerSGD hook).
 
     none          n
-    fp16 / bf16   n · 2 / itemsize                      cast down and back up: 2 passes over the gradient
-    PowerSGD(r)   (rows + cols) · r · itemsize           P = M·Q and Q = Mᵀ·P: 4·rows·cols·r FLOPs, plus a pass
-    top-k(ρ)      ρ · numel · (itemsize + 4)             values and int32 indices; selection ≈ 2 passes
+    fp16 / bf16   n · 2 / itemsize
+    PowerSGD(r)   (rows + cols) · r · itemsize           values of P and Q (rank r)
+    top-k(ρ)      ρ · numel · (itemsize + 4)             values and int32 indices
+
+The compute is what the runtime's reducers do beyond an uncompressed bucket (`stratagem.runtime.
+compression`, error feedback on, its default), in bytes b of the gradient streamed through memory:
+
+    fp16 / bf16   casts down, back for the error, back after the all-reduce: 4.5 b at the cast rate;
+                  adding the error, scaling, subtracting: 8 b
+    PowerSGD(r)   P = M·Q, Q = Mᵀ·P, M ≈ P·Qᵀ: 6·rows·cols·r FLOPs, and as rank-r products they stream M
+                  from memory: 3 b; adding and keeping the error: 6 b
+    top-k(ρ)      selecting the largest entries: b at the select rate; |g|, adding the error, keeping
+                  it, scattering the gathered entries and scaling: 10 b
+
+Plain bytes go at the device's element-wise rate, casts at its `cast_efficiency` and selection at its
+`select_efficiency` of memory bandwidth (on a CPU the last two are far below a copy's rate, which is
+what makes fp16 and top-k a loss there).
 
 Each formula is `unit[kind, v] · scale` with scale = r or ρ for PowerSGD and top-k (1 otherwise), so
 the per-variable units are tabulated once per graph (`CompressionTables`) and a batch costs a gather.
@@ -45,7 +59,11 @@ class CompressionTables:
     unit: np.ndarray
     """[5, V] wire bytes per unit of the compressor's parameter (per variable for unscaled kinds)."""
     byte_passes: np.ndarray
-    """[5, V] bytes streamed through memory to compress and decompress."""
+    """[5, V] bytes streamed through memory at the element-wise rate to compress and decompress."""
+    cast_bytes: np.ndarray
+    """[5, V] bytes streamed through dtype conversions."""
+    select_bytes: np.ndarray
+    """[5, V] bytes top-k selection consumes."""
     flops: np.ndarray
     """[5, V] FLOPs per unit of the parameter (PowerSGD's projections)."""
 
@@ -54,9 +72,16 @@ def tables(var: VariableFigures) -> CompressionTables:
     half = var.nbytes * np.minimum(1.0, HALF_BYTES / var.itemsize)
     unit = np.stack([var.nbytes, half, half, (var.rows + var.cols) * var.itemsize, var.numel * (var.itemsize + INDEX_BYTES)])
     zero = np.zeros_like(var.nbytes)
-    byte_passes = np.stack([zero, 2 * var.nbytes, 2 * var.nbytes, var.nbytes, 2 * var.nbytes])
-    flops = np.stack([zero, zero, zero, 4.0 * var.rows * var.cols, zero])
-    return CompressionTables(full=var.nbytes, unit=unit, byte_passes=byte_passes, flops=flops)
+    b = var.nbytes
+    matrix = (var.rows > 1) & (var.cols > 1)
+    return CompressionTables(
+        full=b,
+        unit=unit,
+        byte_passes=np.stack([zero, 8 * b, 8 * b, np.where(matrix, 9 * b, zero), 10 * b]),
+        cast_bytes=np.stack([zero, 4.5 * b, 4.5 * b, zero, zero]),
+        select_bytes=np.stack([zero, zero, zero, zero, b]),
+        flops=np.stack([zero, zero, zero, np.where(matrix, 6.0 * var.rows * var.cols, zero), zero]),
+    )
 
 
 def _scale(compressor: np.ndarray, param: np.ndarray) -> np.ndarray:
@@ -70,12 +95,21 @@ def wire_bytes(t: CompressionTables, compressor: np.ndarray, param: np.ndarray, 
     return np.minimum(unit * _scale(compressor, param), t.full.take(var)) / tensor_div
 
 
-def compute_seconds(
-    t: CompressionTables, compressor: np.ndarray, param: np.ndarray, var: np.ndarray, tensor_div: np.ndarray,
-    byte_rate: np.ndarray, flop_rate: np.ndarray,
-) -> np.ndarray:
-    """Seconds of device work to compress and decompress; `byte_rate`/`flop_rate` are the device's
-    streaming bytes/s and matmul FLOP/s."""
+@dataclass(frozen=True)
+class Rates:
+    """A device's rates for compression work, per entry: bytes/s streamed, converted, selected; FLOP/s."""
+
+    byte: np.ndarray
+    cast: np.ndarray
+    select: np.ndarray
+    flop: np.ndarray
+
+
+def compute_seconds(t: CompressionTables, compressor: np.ndarray, param: np.ndarray, var: np.ndarray, tensor_div: np.ndarray,
+                    rates: Rates) -> np.ndarray:
+    """Seconds of device work to compress and decompress."""
     V = t.full.size
     flat = compressor.astype(np.intp) * V + var
-    return (t.byte_passes.ravel().take(flat) / byte_rate + t.flops.ravel().take(flat) * param / flop_rate) / tensor_div
+    seconds = (t.byte_passes.ravel().take(flat) / rates.byte + t.cast_bytes.ravel().take(flat) / rates.cast
+               + t.select_bytes.ravel().take(flat) / rates.select + t.flops.ravel().take(flat) * param / rates.flop)
+    return seconds / tensor_div

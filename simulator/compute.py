@@ -5,7 +5,7 @@
 Matmul and attention layers compute at the device kind's `matmul_efficiency` of peak, convolutions
 at its `conv_efficiency` (the same unless calibration measured otherwise), other layers at its
 `elementwise_efficiency`; the memory term uses `elementwise_efficiency` of the
-memory bandwidth (what streaming kernels reach). Backward reads and
+memory bandwidth (what streaming kernels reach), `norm_efficiency` for normalization layers. Backward reads and
 writes about twice what forward does (input and weight gradients), so its memory term uses
 2 x `bytes_moved`. Tensor parallelism divides the work of split layers, and of element-wise layers on
 sharded activations (a GELU between a column- and a row-parallel matmul), by the tensor degree
@@ -32,7 +32,7 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
     efficiency = np.where(context.layer_matmul, k.matmul_efficiency[kind], k.elementwise_efficiency[kind])
     efficiency = np.where(context.layer_conv, k.conv_efficiency[kind], efficiency)
     flop_rate = k.peak_flops[kind] * efficiency
-    byte_rate = k.memory_bandwidth[kind] * k.elementwise_efficiency[kind]
+    byte_rate = k.memory_bandwidth[kind] * np.where(context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind])
     share = np.where(context.layer_tensor_split | context.layer_sharded_input, 1.0 / tensor, 1.0) / micro_batches
     launch = k.launch_overhead_s[kind]
     fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate) + launch

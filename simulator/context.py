@@ -42,8 +42,16 @@ class DeviceKinds:
     memory_bytes: np.ndarray
     conv_efficiency: np.ndarray
     """Convolutions' fraction of peak (the spec's `conv_efficiency`, else `matmul_efficiency`)."""
+    norm_efficiency: np.ndarray
+    """Normalizations' fraction of memory bandwidth (the spec's `norm_efficiency`, else `elementwise_efficiency`)."""
     optimizer_efficiency: np.ndarray
     """The optimizer update's fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    cast_efficiency: np.ndarray
+    """Dtype conversions' fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    select_efficiency: np.ndarray
+    """Top-k selection's fraction of memory bandwidth, per pass over its input (else `elementwise_efficiency`)."""
+    scatter_efficiency: np.ndarray
+    """Reduce-scatter's and all-gather's fraction of the link bandwidth all-reduce reaches (else 1)."""
     comm_overlap: np.ndarray
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
 
@@ -108,6 +116,8 @@ class SimContext:
     var_shape: np.ndarray
     """[V, R] the shape padded with 1s, for partition checks."""
     var_update_bytes: np.ndarray
+    """[V] bytes an update of the variable streams (3 x parameter + 2 x state), times the device's
+    large-tensor factor (`DeviceSpec.optimizer_knee_bytes`)."""
     """Bytes the optimizer reads and writes to update the variable: param and state in and out, grad in."""
     ps_update_bytes: np.ndarray
     """[V] bytes a PS server streams to update the variable (the touched rows' share for sparse ones)."""
@@ -129,6 +139,8 @@ class SimContext:
     layer_matmul: np.ndarray
     layer_conv: np.ndarray
     """Convolution layers (they compute at the kind's `conv_efficiency`)."""
+    layer_norm: np.ndarray
+    """Normalization layers (they stream memory at the kind's `norm_efficiency`)."""
     layer_tensor_split: np.ndarray
     layer_tp_allreduce: np.ndarray
     """Matmul layers that end a Megatron column/row pair: they all-reduce their output in each pass."""
@@ -148,6 +160,9 @@ class SimContext:
     """Bytes of non-trainable variables per layer (memory only)."""
     batch_size: int
     state_bytes_per_param: float
+    update_by_size: bool
+    """A device kind's `optimizer_knee_bytes` makes update cost depend on each tensor's size, so updates
+    are summed from `var_update_bytes` rather than from parameter and state bytes."""
     _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
     _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _tensor_plans: dict[int, list[TensorParallelLayer]] = field(default_factory=dict, repr=False, compare=False)
@@ -211,6 +226,8 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     kinds = _kinds_table(resources, kind_names, graph.dtype.value)
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
+    variables["var_update_bytes"] = variables["var_update_bytes"] * _update_scale(kinds, variables["var_bytes"])
+    variables["ps_update_bytes"] = variables["ps_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
     node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))
@@ -246,6 +263,7 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         **{k: v for k, v in layers.items() if k != "index"},
         batch_size=graph.batch_size,
         state_bytes_per_param=graph.optimizer.state_bytes_per_param,
+        update_by_size=any(spec.optimizer_knee_bytes for spec in kinds.specs),
     )
 
 
@@ -285,7 +303,11 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         launch_overhead_s=np.array([s.launch_overhead_s for s in specs]),
         memory_bytes=np.array([s.memory_bytes for s in specs]),
         conv_efficiency=np.array([s.conv_efficiency or s.matmul_efficiency for s in specs]),
+        norm_efficiency=np.array([s.norm_efficiency or s.elementwise_efficiency for s in specs]),
         optimizer_efficiency=np.array([s.optimizer_efficiency or s.elementwise_efficiency for s in specs]),
+        cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
+        select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
+        scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
     )
 
@@ -330,6 +352,7 @@ def _layer_arrays(graph: ModelGraph) -> dict:
         "output_bytes": np.array([layer.output_bytes for layer in layers], dtype=float),
         "layer_matmul": matmul,
         "layer_conv": np.array([layer.kind == LayerKind.conv for layer in layers], dtype=bool),
+        "layer_norm": np.array([layer.kind == LayerKind.norm for layer in layers], dtype=bool),
         "layer_tensor_split": split,
         "layer_tp_allreduce": row_parallel,
         "layer_sharded_input": _sharded_inputs(graph, index, split & matmul & ~row_parallel, row_parallel),
@@ -398,6 +421,17 @@ def _sharded_inputs(graph: ModelGraph, index: dict[str, int], column: np.ndarray
         sharded_input[i] = bool(sources) and all(sharded_output[j] for j in sources)
         sharded_output[i] = bool(column[i]) or (sharded_input[i] and not row[i])
     return sharded_input
+
+
+def _update_scale(kinds: DeviceKinds, nbytes: np.ndarray) -> np.ndarray:
+    """[V] how much more an update costs per byte for each variable than for a small tensor,
+    `1 + bytes / optimizer_knee_bytes` (a sparse variable's server updates only the rows pushed, so
+    PS updates pass their pushed bytes); with several device kinds, the largest (kinds mix rarely, and
+    the slowest paces the step)."""
+    knees = [spec.optimizer_knee_bytes for spec in kinds.specs if spec.optimizer_knee_bytes]
+    if not knees:
+        return np.ones_like(nbytes)
+    return 1.0 + nbytes / min(knees)
 
 
 def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:

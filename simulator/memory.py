@@ -33,13 +33,15 @@ from simulator.pipeline import ComputePhase, block_peak
 from simulator.topology import Topology
 
 # Columns of the per-variable figures summed by synchronizer kind.
-PARAM_SPLIT, PARAM_REST, STATE_SPLIT, STATE_REST = range(4)
+PARAM_SPLIT, PARAM_REST, STATE_SPLIT, STATE_REST, UPDATE_SPLIT, UPDATE_REST = range(6)
 
 
 def variable_columns(context: SimContext) -> np.ndarray:
-    """[V, 4] parameter and optimizer-state bytes, each for tensor-split and unsplit variables."""
+    """[V, 4] parameter and optimizer-state bytes, each for tensor-split and unsplit variables, and [V, 6]
+    with update bytes where those depend on tensor size (`context.update_by_size`)."""
     split = context.var_tensor_split
-    return np.stack([c * f for c in (context.var_bytes, context.var_state_bytes) for f in (split, ~split)], axis=1)
+    figures = (context.var_bytes, context.var_state_bytes) + ((context.var_update_bytes,) if context.update_by_size else ())
+    return np.stack([c * f for c in figures for f in (split, ~split)], axis=1)
 
 
 @dataclass
@@ -107,7 +109,10 @@ def memory_phase(context: SimContext, batch: CandidateBatch, topo: Topology, com
 def update_bytes(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
     """[N] bytes the optimizer streams on the busiest worker (the slowest stage's, with a pipeline)."""
     tensor, data = batch.tensor.astype(np.float64), batch.data.astype(np.float64)
-    out = UPDATE_PARAM_PASSES * sums.owned(PARAM_SPLIT, PARAM_REST, tensor, data) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
+    if context.update_by_size:
+        out = sums.owned(UPDATE_SPLIT, UPDATE_REST, tensor, data)
+    else:
+        out = UPDATE_PARAM_PASSES * sums.owned(PARAM_SPLIT, PARAM_REST, tensor, data) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
     rows = compute.piped
     if rows.size:
         per_var = _per_variable(context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / batch.data[rows, None])

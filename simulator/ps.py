@@ -7,9 +7,14 @@ capped by the table) and node j with c_j data-parallel copies of the model:
 - node j's workers push c_j·f_v and pull as much back (with local replication: one aggregated push per
   node, min(c_j, 1)·f'_v with f'_v = min(c_max·f_v, table) so a sparse table's rows are counted once);
 - the server of shard k (on node s) receives the pushes of every *other* node and sends as many
-  pulls: (Total_v - push_s,v)/K over its NIC; its own node's workers cross the intra-node link;
-- each shard round trip pays 2α, and the server applies the update (streaming param, grad and state
-  through its memory) before anyone can pull.
+  pulls: (Total_v - push_s,v)/K over its NIC; its own node's workers cross the intra-node link, except
+  the worker on the server device itself (a PS on a replica's own CPU, as on a CPU-only host), whose
+  push and pull never leave it;
+- the runtime fuses a server's dense shards into one bucket (one push and one pull per server and
+  setting), so a bucket pays one round trip of 2α; every sparse shard is an exchange of its own, whose
+  push and pull each send a row count, then indices, then values: three round trips
+  (`collectives.SPARSE_PS_ROUND_TRIPS`); the server applies the update (streaming param, grad and
+  state through its memory) before anyone can pull.
 
 Push and pull volumes are equal, so one direction of a full-duplex NIC decides: a node's PS time per
 step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator import collectives
 from simulator.context import SimContext
 from simulator.encoding import CandidateBatch, SyncKind
 from simulator.pipeline import ComputePhase
@@ -76,15 +82,23 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     push_share = push / count
     update = context.ps_update_bytes.take(var) / count
     keep = context.ps_held_bytes.take(var) / count
-    head, tail, tail_server = _shard_slots(batch, cell, shards)
+    head, tail, tail_server, tail_shard = _shard_slots(batch, cell, shards)
     entry = np.concatenate([np.arange(flat.size), tail])
     server = np.concatenate([head, tail_server])
     by_device = _device_sums(row, head, tail, tail_server, n, D, lr, push_share, update, keep)
+    sparse = context.var_sparse.take(var.take(entry)) if context.var_sparse.any() else None
+    buckets = _dense_buckets(context, batch.max_shards, row, var, lr, head, tail, tail_server, tail_shard, sparse, n, D)
+    device_trips = buckets.per_device
+    if sparse is not None:
+        exchanges = sparse * collectives.SPARSE_PS_ROUND_TRIPS
+        device_trips = device_trips + np.bincount(row.take(entry) * D + server, weights=exchanges, minlength=n * D).reshape(n, D)
     device_weights = weights[:, :, context.device_node]
     own = (by_device["push"] * device_weights).sum(axis=1)
+    resident = _resident_weights(batch, device_weights)
+    crossing = ((device_weights - resident) * by_device["push"]).sum(axis=1)
     remote = (by_device["push"] * weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
     price = context.server_price
-    device_seconds = remote * price.inv_nic + own * price.inv_intra + by_device["update"] * price.inv_rate + by_device["count"] * price.latency
+    device_seconds = remote * price.inv_nic + crossing * price.inv_intra + by_device["update"] * price.inv_rate + device_trips * price.latency
     worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * weights).sum(axis=1)
     node_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_seconds)
     node_bytes = worker_bytes + context.per_node(remote)
@@ -95,10 +109,16 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     on_busy = np.flatnonzero(context.device_node.take(server) == busy_node.take(entry))
     e, d = entry.take(on_busy), server.take(on_busy)
     own_e = copies.take(weight_row.take(e) * M + context.device_node.take(d)) * push_share.take(e)
+    resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
     total_e = push_share.take(e) * totals.take(weight_row.take(e))
-    seconds = ((total_e - 2 * own_e) * price.inv_nic.take(d) + own_e * price.inv_intra.take(d)
-               + update.take(e) * price.inv_rate.take(d) + price.latency.take(d))
+    seconds = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d)
+               + update.take(e) * price.inv_rate.take(d))
+    if sparse is not None:
+        seconds += exchanges.take(on_busy) * price.latency.take(d)
     service += np.bincount(e, weights=seconds, minlength=flat.size)
+    on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
+    service += np.bincount(buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)),
+                           minlength=flat.size)
     return PSPhase(
         finish=fifo_segments(row, compute.ready_at(row, position), service, n),
         throughput=node_seconds.max(axis=1),
@@ -110,30 +130,76 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     )
 
 
-def _shard_slots(batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _resident_weights(batch: CandidateBatch, device_weights: np.ndarray) -> np.ndarray:
+    """[n, 2, D] the pushing weight of the worker on each device itself, where that device is a replica:
+    its 1/(T·P) of a model copy, or with local replication its node's one aggregated push (the runtime's
+    server is the node's first rank, which also leads the node's aggregation)."""
+    replica = batch.replicas.astype(np.float64)
+    stride = (batch.tensor * batch.pipeline).astype(np.float64)[:, None]
+    return np.stack([replica / stride, replica * device_weights[:, 1, :]], axis=1)
+
+
+@dataclass
+class DenseBuckets:
+    """The runtime's dense PS buckets, one per (candidate, server device, local replication, dtype)."""
+
+    per_device: np.ndarray
+    """[n, D] buckets each server device serves (each pays one round trip)."""
+    entry: np.ndarray
+    """[B] the bucket's last PS entry to be ready: its round trip leaves after that gradient..."""
+    device: np.ndarray
+    """...[B] and its server device."""
+
+
+def _dense_buckets(
+    context: SimContext, K: int, row: np.ndarray, var: np.ndarray, lr: np.ndarray, head: np.ndarray, tail: np.ndarray,
+    tail_server: np.ndarray, tail_shard: np.ndarray, sparse: np.ndarray | None, n: int, D: int,
+) -> DenseBuckets:
+    """Entries are numbered in (candidate, ready position) order, so a bucket's last-ready member is its
+    highest (entry, shard) rank: one scatter-max over the (entry, shard) pairs, no sort."""
+    slots, dtype_slot = np.unique(context.var_itemsize, return_inverse=True)
+    S = 2 * slots.size
+    rank = np.arange(row.size) * K
+    key = ((row * D + head) * 2 + lr) * slots.size + dtype_slot.take(var)
+    if tail.size:
+        rank = np.concatenate([rank, tail * K + tail_shard])
+        key = np.concatenate([key, ((row.take(tail) * D + tail_server) * 2 + lr.take(tail)) * slots.size + dtype_slot.take(var.take(tail))])
+    if sparse is not None:
+        dense = np.flatnonzero(~sparse)
+        rank, key = rank.take(dense), key.take(dense)
+    last = np.full(n * D * S, -1, dtype=np.int64)
+    np.maximum.at(last, key, rank)
+    bucket = np.flatnonzero(last >= 0)
+    per_device = np.bincount(bucket // S, minlength=n * D).reshape(n, D).astype(np.float64)
+    return DenseBuckets(per_device, last.take(bucket) // K, (bucket // S) % D)
+
+
+def _shard_slots(batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Servers of the PS entries at flat [N·V] `cell`s: shard 0 of every entry ([E]), then the
-    (entry, server) pairs of shards 1, 2, ... of the partitioned ones."""
+    (entry, server, shard index) triples of shards 1, 2, ... of the partitioned ones."""
     K = batch.max_shards
     servers = batch.server.ravel()
     head = servers.take(cell * K).astype(np.intp)
-    entries, devices = [], []
+    entries, devices, index = [], [], []
     for k in range(1, K):
         more = np.flatnonzero(shards > k)
         if not more.size:
             break
         entries.append(more)
         devices.append(servers.take(cell.take(more) * K + k))
+        index.append(np.full(more.size, k, dtype=np.intp))
     if not entries:
-        return head, np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp)
-    return head, np.concatenate(entries), np.concatenate(devices).astype(np.intp)
+        empty = np.zeros(0, dtype=np.intp)
+        return head, empty, empty, empty
+    return head, np.concatenate(entries), np.concatenate(devices).astype(np.intp), np.concatenate(index)
 
 
 def _device_sums(
     row: np.ndarray, head: np.ndarray, tail: np.ndarray, tail_server: np.ndarray, n: int, D: int,
     lr: np.ndarray, push: np.ndarray, update: np.ndarray, keep: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """Per (candidate, server device): pushes [n, 2, D] by local replication, and [n, D] update bytes,
-    held bytes and shard count, over shard 0 of every entry (`head`) and the further shards (`tail`)."""
+    """Per (candidate, server device): pushes [n, 2, D] by local replication, and [n, D] update bytes and
+    held bytes, over shard 0 of every entry (`head`) and the further shards (`tail`)."""
     device = row * D + head
     lr_device = (row * 2 + lr) * D + head
     tail_row = row.take(tail)
@@ -150,5 +216,4 @@ def _device_sums(
         "push": add(lr_device, tail_lr_device, push, n * 2 * D).reshape(n, 2, D),
         "update": add(device, tail_device, update, n * D).reshape(n, D),
         "keep": add(device, tail_device, keep, n * D).reshape(n, D),
-        "count": add(device, tail_device, None, n * D).reshape(n, D),
     }

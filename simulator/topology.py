@@ -5,7 +5,9 @@ Ranks fill the device table node by node, tensor innermost (`rank = (d·P + p)·
 - a data-parallel group (stride T·P) has k = max(1, per_node // (T·P)) members per node over
   m = ceil(data / k) nodes; when m > 1 its ring crosses NICs, and the T·P groups that share a node
   (at most `per_node`) run their rings side by side, splitting the NIC;
-- the slowest link a collective crosses decides its bandwidth, the largest latency its alpha.
+- the slowest link a collective crosses decides its bandwidth, the largest latency its alpha;
+- reduce-scatter and all-gather reach the pacing device kind's `scatter_efficiency` of that bandwidth
+  (below 1 where the collective library has no ring for them, as gloo on CPU).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     tp_alpha = np.where(tp_crosses, alpha_e, alpha_i)
     tp_band = np.where(tp_crosses, np.minimum(band_i, band_nic), band_i)
     pp_crosses = stride > per_node
+    scatter = context.kinds.scatter_efficiency[kind]
     return Topology(
         kind=kind,
         capacity=capacity,
@@ -85,8 +88,8 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
         ring=ring,
         tree=collectives.tree_allreduce(data, alpha, band),
         hierarchical=hierarchical,
-        reduce_scatter=collectives.reduce_scatter(data, alpha, band),
-        all_gather=collectives.all_gather(data, alpha, band),
+        reduce_scatter=collectives.reduce_scatter(data, alpha, band * scatter),
+        all_gather=collectives.all_gather(data, alpha, band * scatter),
         tensor=collectives.ring_allreduce(tensor, tp_alpha, tp_band),
         p2p=collectives.send(np.where(pp_crosses, alpha_e, alpha_i), np.where(pp_crosses, np.minimum(band_nic, band_i), band_i)),
         dp_crosses_nodes=crosses,

@@ -2,25 +2,37 @@
 
 Everything is measured the way a trial runs: `ranks` processes with `threads` threads each, joined by
 gloo, all measuring at the same time, so they share cores, caches and memory bandwidth as trial ranks
-do (and a machine busy with other work shows up as a slower machine). Each figure is the median of
-repeated runs (what a typical step sees, not the luckiest run) from the slowest rank (it paces a
-synchronous step). In about 15-30 seconds:
+do (and a machine busy with other work shows up as a slower machine). Each repeat ends when every
+rank is done, as a synchronous step waits for its slowest rank (`Stepper`); each figure is the median
+of the repeats (what a typical step sees, not the luckiest run), from the slowest rank. In about 15-30
+seconds:
 
 - matmul FLOP/s: a Linear layer's forward and backward (its three matmuls), fp32; a bf16 matmul;
 - convolution FLOP/s: a 3x3 convolution's forward and backward -> `conv_efficiency` (vs. matmul);
 - memory bandwidth: copying 64 MB (read + write bytes per second);
-- element-wise kernels (LayerNorm + GELU, BatchNorm + ReLU, forward and backward), priced on the bytes
-  the simulator counts for them (each op's inputs and outputs forward, twice that backward)
-  -> `elementwise_efficiency`;
+- element-wise kernels (GELU, ReLU) and normalizations (LayerNorm, BatchNorm), forward and backward,
+  priced on the bytes the simulator counts for them (each op's inputs and outputs forward, twice that
+  backward) -> `elementwise_efficiency` and `norm_efficiency`;
 - per-layer overhead of training: a chain of tiny Linear layers, forward and backward; the difference
   between a long and a short chain, per layer and pass, so the backward call's own cost cancels
   -> `launch_overhead_s`;
-- the optimizer update: Adam's step, priced on the bytes the simulator counts (3 x parameters +
-  2 x state) -> `optimizer_efficiency`;
-- gloo all-reduce of 4 B to 8 MB; the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least
-  squares gives α and B;
+- the optimizer update: Adam's step over 8M parameters (more than a last-level cache holds), priced
+  on the bytes the simulator counts (3 x parameters + 2 x state), once in 2 MB tensors and once in
+  one 32 MB tensor: a large tensor costs more per byte (each of the update's passes, and the fresh
+  pages of its temporaries, come from memory) -> `optimizer_efficiency` (small tensors) and
+  `optimizer_knee_bytes` (`optimizer_size_law`);
+- what gradient compression costs beyond streaming: fp32 -> fp16 -> fp32 casts of a 16 MB gradient
+  (each cast counted as its fp32 bytes x 1.5) -> `cast_efficiency`, and top-1% selection over it
+  (counted as one pass) -> `select_efficiency`;
+- a reduce-scatter plus an all-gather of 8 MB against an all-reduce of it (the ring formulas make them
+  equal) -> `scatter_efficiency`;
+- gloo all-reduce of 4 B to 8 MB buckets, as the runtime runs them (flatten, divide, all-reduce, copy
+  back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least squares gives α and B, so
+  the link is described as a bucket sees it, copies included;
 - overlap: all-reduces launched while the rank computes; the share of their time that hides behind
-  the compute (1: all of it, 0: they take turns on the cores) -> `comm_overlap`.
+  the compute (1: all of it, 0: they take turns on the cores) -> `comm_overlap`. Only measured when
+  the machine has cores beyond the ranks' compute threads: without one, communication can only run by
+  taking turns with compute, so the overlap is 0 (and a measurement would only see the neighbours).
 
 The spec has one node at 127.0.0.1 whose `ranks` CPUs are the devices, of kind `CPU-calibrated`
 (also registered under `CPU`, so every consumer asking for the node's kind gets the measured figures).
@@ -55,7 +67,8 @@ WORKER_TIMEOUT_S = 120.0
 UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 """What the simulator counts for an fp32 Adam update: parameter and gradient in, parameter out (3 x 4
 bytes), two state tensors in and out (2 x 8 bytes)."""
-RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "optimizer_rate", "overlap")
+RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
+         "optimizer_large_rate", "cast_rate", "select_rate", "scatter_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
 
@@ -67,9 +80,24 @@ def calibrate(ranks: int = 2, *, threads: int = 1, address: str = "127.0.0.1") -
     """A one-node ResourceSpec with this machine's figures, measured by `ranks` concurrent ranks."""
     if ranks < 2:
         raise InvalidResourceSpecError([Problem("ranks", f"must be at least 2 to measure a collective, got {ranks}")])
-    figures = measure(ranks, threads=threads)
-    alpha, beta = fit_ring(SIZES, figures["allreduce_seconds"], ranks)
-    device = device_spec(figures, memory_bytes=_physical_memory() / ranks)
+    spare_cores = len(os.sched_getaffinity(0)) - ranks * threads
+    figures = measure(ranks, threads=threads, overlap=spare_cores > 0)
+    provenance = {
+        "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "ranks": ranks,
+        "threads": threads,
+        "allreduce_bytes": list(SIZES),
+        "spare_cores": spare_cores,
+        **figures,
+    }
+    return spec_from_figures(provenance, address=address)
+
+
+def spec_from_figures(provenance: dict[str, Any], *, address: str = "127.0.0.1") -> ResourceSpec:
+    """The ResourceSpec a calibration's provenance (its settings and combined figures) describes."""
+    ranks = int(provenance["ranks"])
+    alpha, beta = fit_ring(provenance["allreduce_bytes"], provenance["allreduce_seconds"], ranks)
+    device = device_spec(provenance, memory_bytes=_physical_memory() / ranks)
     link = Link(kind="loopback", bandwidth_gbps=beta * 8 / 1e9, latency_us=alpha * 1e6, efficiency=1.0)
     return ResourceSpec(
         name=f"calibrated-{socket.gethostname()}",
@@ -77,20 +105,36 @@ def calibrate(ranks: int = 2, *, threads: int = 1, address: str = "127.0.0.1") -
         network=link,
         intra_node=link,
         devices={DEVICE_KIND: device, "CPU": device.model_copy(update={"name": "CPU"})},
-        provenance={
-            "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "ranks": ranks,
-            "threads": threads,
-            "allreduce_bytes": list(SIZES),
-            **figures,
-        },
+        provenance=provenance,
     )
+
+
+def average(specs: Sequence[ResourceSpec]) -> ResourceSpec:
+    """One spec for a stretch of time bracketed by calibrations (e.g. one before and one after a block of
+    trials), on a machine whose load drifts: work that ran during the stretch took the mean of the times
+    each calibration measured, so rates average harmonically and times arithmetically."""
+    figures = [spec.provenance for spec in specs]
+    if not figures or any("allreduce_seconds" not in f for f in figures):
+        raise InvalidResourceSpecError([Problem("provenance", "averaging needs calibrated specs (with their measured figures)")])
+    first = figures[0]
+    out: dict[str, Any] = {key: first[key] for key in ("ranks", "threads", "allreduce_bytes", "spare_cores") if key in first}
+    for key in (*RATES, "layer_overhead_s"):
+        if any(key not in f for f in figures):
+            continue
+        values = [float(f[key]) for f in figures]
+        harmonic = key in RATES and key != "overlap" and min(values) > 0
+        out[key] = len(values) / sum(1.0 / v for v in values) if harmonic else statistics.fmean(values)
+    out["allreduce_seconds"] = [statistics.fmean(column) for column in zip(*(f["allreduce_seconds"] for f in figures), strict=True)]
+    out["calibrated_at"] = [f.get("calibrated_at") for f in figures]
+    return spec_from_figures(out, address=specs[0].nodes[0].address)
 
 
 def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
     """The measured rates as a device kind: efficiencies relative to the measured matmul rate and copy
-    bandwidth, clamped into (0, 1] (a kernel that beats a plain copy is priced at the copy's speed)."""
+    bandwidth, clamped into (0, 1] (a kernel that beats a plain copy is priced at the copy's speed).
+    Compression figures an older calibration did not measure keep their defaults."""
     matmul, bandwidth = figures["matmul_flops"], figures["copy_bandwidth"]
+    small_tensor_rate, knee = optimizer_size_law(figures["optimizer_rate"], figures.get("optimizer_large_rate"))
     return DeviceSpec(
         name=DEVICE_KIND,
         peak_flops={"float32": matmul, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]},
@@ -98,12 +142,33 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         memory_bandwidth=bandwidth,
         matmul_efficiency=1.0,
         elementwise_efficiency=_fraction(figures["elementwise_rate"] / bandwidth),
+        norm_efficiency=_fraction(figures["norm_rate"] / bandwidth),
         launch_overhead_s=max(figures["layer_overhead_s"], 0.0),
         conv_efficiency=_fraction(figures["conv_flops"] / matmul),
-        optimizer_efficiency=_fraction(figures["optimizer_rate"] / bandwidth),
+        optimizer_efficiency=_fraction(small_tensor_rate / bandwidth),
+        optimizer_knee_bytes=knee,
+        cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
+        select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
+        scatter_efficiency=_fraction(figures["scatter_efficiency"]) if "scatter_efficiency" in figures else None,
         comm_overlap=min(max(figures["overlap"], 0.0), 1.0),
         is_gpu=False,
     )
+
+
+OPTIMIZER_TENSOR_BYTES = (2 << 20, 32 << 20)
+"""Parameter bytes per tensor of the two optimizer probes: 16 tensors of 2 MB, one of 32 MB."""
+
+
+def optimizer_size_law(rate: float, large_rate: float | None) -> tuple[float, float | None]:
+    """(rate for small tensors, knee bytes) from the two optimizer probes, with the per-byte cost
+    growing as `1 + bytes / knee`: their ratio r solves `(1 + large / knee) / (1 + small / knee) = r`.
+    No knee when the large tensor is not slower per byte (within 5%)."""
+    small, large = OPTIMIZER_TENSOR_BYTES
+    ratio = rate / large_rate if large_rate else 1.0
+    if ratio <= 1.05:
+        return rate, None
+    knee = max((large - ratio * small) / (ratio - 1.0), float(small))
+    return rate * (1.0 + small / knee), knee
 
 
 def _fraction(value: float) -> float:
@@ -139,15 +204,17 @@ def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(ranks: int, *, threads: int = 1) -> dict[str, Any]:
-    """Start `ranks` gloo workers on this machine and return their combined figures."""
+def measure(ranks: int, *, threads: int = 1, overlap: bool = True) -> dict[str, Any]:
+    """Start `ranks` gloo workers on this machine and return their combined figures (`overlap` 0
+    unless measured)."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="stratagem-calibrate-") as folder:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         results = [Path(folder) / f"rank{rank}.json" for rank in range(ranks)]
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "stratagem.calibrate", "--worker", str(rank), str(ranks), str(port), str(results[rank]), str(threads)],
+                [sys.executable, "-m", "stratagem.calibrate", "--worker", str(rank), str(ranks), str(port), str(results[rank]), str(threads),
+                 str(int(overlap))],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             )
             for rank in range(ranks)
@@ -188,16 +255,31 @@ def _physical_memory() -> float:
 # -- the worker: one rank's measurements (runs in its own process) ------------------------------------------
 
 
-def median_seconds(run: Callable[[], object], *, budget_s: float, least: int = 3, most: int = 40) -> float:
-    """Median wall time of `run` over repeats filling about `budget_s` (after one untimed warm-up)."""
-    run()
-    samples: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < most and (len(samples) < least or time.perf_counter() < deadline):
-        start = time.perf_counter()
+class Stepper:
+    """Times work the way a synchronous step runs it: every rank runs it, then all ranks agree (one tiny
+    all-reduce) whether to go on, so a sample lasts until the slowest rank is done, as a step waits for
+    its slowest rank. The agreement's own latency, timed alone, is taken off. Alone (`agree` the
+    identity) it is a plain median timer. `budget_scale` shortens (or lengthens) every probe's time
+    budget, for probes interleaved with other work."""
+
+    def __init__(self, agree: Callable[[bool], bool] = lambda go: go, *, budget_scale: float = 1.0) -> None:
+        self.agree = agree
+        self.budget_scale = budget_scale
+        self.floor = 0.0
+        self.floor = self.median(lambda: None, budget_s=0.2, least=10)
+
+    def median(self, run: Callable[[], object], *, budget_s: float, least: int = 3, most: int = 40) -> float:
+        """Median seconds of `run` over repeats filling about `budget_s` (after one untimed warm-up)."""
         run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        samples: list[float] = []
+        deadline = time.perf_counter() + budget_s * self.budget_scale
+        go = True
+        while go:
+            start = time.perf_counter()
+            run()
+            go = self.agree(len(samples) + 1 < most and (len(samples) + 1 < least or time.perf_counter() < deadline))
+            samples.append(time.perf_counter() - start)
+        return max(statistics.median(samples) - self.floor, 1e-9)
 
 
 def _train_pass(module: Any, x: Any) -> Callable[[], None]:
@@ -207,9 +289,13 @@ def _train_pass(module: Any, x: Any) -> Callable[[], None]:
     return run
 
 
-def compute_figures(sync: Callable[[], object] = lambda: None) -> dict[str, float]:
-    """This rank's compute, memory, per-layer and optimizer figures; `sync` (a barrier) runs before each
-    probe so every rank measures the same thing at the same time."""
+def compute_figures(stepper: Stepper) -> dict[str, float]:
+    """This rank's compute, memory, per-layer and optimizer figures, every probe run by all ranks at once."""
+    return {name: probe() for name, probe in probes(stepper).items()}
+
+
+def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
+    """The compute figures' probes by name, each a measurement run on call (by all ranks at once)."""
     import torch
     from torch import nn
 
@@ -219,87 +305,123 @@ def compute_figures(sync: Callable[[], object] = lambda: None) -> dict[str, floa
     images = torch.randn(16, 32, 32, 32, requires_grad=True)
     src = torch.ones(16 << 20, dtype=torch.float32)
     dst = torch.empty_like(src)
-    probes: dict[str, Callable[[], float]] = {
-        "matmul_flops": lambda: 3 * 2.0 * tokens * width * width / median_seconds(
+    grad = torch.randn(4 << 20)
+    half, magnitudes = torch.empty_like(grad, dtype=torch.float16), grad.abs()
+    return {
+        "matmul_flops": lambda: 3 * 2.0 * tokens * width * width / stepper.median(
             _train_pass(nn.Linear(width, width, bias=False), x), budget_s=1.0),
-        "bf16_flops": lambda: 2.0 * 512**3 / median_seconds(lambda: torch.mm(a, b), budget_s=0.5),
-        "conv_flops": lambda: 3 * 2.0 * 9 * 32 * images.numel() / median_seconds(
+        "bf16_flops": lambda: 2.0 * 512**3 / stepper.median(lambda: torch.mm(a, b), budget_s=0.5),
+        "conv_flops": lambda: 3 * 2.0 * 9 * 32 * images.numel() / stepper.median(
             _train_pass(nn.Conv2d(32, 32, 3, padding=1, bias=False), images), budget_s=1.0),
-        "copy_bandwidth": lambda: 2.0 * src.nbytes / median_seconds(lambda: dst.copy_(src), budget_s=0.5),
-        "elementwise_rate": _elementwise_rate,
-        "layer_overhead_s": _layer_overhead,
-        "optimizer_rate": _optimizer_rate,
+        "copy_bandwidth": lambda: 2.0 * src.nbytes / stepper.median(lambda: dst.copy_(src), budget_s=0.5),
+        "elementwise_rate": lambda: _memory_bound_rate(stepper, norms=False),
+        "norm_rate": lambda: _memory_bound_rate(stepper, norms=True),
+        "layer_overhead_s": lambda: _layer_overhead(stepper),
+        "optimizer_rate": _optimizer_probe(stepper),
+        "optimizer_large_rate": _optimizer_probe(stepper, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1]),
+        "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
+        "select_rate": lambda: grad.nbytes / stepper.median(
+            lambda: magnitudes.topk(grad.numel() // 100, sorted=False), budget_s=0.5),
     }
-    figures = {}
-    for name, probe in probes.items():
-        sync()
-        figures[name] = probe()
-    return figures
 
 
-def _elementwise_rate() -> float:
-    """Bytes/s of norm and activation layers, on the bytes the simulator counts: forward reads and
-    writes each tensor once per op (2 x its bytes per op, four ops), backward twice the forward."""
+def _memory_bound_rate(stepper: Stepper, *, norms: bool) -> float:
+    """Bytes/s of activations (GELU, ReLU) or normalizations (LayerNorm, BatchNorm), on the bytes the
+    simulator counts: forward reads and writes each tensor once per op, backward twice the forward."""
     import torch
     from torch import nn
 
     tokens = torch.randn(2048, 512, requires_grad=True)
     images = torch.randn(16, 32, 32, 32, requires_grad=True)
     layer_norm, batch_norm = nn.LayerNorm(512), nn.BatchNorm2d(32)
+    first, second = (layer_norm, batch_norm) if norms else (nn.functional.gelu, torch.relu)
 
     def run() -> None:
-        out = nn.functional.gelu(layer_norm(tokens)).sum() + torch.relu(batch_norm(images)).sum()
-        out.backward()
+        (first(tokens).sum() + second(images).sum()).backward()
 
-    forward_bytes = 2 * 2.0 * (tokens.nbytes + images.nbytes)
-    return 3 * forward_bytes / median_seconds(run, budget_s=1.0)
+    forward_bytes = 2.0 * (tokens.nbytes + images.nbytes)
+    return 3 * forward_bytes / stepper.median(run, budget_s=1.0)
 
 
-def _layer_overhead() -> float:
+def _layer_overhead(stepper: Stepper) -> float:
     """Seconds per layer and pass beyond arithmetic: (long chain - short chain) / (2 passes x extra layers)."""
     import torch
     from torch import nn
 
     x = torch.randn(1, 4)
     long_chain, short_chain = nn.Sequential(*[nn.Linear(4, 4) for _ in range(64)]), nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)])
-    long = median_seconds(_train_pass(long_chain, x), budget_s=0.5, least=5)
-    short = median_seconds(_train_pass(short_chain, x), budget_s=0.3, least=5)
+    long = stepper.median(_train_pass(long_chain, x), budget_s=0.5, least=5)
+    short = stepper.median(_train_pass(short_chain, x), budget_s=0.3, least=5)
     return (long - short) / (2 * (64 - 8))
 
 
-def _optimizer_rate() -> float:
-    """Bytes/s of an Adam step over 2M parameters, on the bytes the simulator counts."""
+def _optimizer_probe(stepper: Stepper, *, tensor_bytes: int = OPTIMIZER_TENSOR_BYTES[0], total_bytes: int = 32 << 20) -> Callable[[], float]:
+    """Bytes/s of an Adam step over `total_bytes` of parameters in tensors of `tensor_bytes` (with
+    gradients and state, four times that: beyond the caches), on the bytes the simulator counts. The
+    parameters and state are made once, so repeated probes time the step, not the allocation."""
     import torch
 
-    params = [torch.zeros(1 << 17, requires_grad=True) for _ in range(16)]
+    params = [torch.zeros(tensor_bytes // 4, requires_grad=True) for _ in range(max(1, total_bytes // tensor_bytes))]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.Adam(params)
     count = sum(p.numel() for p in params)
-    return UPDATE_BYTES_PER_PARAM * count / median_seconds(optimizer.step, budget_s=1.0)
+    return lambda: UPDATE_BYTES_PER_PARAM * count / stepper.median(optimizer.step, budget_s=1.0)
 
 
 def allreduce_seconds(dist: Any, torch: Any) -> list[float]:
-    """Median seconds of one all-reduce per size in SIZES, each timed from a barrier."""
+    """Median seconds to average a bucket of gradients per size in SIZES, each timed from a barrier, the
+    way the runtime's all-reduce buckets do it: flatten four gradients into one buffer, divide by the
+    ranks, all-reduce it, copy the result back. The copies are what a bucket costs beyond the wire."""
     medians = []
     for size in SIZES:
-        tensor = torch.ones(max(1, size // 4), dtype=torch.float32)
+        grads = [torch.ones(max(1, size // 16), dtype=torch.float32) for _ in range(4)]
         repeats = 10 if size <= 65536 else 4
         samples = []
         for i in range(repeats + 2):
             dist.barrier()
             start = time.perf_counter()
-            dist.all_reduce(tensor)
+            flat = torch.cat(grads) / dist.get_world_size()
+            dist.all_reduce(flat)
+            for grad, value in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                grad.copy_(value)
             if i >= 2:
                 samples.append(time.perf_counter() - start)
         medians.append(statistics.median(samples))
     return medians
 
 
-def overlap_share(dist: Any, torch: Any, *, repeats: int = 3) -> float:
-    """How much of the all-reduce time hides behind compute: (C + A - both) / min(C, A), where C is a
-    burst of matmul layers alone, A a burst of 1 MB all-reduces alone, and both the all-reduces launched
-    asynchronously before the same compute (as the runtime launches buckets during backward)."""
+def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
+    """How fast a reduce-scatter plus an all-gather of an 8 MB buffer run relative to an all-reduce of it:
+    the ring formulas make the pair cost exactly one all-reduce, so the ratio of the medians is the
+    share of the fitted link bandwidth the pair reaches with this backend."""
+    flat = torch.ones(2 << 20, dtype=torch.float32)
+    world = dist.get_world_size()
+    mine = torch.empty(flat.numel() // world)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def timed(run: Callable[[], None]) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+
+    def pair() -> None:
+        reduce_scatter(mine, flat)
+        all_gather(flat, mine)
+
+    pair()
+    samples = [(timed(lambda: dist.all_reduce(flat)), timed(pair)) for _ in range(repeats)]
+    alone, both = (statistics.median(column) for column in zip(*samples, strict=True))
+    return alone / both
+
+
+def overlap_share(dist: Any, torch: Any, *, repeats: int = 5) -> float:
+    """How much of the all-reduce time hides behind compute: (C + A - both) / min(C, A), from the medians
+    of C (a burst of matmul layers alone), A (a burst of 1 MB all-reduces alone) and both (the
+    all-reduces launched asynchronously before the same compute, as the runtime launches buckets during
+    backward), measured in turns so that a change of load touches all three alike."""
     from torch import nn
 
     layer, x = nn.Linear(512, 512, bias=False), torch.randn(1024, 512, requires_grad=True)
@@ -309,8 +431,15 @@ def overlap_share(dist: Any, torch: Any, *, repeats: int = 3) -> float:
         for _ in range(4):
             layer(x).sum().backward()
 
-    def reduce_all() -> list[Any]:
-        return [dist.all_reduce(b, async_op=True) for b in buffers]
+    def comm_only() -> None:
+        for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
+            work.wait()
+
+    def both() -> None:
+        works = [dist.all_reduce(b, async_op=True) for b in buffers]
+        compute()
+        for work in works:
+            work.wait()
 
     def timed(run: Callable[[], None]) -> float:
         dist.barrier()
@@ -318,26 +447,14 @@ def overlap_share(dist: Any, torch: Any, *, repeats: int = 3) -> float:
         run()
         return time.perf_counter() - start
 
-    def both() -> None:
-        works = reduce_all()
-        compute()
-        for work in works:
-            work.wait()
-
-    def comm_only() -> None:
-        for work in reduce_all():
-            work.wait()
-
     compute()
     comm_only()
-    shares = []
-    for _ in range(repeats):
-        alone_c, alone_a, together = timed(compute), timed(comm_only), timed(both)
-        shares.append((alone_c + alone_a - together) / min(alone_c, alone_a))
-    return statistics.median(shares)
+    samples = [(timed(compute), timed(comm_only), timed(both)) for _ in range(repeats)]
+    alone_c, alone_a, together = (statistics.median(column) for column in zip(*samples, strict=True))
+    return (alone_c + alone_a - together) / min(alone_c, alone_a)
 
 
-def _worker(rank: int, world: int, port: int, result: str, threads: int) -> None:
+def _worker(rank: int, world: int, port: int, result: str, threads: int, overlap: bool) -> None:
     """One rank: every measurement at the same time as the other ranks; writes its figures as JSON."""
     import torch
     import torch.distributed as dist
@@ -346,15 +463,21 @@ def _worker(rank: int, world: int, port: int, result: str, threads: int) -> None
     torch.manual_seed(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=WORKER_TIMEOUT_S))
-    try:
-        dist.barrier()
-        figures: dict[str, Any] = dict(compute_figures(dist.barrier))
-        figures["allreduce_seconds"] = allreduce_seconds(dist, torch)
-        figures["overlap"] = overlap_share(dist, torch)
-        Path(result).write_text(json.dumps(figures))
-    finally:
-        dist.destroy_process_group()
+
+    def agree(go: bool) -> bool:
+        flag = torch.tensor([int(go)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    figures: dict[str, Any] = dict(compute_figures(Stepper(agree)))
+    figures["allreduce_seconds"] = allreduce_seconds(dist, torch)
+    figures["scatter_efficiency"] = scatter_efficiency(dist, torch)
+    figures["overlap"] = overlap_share(dist, torch) if overlap else 0.0
+    dist.barrier()
+    Path(result).write_text(json.dumps(figures))
+    # Skip the process group's teardown: a peer that finished first can make it abort this process.
+    os._exit(0)
 
 
-if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--worker":
-    _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
+if __name__ == "__main__" and len(sys.argv) == 8 and sys.argv[1] == "--worker":
+    _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), sys.argv[7] == "1")

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_mlp_graph
+from conftest import make_embedding_graph, make_mlp_graph
 
 from simulator import compile_context, encode, simulate, simulate_batch
-from stratagem.builders import PS, AllReduce
-from stratagem.calibrate import DEVICE_KIND, combine, device_spec
-from stratagem.ir import DeviceSpec, Layer, Link, ModelGraph, Node, ResourceSpec, Variable
+from stratagem.builders import PS, AllReduce, PartitionedPS
+from stratagem.calibrate import DEVICE_KIND, OPTIMIZER_TENSOR_BYTES, combine, device_spec, optimizer_size_law
+from stratagem.ir import DeviceSpec, Layer, Link, ModelGraph, Node, ResourceSpec, Strategy, Variable
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "simulator_accuracy.py"
 
@@ -69,13 +69,16 @@ def test_records_round_trip_into_pairs_with_rounds_and_failures(accuracy, tmp_pa
 
     pairs = {p.name: p for p in accuracy.read_records(path)}
     assert set(pairs) == {"AllReduce", "PS"}
-    assert pairs["AllReduce"].medians == [0.10, 0.12, 0.11] and pairs["AllReduce"].measured == pytest.approx(0.11)
-    assert pairs["PS"].medians == [0.30, 0.34] and pairs["PS"].failures == ["hang"]
+    assert [t.median_s for t in pairs["AllReduce"].trials] == [0.10, 0.12, 0.11]
+    assert pairs["AllReduce"].measured == pytest.approx(0.11)
+    assert [t.median_s for t in pairs["PS"].trials] == [0.30, 0.34, None] and pairs["PS"].trials[2].failure == "hang"
     assert pairs["PS"].spread == pytest.approx(0.04 / 0.32)
+    assert all(t.resources.id == resources.id for p in pairs.values() for t in p.trials)
 
     accuracy.predict(list(pairs.values()))
     expected = simulate(graph, resources, strategies)
     assert pairs["AllReduce"].predicted == pytest.approx(expected[0].step_time_s)
+    assert pairs["PS"].trials[2].predicted_s == pytest.approx(expected[1].step_time_s)
     report = accuracy.accuracy_report(list(pairs.values()))
     assert report["overall"]["n"] == 2 and report["models"]["mlp"]["n"] == 2
     errors = [abs(p.predicted - p.measured) / p.measured for p in pairs.values()]
@@ -86,9 +89,8 @@ def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
     graph = make_mlp_graph()
 
     def pair(model: str, measured: float, predicted: float):
-        p = accuracy.Measured(model, f"{model}-{measured}", graph, cpu_spec(), None, medians=[measured, measured])
-        p.predicted = predicted
-        return p
+        trials = [accuracy.Trial(cpu_spec(), None, measured, predicted_s=predicted) for _ in range(2)]
+        return accuracy.Measured(model, f"{model}-{measured}", graph, trials)
 
     # model a: ranked right, 10% off; model b: ranked backwards, exact on average
     pairs = [pair("a", 1.0, 1.1), pair("a", 2.0, 2.2), pair("a", 3.0, 3.3), pair("b", 10.0, 12.0), pair("b", 12.0, 10.0)]
@@ -106,13 +108,17 @@ def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
 
 def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
     figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9,
-               "elementwise_rate": 2e9, "optimizer_rate": 12e9, "layer_overhead_s": 30e-6, "overlap": -0.05}
+               "elementwise_rate": 2e9, "norm_rate": 1e9, "optimizer_rate": 12e9, "layer_overhead_s": 30e-6, "overlap": -0.05,
+               "cast_rate": 6e9, "select_rate": 0.08e9}
     device = device_spec(figures, memory_bytes=4e9)
     assert device.name == DEVICE_KIND and not device.is_gpu
     assert device.flops_for("float32") == 80e9 and device.matmul_efficiency == 1.0
     assert device.conv_efficiency == pytest.approx(0.5)
     assert device.elementwise_efficiency == pytest.approx(0.25)
+    assert device.norm_efficiency == pytest.approx(0.125)
     assert device.optimizer_efficiency == 1.0  # faster than a copy is priced as a copy
+    assert device.cast_efficiency == pytest.approx(0.75)
+    assert device.select_efficiency == pytest.approx(0.01)
     assert device.comm_overlap == 0.0  # a slightly negative measured share means none
     assert device.launch_overhead_s == pytest.approx(30e-6)
 
@@ -180,3 +186,136 @@ def test_the_optimizer_update_streams_at_the_optimizer_efficiency():
     graph = _conv_graph()
     default, slow = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(optimizer_efficiency=0.125)))
     assert slow.breakdown["optimizer_update"] == pytest.approx(default.breakdown["optimizer_update"] * 0.5 / 0.125)
+
+
+def test_a_server_on_a_replica_does_not_send_its_own_worker_gradients_over_the_link():
+    """One host, two ranks, PS on rank 0's CPU: only rank 1's push and pull travel (as the runtime does
+    it), the same bytes a two-rank all-reduce moves per rank; a separate server would receive both."""
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 1024, 10))
+    on_replica = cpu_spec(comm_overlap=0.0)
+    separate = on_replica.replace(nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1, 2], device="CPU").model_dump()])
+    ps_here = PS().build(graph, on_replica)
+    ps_apart = Strategy.parse(ps_here.model_dump(mode="json", exclude={"id", "resources_id"}) | {
+        "variables": [{"var_name": v.var_name, "synchronizer": {"kind": "ps", "reduction_destination": "127.0.0.1:CPU:2"}}
+                      for v in ps_here.variables]})
+    here = simulate(graph, on_replica, [ps_here])[0].ps_load["127.0.0.1"]
+    apart = simulate(graph, separate, [ps_apart])[0].ps_load["127.0.0.1"]
+    link = on_replica.intra_node.bytes_per_s
+    assert apart - here == pytest.approx(sum(v.nbytes for v in graph.trainable_variables) / link, rel=1e-6)
+
+
+def test_dense_shards_on_one_server_pay_one_round_trip_and_sparse_shards_three_each():
+    graph = make_mlp_graph(batch_size=8, widths=(64, 64, 64, 10))
+    resources = cpu_spec(comm_overlap=0.0)
+    alpha = resources.intra_node.latency_s
+    whole, partitioned = (simulate(graph, resources, [b.build(graph, resources)])[0] for b in (PS(), PartitionedPS()))
+    # the same bytes and updates, more shards: on one server they are one bucket either way
+    assert partitioned.ps_load["127.0.0.1"] == pytest.approx(whole.ps_load["127.0.0.1"], rel=1e-9, abs=1e-12)
+
+    sparse = make_embedding_graph(batch_size=64, rows=1000, dim=16)
+    one, split = (simulate(sparse, resources, [b.build(sparse, resources)])[0] for b in (PS(), PartitionedPS()))
+    table = next(v for v in sparse.trainable_variables if v.sparse)
+    extra_shards = 2 - 1  # PartitionedPS splits the 1000-row table into its smallest divisor >= 2
+    assert table.shape[0] % 2 == 0
+    # a sparse exchange sends a row count, indices and values each way: three round trips of 2α
+    assert split.ps_load["127.0.0.1"] - one.ps_load["127.0.0.1"] == pytest.approx(extra_shards * 3 * 2 * alpha, rel=1e-6)
+
+
+def test_sparse_tables_under_allreduce_all_gather_their_rows_in_three_collectives():
+    graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
+    resources = cpu_spec(comm_overlap=1.0)
+    table = next(v for v in graph.trainable_variables if v.sparse)
+    context = compile_context(graph, resources)
+    fused, unfused = (encode(context, [b.build(graph, resources)]) for b in (AllReduce(), AllReduce(chunk_size=1)))
+    fused_result, unfused_result = simulate_batch(context, fused, detail=True), simulate_batch(context, unfused, detail=True)
+    rows = table.lookups_per_step
+    wire = rows * (table.row_bytes + 8)  # values and int64 indices, from the one peer of two ranks
+    dense = sum(v.nbytes for v in graph.trainable_variables if not v.sparse)
+    assert fused_result.detail["allreduce_bytes"][0] == pytest.approx(dense + wire)
+    assert wire < table.nbytes / 10  # the rows looked up, not the table
+    # the table is its own exchange either way: unfusing adds one all-reduce latency per extra dense group only
+    dense_groups = len([v for v in graph.trainable_variables if not v.sparse])
+    alpha = resources.intra_node.latency_s
+    extra = unfused_result.detail["allreduce_busy"][0] - fused_result.detail["allreduce_busy"][0]
+    assert extra == pytest.approx((dense_groups - 1) * 2 * alpha, rel=1e-6)
+
+
+def test_normalizations_stream_at_their_own_efficiency_and_activations_do_not_change():
+    nbytes = 64e6
+    norm = Layer(name="norm", type="LayerNorm", kind="norm", bytes_moved=nbytes, output_bytes=nbytes / 2, variables=["norm.weight"])
+    act = Layer(name="act", type="GELU", kind="elementwise", bytes_moved=nbytes, output_bytes=nbytes / 2, inputs=["norm"])
+    graph = ModelGraph(name="norms", batch_size=8, layers=[norm, act], variables=[Variable(name="norm.weight", shape=[1024])])
+    same, slow = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(norm_efficiency=0.125)))
+    norm_seconds = 3 * nbytes / (8e9 * 0.5)  # forward once, backward twice, at the elementwise rate
+    assert slow.breakdown["compute"] - same.breakdown["compute"] == pytest.approx(norm_seconds * (0.5 / 0.125 - 1))
+
+
+def test_large_tensors_update_slower_per_byte_past_the_knee():
+    small = Variable(name="small.weight", shape=[256, 256])
+    large = Variable(name="large.weight", shape=[2048, 2048])
+    layers = [Layer(name=v.name.split(".")[0], type="Linear", kind="matmul", fwd_flops=1e6, bwd_flops=2e6, bytes_moved=1e3,
+                    output_bytes=1e3, variables=[v.name]) for v in (small, large)]
+    graph = ModelGraph(name="two-tensors", batch_size=8, layers=layers, variables=[small, large])
+    knee = 4e6
+    flat, sized = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
+    rate = 8e9 * 0.5  # the optimizer streams at the elementwise efficiency here
+    per_param = 3 * 4 + 2 * 8
+    expected = sum(v.numel * per_param / rate * v.nbytes / knee for v in (small, large))
+    assert sized.breakdown["optimizer_update"] - flat.breakdown["optimizer_update"] == pytest.approx(expected, rel=1e-9)
+    assert large.nbytes / knee > 4 * small.nbytes / knee  # the large tensor carries nearly all of it
+
+
+def test_optimizer_size_law_recovers_the_knee_from_the_two_probes():
+    small, large = OPTIMIZER_TENSOR_BYTES
+    knee, base = 8e6, 10e9
+    rate_small, rate_large = base / (1 + small / knee), base / (1 + large / knee)
+    rate, fitted = optimizer_size_law(rate_small, rate_large)
+    assert fitted == pytest.approx(knee) and rate == pytest.approx(base)
+    assert optimizer_size_law(10e9, 9.9e9) == (10e9, None)  # no slower per byte: no knee
+    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 20e9, "elementwise_rate": 2e9,
+               "norm_rate": 1e9, "optimizer_rate": rate_small, "optimizer_large_rate": rate_large, "layer_overhead_s": 30e-6,
+               "overlap": 0.0}
+    device = device_spec(figures, memory_bytes=4e9)
+    assert device.optimizer_knee_bytes == pytest.approx(knee) and device.optimizer_efficiency == pytest.approx(base / 20e9)
+
+
+def test_topk_and_fp16_pay_selection_and_casts_at_their_own_rates():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    nbytes = sum(v.nbytes for v in graph.trainable_variables)
+
+    def allreduce_busy(compressor: str, **device: float) -> float:
+        spec = cpu_spec(**device)
+        context = compile_context(graph, spec)
+        batch = encode(context, [AllReduce(compressor=compressor).build(graph, spec)])
+        return float(simulate_batch(context, batch, detail=True).detail["allreduce_busy"][0])
+
+    # top-k at 1% (AutoDist has no top-k compressor: set it on the batch) -- selection is one pass at select rate
+    spec = cpu_spec(select_efficiency=0.01)
+    context = compile_context(graph, spec)
+    batch = encode(context, [AllReduce().build(graph, spec)])
+    batch.compressor[:], batch.compressor_param[:] = 4, 0.01
+    fast = compile_context(graph, cpu_spec())
+    fast_batch = encode(fast, [AllReduce().build(graph, cpu_spec())])
+    fast_batch.compressor[:], fast_batch.compressor_param[:] = 4, 0.01
+    slow_busy = simulate_batch(context, batch, detail=True).detail["allreduce_busy"][0]
+    fast_busy = simulate_batch(fast, fast_batch, detail=True).detail["allreduce_busy"][0]
+    assert slow_busy - fast_busy == pytest.approx(nbytes / (8e9 * 0.01) - nbytes / (8e9 * 0.5), rel=1e-6)
+    # fp16: 4.5 b of casts at the cast rate
+    assert allreduce_busy("HorovodCompressor", cast_efficiency=0.05) - allreduce_busy("HorovodCompressor") == pytest.approx(
+        4.5 * nbytes / (8e9 * 0.05) - 4.5 * nbytes / (8e9 * 0.5), rel=1e-6)
+
+
+def test_reduce_scatter_and_all_gather_run_at_the_scatter_efficiency():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    nbytes = sum(v.nbytes for v in graph.trainable_variables)
+
+    def sharded_seconds(**device: float) -> float:
+        spec = cpu_spec(comm_overlap=1.0, **device)
+        strategy = AllReduce().build(graph, spec)
+        sharded = strategy.replace(variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables])
+        return simulate(graph, spec, [sharded])[0].breakdown["sharded"]
+
+    bandwidth = 4.0e9 / 8  # the loopback link: 4 Gbit/s
+    # reduce-scatter and all-gather each move (p-1)/p = 1/2 of the bytes; at a quarter of the bandwidth, 4x as long
+    extra = sharded_seconds(scatter_efficiency=0.25) - sharded_seconds()
+    assert extra == pytest.approx(2 * 0.5 * nbytes / bandwidth * (4 - 1), rel=1e-6)

@@ -27,13 +27,34 @@ class DeviceSpec(Strict):
     """Fraction of memory bandwidth that element-wise kernels reach."""
     launch_overhead_s: float = Field(default=5e-6, ge=0)
     """Fixed cost per layer and pass (kernel launches, framework dispatch)."""
+    norm_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth normalization layers reach (several passes over their input: mean,
+    variance, normalize), where it differs from other element-wise layers; None means
+    `elementwise_efficiency`."""
     conv_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of peak that convolutions reach, where it differs from matrix multiplies (on a CPU,
     im2col and narrow channels cost more than a GEMM); None means `matmul_efficiency`."""
     optimizer_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Fraction of memory bandwidth an optimizer update reaches on the bytes the simulator counts for it
-    (parameter and gradient in, parameter out, state in and out); a real update makes more passes than
-    that. None means `elementwise_efficiency`."""
+    """Fraction of memory bandwidth an optimizer update of small tensors reaches on the bytes the
+    simulator counts for it (parameter and gradient in, parameter out, state in and out); a real update
+    makes more passes than that. None means `elementwise_efficiency`."""
+    optimizer_knee_bytes: float | None = Field(default=None, gt=0)
+    """Parameter bytes of one tensor at which the optimizer update's time per byte has doubled: the
+    update makes several passes over each tensor with temporaries of its size, and a tensor far
+    beyond the caches pays each pass (and fresh pages for the temporaries) from memory; per-byte cost
+    is `1 + bytes / knee` times the small-tensor figure. None means no such growth (GPUs stream
+    everything from memory anyway)."""
+    cast_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth a dtype conversion (fp32 to fp16/bf16 and back, as fp16 compression
+    does) reaches; a CPU without vector conversion units converts element by element. None means
+    `elementwise_efficiency`."""
+    select_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth at which top-k selection consumes its input, counted as one pass (a
+    CPU's partial sort costs tens of nanoseconds per element). None means `elementwise_efficiency`."""
+    scatter_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the link bandwidth that reduce-scatter and all-gather reach relative to all-reduce
+    with this device's collective library: 1 for NCCL; gloo on CPU has no ring reduce-scatter and
+    reaches much less. None means 1."""
     comm_overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of communication time that can run alongside this device's compute without slowing it:
     1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
