@@ -1,24 +1,32 @@
 """How much the learned correction helps, on trials really measured: a learning curve and low-shot answers.
 
-Reads the JSON Lines that `benchmarks/trials.py` writes (one {graph, resources, strategy, result} per
-line), simulates every trial's strategy, and reports, cross-validated by job (a job = one graph on one
-cluster; its strategies are never split between training and test):
+Reads JSON Lines of real trials (one {graph, resources, strategy, result} per line, as
+`benchmarks/simulator_accuracy.py --out` and `--measure` here write them), simulates every trial with
+the resource spec it was measured under, and reports, cross-validated by job (a job = one graph and
+workload; its strategies are never split between training and test):
 
+- the noise floor: how far repeated measurements of one strategy disagree, and the scores a single
+  round of measurements gets against the median of the other rounds (no predictor can be judged
+  more finely than that);
 - the learning curve: MAPE, within-job Kendall tau and top-1 regret of the simulator alone and of the
   corrected model trained on 0, 5, 10, 20 and 50 trials of other jobs (averaged over seeds);
 - low-shot: for each job, with a budget of 4 trials chosen by `TrialPlanner` (the model trained on
-  every other job, refitted after each of this job's trials), how often the answer is the job's
-  measured-fastest strategy, and its regret. The trials it "runs" are the recorded measurements.
+  every other job), how often the answer is the job's measured-fastest strategy, and its regret.
 
-    python benchmarks/trials.py --out trials.jsonl            # measure first (see that script)
-    python benchmarks/cost_model.py --trials trials.jsonl
-    python benchmarks/cost_model.py --generate trials.jsonl   # run benchmarks/trials.py, then this
-    python benchmarks/cost_model.py --measure comm.jsonl --trials trials.jsonl
+A strategy measured in several rounds is one strategy: its measured step time is the median over the
+rounds, its simulated step time the median of the predictions (each with the spec calibrated before
+its round), and its features those of the round whose prediction is that median.
 
-`--measure` adds jobs of its own (`COMM_JOBS`: replayed models whose gradients are large next to their
-compute, so strategies differ by more than this machine's run-to-run noise), each run for real with
-every builder on 2 local ranks. The zoo's small models on one 2-core node make nearly identical
-strategies, and the benchmark reports that noise floor beside the scores (`measurement_noise`).
+    python benchmarks/cost_model.py --measure /tmp/stratagem-bench/cost-jobs.jsonl --jobs mlp-wide embedding
+    python benchmarks/cost_model.py --trials /tmp/stratagem-bench/accuracy-final.jsonl /tmp/stratagem-bench/cost-*.jsonl
+
+`--measure` runs jobs of its own (`JOBS`: zoo models at sizes where synchronization is a real share of
+the step, and replayed models whose gradients are large next to their compute) in `--rounds` rounds.
+In each round every job is one block: all its strategies trained side by side by one pair of gloo
+ranks, one step of each in turn, with `stratagem.calibrate`'s probes between the timed steps (the
+interleaved protocol of `benchmarks/simulator_accuracy.py`), so every strategy sees the same load and
+the block's spec describes the machine its steps ran on. Never run it beside another real-trial
+benchmark on the same cores.
 
 Prints one JSON object on stdout; progress goes to stderr.
 """
@@ -28,11 +36,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
-from itertools import pairwise
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +53,7 @@ from sklearn.model_selection import GroupKFold
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.simulator_accuracy import ONCE_PROBES, PROBE_BUDGET_SCALE, RANKS, Case, strategies_for, strategy_name
 from optimizer_service.lowshot import (
     CostModelUpdater,
     SharedBiasUpdater,
@@ -49,6 +62,7 @@ from optimizer_service.lowshot import (
     run_plan,
 )
 from simulator.learned import CostModel, TrainingRecord, build_features, make_record, score
+from simulator.learned.metrics import kendall_tau_within_groups, top1_regret
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 SIZES = (0, 5, 10, 20, 50)
@@ -59,186 +73,28 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def load_trials(paths: list[Path]) -> tuple[list[TrainingRecord], dict[str, str], dict[str, Any]]:
-    """Records of the successful trials, each strategy's builder (None for searched ones), and counts."""
-    import simulator
-
-    lines = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
-    jobs: dict[tuple[str, str, str], list[tuple[Strategy, float]]] = defaultdict(list)
-    documents: dict[tuple[str, str, str], tuple[ModelGraph, ResourceSpec]] = {}
-    outcomes: dict[str, int] = defaultdict(int)
-    builders: dict[str, str] = {}
-    for line in lines:
-        result = line["result"]
-        outcomes[result["outcome"]] += 1
-        if result["outcome"] != "ok" or not result.get("median_s"):
-            continue
-        graph, resources = ModelGraph.parse(line["graph"]), ResourceSpec.parse(line["resources"])
-        strategy = Strategy.parse(line["strategy"])
-        # the zoo model and its replay are different programs: two jobs, even on the same graph
-        key = (str(graph.id), str(resources.id), str(result.get("workload", "")).split(":")[0])
-        documents[key] = (graph, resources)
-        jobs[key].append((strategy, float(result["median_s"])))
-        if strategy.provenance.builder:
-            builders[str(strategy.id)] = strategy.provenance.builder
-    records = []
-    version = getattr(simulator, "SIMULATOR_VERSION", None)
-    for key, trials in jobs.items():
-        graph, resources = documents[key]
-        predictions = simulator.simulate(graph, resources, [s for s, _ in trials])
-        for (strategy, measured), prediction in zip(trials, predictions, strict=True):
-            records.append(make_record(graph, resources, strategy, prediction, measured_step_time_s=measured,
-                                       group_id=f"{graph.name}-{key[0][:8]}@{resources.name}/{key[2]}",
-                                       simulator_version=version, source="benchmarks"))
-    stats = {"lines": len(lines), "outcomes": dict(outcomes), "records": len(records), "jobs": len(jobs),
-             "strategies_per_job": sorted(len(t) for t in jobs.values())}
-    return records, builders, stats
-
-
-def noise_floor(records: list[TrainingRecord]) -> dict[str, Any]:
-    """How far apart two measurements of the very same strategy in the same job are.
-
-    Builders sometimes emit identical strategies (on one server PS and PSLoadBalancing coincide), so
-    some strategies were measured twice. No model can predict closer than the measurements agree.
-    """
-    times: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in records:
-        times[(r.group_id, str(r.strategy_id))].append(float(r.measured_step_time_s))
-    gaps = [abs(a - b) / min(a, b) for t in times.values() if len(t) > 1 for a, b in pairwise(t)]
-    return {"repeated_pairs": len(gaps), "mean_relative_gap": float(np.mean(gaps)) if gaps else None,
-            "max_relative_gap": float(np.max(gaps)) if gaps else None}
-
-
-def job_spread(records: list[TrainingRecord]) -> dict[str, float]:
-    """Slowest over fastest strategy per job (simulated and measured), and the regret of a random pick:
-    the yardsticks for the ranking scores."""
-    by_job: dict[str, list[float]] = defaultdict(list)
-    measured: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        by_job[r.group_id].append(r.simulated_step_time_s)
-        measured[r.group_id].append(float(r.measured_step_time_s))
-    return {
-        "simulated_max_over_min": float(np.mean([max(t) / min(t) for t in by_job.values()])),
-        "measured_max_over_min": float(np.mean([max(t) / min(t) for t in measured.values()])),
-        "random_pick_regret": float(np.mean([np.mean(t) / min(t) - 1 for t in measured.values()])),
-    }
-
-
-def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds: int) -> list[dict[str, Any]]:
-    """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs."""
-    matrix = build_features(records)
-    n_jobs = len(set(matrix.groups))
-    folds = list(GroupKFold(n_splits=min(5, n_jobs)).split(matrix.X, groups=matrix.groups))
-    simulator_scores = score(matrix.measured_s, matrix.simulated_s, matrix.groups).to_dict()
-    curve = []
-    for size in sizes:
-        per_seed, used = [], []
-        for seed in range(seeds):
-            rng = np.random.default_rng(seed)
-            predicted = np.empty(len(matrix))
-            for train, test in folds:
-                chosen = rng.choice(train, size=min(size, len(train)), replace=False)
-                used.append(len(chosen))
-                model = CostModel(random_state=seed).fit(matrix.take(chosen))
-                predicted[test] = model.predict(matrix.take(test))
-            per_seed.append(score(matrix.measured_s, predicted, matrix.groups).to_dict())
-        corrected = {k: float(np.nanmean([s[k] for s in per_seed])) for k in ("mape", "log_error", "kendall_tau", "top1_regret")}
-        curve.append({"train_trials": size, "train_trials_used": float(np.mean(used)),
-                      "simulator": {k: simulator_scores[k] for k in corrected}, "corrected": corrected})
-        log(f"n={size}: {corrected}")
-    return curve
-
-
-LOWSHOT_MODES = {
-    "simulator_only": (False, False),
-    "cost_model": (True, False),
-    "cost_model_refit": (True, True),
-}
-"""mode: (train on the other jobs' trials first, refit the cost model after each of this job's trials).
-Without a refit, the default update scales every prediction by the job's shared measured/predicted bias."""
-
-
-def lowshot(records: list[TrainingRecord], builders: dict[str, str], budget: int, mode: str, noise: float) -> dict[str, Any]:
-    """Leave one job out: plan its trials with a model of the other jobs; replay its measurements.
-
-    `noise` is the planner's relative measurement noise, estimated from repeated strategies: a
-    measurement is not trusted closer than that when deciding that the best is clear.
-    """
-    use_history, refit = LOWSHOT_MODES[mode]
-    by_job: dict[str, list[TrainingRecord]] = defaultdict(list)
-    for record in records:
-        by_job[record.group_id].append(record)
-    hits, close, regrets, trials_used, sources = 0, 0, [], [], defaultdict(int)
-    for job, job_records in by_job.items():
-        history = [r for r in records if r.group_id != job] if use_history else []
-        # builders can emit the same strategy (one server: PS == PSLoadBalancing): one candidate, mean time
-        queries = {str(r.strategy_id): r.model_copy(update={"measured_step_time_s": None}) for r in job_records}
-        times: dict[str, list[float]] = defaultdict(list)
-        for r in job_records:
-            times[str(r.strategy_id)].append(float(r.measured_step_time_s))
-        truth = {cid: float(np.mean(samples)) for cid, samples in times.items()}
-        baselines = [cid for cid in queries if cid in builders]
-        candidates = candidates_from_model(CostModel().fit(history), queries, baselines=baselines, families=builders)
-        update = CostModelUpdater(history, queries) if refit else SharedBiasUpdater(candidates)
-        planner = TrialPlanner(candidates, budget=budget, update=update, measurement_noise=noise)
-        answer = run_plan(planner, truth.__getitem__)
-        regret = truth[answer.candidate_id] / min(truth.values()) - 1
-        hits += regret == 0
-        close += regret <= 0.05
-        regrets.append(regret)
-        trials_used.append(len(planner.trial_order))
-        sources[answer.source] += 1
-    return {
-        "mode": mode,
-        "measurement_noise": noise,
-        "jobs": len(by_job),
-        "budget": budget,
-        "answer_is_fastest": hits / len(by_job),
-        "answer_within_5pct": close / len(by_job),
-        "mean_regret": float(np.mean(regrets)),
-        "max_regret": float(np.max(regrets)),
-        "mean_trials_used": float(np.mean(trials_used)),
-        "answer_sources": dict(sources),
-    }
-
-
-def targets(curve: list[dict[str, Any]]) -> dict[str, Any]:
-    at20 = next((row for row in curve if row["train_trials"] == 20), None)
-    if at20 is None:
-        return {}
-    sim, cor = at20["simulator"], at20["corrected"]
-    ratio = cor["mape"] / sim["mape"] if sim["mape"] > 0 else math.nan
-    return {
-        "log_error_ratio_at_20": cor["log_error"] / sim["log_error"] if sim["log_error"] > 0 else math.nan,
-        "mape_ratio_at_20": ratio,
-        "mape_halved": ratio <= TARGETS["mape_ratio_at_20"],
-        "kendall_tau_at_20": cor["kendall_tau"],
-        "tau_target_met": cor["kendall_tau"] >= TARGETS["kendall_tau_at_20"],
-        "top1_regret_at_20": cor["top1_regret"],
-        "regret_target_met": cor["top1_regret"] < TARGETS["top1_regret_at_20"],
-    }
-
-
-def generate(path: Path, extra: list[str]) -> None:
-    """Measure trials with `benchmarks/trials.py` (real runs on this machine), writing `path`."""
-    script = Path(__file__).with_name("trials.py")
-    if not script.exists():
-        raise SystemExit(f"{script} does not exist: measure trials with it, or pass --trials FILE")
-    log(f"measuring trials with {script.name} -> {path} (this takes minutes)")
-    stdout = subprocess.run([sys.executable, str(script), "--out", str(path), *extra], check=True,
-                            stdout=subprocess.PIPE, text=True).stdout
-    log(stdout.strip()[-2000:])
-
+# -- jobs measured here -------------------------------------------------------------------------------
 
 COMM_JOBS: dict[str, tuple[int, int, int, int]] = {
-    # name: (dense layers, width, batch, embedding rows): where strategies differ by more than the noise
-    "mlp-wide": (4, 2048, 8, 0),
-    "mlp-deep": (12, 1024, 8, 0),
+    # name: (dense layers, width, batch, embedding rows): gradients large next to their compute
+    "mlp-wide": (4, 1536, 8, 0),
+    "mlp-deep": (12, 768, 8, 0),
     "mlp-compute": (4, 1024, 128, 0),
-    "embedding": (2, 512, 64, 262_144),
-    "mlp-wide-b32": (4, 2048, 32, 0),
-    "embedding-small": (2, 256, 256, 65_536),
+    "embedding": (2, 256, 256, 65_536),
 }
+"""Replayed models (`trial_runner.ReplayWorkload`): the graph's FLOPs and bytes, burnt for real."""
+
+ZOO_JOBS: dict[str, tuple[str, Case]] = {
+    "bert_large-h384": ("bert_large", Case(2, {"hidden": 384, "ffn": 1536, "layers": 2, "seq": 32, "vocab": 8192}, min_warmup=5)),
+    "gpt-h256": ("gpt", Case(8, {"hidden": 256, "ffn": 1024, "layers": 2, "seq": 32, "vocab": 8192}, min_warmup=14)),
+    "vgg16-wide-fc": ("vgg16", Case(8, {"width": 8, "hidden": 3072})),
+    "dlrm-dim64": ("dlrm", Case(512, {"dim": 64, "bottom": "256,128", "top": "256,128"}, optimizer="adagrad")),
+}
+"""Zoo models at other sizes than `benchmarks/simulator_accuracy.py`'s CASES, chosen the same way: few
+tokens per step for many parameters, a wide classifier, sparse tables."""
+
+JOBS = (*ZOO_JOBS, *COMM_JOBS)
+
 
 
 def comm_graph(name: str, layers: int, width: int, batch: int, rows: int) -> ModelGraph:
@@ -261,69 +117,571 @@ def comm_graph(name: str, layers: int, width: int, batch: int, rows: int) -> Mod
                              "layers": graph_layers, "variables": variables, "provenance": {"source": "benchmarks/cost_model.py"}})
 
 
-def measure(path: Path, *, steps: int, warmup: int, jobs: tuple[str, ...] = tuple(COMM_JOBS)) -> None:
-    """Run every builder on each communication-heavy job, 2 ranks on this machine; append JSON lines."""
-    from stratagem.builders import all_builders
-    from trial_runner import LocalBackend, ReplayWorkload, run_trial
+@dataclass(frozen=True)
+class Workload:
+    graph: ModelGraph
+    spec: Any
+    """The trial runner's workload (zoo model or replay)."""
+    warmup: int
+    """Warm-up steps at least (the zoo's language models need more, see simulator_accuracy.CASES)."""
 
-    resources = ResourceSpec.parse({"name": "local-2cpu", "nodes": [{"address": "127.0.0.1", "chief": True,
-                                                                      "cpus": [0, 1], "device": "CPU"}]})
-    backend = LocalBackend()
+
+def job_workload(name: str) -> Workload:
+    from trial_runner import ReplayWorkload, ZooWorkload
+
+    if name in COMM_JOBS:
+        graph = comm_graph(name, *COMM_JOBS[name])
+        return Workload(graph, ReplayWorkload(graph), 0)
+    from examples import zoo
+    from stratagem.tracing import capture
+
+    model, case = ZOO_JOBS[name]
+    module, make_batch = zoo.build(model, "small", **case.overrides)
+    graph = capture(module, make_batch(case.batch_size), batch_size=case.batch_size, optimizer=case.optimizer)
+    spec = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
+    return Workload(graph, spec, case.min_warmup)
+
+
+def measure(path: Path, jobs: list[str], *, rounds: int, steps: int, warmup: int, timeout: float) -> None:
+    """Interleaved rounds: in each, every job's strategies are measured side by side in one block."""
+    workloads = {name: job_workload(name) for name in jobs}
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as out:
-        for name in jobs:
-            graph = comm_graph(name, *COMM_JOBS[name])
-            for builder in all_builders():
-                strategy = builder.build(graph, resources)
-                result = run_trial(ReplayWorkload(graph), resources, strategy, warmup=warmup, steps=steps,
-                                   timeout=300.0, backend=backend, threads_per_rank=1)
-                out.write(json.dumps({"graph": graph.model_dump(mode="json"), "resources": resources.model_dump(mode="json"),
-                                      "strategy": strategy.model_dump(mode="json"),
-                                      "result": result.model_dump(mode="json")}) + "\n")
+        for round_index in range(rounds):
+            for name in jobs:
+                work = workloads[name]
+                chosen = strategies_for(work.graph, _placeholder_spec())
+                results, resources = measure_block(work, chosen, warmup=max(warmup, work.warmup), steps=steps, timeout=timeout)
+                if resources is None:
+                    log(f"round {round_index + 1} {name}: the block failed: {next(iter(results.values()))['error']}")
+                    continue
+                for label, result in results.items():
+                    strategy = chosen[label].replace(resources_id=resources.id)
+                    out.write(json.dumps({"job": name, "round": round_index + 1, "graph": work.graph.model_dump(mode="json"),
+                                          "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
+                                          "result": {**result, "strategy_id": strategy.id}}) + "\n")
+                    shown = f"{result['median_s'] * 1e3:8.1f} ms" if result["median_s"] else result["outcome"]
+                    log(f"round {round_index + 1} {name:16s} {label:20s} {shown}")
                 out.flush()
-                log(f"{name:12s} {builder.name:22s} {result.outcome.value} {result.median_s}")
+
+
+def _placeholder_spec() -> ResourceSpec:
+    """Two CPU ranks on one node: all the builders need (devices and nodes) before the block calibrates."""
+    from stratagem.ir import Node
+
+    return ResourceSpec(name="local-2cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
+
+
+def measure_block(work: Workload, strategies: dict[str, Strategy], *, warmup: int, steps: int, timeout: float
+                  ) -> tuple[dict[str, dict[str, Any]], ResourceSpec | None]:
+    """Every strategy of one job trained side by side by one pair of gloo ranks (`_worker`), one step of
+    each in turn, the order rotated every step, with `stratagem.calibrate`'s probes after every timed
+    step: `benchmarks/simulator_accuracy.py`'s interleaved protocol, for any workload. On a machine
+    whose speed drifts two- or threefold within a minute, every strategy sees the same load, and the
+    spec describes the machine those steps ran on.
+
+    Returns a trial-like result per strategy (the slowest rank's step times) and the calibrated spec
+    (None when the ranks failed)."""
+    from stratagem.calibrate import SIZES, combine, spec_from_figures
+
+    spare_cores = len(os.sched_getaffinity(0)) - RANKS
+    job = {"workload": work.spec.model_dump(mode="json"), "warmup": warmup, "steps": steps, "spare_cores": spare_cores,
+           "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
+    with tempfile.TemporaryDirectory(prefix="stratagem-cost-model-") as folder:
+        job_path = Path(folder) / "job.json"
+        job_path.write_text(json.dumps(job))
+        outputs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
+        failure = _launch(job_path, outputs, timeout)
+        reports = [json.loads(p.read_text()) for p in outputs] if failure is None else []
+    resources = None
+    if reports:
+        resources = spec_from_figures({"calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": RANKS,
+                                       "threads": 1, "allreduce_bytes": list(SIZES), "spare_cores": spare_cores,
+                                       "interleaved_with": work.graph.name, **combine([r["figures"] for r in reports])})
+    results = {}
+    for name in strategies:
+        base = {"world_size": RANKS, "backend": "interleaved", "workload": work.spec.label, "global_batch_size": RANKS * work.graph.batch_size}
+        refused = next((r["refused"][name] for r in reports if name in r["refused"]), None)
+        if failure is not None or refused is not None:
+            results[name] = {**base, "outcome": "invalid" if refused else "crash", "error": refused or failure, "median_s": None}
+            continue
+        times = [max(column) for column in zip(*(r["times"][name] for r in reports), strict=True)]
+        results[name] = {**base, "outcome": "ok", "error": None, "median_s": statistics.median(times), "step_times_s": times}
+    return results, resources
+
+
+def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
+    """Run the ranks of a block to the end; None, or why they failed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for rank, path in enumerate(outputs)]
+    deadline = time.monotonic() + timeout
+    errors = []
+    for rank, proc in enumerate(procs):
+        try:
+            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+                other.wait()
+            return f"timeout: the ranks ran past {timeout:.0f} s"
+        if proc.returncode != 0:
+            lines = stderr.strip().splitlines()
+            errors.append(f"rank {rank} exited {proc.returncode}: {lines[-1] if lines else ''}")
+    missing = [p.name for p in outputs if not p.exists()]
+    return "; ".join(errors) or (f"no result from {', '.join(missing)}" if missing else None)
+
+
+def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
+    """One rank of a block: a fresh model copy per strategy, then warm-up and timed steps, one of each
+    strategy in turn, each from a barrier, so it times the step alone; calibration probes in between."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from stratagem import calibrate as calibration
+    from stratagem.errors import StratagemError
+    from stratagem.runtime import distribute
+    from trial_runner.build import batch_for, build_workload, make_optimizer
+    from trial_runner.workloads import ReplayWorkload, ZooWorkload
+
+    torch.set_num_threads(1)
+    job = json.loads(job_path.read_text())
+    workload = (ZooWorkload if job["workload"]["kind"] == "zoo" else ReplayWorkload).model_validate(job["workload"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS,
+                            timeout=datetime.timedelta(seconds=300))
+    runs: dict[str, tuple[Any, Any, Any]] = {}
+    refused: dict[str, str] = {}
+    for name, data in job["strategies"].items():
+        built = build_workload(workload, seed=0, rank=rank)
+        try:  # the runtime refuses a strategy on every rank alike, before any collective
+            model, optimizer = distribute(built.model, make_optimizer(built.optimizer_kind, built.model), Strategy.parse(data), rank=rank)
+        except StratagemError as error:
+            refused[name] = f"{type(error).__name__}: {error}"
+            continue
+        runs[name] = (built, model, optimizer)
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+
+    def agree(go: bool) -> bool:
+        flag = torch.tensor([int(go)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    probes = calibration.probes(calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE))
+    samples: dict[str, list[Any]] = {name: [] for name in (*probes, "allreduce_seconds", "scatter_efficiency", "overlap")}
+    for step in range(job["warmup"] + job["steps"]):
+        shift = step % max(len(names), 1)
+        for name in names[shift:] + names[:shift]:
+            built, model, optimizer = runs[name]
+            batch = batch_for(built, seed=0, rank=rank, step=step, device=torch.device("cpu"))
+            dist.barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            built.loss(model(*batch)).backward()
+            optimizer.step()
+            if step >= job["warmup"]:
+                times[name].append(time.perf_counter() - start)
+        if step >= job["warmup"]:
+            for name, probe in probes.items():
+                if not (name in ONCE_PROBES and samples[name]):
+                    samples[name].append(probe())
+            samples["allreduce_seconds"].append(calibration.allreduce_seconds(dist, torch))
+            samples["scatter_efficiency"].append(calibration.scatter_efficiency(dist, torch))
+            samples["overlap"].append(calibration.overlap_share(dist, torch) if job["spare_cores"] > 0 else 0.0)
+    dist.barrier()
+    figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
+    figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
+    output.write_text(json.dumps({"times": times, "refused": refused, "figures": figures}))
+    os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
+
+
+# -- loading: one record per (job, strategy), its rounds folded into medians --------------------------
+
+
+@dataclass
+class StrategyRounds:
+    """One strategy of one job and its successful rounds, each simulated with the spec it ran under."""
+
+    job: str
+    name: str
+    records: list[TrainingRecord] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[float]:
+        return [float(r.measured_step_time_s) for r in self.records]  # type: ignore[arg-type]
+
+    @property
+    def spread(self) -> float | None:
+        """(slowest − fastest round) / median round: how far repeated measurements of it disagree."""
+        times = self.measured
+        return (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else None
+
+    def folded(self) -> TrainingRecord:
+        """Median measured time; the features and simulated time of the round whose prediction is the median."""
+        ordered = sorted(self.records, key=lambda r: r.simulated_step_time_s)
+        middle = ordered[(len(ordered) - 1) // 2]
+        return middle.model_copy(update={"measured_step_time_s": statistics.median(self.measured)})
+
+
+def load_adjusted(strategies: list[StrategyRounds]) -> list[StrategyRounds]:
+    """The same trials with each block's shared load divided out.
+
+    A block is one job's strategies measured under one calibration (one round, minutes long): the
+    machine's other load moves every step time in it alike. Each time is divided by its block's factor
+    (the geometric mean over the strategies measured in every block of the job) and multiplied by the
+    job's median factor, so a job's order is judged without the load's drift between rounds.
+    """
+    by_job: dict[str, list[StrategyRounds]] = defaultdict(list)
+    for s in strategies:
+        by_job[s.job].append(s)
+    out = []
+    for members in by_job.values():
+        blocks = {r.resources_id for s in members for r in s.records}
+        complete = [s for s in members if {r.resources_id for r in s.records} == blocks]
+        if len(blocks) < 2 or not complete:
+            out.extend(members)
+            continue
+        factor = {block: math.exp(statistics.mean(math.log(float(r.measured_step_time_s))  # type: ignore[arg-type]
+                                                  for s in complete for r in s.records if r.resources_id == block))
+                  for block in blocks}
+        scale = statistics.median(factor.values())
+        for s in members:
+            adjusted = [r.model_copy(update={"measured_step_time_s": float(r.measured_step_time_s) / factor[r.resources_id] * scale})  # type: ignore[arg-type]
+                        for r in s.records]
+            out.append(StrategyRounds(s.job, s.name, adjusted))
+    return out
+
+
+def strategy_key(strategy: Strategy) -> str:
+    """The strategy's content without the spec it was built for: the same plan in every round."""
+    return strategy.model_copy(update={"resources_id": None}).compute_id()
+
+
+def job_name(line: dict[str, Any], graph: ModelGraph) -> str:
+    """The name `--measure` wrote, else the zoo model (or graph name), graph id and workload kind."""
+    if line.get("job"):
+        return str(line["job"])
+    zoo = (graph.provenance or {}).get("zoo") or {}
+    kind = str(line["result"].get("workload", "")).split(":")[0]
+    return f"{zoo.get('name') or graph.name}-{str(graph.id)[:8]}/{kind}"
+
+
+def trial_documents(line: dict[str, Any]) -> tuple[ModelGraph, ResourceSpec, Strategy]:
+    """The trial's three documents, their ids recomputed from their content.
+
+    A record outlives schema additions: a spec written before a device field was added carries an id
+    computed without it, which today's parser refuses. The content is what was measured, so the ids are
+    recomputed and the strategy's references to its graph and spec follow them.
+    """
+    graph_doc, resources_doc, strategy_doc = dict(line["graph"]), dict(line["resources"]), dict(line["strategy"])
+    old_graph, old_resources = graph_doc.pop("id", None), resources_doc.pop("id", None)
+    strategy_doc.pop("id", None)
+    graph, resources = ModelGraph.parse(graph_doc), ResourceSpec.parse(resources_doc)
+    if strategy_doc.get("graph_id") == old_graph:
+        strategy_doc["graph_id"] = graph.id
+    if strategy_doc.get("resources_id") == old_resources:
+        strategy_doc["resources_id"] = resources.id
+    return graph, resources, Strategy.parse(strategy_doc)
+
+
+def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]]:
+    """Every successful trial, simulated with its own spec and grouped by job and strategy."""
+    import simulator
+
+    outcomes: dict[str, int] = defaultdict(int)
+    by_spec: dict[tuple[str, str, str], list[tuple[Strategy, float, str]]] = defaultdict(list)
+    documents: dict[tuple[str, str, str], tuple[ModelGraph, ResourceSpec]] = {}
+    for path in paths:
+        for number, text in enumerate(path.read_text().splitlines(), start=1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+                result = line["result"]
+                outcomes[result["outcome"]] += 1
+                if result["outcome"] != "ok" or not result.get("median_s"):
+                    continue
+                graph, resources, strategy = trial_documents(line)
+            except (ValueError, KeyError, TypeError) as error:
+                raise SystemExit(f"{path}:{number}: not a trial record: {error}") from None
+            job = job_name(line, graph)
+            key = (job, str(graph.id), str(resources.id))
+            documents[key] = (graph, resources)
+            by_spec[key].append((strategy, float(result["median_s"]), strategy_name(strategy)))
+    strategies: dict[tuple[str, str], StrategyRounds] = {}
+    version = getattr(simulator, "SIMULATOR_VERSION", None)
+    for key, trials in by_spec.items():
+        graph, resources = documents[key]
+        predictions = simulator.simulate(graph, resources, [s for s, _, _ in trials])
+        for (strategy, measured, name), prediction in zip(trials, predictions, strict=True):
+            record = make_record(graph, resources, strategy, prediction, measured_step_time_s=measured, group_id=key[0],
+                                 simulator_version=version, source="benchmarks")
+            entry = strategies.setdefault((key[0], strategy_key(strategy)), StrategyRounds(key[0], name))
+            entry.records.append(record)
+    members = list(strategies.values())
+    rounds = [len(s.records) for s in members]
+    per_job: dict[str, int] = defaultdict(int)
+    for s in members:
+        per_job[s.job] += 1
+    stats = {"lines": sum(outcomes.values()), "outcomes": dict(outcomes), "trials_ok": sum(rounds), "strategies": len(members),
+             "jobs": len(per_job), "strategies_per_job": dict(sorted(per_job.items())),
+             "rounds_per_strategy": {str(k): rounds.count(k) for k in sorted(set(rounds))}}
+    return members, stats
+
+
+# -- the noise floor ---------------------------------------------------------------------------------
+
+
+def noise_floor(strategies: list[StrategyRounds]) -> dict[str, Any]:
+    """How well the measurements agree with themselves: the finest any predictor can be judged.
+
+    With k rounds, each round in turn plays a predictor of the median of the other rounds: its MAPE,
+    within-job tau and top-1 regret are what a perfect model of one round's measurement would score.
+    A pair of strategies is `separable` when their medians differ by more than either one's spread.
+    """
+    spreads = [s.spread for s in strategies if s.spread is not None]
+    by_job: dict[str, list[StrategyRounds]] = defaultdict(list)
+    for s in strategies:
+        by_job[s.job].append(s)
+    rounds = min((len(s.records) for s in strategies), default=0)
+    leave_one_out = []
+    for held in range(rounds if rounds >= 2 else 0):
+        one, rest, groups = [], [], []
+        for s in strategies:
+            times = s.measured
+            one.append(times[held])
+            rest.append(statistics.median(times[:held] + times[held + 1:]))
+            groups.append(s.job)
+        rest_a, one_a = np.array(rest), np.array(one)
+        leave_one_out.append({"mape": float(np.mean(np.abs(one_a - rest_a) / rest_a)),
+                              "kendall_tau": kendall_tau_within_groups(rest_a, one_a, groups),
+                              "top1_regret": top1_regret(rest_a, one_a, groups)})
+    separable = total = 0
+    for members in by_job.values():
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                ma, mb = statistics.median(a.measured), statistics.median(b.measured)
+                gap = abs(ma - mb) / min(ma, mb)
+                total += 1
+                separable += gap > max(a.spread or 0.0, b.spread or 0.0)
+    return {
+        "strategies_with_rounds": len(spreads),
+        "median_round_spread": _maybe(statistics.median, spreads),
+        "mean_round_spread": _maybe(statistics.mean, spreads),
+        "max_round_spread": _maybe(max, spreads),
+        "one_round_vs_others": {k: float(np.nanmean([x[k] for x in leave_one_out])) for k in ("mape", "kendall_tau", "top1_regret")}
+        if leave_one_out else None,
+        "separable_pairs": separable / total if total else None,
+    }
+
+
+def job_spread(records: list[TrainingRecord]) -> dict[str, float]:
+    """Slowest over fastest strategy per job (simulated and measured), and the regret of a random pick:
+    the yardsticks for the ranking scores."""
+    simulated: dict[str, list[float]] = defaultdict(list)
+    measured: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        simulated[r.group_id].append(r.simulated_step_time_s)
+        measured[r.group_id].append(float(r.measured_step_time_s))  # type: ignore[arg-type]
+    return {
+        "simulated_max_over_min": float(np.mean([max(t) / min(t) for t in simulated.values()])),
+        "measured_max_over_min": float(np.mean([max(t) / min(t) for t in measured.values()])),
+        "random_pick_regret": float(np.mean([np.mean(t) / min(t) - 1 for t in measured.values()])),
+    }
+
+
+def per_job(strategies: list[StrategyRounds]) -> dict[str, list[dict[str, Any]]]:
+    """Each job's strategies, fastest measured first: the rounds behind every median, and the simulator's view."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in strategies:
+        folded = s.folded()
+        out[s.job].append({"strategy": s.name, "measured_ms": round(1e3 * float(folded.measured_step_time_s), 1),  # type: ignore[arg-type]
+                           "rounds_ms": [round(1e3 * t, 1) for t in s.measured],
+                           "simulated_ms": round(1e3 * folded.simulated_step_time_s, 1)})
+    return {job: sorted(rows, key=lambda row: row["measured_ms"]) for job, rows in sorted(out.items())}
+
+
+def _maybe(function: Any, values: list[float]) -> float | None:
+    return float(function(values)) if values else None
+
+
+# -- the learning curve ------------------------------------------------------------------------------
+
+
+def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds: int,
+                   params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs."""
+    matrix = build_features(records)
+    folds = list(GroupKFold(n_splits=min(5, len(set(matrix.groups)))).split(matrix.X, groups=matrix.groups))
+    simulator_scores = score(matrix.measured_s, matrix.simulated_s, matrix.groups).to_dict()
+    keys = ("mape", "log_error", "kendall_tau", "top1_regret")
+    curve = []
+    for size in sizes:
+        per_seed, used = [], []
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            predicted = np.empty(len(matrix))
+            for train, test in folds:
+                chosen = rng.choice(train, size=min(size, len(train)), replace=False)
+                used.append(len(chosen))
+                model = CostModel(random_state=seed, **(params or {})).fit(matrix.take(chosen))
+                predicted[test] = model.predict(matrix.take(test))
+            per_seed.append(score(matrix.measured_s, predicted, matrix.groups).to_dict())
+        corrected = {k: float(np.nanmean([s[k] for s in per_seed])) for k in keys}
+        curve.append({"train_trials": size, "train_trials_used": float(np.mean(used)),
+                      "simulator": {k: simulator_scores[k] for k in keys}, "corrected": corrected})
+        log(f"n={size} {params or ''}: {corrected}")
+    return curve
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "no_monotone": {"monotone": False},
+    "weaker_regularisation": {"min_child_weight": 1.0, "reg_lambda": 1.0},
+    "stronger_regularisation": {"max_depth": 2, "min_child_weight": 4.0, "reg_lambda": 10.0},
+}
+"""Hyper-parameters compared against the defaults with `--variants` (the evidence for the defaults)."""
+
+
+def targets(curve: list[dict[str, Any]], noise: dict[str, Any]) -> dict[str, Any]:
+    at20 = next((row for row in curve if row["train_trials"] == 20), None)
+    if at20 is None:
+        return {}
+    sim, cor = at20["simulator"], at20["corrected"]
+    ratio = cor["mape"] / sim["mape"] if sim["mape"] > 0 else math.nan
+    return {
+        "log_error_ratio_at_20": cor["log_error"] / sim["log_error"] if sim["log_error"] > 0 else math.nan,
+        "mape_ratio_at_20": ratio,
+        "mape_halved": ratio <= TARGETS["mape_ratio_at_20"],
+        "kendall_tau_at_20": cor["kendall_tau"],
+        "tau_target_met": cor["kendall_tau"] >= TARGETS["kendall_tau_at_20"],
+        "top1_regret_at_20": cor["top1_regret"],
+        "regret_target_met": cor["top1_regret"] < TARGETS["top1_regret_at_20"],
+        "noise_ceiling": noise.get("one_round_vs_others"),
+    }
+
+
+# -- low-shot ----------------------------------------------------------------------------------------
+
+LOWSHOT_MODES = {
+    "simulator_only": (False, False),
+    "cost_model": (True, False),
+    "cost_model_refit": (True, True),
+}
+"""mode: (train on the other jobs' trials first, refit the cost model after each of this job's trials).
+Without a refit, the default update scales every prediction by the job's shared measured/predicted bias."""
+
+BASELINE_BUILDERS = frozenset({"PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "AllReduce", "PartitionedAR",
+                               "RandomAxisPartitionAR", "Parallax", "DataParallel"})
+
+
+def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, mode: str, noise: float) -> dict[str, Any]:
+    """Leave one job out: plan its trials with a model of the other jobs; replay its median measurements.
+
+    `noise` is the planner's relative measurement noise (the median round spread): a measurement is
+    not trusted closer than that when deciding that the best is clear.
+    """
+    use_history, refit = LOWSHOT_MODES[mode]
+    by_job: dict[str, list[TrainingRecord]] = defaultdict(list)
+    for record in records:
+        by_job[record.group_id].append(record)
+    hits, close, regrets, trials_used, sources = 0, 0, [], [], defaultdict(int)
+    for job, job_records in by_job.items():
+        history = [r for r in records if r.group_id != job] if use_history else []
+        queries = {str(r.strategy_id): r.model_copy(update={"measured_step_time_s": None}) for r in job_records}
+        truth = {str(r.strategy_id): float(r.measured_step_time_s) for r in job_records}  # type: ignore[arg-type]
+        baselines = [cid for cid in queries if names.get(cid) in BASELINE_BUILDERS]
+        candidates = candidates_from_model(CostModel().fit(history), queries, baselines=baselines, families=names)
+        update = CostModelUpdater(history, queries) if refit else SharedBiasUpdater(candidates)
+        planner = TrialPlanner(candidates, budget=budget, update=update, measurement_noise=noise)
+        answer = run_plan(planner, truth.__getitem__)
+        regret = truth[answer.candidate_id] / min(truth.values()) - 1
+        hits += regret == 0
+        close += regret <= 0.05
+        regrets.append(regret)
+        trials_used.append(len(planner.trial_order))
+        sources[answer.source] += 1
+    return {
+        "mode": mode,
+        "measurement_noise": noise,
+        "jobs": len(by_job),
+        "budget": budget,
+        "answer_is_fastest": hits / len(by_job),
+        "random_trials_find_fastest": float(np.mean([min(1.0, budget / len(rs)) for rs in by_job.values()])),
+        "answer_within_5pct": close / len(by_job),
+        "answer_within_noise": float(np.mean([r <= noise for r in regrets])),
+        "mean_regret": float(np.mean(regrets)),
+        "max_regret": float(np.max(regrets)),
+        "mean_trials_used": float(np.mean(trials_used)),
+        "answer_sources": dict(sources),
+    }
+
+
+# -- main --------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=Path, nargs="*", default=[], help="JSON Lines written by benchmarks/trials.py --out")
-    parser.add_argument("--generate", type=Path, metavar="OUT", help="run benchmarks/trials.py --out OUT first, and use OUT")
-    parser.add_argument("--generate-args", default="", help="extra arguments for benchmarks/trials.py, e.g. '--quick'")
-    parser.add_argument("--measure", type=Path, metavar="OUT",
-                        help="first measure the communication-heavy jobs (COMM_JOBS x every builder), append to OUT, and use OUT")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per trial for --measure")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--trials", type=Path, nargs="*", default=[], help="JSON Lines of {graph, resources, strategy, result}")
+    parser.add_argument("--measure", type=Path, metavar="OUT", help="first measure `--jobs` for real, append to OUT, and use OUT")
+    parser.add_argument("--jobs", nargs="*", choices=JOBS, default=list(JOBS), help="jobs for --measure")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --measure")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per trial for --measure")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up steps at least (some zoo models need more)")
+    parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--seeds", type=int, default=5, help="random draws of the training trials per size")
     parser.add_argument("--budget", type=int, default=4)
+    parser.add_argument("--truth", choices=("median", "load-adjusted"), default="median",
+                        help="a strategy's time: the median over its rounds, or that median with each block's shared load divided out")
+    parser.add_argument("--variants", action="store_true", help=f"also the learning curve of {sorted(VARIANTS)}")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.seeds < 1 or args.budget < 1:
+        parser.error("--rounds, --steps, --seeds and --budget must be at least 1, --warmup at least 0")
     paths = list(args.trials)
-    if args.generate:
-        generate(args.generate, args.generate_args.split())
-        paths.append(args.generate)
     if args.measure:
-        measure(args.measure, steps=args.steps, warmup=3)
+        measure(args.measure, args.jobs, rounds=args.rounds, steps=args.steps, warmup=args.warmup, timeout=args.timeout)
         paths.append(args.measure)
     if not paths:
-        parser.error("give --trials FILE..., --generate OUT or --measure OUT")
+        parser.error("give --trials FILE... or --measure OUT")
     started = time.perf_counter()
-    records, builders, stats = load_trials(paths)
+    strategies, stats = load_trials(paths)
     if stats["jobs"] < 2:
         raise SystemExit(f"{stats['jobs']} job(s) with a successful trial; cross-validation by job needs 2")
+    adjusted = load_adjusted(strategies)
+    noise_raw, noise_adjusted = noise_floor(strategies), noise_floor(adjusted)
+    noise = noise_raw
+    if args.truth == "load-adjusted":
+        strategies, noise = adjusted, noise_adjusted
+    records = [s.folded() for s in strategies]
+    names = {str(r.strategy_id): s.name for s, r in zip(strategies, records, strict=True)}
     curve = learning_curve(records, SIZES, args.seeds)
-    noise = noise_floor(records)
-    planner_noise = min(0.5, noise["mean_relative_gap"]) if noise["mean_relative_gap"] is not None else 0.05
-    result = {
+    planner_noise = min(0.5, noise["median_round_spread"] or 0.05)
+    result: dict[str, Any] = {
         "benchmark": "cost_model",
         "trials_files": [str(p) for p in paths],
         "data": stats,
-        "measurement_noise": noise,
+        "truth": args.truth,
+        "measurement_noise": noise_raw,
+        "measurement_noise_load_adjusted": noise_adjusted,
         "within_jobs": job_spread(records),
+        "jobs": per_job(strategies),
         "learning_curve": curve,
-        "targets": targets(curve),
-        "lowshot": [lowshot(records, builders, args.budget, mode, planner_noise) for mode in LOWSHOT_MODES],
-        "seconds": round(time.perf_counter() - started, 1),
+        "targets": targets(curve, noise),
+        "lowshot": [lowshot(records, names, args.budget, mode, planner_noise) for mode in LOWSHOT_MODES],
     }
+    if args.variants:
+        result["variants"] = {label: learning_curve(records, SIZES, args.seeds, params) for label, params in VARIANTS.items()}
+    result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=2))
     return 0
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        _worker(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
     raise SystemExit(main())

@@ -47,8 +47,9 @@ def breakdown_component(key: str) -> str:
 
 
 MONOTONE_INCREASING = frozenset({f"exposed_{kind}_s" for kind in COMM_KINDS} | {"server_load_max_s", "bubble_s"})
-"""Physics: holding everything else fixed, more exposed communication, a busier parameter server or a
-larger pipeline bubble never makes a step faster. The model is constrained to agree."""
+"""Features the correction may be constrained to grow with (`CostModel(monotone=True)`): a prior that
+the simulator under-rates communication, server load and bubbles more the more of them there are.
+Physics only says the step time grows with them, and the simulator's own prediction already does."""
 
 
 def _graph_columns(record: TrainingRecord) -> dict[str, float]:
@@ -76,7 +77,11 @@ def _cluster_columns(record: TrainingRecord) -> dict[str, float]:
 
 
 def _strategy_columns(record: TrainingRecord) -> dict[str, float]:
-    return {f"strategy_{name}": float(value) for name, value in record.strategy.model_dump().items()}
+    columns = {f"strategy_{name}": float(value) for name, value in record.strategy.model_dump().items()}
+    strategy, variables = record.strategy, max(record.graph.num_variables, 1.0)
+    columns["strategy_groups_per_variable"] = strategy.num_groups / variables
+    columns["strategy_shards_per_variable"] = strategy.num_shards / variables
+    return columns
 
 
 def _simulator_columns(record: TrainingRecord) -> dict[str, float]:
@@ -92,6 +97,7 @@ def _simulator_columns(record: TrainingRecord) -> dict[str, float]:
     exposed = sum(seconds.get(kind, 0.0) for kind in COMM_KINDS)
     columns = {"sim_log_step": math.log(step)}
     columns.update({f"exposed_{kind}_s": seconds.get(kind, 0.0) for kind in COMM_KINDS})
+    columns.update({f"exposed_{kind}_share": seconds.get(kind, 0.0) / step for kind in COMM_KINDS})
     columns.update({
         "server_load_max_s": max(server_loads, default=0.0),
         "server_load_sum_s": sum(server_loads),
@@ -173,9 +179,11 @@ def monotone_constraints(names: Sequence[str]) -> tuple[int, ...]:
 
 
 def _names_from_layout() -> tuple[str, ...]:
-    sim = ["sim_log_step", *(f"exposed_{kind}_s" for kind in COMM_KINDS), "server_load_max_s", "server_load_sum_s",
-           "bubble_s", "compute_share", "comm_share", "update_share", "other_share", "memory_fraction"]
+    sim = ["sim_log_step", *(f"exposed_{kind}_s" for kind in COMM_KINDS), *(f"exposed_{kind}_share" for kind in COMM_KINDS),
+           "server_load_max_s", "server_load_sum_s", "bubble_s", "compute_share", "comm_share", "update_share", "other_share",
+           "memory_fraction"]
     strategy = [f"strategy_{name}" for name in StrategySummary.model_fields]
+    strategy += ["strategy_groups_per_variable", "strategy_shards_per_variable"]
     graph = ["graph_log_params", "graph_log_flops", "graph_log_batch", "graph_sparse_share",
              "graph_log_activation_bytes", "graph_layers"]
     cluster = ["cluster_devices", "cluster_nodes", "cluster_log_min_bandwidth", "cluster_log_max_bandwidth",

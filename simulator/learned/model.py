@@ -56,7 +56,7 @@ class CostModel:
         reg_lambda: float = 5.0,
         colsample_bytree: float = 0.8,
         n_bootstrap: int = 8,
-        monotone: bool = True,
+        monotone: bool = False,
         prior_log_std: float = 0.3,
         prior_strength: float = 4.0,
         interval_z: float = 1.645,
@@ -75,7 +75,11 @@ class CostModel:
         self.n_bootstrap = n_bootstrap
         """Boosters, each on a bootstrap resample; their spread is the model's own uncertainty."""
         self.monotone = monotone
-        """Constrain the correction to be non-decreasing in exposed communication, server load and bubble."""
+        """Constrain the correction to be non-decreasing in exposed communication, server load and bubble.
+
+        Off by default: physics makes the step time non-decreasing in them, not the correction on top of
+        the simulator (which already grows with them). Constraining the correction asserts that the
+        simulator never over-rates communication, and on CPU ranks it does (see docs/cost_model.md)."""
         self.prior_log_std = prior_log_std
         """The simulator's error (std of the log ratio) assumed before any trial."""
         self.prior_strength = prior_strength

@@ -8,6 +8,8 @@ works must learn those factors from some jobs and apply them to jobs it has not 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from simulator.learned.records import TrainingRecord
@@ -18,8 +20,10 @@ BIAS = {"compute": 1.3, "allreduce": 1.1, "ps": 2.5}
 
 
 def synthetic_records(
-    n_groups: int = 12, per_group: int = 8, *, seed: int = 0, noise: float = 0.02, measured: bool = True
+    n_groups: int = 12, per_group: int = 8, *, seed: int = 0, noise: float = 0.02, measured: bool = True,
+    bias: Mapping[str, float] = BIAS,
 ) -> list[TrainingRecord]:
+    """`bias` scales each simulated component into the measured time (default `BIAS`)."""
     rng = np.random.default_rng(seed)
     records = []
     for group in range(n_groups):
@@ -35,7 +39,7 @@ def synthetic_records(
             ps_share = float(rng.uniform(0, 1))
             allreduce = float(rng.uniform(0.0, 0.3)) * (1 - ps_share)
             ps = float(rng.uniform(0.0, 0.5)) * ps_share
-            true = BIAS["compute"] * compute + BIAS["allreduce"] * allreduce + BIAS["ps"] * ps
+            true = bias["compute"] * compute + bias["allreduce"] * allreduce + bias["ps"] * ps
             records.append(TrainingRecord(
                 group_id=f"job-{group}",
                 strategy_id=f"job-{group}/strategy-{index}",

@@ -1,0 +1,124 @@
+"""The cost-model benchmark's bookkeeping: rounds of one strategy fold into one record, jobs stay whole
+across calibrations, and the noise floor is computed from the rounds (stand-in times, no trials)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratagem.builders import PS, AllReduce, PartitionedPS
+from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("cost_model_benchmark", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cost_model_benchmark"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def calibrated(bandwidth_gbps: float) -> ResourceSpec:
+    """Two CPU ranks as `stratagem.calibrate` describes them; each round's calibration differs a little."""
+    device = DeviceSpec(name="CPU", peak_flops={"float32": 50e9}, memory_bytes=8e9, memory_bandwidth=8e9, is_gpu=False)
+    link = Link(kind="loopback", bandwidth_gbps=bandwidth_gbps, latency_us=100.0, efficiency=1.0)
+    return ResourceSpec(name="calibrated-test", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
+                        network=link, intra_node=link, devices={"CPU": device})
+
+
+ROUNDS = {"PS": [0.30, 0.33, 0.31], "PartitionedPS": [0.20, 0.21, 0.26], "AllReduce": [0.10, 0.12, 0.11]}
+"""Stand-in step times per round (seconds), one job; the order is clear beyond each strategy's spread."""
+
+
+def write_trials(bench, path: Path, rounds: dict[str, list[float]]) -> Path:
+    """One job, one calibration per round, every strategy once per round, plus a crashed trial per round."""
+    graph = bench.comm_graph("mlp-test", 2, 256, 8, 0)
+    builders = {"PS": PS(), "PartitionedPS": PartitionedPS(), "AllReduce": AllReduce()}
+    with path.open("w") as out:
+        for round_index, bandwidth in enumerate((4.0, 5.0, 3.0)):
+            resources = calibrated(bandwidth)
+            for name, builder in builders.items():
+                strategy = builder.build(graph, resources)
+                result = {"outcome": "ok", "median_s": rounds[name][round_index], "workload": "replay:mlp-test"}
+                out.write(json.dumps({"job": "mlp-test", "round": round_index + 1, "graph": graph.model_dump(mode="json"),
+                                      "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
+                                      "result": result}) + "\n")
+            failed = {"outcome": "crash", "median_s": None, "workload": "replay:mlp-test"}
+            out.write(json.dumps({"job": "mlp-test", "graph": graph.model_dump(mode="json"), "resources": resources.model_dump(mode="json"),
+                                  "strategy": builders["PS"].build(graph, resources).model_dump(mode="json"), "result": failed}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trials_file(bench, tmp_path_factory) -> Path:
+    return write_trials(bench, tmp_path_factory.mktemp("bench") / "trials.jsonl", ROUNDS)
+
+
+def test_rounds_under_different_calibrations_are_one_strategy_of_one_job(bench, trials_file):
+    strategies, stats = bench.load_trials([trials_file])
+    assert stats["jobs"] == 1 and stats["strategies"] == 3 and stats["trials_ok"] == 9
+    assert stats["outcomes"] == {"ok": 9, "crash": 3} and stats["rounds_per_strategy"] == {"3": 3}
+    by_name = {s.name: s for s in strategies}
+    assert sorted(by_name) == sorted(ROUNDS)
+    for name, times in ROUNDS.items():
+        assert by_name[name].measured == times
+        assert len({r.resources_id for r in by_name[name].records}) == 3, "each round keeps its own calibration"
+
+
+def test_a_folded_strategy_takes_the_median_time_and_the_median_prediction(bench, trials_file):
+    strategies, _ = bench.load_trials([trials_file])
+    for s in strategies:
+        folded = s.folded()
+        simulated = sorted(r.simulated_step_time_s for r in s.records)
+        assert folded.measured_step_time_s == statistics.median(ROUNDS[s.name])
+        assert folded.simulated_step_time_s == simulated[1]
+        assert folded.group_id == "mlp-test"
+
+
+def test_the_noise_floor_scores_one_round_against_the_others(bench, trials_file):
+    strategies, _ = bench.load_trials([trials_file])
+    noise = bench.noise_floor(strategies)
+    spreads = {name: (max(t) - min(t)) / statistics.median(t) for name, t in ROUNDS.items()}
+    assert noise["median_round_spread"] == pytest.approx(statistics.median(spreads.values()))
+    assert noise["max_round_spread"] == pytest.approx(max(spreads.values()))
+    assert noise["separable_pairs"] == 1.0
+    ceiling = noise["one_round_vs_others"]
+    assert ceiling["kendall_tau"] == pytest.approx(1.0) and ceiling["top1_regret"] == 0.0
+    errors = [abs(t[r] - statistics.median(t[:r] + t[r + 1:])) / statistics.median(t[:r] + t[r + 1:])
+              for t in ROUNDS.values() for r in range(3)]
+    assert ceiling["mape"] == pytest.approx(statistics.mean(errors))
+
+def test_a_record_that_is_not_a_trial_is_named_by_file_and_line(bench, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"result": {"outcome": "ok", "median_s": 0.1}}\n')
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1: not a trial record"):
+        bench.load_trials([path])
+
+
+def test_a_record_written_before_a_schema_addition_still_loads(bench, trials_file):
+    line = json.loads(trials_file.read_text().splitlines()[0])
+    stale = "0" * 64
+    line["resources"]["id"] = stale
+    line["strategy"]["resources_id"] = stale
+    graph, resources, strategy = bench.trial_documents(line)
+    assert resources.id != stale and strategy.resources_id == resources.id and strategy.graph_id == graph.id
+
+
+def test_load_shared_by_a_round_is_divided_out(bench, tmp_path):
+    load = (1.0, 2.0, 0.5)
+    base = {"PS": 0.3, "PartitionedPS": 0.2, "AllReduce": 0.1}
+    path = write_trials(bench, tmp_path / "loaded.jsonl", {name: [t * f for f in load] for name, t in base.items()})
+    strategies, _ = bench.load_trials([path])
+    assert bench.noise_floor(strategies)["median_round_spread"] == pytest.approx(1.5)
+    adjusted = bench.load_adjusted(strategies)
+    assert bench.noise_floor(adjusted)["median_round_spread"] == pytest.approx(0.0, abs=1e-12)
+    for s in adjusted:
+        assert s.folded().measured_step_time_s == pytest.approx(base[s.name])
