@@ -1,7 +1,8 @@
 """The principled simulator: step time, memory and a cost breakdown for (graph, cluster, strategy).
 
 Two ways in:
-- `simulate(graph, resources, strategies) -> list[Prediction]` for a handful of Strategy objects;
+- `simulate(graph, resources, strategies) -> list[Prediction]` for a handful of Strategy objects
+  (`simulate_each`: None for the ones it refuses, instead of raising);
 - `compile_context` once, then `simulate_batch(context, batch)` on a `CandidateBatch` (arrays, see
   `simulator.encoding`) for search, and `predictions(context, batch, indices)` for the few to explain.
 
@@ -10,7 +11,7 @@ Formulas live one per module: collectives in `collectives`, compute in `compute`
 in `memory`; `engine` only wires them. `docs/simulator.md` explains the model.
 """
 
-from simulator.api import SIMULATOR_VERSION, context_for, simulate
+from simulator.api import SIMULATOR_VERSION, context_for, simulate, simulate_each
 from simulator.context import SimContext, compile_context
 from simulator.encoding import (
     Algorithm,
@@ -43,5 +44,6 @@ __all__ = [
     "predictions",
     "simulate",
     "simulate_batch",
+    "simulate_each",
     "to_strategy",
 ]

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 
 from simulator.context import SimContext, compile_context
 from simulator.encoding import encode
 from simulator.prediction import Prediction, predictions
+from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-SIMULATOR_VERSION = "principled-1.2"
+SIMULATOR_VERSION = "principled-1.3"
 """Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
+
+log = logging.getLogger(__name__)
 
 CACHE_SIZE = 8
 _contexts: OrderedDict[tuple[str | None, str | None], SimContext] = OrderedDict()
@@ -41,3 +45,21 @@ def simulate(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strate
         return []
     context = context_for(graph, resources)
     return predictions(context, encode(context, strategies))
+
+
+def simulate_each(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Prediction | None]:
+    """Like `simulate`, but one refused strategy does not sink the others: recorded trials and old
+    candidates may predate a schema or runtime rule, and the rest of their batch is still worth
+    predicting. None (and a warning) for each refused strategy; one batch when none is refused."""
+    try:
+        return list(simulate(graph, resources, strategies))
+    except InvalidDocumentError:
+        pass
+    out: list[Prediction | None] = []
+    for strategy in strategies:
+        try:
+            out.append(simulate(graph, resources, [strategy])[0])
+        except InvalidDocumentError as error:
+            log.warning("the simulator refuses strategy %s: %s", strategy.id, error)
+            out.append(None)
+    return out

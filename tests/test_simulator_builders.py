@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import make_awkward_graph, make_embedding_graph, make_mlp_graph, make_t4_cluster
 
-from simulator import BREAKDOWN_KEYS, compile_context, encode, simulate, simulate_batch, to_strategy
+from simulator import BREAKDOWN_KEYS, compile_context, encode, simulate, simulate_batch, simulate_each, to_strategy
 from stratagem.builders import all_builders
 from stratagem.errors import InvalidStrategyError
 
@@ -48,6 +48,16 @@ def test_a_strategy_for_another_graph_is_refused_with_its_index_and_field():
     bad = good.replace(variables=[c.model_dump() | {"var_name": "nope"} if i == 0 else c.model_dump() for i, c in enumerate(good.variables)])
     with pytest.raises(InvalidStrategyError, match=r"strategies\[1\]\.variables\[0\]\.var_name"):
         simulate(graph, spec, [good, bad])
+
+
+def test_simulate_each_predicts_the_rest_of_a_batch_and_marks_the_refused_one(caplog: pytest.LogCaptureFixture):
+    graph, spec = make_mlp_graph(), make_t4_cluster(2)
+    good = all_builders()[0].build(graph, spec)
+    bad = good.replace(variables=[c.model_dump() | {"var_name": "nope"} if i == 0 else c.model_dump() for i, c in enumerate(good.variables)])
+    first, refused, last = simulate_each(graph, spec, [good, bad, good])
+    assert refused is None and "nope" in caplog.text
+    assert first is not None and last is not None
+    assert first.step_time_s == last.step_time_s == simulate(graph, spec, [good])[0].step_time_s
 
 
 def test_a_broken_batch_is_refused_naming_the_array_and_entry():

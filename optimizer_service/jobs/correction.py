@@ -19,19 +19,14 @@ the search's own prediction, so a candidate's numbers stay consistent with its b
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import simulator
 from optimizer_service.jobs.types import RankedCandidate
 from optimizer_service.lowshot import Interval, candidates_from_model
 from simulator.learned import CostModel, TrainingRecord, make_record
-from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,30 +69,12 @@ def _correctable(strategy: Strategy) -> bool:
 def _queries(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> dict[str, TrainingRecord]:
     """A record without a measurement per strategy, built the way training records are (same simulator)."""
     queries: dict[str, TrainingRecord] = {}
-    for strategy, prediction in zip(strategies, _simulate_each(graph, resources, strategies), strict=True):
+    for strategy, prediction in zip(strategies, simulator.simulate_each(graph, resources, strategies), strict=True):
         if prediction is None or not prediction.feasible or prediction.step_time_s <= 0:
             continue
         queries[str(strategy.id)] = make_record(graph, resources, strategy, prediction,
                                                 simulator_version=simulator.SIMULATOR_VERSION, source="query")
     return queries
-
-
-def _simulate_each(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Any]:
-    """One batch when every strategy is valid; else one by one, None for the refused ones."""
-    if not strategies:
-        return []
-    try:
-        return list(simulator.simulate(graph, resources, strategies))
-    except InvalidDocumentError:
-        pass
-    predictions: list[Any] = []
-    for strategy in strategies:
-        try:
-            predictions.append(simulator.simulate(graph, resources, [strategy])[0])
-        except InvalidDocumentError as error:
-            log.warning("strategy %s is not corrected: the simulator refuses it (%s)", strategy.id, error)
-            predictions.append(None)
-    return predictions
 
 
 def _corrected(strategy: Strategy, factors: tuple[float, float, float], version: str) -> Strategy:

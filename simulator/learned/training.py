@@ -17,7 +17,6 @@ from simulator.learned.features import build_features
 from simulator.learned.metrics import cross_validate
 from simulator.learned.model import CostModel
 from simulator.learned.records import TrainingRecord, make_record
-from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 
@@ -49,7 +48,7 @@ def records_from_samples(samples: Sequence[TrialSampleLike], *, source: str | No
     records, skipped = [], 0
     for group in by_pair.values():
         graph, resources = group[0].graph, group[0].resources
-        for sample, prediction in zip(group, _simulate_each(graph, resources, [s.strategy for s in group]), strict=True):
+        for sample, prediction in zip(group, simulator.simulate_each(graph, resources, [s.strategy for s in group]), strict=True):
             if prediction is None or sample.measured_step_time_s <= 0:
                 skipped += 1
                 continue
@@ -57,21 +56,6 @@ def records_from_samples(samples: Sequence[TrialSampleLike], *, source: str | No
                                        measured_step_time_s=sample.measured_step_time_s, group_id=sample.group,
                                        simulator_version=simulator.SIMULATOR_VERSION, source=source))
     return records, skipped
-
-
-def _simulate_each(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Any]:
-    """One batch when every strategy is valid; else one by one, None for the refused ones."""
-    try:
-        return list(simulator.simulate(graph, resources, strategies))
-    except InvalidDocumentError:
-        pass
-    predictions: list[Any] = []
-    for strategy in strategies:
-        try:
-            predictions.append(simulator.simulate(graph, resources, [strategy])[0])
-        except InvalidDocumentError:
-            predictions.append(None)
-    return predictions
 
 
 class Trainer:
