@@ -28,7 +28,7 @@ Under tensor parallelism every figure is per slice (divided by the tensor degree
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,6 +66,12 @@ class CompressionTables:
     """[5, V] bytes top-k selection consumes."""
     flops: np.ndarray
     """[5, V] FLOPs per unit of the parameter (PowerSGD's projections)."""
+
+    def with_streaming_scale(self, scale: np.ndarray) -> CompressionTables:
+        """Passes over a tensor larger than the caches cost more per byte, as the optimizer's do: [V]
+        `scale` (the device's `1 + bytes / optimizer_knee_bytes`) multiplies the streamed and cast bytes.
+        Selection keeps its rate: its probe already runs on a tensor beyond the caches."""
+        return replace(self, byte_passes=self.byte_passes * scale, cast_bytes=self.cast_bytes * scale)
 
 
 def tables(var: VariableFigures) -> CompressionTables:

@@ -226,7 +226,9 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     kinds = _kinds_table(resources, kind_names, graph.dtype.value)
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
-    variables["var_update_bytes"] = variables["var_update_bytes"] * _update_scale(kinds, variables["var_bytes"])
+    size_scale = _update_scale(kinds, variables["var_bytes"])
+    variables["var_update_bytes"] = variables["var_update_bytes"] * size_scale
+    variables["compression"] = variables["compression"].with_streaming_scale(size_scale)
     variables["ps_update_bytes"] = variables["ps_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)

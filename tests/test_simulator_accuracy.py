@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import make_embedding_graph, make_mlp_graph
 
@@ -264,6 +265,20 @@ def test_large_tensors_update_slower_per_byte_past_the_knee():
     assert sized.breakdown["optimizer_update"] - flat.breakdown["optimizer_update"] == pytest.approx(expected, rel=1e-9)
     assert large.nbytes / knee > 4 * small.nbytes / knee  # the large tensor carries nearly all of it
 
+
+def test_compression_passes_over_large_tensors_follow_the_same_size_law():
+    small = Variable(name="small.weight", shape=[256, 256])
+    large = Variable(name="large.weight", shape=[2048, 2048])
+    layers = [Layer(name=v.name.split(".")[0], type="Linear", kind="matmul", fwd_flops=1e6, bwd_flops=2e6, bytes_moved=1e3,
+                    output_bytes=1e3, variables=[v.name]) for v in (small, large)]
+    graph = ModelGraph(name="two-tensors", batch_size=8, layers=layers, variables=[small, large])
+    knee = 4e6
+    flat, sized = (compile_context(graph, spec).compression for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
+    scale = 1 + np.array([small.nbytes, large.nbytes]) / knee
+    np.testing.assert_allclose(sized.byte_passes, flat.byte_passes * scale)
+    np.testing.assert_allclose(sized.cast_bytes, flat.cast_bytes * scale)
+    np.testing.assert_array_equal(sized.select_bytes, flat.select_bytes)  # its probe already runs beyond the caches
+    np.testing.assert_array_equal(sized.unit, flat.unit)  # the wire does not change
 
 def test_optimizer_size_law_recovers_the_knee_from_the_two_probes():
     small, large = OPTIMIZER_TENSOR_BYTES
