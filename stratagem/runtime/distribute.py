@@ -5,12 +5,8 @@ Order of composition, and why:
    every rank alike, with the variable's name, and no rank is left waiting in a collective.
 2. Place the model on the replica's kind of device, then broadcast rank 0's parameters and buffers, so every
    rank (and every server's master copy, made next) starts from the same values, as DDP does.
-3. Executors, in the order their `finish` runs at each step, which must be the same on every rank
-   because collectives match by issue order: all-reduce buckets first (already in flight since
-   backward, finishing them only waits), then ZeRO buckets (in flight too; their all-gathers are the
-   only new traffic), then parameter servers last (their pulls wait on server arithmetic and nothing
-   is queued behind them). The user's optimizer runs after all of them: it needs every averaged
-   gradient, and the parameters it updates are disjoint from those the executors update.
+3. The executors (`compose.apply_synchronization`, which explains their order) behind one
+   DistributedOptimizer wrapping the user's.
 """
 
 from __future__ import annotations
@@ -24,16 +20,11 @@ from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import Strategy, parse_device
-from stratagem.runtime.allreduce import apply_allreduce
 from stratagem.runtime.comm import Comm, flatten, unflatten
-from stratagem.runtime.executor import Executor, GradReadiness
+from stratagem.runtime.compose import apply_synchronization
 from stratagem.runtime.hybrid import distribute_mesh, needs_mesh
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import resolve_plan
-from stratagem.runtime.ps import apply_ps
-from stratagem.runtime.sharded import apply_sharded
-from stratagem.runtime.stats import StatsRecorder
-from stratagem.runtime.updates import ReplicatedShards
 
 if TYPE_CHECKING:
     from stratagem.runtime.pipeline_parallel import LossFn
@@ -66,16 +57,7 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Str
     device = place_model(model, strategy.replicas[me])
     comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)
     broadcast_module(model, comm)
-
-    executors: list[Executor] = []
-    executors += apply_allreduce(plan.allreduce, plan.sparse_allreduce, comm=comm)
-    executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer)
-    executors += apply_ps(plan.ps, plan.sparse_ps, comm=comm, optimizer=optimizer)
-    replicated = ReplicatedShards(optimizer, plan.replicated) if plan.replicated else None
-
-    stats = StatsRecorder(device)
-    readiness = GradReadiness(executors, stats)
-    return model, DistributedOptimizer(optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats)
+    return model, apply_synchronization(plan, optimizer, comm=comm, device=device)
 
 
 def load_strategy(path: str | Path) -> Strategy:

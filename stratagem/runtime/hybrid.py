@@ -34,16 +34,11 @@ from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import Strategy, device_address
-from stratagem.runtime.allreduce import apply_allreduce
 from stratagem.runtime.comm import Comm
-from stratagem.runtime.executor import Executor, GradReadiness
+from stratagem.runtime.compose import apply_synchronization
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import check_coverage, resolve_plan
-from stratagem.runtime.ps import apply_ps
 from stratagem.runtime.recompute import apply_recomputation
-from stratagem.runtime.sharded import apply_sharded
-from stratagem.runtime.stats import StatsRecorder
-from stratagem.runtime.updates import ReplicatedShards
 
 if TYPE_CHECKING:
     from stratagem.runtime.pipeline_parallel import LossFn
@@ -243,14 +238,5 @@ def _synchronize(module: nn.Module, optimizer: torch.optim.Optimizer, strategy: 
         raise UnsupportedStrategyError(
             "hierarchical all-reduce and parameter-server local replication are not supported inside a tensor or pipeline mesh yet")
     comm = Comm(group, rank=me, node_of_rank=plan.node_of_rank, node_groups=False)
-    executors: list[Executor] = []
-    executors += apply_allreduce(plan.allreduce, plan.sparse_allreduce, comm=comm)
-    executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer)
-    executors += apply_ps(plan.ps, plan.sparse_ps, comm=comm, optimizer=optimizer)
-    replicated = ReplicatedShards(optimizer, plan.replicated) if plan.replicated else None
-    stats = StatsRecorder(device)
-    readiness = GradReadiness(executors, stats)
-    if strategy.pipeline is not None:
-        readiness.remove()  # gradients accumulate over micro-batches: launch everything at the step
     # Parameters of other stages stay in the user's optimizer without gradients, which it skips.
-    return DistributedOptimizer(optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats)
+    return apply_synchronization(plan, optimizer, comm=comm, device=device, launch_in_backward=strategy.pipeline is None)
