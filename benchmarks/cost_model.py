@@ -24,7 +24,7 @@ its round), and its features those of the round whose prediction is that median.
 the step, and replayed models whose gradients are large next to their compute) in `--rounds` rounds.
 In each round every job is one block: all its strategies trained side by side by one pair of gloo
 ranks, one step of each in turn, with `stratagem.calibrate`'s probes between the timed steps (the
-interleaved protocol of `benchmarks/simulator_accuracy.py`), so every strategy sees the same load and
+interleaved protocol of `benchmarks/interleaved.py`), so every strategy sees the same load and
 the block's spec describes the machine its steps ran on. Never run it beside another real-trial
 benchmark on the same cores.
 
@@ -36,12 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -53,7 +49,8 @@ from sklearn.model_selection import GroupKFold
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.simulator_accuracy import ONCE_PROBES, PROBE_BUDGET_SCALE, RANKS, Case, strategies_for, strategy_name
+from benchmarks.interleaved import measure_block
+from benchmarks.simulator_accuracy import Case, strategies_for, strategy_name
 from optimizer_service.lowshot import (
     CostModelUpdater,
     SharedBiasUpdater,
@@ -151,12 +148,14 @@ def measure(path: Path, jobs: list[str], *, rounds: int, steps: int, warmup: int
             for name in jobs:
                 work = workloads[name]
                 chosen = strategies_for(work.graph, _placeholder_spec())
-                results, resources = measure_block(work, chosen, warmup=max(warmup, work.warmup), steps=steps, timeout=timeout)
+                block = measure_block(work.spec, chosen, warmup=max(warmup, work.warmup), steps=steps, timeout=timeout)
+                resources = block.resources
                 if resources is None:
-                    log(f"round {round_index + 1} {name}: the block failed: {next(iter(results.values()))['error']}")
+                    log(f"round {round_index + 1} {name}: the block failed: {block.failure}")
                     continue
-                for label, result in results.items():
-                    strategy = chosen[label].replace(resources_id=resources.id)
+                for label, strategy in chosen.items():
+                    result = block.result(label, strategy)
+                    strategy = strategy.replace(resources_id=resources.id)
                     out.write(json.dumps({"job": name, "round": round_index + 1, "graph": work.graph.model_dump(mode="json"),
                                           "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
                                           "result": {**result, "strategy_id": strategy.id}}) + "\n")
@@ -170,135 +169,6 @@ def _placeholder_spec() -> ResourceSpec:
     from stratagem.ir import Node
 
     return ResourceSpec(name="local-2cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
-
-
-def measure_block(work: Workload, strategies: dict[str, Strategy], *, warmup: int, steps: int, timeout: float
-                  ) -> tuple[dict[str, dict[str, Any]], ResourceSpec | None]:
-    """Every strategy of one job trained side by side by one pair of gloo ranks (`_worker`), one step of
-    each in turn, the order rotated every step, with `stratagem.calibrate`'s probes after every timed
-    step: `benchmarks/simulator_accuracy.py`'s interleaved protocol, for any workload. On a machine
-    whose speed drifts two- or threefold within a minute, every strategy sees the same load, and the
-    spec describes the machine those steps ran on.
-
-    Returns a trial-like result per strategy (the slowest rank's step times) and the calibrated spec
-    (None when the ranks failed)."""
-    from stratagem.calibrate import SIZES, combine, spec_from_figures
-
-    spare_cores = len(os.sched_getaffinity(0)) - RANKS
-    job = {"workload": work.spec.model_dump(mode="json"), "warmup": warmup, "steps": steps, "spare_cores": spare_cores,
-           "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
-    with tempfile.TemporaryDirectory(prefix="stratagem-cost-model-") as folder:
-        job_path = Path(folder) / "job.json"
-        job_path.write_text(json.dumps(job))
-        outputs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
-        failure = _launch(job_path, outputs, timeout)
-        reports = [json.loads(p.read_text()) for p in outputs] if failure is None else []
-    resources = None
-    if reports:
-        resources = spec_from_figures({"calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": RANKS,
-                                       "threads": 1, "allreduce_bytes": list(SIZES), "spare_cores": spare_cores,
-                                       "interleaved_with": work.graph.name, **combine([r["figures"] for r in reports])})
-    results = {}
-    for name in strategies:
-        base = {"world_size": RANKS, "backend": "interleaved", "workload": work.spec.label, "global_batch_size": RANKS * work.graph.batch_size}
-        refused = next((r["refused"][name] for r in reports if name in r["refused"]), None)
-        if failure is not None or refused is not None:
-            results[name] = {**base, "outcome": "invalid" if refused else "crash", "error": refused or failure, "median_s": None}
-            continue
-        times = [max(column) for column in zip(*(r["times"][name] for r in reports), strict=True)]
-        results[name] = {**base, "outcome": "ok", "error": None, "median_s": statistics.median(times), "step_times_s": times}
-    return results, resources
-
-
-def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
-    """Run the ranks of a block to the end; None, or why they failed."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for rank, path in enumerate(outputs)]
-    deadline = time.monotonic() + timeout
-    errors = []
-    for rank, proc in enumerate(procs):
-        try:
-            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-                other.wait()
-            return f"timeout: the ranks ran past {timeout:.0f} s"
-        if proc.returncode != 0:
-            lines = stderr.strip().splitlines()
-            errors.append(f"rank {rank} exited {proc.returncode}: {lines[-1] if lines else ''}")
-    missing = [p.name for p in outputs if not p.exists()]
-    return "; ".join(errors) or (f"no result from {', '.join(missing)}" if missing else None)
-
-
-def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
-    """One rank of a block: a fresh model copy per strategy, then warm-up and timed steps, one of each
-    strategy in turn, each from a barrier, so it times the step alone; calibration probes in between."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    from stratagem import calibrate as calibration
-    from stratagem.errors import StratagemError
-    from stratagem.runtime import distribute
-    from trial_runner.build import batch_for, build_workload, make_optimizer
-    from trial_runner.workloads import ReplayWorkload, ZooWorkload
-
-    torch.set_num_threads(1)
-    job = json.loads(job_path.read_text())
-    workload = (ZooWorkload if job["workload"]["kind"] == "zoo" else ReplayWorkload).model_validate(job["workload"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=300))
-    runs: dict[str, tuple[Any, Any, Any]] = {}
-    refused: dict[str, str] = {}
-    for name, data in job["strategies"].items():
-        built = build_workload(workload, seed=0, rank=rank)
-        try:  # the runtime refuses a strategy on every rank alike, before any collective
-            model, optimizer = distribute(built.model, make_optimizer(built.optimizer_kind, built.model), Strategy.parse(data), rank=rank)
-        except StratagemError as error:
-            refused[name] = f"{type(error).__name__}: {error}"
-            continue
-        runs[name] = (built, model, optimizer)
-    names = list(runs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-
-    def agree(go: bool) -> bool:
-        flag = torch.tensor([int(go)], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-
-    probes = calibration.probes(calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE))
-    samples: dict[str, list[Any]] = {name: [] for name in (*probes, "allreduce_seconds", "scatter_efficiency", "overlap")}
-    for step in range(job["warmup"] + job["steps"]):
-        shift = step % max(len(names), 1)
-        for name in names[shift:] + names[:shift]:
-            built, model, optimizer = runs[name]
-            batch = batch_for(built, seed=0, rank=rank, step=step, device=torch.device("cpu"))
-            dist.barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            built.loss(model(*batch)).backward()
-            optimizer.step()
-            if step >= job["warmup"]:
-                times[name].append(time.perf_counter() - start)
-        if step >= job["warmup"]:
-            for name, probe in probes.items():
-                if not (name in ONCE_PROBES and samples[name]):
-                    samples[name].append(probe())
-            samples["allreduce_seconds"].append(calibration.allreduce_seconds(dist, torch))
-            samples["scatter_efficiency"].append(calibration.scatter_efficiency(dist, torch))
-            samples["overlap"].append(calibration.overlap_share(dist, torch) if job["spare_cores"] > 0 else 0.0)
-    dist.barrier()
-    figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
-    figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
-    output.write_text(json.dumps({"times": times, "refused": refused, "figures": figures}))
-    os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
 
 
 # -- loading: one record per (job, strategy), its rounds folded into medians --------------------------
@@ -364,12 +234,11 @@ def strategy_key(strategy: Strategy) -> str:
 
 
 def job_name(line: dict[str, Any], graph: ModelGraph) -> str:
-    """The name `--measure` wrote, else the zoo model (or graph name), graph id and workload kind."""
-    if line.get("job"):
-        return str(line["job"])
+    """The job `--measure` named (else the zoo model or graph name), the graph id and the workload kind:
+    one graph run one way, whatever file or session its rounds came from."""
     zoo = (graph.provenance or {}).get("zoo") or {}
     kind = str(line["result"].get("workload", "")).split(":")[0]
-    return f"{zoo.get('name') or graph.name}-{str(graph.id)[:8]}/{kind}"
+    return f"{line.get('job') or zoo.get('name') or graph.name}-{str(graph.id)[:8]}/{kind}"
 
 
 def trial_documents(line: dict[str, Any]) -> tuple[ModelGraph, ResourceSpec, Strategy]:
@@ -515,9 +384,11 @@ def _maybe(function: Any, values: list[float]) -> float | None:
 
 
 def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds: int,
-                   params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs."""
+                   params: dict[str, Any] | None = None, without: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs.
+    Features named in `without` are blanked (missing everywhere, so no tree can split on them)."""
     matrix = build_features(records)
+    matrix.X[:, [i for i, name in enumerate(matrix.names) if name in without]] = math.nan
     folds = list(GroupKFold(n_splits=min(5, len(set(matrix.groups)))).split(matrix.X, groups=matrix.groups))
     simulator_scores = score(matrix.measured_s, matrix.simulated_s, matrix.groups).to_dict()
     keys = ("mape", "log_error", "kendall_tau", "top1_regret")
@@ -540,12 +411,17 @@ def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds:
     return curve
 
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "no_monotone": {"monotone": False},
-    "weaker_regularisation": {"min_child_weight": 1.0, "reg_lambda": 1.0},
-    "stronger_regularisation": {"max_depth": 2, "min_child_weight": 4.0, "reg_lambda": 10.0},
+SCALE_FREE_FEATURES = frozenset({f"exposed_{kind}_share" for kind in ("allreduce", "ps", "sharded", "tensor", "pipeline")}
+                                | {"strategy_groups_per_variable", "strategy_shards_per_variable"})
+
+VARIANTS: dict[str, tuple[dict[str, Any], frozenset[str]]] = {
+    "monotone": ({"monotone": True}, frozenset()),
+    "without_scale_free_features": ({}, SCALE_FREE_FEATURES),
+    "weaker_regularisation": ({"min_child_weight": 1.0, "reg_lambda": 1.0}, frozenset()),
+    "stronger_regularisation": ({"max_depth": 2, "min_child_weight": 4.0, "reg_lambda": 10.0}, frozenset()),
 }
-"""Hyper-parameters compared against the defaults with `--variants` (the evidence for the defaults)."""
+"""(hyper-parameters, features left out) compared against the defaults with `--variants`: the evidence
+for the defaults (no monotone constraint, the scale-free features, the regularisation)."""
 
 
 def targets(curve: list[dict[str, Any]], noise: dict[str, Any]) -> dict[str, Any]:
@@ -675,13 +551,12 @@ def main(argv: list[str] | None = None) -> int:
         "lowshot": [lowshot(records, names, args.budget, mode, planner_noise) for mode in LOWSHOT_MODES],
     }
     if args.variants:
-        result["variants"] = {label: learning_curve(records, SIZES, args.seeds, params) for label, params in VARIANTS.items()}
+        result["variants"] = {label: learning_curve(records, SIZES, args.seeds, params, without)
+                              for label, (params, without) in VARIANTS.items()}
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        _worker(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
     raise SystemExit(main())

@@ -7,7 +7,7 @@
    top-k compression, ZeRO-style sharding; builders that coincide there (`SAME_ON_ONE_NODE`) only with
    `--all-builders`;
 3. in each of `--rounds` rounds, for each model, one interleaved block (`--mode interleaved`, the
-   default): one pair of gloo ranks trains a model copy per strategy plus an undistributed copy, one
+   default, `benchmarks/interleaved.py`): one pair of gloo ranks trains a model copy per strategy plus an undistributed copy, one
    step of each in turn (order rotated every step), and runs the calibration's probes after every
    timed round of steps, so the spec describes the machine those very steps ran on. `--mode trials`
    instead runs one trial-runner trial per strategy after a separate calibration;
@@ -45,7 +45,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.interleaved import measure_block
 from examples import zoo
 from stratagem.builders import AllReduce, all_builders
 from stratagem.calibrate import DEVICE_KIND
@@ -92,18 +92,6 @@ sparse embedding gradients."""
 DEFAULT_MODELS = ("bert_large", "vgg16", "dlrm")
 QUICK_MODELS = ("bert_large", "dlrm")
 QUICK_STRATEGIES = ("PS", "AllReduce", "Parallax", "DataParallel", "AllReduce-unfused", "AllReduce-fp16")
-RANKS = 2
-PROBE_BUDGET_SCALE = 0.25
-"""Interleaved calibration probes get a quarter of `stratagem calibrate`'s time budgets: they run
-after every timed round, and their median over the rounds is what counts."""
-LOCAL = "__undistributed__"
-"""The model copy every interleaved rank trains alone (no strategy): its step is the compute and update
-the simulator predicts without synchronization, measured under the same load as the strategies."""
-ONCE_PROBES = ("bf16_flops",)
-"""Probed in the first timed round only: the zoo graphs train in fp32, and a CPU without bf16 units
-takes seconds per probe."""
-
-
 @dataclass
 class Trial:
     """One real run of a strategy, with the spec calibrated just before it and the simulator's prediction."""
@@ -412,148 +400,16 @@ def _run(model: str, strategy: Strategy, resources: ResourceSpec, args: argparse
 
 def measure_interleaved(model: str, strategies: dict[str, Strategy], args: argparse.Namespace
                         ) -> tuple[dict[str, dict[str, Any]], ResourceSpec | None]:
-    """Every strategy of one model trained side by side by one pair of gloo ranks (`_worker`): a model
-    copy per strategy, one step of each in turn, the order rotated every step. On a shared machine
-    whose speed drifts two- or threefold within a minute, every strategy then sees the same mixture of
-    load, so their differences are measured rather than the drift. The calibration's probes
-    (`stratagem.calibrate.probes`, the gloo all-reduce sizes) run after every timed round of steps, so
-    the spec describes the machine those steps ran on, not the one of a minute before.
-
-    Returns a trial-like result per strategy (outcome, median_s, per-step times: the slowest rank's,
-    as a synchronous step waits for it) and the calibrated spec (None when the ranks failed)."""
-    from stratagem.calibrate import SIZES, combine, spec_from_figures
+    """Every strategy of one model in one interleaved block (`benchmarks/interleaved.py`), beside an
+    undistributed copy of the model: a trial-like result per strategy and the spec calibrated alongside
+    (None when the ranks failed)."""
+    from trial_runner import ZooWorkload
 
     case = CASES[model]
-    spare_cores = len(os.sched_getaffinity(0)) - RANKS
-    job = {"model": model, "warmup": max(args.warmup, case.min_warmup), "steps": args.steps, "spare_cores": spare_cores,
-           "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
-    with tempfile.TemporaryDirectory(prefix="stratagem-accuracy-") as folder:
-        job_path = Path(folder) / "job.json"
-        job_path.write_text(json.dumps(job))
-        outputs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
-        failure = _launch(job_path, outputs, args.timeout)
-        reports = [json.loads(path.read_text()) for path in outputs] if failure is None else []
-    resources = None
-    if reports:
-        resources = spec_from_figures({
-            "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": RANKS, "threads": 1,
-            "allreduce_bytes": list(SIZES), "spare_cores": spare_cores, "interleaved_with": model,
-            **combine([r["figures"] for r in reports]),
-        })
-    local = statistics.median(max(column) for column in zip(*(r["times"][LOCAL] for r in reports), strict=True)) if reports else None
-    results = {}
-    for name, strategy in strategies.items():
-        base = {"world_size": RANKS, "backend": "interleaved", "workload": f"zoo:{model}", "strategy_id": strategy.id,
-                "global_batch_size": RANKS * case.batch_size, "undistributed_step_s": local}
-        refused = next((r["refused"][name] for r in reports if name in r["refused"]), None)
-        if failure is not None or refused is not None:
-            results[name] = {**base, "outcome": "invalid" if refused else "crash", "error": refused or failure, "median_s": None}
-            continue
-        steps = [max(column) for column in zip(*(r["times"][name] for r in reports), strict=True)]
-        median = statistics.median(steps)
-        results[name] = {**base, "outcome": "ok", "error": None, "median_s": median, "step_times_s": steps,
-                         "p90_s": sorted(steps)[int(0.9 * (len(steps) - 1))], "samples_per_s": RANKS * case.batch_size / median,
-                         "ranks": [{"rank": i, "step_times_s": r["times"][name], "warmup_times_s": r["warmup"][name]}
-                                   for i, r in enumerate(reports)]}
-    return results, resources
-
-
-def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
-    """Run the ranks of an interleaved job to the end; None, or why it failed."""
-    import socket
-    import subprocess
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for rank, path in enumerate(outputs)]
-    deadline = time.monotonic() + timeout
-    errors = []
-    for rank, proc in enumerate(procs):
-        try:
-            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-                other.wait()
-            return f"timeout: the interleaved ranks ran past {timeout:.0f} s"
-        if proc.returncode != 0:
-            lines = stderr.strip().splitlines()
-            errors.append(f"rank {rank} exited {proc.returncode}: {lines[-1] if lines else ''}")
-    missing = [path.name for path in outputs if not path.exists()]
-    return "; ".join(errors) or (f"no result from {', '.join(missing)}" if missing else None)
-
-
-def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
-    """One rank of an interleaved job: distribute a fresh model copy per strategy, then warm-up and timed
-    steps, one of each strategy in turn; every step starts from a barrier, so it times the step alone."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    from stratagem import calibrate as calibration
-    from stratagem.errors import StratagemError
-    from stratagem.runtime import distribute
-    from trial_runner.build import batch_for, build_workload, make_optimizer
-    from trial_runner.workloads import ZooWorkload
-
-    torch.set_num_threads(1)
-    job = json.loads(job_path.read_text())
-    case = CASES[job["model"]]
-    workload = ZooWorkload(job["model"], batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=300))
-    runs: dict[str, tuple[Any, Any, Any]] = {}
-    refused: dict[str, str] = {}
-    for name, data in job["strategies"].items():
-        built = build_workload(workload, seed=0, rank=rank)
-        try:  # the runtime refuses a strategy on every rank alike, before any collective
-            model, optimizer = distribute(built.model, make_optimizer(built.optimizer_kind, built.model), Strategy.parse(data), rank=rank)
-        except StratagemError as error:
-            refused[name] = f"{type(error).__name__}: {error}"
-            continue
-        runs[name] = (built, model, optimizer)
-    local = build_workload(workload, seed=0, rank=rank)
-    runs[LOCAL] = (local, local.model, make_optimizer(local.optimizer_kind, local.model))
-    names = list(runs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    warmup: dict[str, list[float]] = {name: [] for name in names}
-
-    def agree(go: bool) -> bool:
-        flag = torch.tensor([int(go)], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-
-    probes = calibration.probes(calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE))
-    samples: dict[str, list[Any]] = {name: [] for name in (*probes, "allreduce_seconds", "scatter_efficiency", "overlap")}
-    for step in range(job["warmup"] + job["steps"]):
-        shift = step % max(len(names), 1)
-        for name in names[shift:] + names[:shift]:
-            built, model, optimizer = runs[name]
-            batch = batch_for(built, seed=0, rank=rank, step=step, device=torch.device("cpu"))
-            dist.barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            built.loss(model(*batch)).backward()
-            optimizer.step()
-            (warmup if step < job["warmup"] else times)[name].append(time.perf_counter() - start)
-        if step >= job["warmup"]:
-            for name, probe in probes.items():
-                if name in ONCE_PROBES and samples[name]:
-                    continue
-                samples[name].append(probe())
-            samples["allreduce_seconds"].append(calibration.allreduce_seconds(dist, torch))
-            samples["scatter_efficiency"].append(calibration.scatter_efficiency(dist, torch))
-            samples["overlap"].append(calibration.overlap_share(dist, torch) if job["spare_cores"] > 0 else 0.0)
-    dist.barrier()
-    figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
-    figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
-    output.write_text(json.dumps({"times": times, "warmup": warmup, "refused": refused, "figures": figures}))
-    os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
+    workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
+    block = measure_block(workload, strategies, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
+                          timeout=args.timeout, undistributed=True)
+    return {name: block.result(name, strategy) for name, strategy in strategies.items()}, block.resources
 
 
 def predict(pairs: list[Measured]) -> None:
@@ -578,7 +434,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
     "optimizer_efficiency as elementwise": {"optimizer_efficiency": None},
-    "no optimizer_knee_bytes (update cost independent of tensor size)": {"optimizer_knee_bytes": None},
+    "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {"optimizer_knee_bytes": None},
     "cast and select efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None},
     "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
     "comm_overlap 1 (as on GPUs)": {"comm_overlap": 1.0},
@@ -720,7 +576,4 @@ def _arguments() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        _worker(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
-    else:
-        main()
+    main()

@@ -80,7 +80,7 @@ def test_a_folded_strategy_takes_the_median_time_and_the_median_prediction(bench
         simulated = sorted(r.simulated_step_time_s for r in s.records)
         assert folded.measured_step_time_s == statistics.median(ROUNDS[s.name])
         assert folded.simulated_step_time_s == simulated[1]
-        assert folded.group_id == "mlp-test"
+        assert folded.group_id.startswith("mlp-test-") and folded.group_id.endswith("/replay")
 
 
 def test_the_noise_floor_scores_one_round_against_the_others(bench, trials_file):
