@@ -116,11 +116,10 @@ class SimContext:
     var_shape: np.ndarray
     """[V, R] the shape padded with 1s, for partition checks."""
     var_update_bytes: np.ndarray
-    """[V] bytes an update of the variable streams (3 x parameter + 2 x state), times the device's
-    large-tensor factor (`DeviceSpec.optimizer_knee_bytes`)."""
-    """Bytes the optimizer reads and writes to update the variable: param and state in and out, grad in."""
-    ps_update_bytes: np.ndarray
-    """[V] bytes a PS server streams to update the variable (the touched rows' share for sparse ones)."""
+    """[V] bytes an update of the variable streams (3 x parameter + 2 x state: param and state in and
+    out, grad in), times the device's large-tensor factor (`DeviceSpec.optimizer_knee_bytes`). A sparse
+    variable's gradient holds only the rows looked up, and optimizers that take sparse gradients
+    update only those rows, on a replica or on its server alike: its share is the touched rows'."""
     ps_held_bytes: np.ndarray
     """[V] bytes a PS server holds for the variable (parameters and optimizer state)."""
     var_state_bytes: np.ndarray
@@ -161,8 +160,9 @@ class SimContext:
     batch_size: int
     state_bytes_per_param: float
     update_by_size: bool
-    """A device kind's `optimizer_knee_bytes` makes update cost depend on each tensor's size, so updates
-    are summed from `var_update_bytes` rather than from parameter and state bytes."""
+    """A device kind's `optimizer_knee_bytes` (update cost depends on each tensor's size) or a sparse
+    variable (only its touched rows update) makes updates differ from parameter and state bytes, so
+    they are summed from `var_update_bytes`."""
     _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
     _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _tensor_plans: dict[int, list[TensorParallelLayer]] = field(default_factory=dict, repr=False, compare=False)
@@ -226,10 +226,8 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     kinds = _kinds_table(resources, kind_names, graph.dtype.value)
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
-    size_scale = _update_scale(kinds, variables["var_bytes"])
-    variables["var_update_bytes"] = variables["var_update_bytes"] * size_scale
-    variables["compression"] = variables["compression"].with_streaming_scale(size_scale)
-    variables["ps_update_bytes"] = variables["ps_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
+    variables["var_update_bytes"] = variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
+    variables["compression"] = variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
     node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))
@@ -265,7 +263,7 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         **{k: v for k, v in layers.items() if k != "index"},
         batch_size=graph.batch_size,
         state_bytes_per_param=graph.optimizer.state_bytes_per_param,
-        update_by_size=any(spec.optimizer_knee_bytes for spec in kinds.specs),
+        update_by_size=any(spec.optimizer_knee_bytes for spec in kinds.specs) or bool(variables["var_sparse"].any()),
     )
 
 
@@ -468,8 +466,7 @@ def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
         "var_tensor_split": split,
         "var_layer": layer_of,
         "var_shape": shape,
-        "var_update_bytes": UPDATE_PARAM_PASSES * nbytes + UPDATE_STATE_PASSES * state,
-        "ps_update_bytes": (UPDATE_PARAM_PASSES * nbytes + UPDATE_STATE_PASSES * state) * ps_bytes / nbytes,
+        "var_update_bytes": (UPDATE_PARAM_PASSES * nbytes + UPDATE_STATE_PASSES * state) * ps_bytes / nbytes,
         "ps_held_bytes": nbytes + state,
         "var_state_bytes": state,
         "order": order,

@@ -38,7 +38,7 @@ PARAM_SPLIT, PARAM_REST, STATE_SPLIT, STATE_REST, UPDATE_SPLIT, UPDATE_REST = ra
 
 def variable_columns(context: SimContext) -> np.ndarray:
     """[V, 4] parameter and optimizer-state bytes, each for tensor-split and unsplit variables, and [V, 6]
-    with update bytes where those depend on tensor size (`context.update_by_size`)."""
+    with update bytes where those differ from parameter and state bytes (`context.update_by_size`)."""
     split = context.var_tensor_split
     figures = (context.var_bytes, context.var_state_bytes) + ((context.var_update_bytes,) if context.update_by_size else ())
     return np.stack([c * f for c in figures for f in (split, ~split)], axis=1)

@@ -80,7 +80,7 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     shards = batch.shards.ravel().take(cell)
     count = shards.astype(np.float64)
     push_share = push / count
-    update = context.ps_update_bytes.take(var) / count
+    update = context.var_update_bytes.take(var) / count
     keep = context.ps_held_bytes.take(var) / count
     head, tail, tail_server, tail_shard = _shard_slots(batch, cell, shards)
     entry = np.concatenate([np.arange(flat.size), tail])

@@ -266,6 +266,18 @@ def test_large_tensors_update_slower_per_byte_past_the_knee():
     assert large.nbytes / knee > 4 * small.nbytes / knee  # the large tensor carries nearly all of it
 
 
+def test_a_sparse_table_updates_only_its_touched_rows_under_all_reduce_as_on_its_server():
+    graph, spec = make_embedding_graph(rows=100_000, dim=64), cpu_spec()
+    table = next(v for v in graph.variables if v.sparse)
+    dense = [v for v in graph.trainable_variables if not v.sparse]
+    per_param = 3 * 4 + 2 * graph.optimizer.state_bytes_per_param
+    rate = 8e9 * 0.5  # the optimizer streams at the elementwise efficiency here
+    touched = table.lookups_per_step * table.numel / table.shape[0]
+    expected = (touched + sum(v.numel for v in dense)) * per_param / rate
+    prediction = simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
+    assert prediction.breakdown["optimizer_update"] == pytest.approx(expected, rel=1e-9)
+    assert expected < 0.1 * table.numel * per_param / rate  # far below a dense update of the table
+
 def test_compression_passes_over_large_tensors_follow_the_same_size_law():
     small = Variable(name="small.weight", shape=[256, 256])
     large = Variable(name="large.weight", shape=[2048, 2048])
