@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stratagem.calibrate import wait_for_ranks
 from stratagem.ir import ResourceSpec, Strategy
 
 RANKS = 2
@@ -111,19 +112,7 @@ def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for rank, path in enumerate(outputs)]
-    deadline = time.monotonic() + timeout
-    errors = []
-    for rank, proc in enumerate(procs):
-        try:
-            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-                other.wait()
-            return f"timeout: the interleaved ranks ran past {timeout:.0f} s"
-        if proc.returncode != 0:
-            lines = stderr.strip().splitlines()
-            errors.append(f"rank {rank} exited {proc.returncode}: {lines[-1] if lines else ''}")
+    errors = wait_for_ranks(procs, timeout)
     missing = [path.name for path in outputs if not path.exists()]
     return "; ".join(errors) or (f"no result from {', '.join(missing)}" if missing else None)
 

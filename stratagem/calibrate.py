@@ -219,15 +219,17 @@ def measure(ranks: int, *, threads: int = 1, overlap: bool = True) -> dict[str, 
             )
             for rank in range(ranks)
         ]
-        errors = _wait_all(procs)
+        errors = wait_for_ranks(procs, WORKER_TIMEOUT_S)
         missing = [str(path.name) for path in results if not path.exists()]
         if errors or missing:
             raise CalibrationError(f"calibration workers failed: {'; '.join(errors) or 'no result from ' + ', '.join(missing)}")
         return combine([json.loads(path.read_text()) for path in results])
 
 
-def _wait_all(procs: list[subprocess.Popen]) -> list[str]:
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
+def wait_for_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[str]:
+    """Wait for every rank's process; why each failed (empty when all exited 0). Past the deadline all
+    are killed, since a rank waiting in a collective for a dead peer would never exit."""
+    deadline = time.monotonic() + timeout_s
     errors = []
     for rank, proc in enumerate(procs):
         try:
@@ -236,7 +238,7 @@ def _wait_all(procs: list[subprocess.Popen]) -> list[str]:
             for other in procs:
                 other.kill()
                 other.wait()
-            return [f"timed out after {WORKER_TIMEOUT_S:.0f} s"]
+            return [f"timed out after {timeout_s:.0f} s"]
         if proc.returncode != 0:
             errors.append(f"rank {rank} exited {proc.returncode}: {stderr.strip().splitlines()[-1] if stderr.strip() else ''}")
     return errors

@@ -19,7 +19,11 @@ The `make_*` functions build the same documents with other sizes; import them wi
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -169,3 +173,14 @@ def any_graph(request: pytest.FixtureRequest) -> ModelGraph:
 def any_cluster(request: pytest.FixtureRequest) -> ResourceSpec:
     """Each shared cluster in turn."""
     return {"cpu_1x2": lambda: make_cpu_cluster(2), "t4_2x4": lambda: make_t4_cluster(2), "t4_16x4": lambda: make_t4_cluster(16)}[request.param]()
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of `benchmarks/` loaded as a module (the folder holds scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

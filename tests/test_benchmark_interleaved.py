@@ -3,27 +3,17 @@ replayed model, every strategy stepped in turn, the machine calibrated alongside
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-from conftest import make_mlp_graph
+from conftest import load_benchmark, make_mlp_graph
 
 from stratagem.builders import PS, AllReduce
 from stratagem.ir import Node, ResourceSpec
 from trial_runner import ReplayWorkload
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "interleaved.py"
-
 
 @pytest.fixture(scope="module")
 def interleaved():
-    spec = importlib.util.spec_from_file_location("benchmark_interleaved", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_interleaved"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("interleaved")
 
 
 @pytest.mark.slow

@@ -3,27 +3,20 @@ across calibrations, and the noise floor is computed from the rounds (stand-in t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from stratagem.builders import PS, AllReduce, PartitionedPS
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("cost_model_benchmark", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cost_model_benchmark"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cost_model")
 
 
 def calibrated(bandwidth_gbps: float) -> ResourceSpec:

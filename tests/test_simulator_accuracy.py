@@ -4,31 +4,22 @@ effect on predictions (convolution and optimizer efficiency, compute/communicati
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph
+from conftest import load_benchmark, make_embedding_graph, make_mlp_graph
 
 from simulator import compile_context, encode, simulate, simulate_batch
 from stratagem.builders import PS, AllReduce, PartitionedPS
 from stratagem.calibrate import DEVICE_KIND, OPTIMIZER_TENSOR_BYTES, combine, device_spec, optimizer_size_law
 from stratagem.ir import DeviceSpec, Layer, Link, ModelGraph, Node, ResourceSpec, Strategy, Variable
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "simulator_accuracy.py"
-
 
 @pytest.fixture(scope="module")
 def accuracy():
-    spec = importlib.util.spec_from_file_location("simulator_accuracy", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["simulator_accuracy"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("simulator_accuracy")
 
 
 def cpu_spec(**device: float | None) -> ResourceSpec:
@@ -251,12 +242,17 @@ def test_normalizations_stream_at_their_own_efficiency_and_activations_do_not_ch
     assert slow.breakdown["compute"] - same.breakdown["compute"] == pytest.approx(norm_seconds * (0.5 / 0.125 - 1))
 
 
-def test_large_tensors_update_slower_per_byte_past_the_knee():
+def two_tensor_graph() -> ModelGraph:
+    """A 256 KB and a 16 MB weight, each behind a cheap Linear: tensor size is all that differs."""
     small = Variable(name="small.weight", shape=[256, 256])
     large = Variable(name="large.weight", shape=[2048, 2048])
     layers = [Layer(name=v.name.split(".")[0], type="Linear", kind="matmul", fwd_flops=1e6, bwd_flops=2e6, bytes_moved=1e3,
                     output_bytes=1e3, variables=[v.name]) for v in (small, large)]
-    graph = ModelGraph(name="two-tensors", batch_size=8, layers=layers, variables=[small, large])
+    return ModelGraph(name="two-tensors", batch_size=8, layers=layers, variables=[small, large])
+
+def test_large_tensors_update_slower_per_byte_past_the_knee():
+    graph = two_tensor_graph()
+    small, large = graph.variables
     knee = 4e6
     flat, sized = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
     rate = 8e9 * 0.5  # the optimizer streams at the elementwise efficiency here
@@ -279,11 +275,8 @@ def test_a_sparse_table_updates_only_its_touched_rows_under_all_reduce_as_on_its
     assert expected < 0.1 * table.numel * per_param / rate  # far below a dense update of the table
 
 def test_compression_passes_over_large_tensors_follow_the_same_size_law():
-    small = Variable(name="small.weight", shape=[256, 256])
-    large = Variable(name="large.weight", shape=[2048, 2048])
-    layers = [Layer(name=v.name.split(".")[0], type="Linear", kind="matmul", fwd_flops=1e6, bwd_flops=2e6, bytes_moved=1e3,
-                    output_bytes=1e3, variables=[v.name]) for v in (small, large)]
-    graph = ModelGraph(name="two-tensors", batch_size=8, layers=layers, variables=[small, large])
+    graph = two_tensor_graph()
+    small, large = graph.variables
     knee = 4e6
     flat, sized = (compile_context(graph, spec).compression for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
     scale = 1 + np.array([small.nbytes, large.nbytes]) / knee
