@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from runtime_helpers import run_ranks
+from runtime_helpers import relative_error, run_ranks
 from test_hybrid_zoo import (
     STEPS,
     batch_of,
@@ -77,7 +77,7 @@ def assert_trains_like_one_process(results: list[dict[str, Any]], label: str, ca
         assert got["runner"] == "TracedPipelinedModel", label
         for name, values in got["params"].items():
             want = expected[name]
-            error = float((torch.tensor(values) - want).abs().max() / want.abs().max().clamp_min(1e-12))
+            error = relative_error(torch.tensor(values), want)
             assert error < RELATIVE, f"{label}: rank {rank} {name} differs by {error:.2e} (relative)"
         seen |= set(got["params"])
         assert got["losses"] == pytest.approx([step[got["data_index"]] for step in expected_losses], rel=RELATIVE), label

@@ -2,7 +2,7 @@
 
 Each mesh shape runs on real gloo ranks (one process per rank) for STEPS optimizer steps (SGD with
 momentum; one case Adam) on a generated global batch; every parameter, gathered from the ranks that
-hold it, must match single-process training on the whole batch to RELATIVE (max |a - b| / max |b|),
+hold it, must match single-process training on the whole batch to RELATIVE (`relative_error`),
 and so must the losses. Under Adam the attention key biases are left out: their gradient is zero in
 exact arithmetic (softmax ignores a constant added to every key score), and Adam scales float noise
 of either run up to full-size steps. Hybrid
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from runtime_helpers import run_ranks
+from runtime_helpers import relative_error, run_ranks
 from torch import nn
 
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
@@ -294,7 +294,7 @@ def assert_trains_like_one_process(results: list[dict[str, Any]], label: str, re
                 continue
             want = expected[name]
             got = torch.tensor(values)
-            error = float((got - want).abs().max() / want.abs().max())
+            error = relative_error(got, want)
             assert error < RELATIVE, f"{label}: rank {rank} {name} differs by {error:.2e} (relative)"
     assert seen == set(expected), f"{label}: no rank holds {sorted(set(expected) - seen)}"
     # the mean over data-parallel groups of each group's loss is the whole batch's loss

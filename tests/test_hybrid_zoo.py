@@ -21,12 +21,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from runtime_helpers import run_ranks
+from runtime_helpers import relative_error, run_ranks
 
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 MODELS = ("resnet50", "vgg16", "bert_large", "gpt", "dlrm")
-STEPS, BATCH, RELATIVE = 3, 4, 1e-4
+STEPS, BATCH = 3, 4
+RELATIVE = 1e-3
+"""Looser than the 1e-4 of tests/test_hybrid_runtime.py: a convolution net's BatchNorm gradients sum
+thousands of terms with cancellation, and one CPU's kernels order those sums differently for one
+sample per micro-batch than for two (an AMD EPYC put ResNet's accumulated stem.1.bias 1.1e-4 from one
+process). A synchronization bug is off by the size of the update itself."""
 OVERRIDES: dict[str, dict[str, Any]] = {"bert_large": {"dropout": 0.0}, "gpt": {"dropout": 0.0}}
 
 
@@ -158,7 +163,7 @@ def assert_trains_like_one_process(results: list[dict[str, Any]], label: str, ca
         got = result[label]
         assert set(expected) <= set(got["params"]), f"{label}: rank {rank} lacks {sorted(set(expected) - set(got['params']))}"
         for name, want in expected.items():
-            error = float((torch.tensor(got["params"][name]) - want).abs().max() / want.abs().max().clamp_min(1e-12))
+            error = relative_error(torch.tensor(got["params"][name]), want)
             assert error < RELATIVE, f"{label}: rank {rank} {name} differs by {error:.2e} (relative)"
         assert got["runner"] == ("AccumulatedModel" if micro_batches > 1 else type(build(case["model"])[0]).__name__), label
         step_losses = [step[got["data_index"]] for step in expected_losses]
