@@ -218,15 +218,33 @@ def noise_report(pairs: list[Measured]) -> dict[str, Any]:
     for pair in pairs:
         if len(pair.ok) >= 2:
             by_model[pair.model].append(pair)
+    halves = []
     for members in by_model.values():
         tau = kendall_tau([p.ok[0].median_s for p in members], [p.ok[1].median_s for p in members])  # type: ignore[misc]
         if not math.isnan(tau):
             taus.append(tau)
+        half = split_half_tau(members)
+        if half is not None:
+            halves.append(half)
     return {
         "median_round_spread": _round(statistics.median(spreads)) if spreads else None,
         "max_round_spread": _round(max(spreads)) if spreads else None,
         "kendall_tau_round1_vs_round2_within": _round(statistics.mean(taus)) if taus else None,
+        "kendall_tau_split_half_within": _round(statistics.mean(halves)) if halves else None,
     }
+
+
+def split_half_tau(members: list[Measured]) -> float | None:
+    """Within one model, the tau between the medians of the even and of the odd rounds: how well half
+    the measurements rank the strategies like the other half. A predictor scored against the median of
+    all rounds is judged by a truth about that reliable (somewhat more, having twice the rounds)."""
+    rounds = min(len(p.ok) for p in members)
+    if rounds < 2:
+        return None
+    even = [statistics.median(t.median_s for t in p.ok[:rounds:2]) for p in members]  # type: ignore[misc]
+    odd = [statistics.median(t.median_s for t in p.ok[1:rounds:2]) for p in members]  # type: ignore[misc]
+    tau = kendall_tau(even, odd)
+    return None if math.isnan(tau) else tau
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

@@ -95,6 +95,18 @@ def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
     assert accuracy.noise_report(pairs)["median_round_spread"] == 0.0
 
 
+def test_split_half_tau_ranks_the_even_rounds_against_the_odd_ones(accuracy):
+    graph = make_mlp_graph()
+
+    def pair(name: str, rounds: list[float]):
+        return accuracy.Measured("m", name, graph, [accuracy.Trial(cpu_spec(), None, t) for t in rounds])
+
+    # even rounds (1st, 3rd) rank x < y < z; odd rounds (2nd, 4th) rank y < x < z
+    members = [pair("x", [1.0, 2.0, 1.0, 2.0]), pair("y", [1.5, 1.0, 1.5, 1.0]), pair("z", [3.0, 3.0, 3.0, 3.0])]
+    assert accuracy.split_half_tau(members) == pytest.approx(1 / 3)
+    assert accuracy.split_half_tau([pair("x", [1.0]), pair("y", [2.0])]) is None  # one round: nothing to split
+    assert accuracy.noise_report(members)["kendall_tau_split_half_within"] == pytest.approx(1 / 3, abs=1e-4)
+
 # -- calibration figures ----------------------------------------------------------------------------------
 
 
