@@ -154,11 +154,11 @@ def measure(path: Path, jobs: list[str], *, rounds: int, steps: int, warmup: int
                     log(f"round {round_index + 1} {name}: the block failed: {block.failure}")
                     continue
                 for label, strategy in chosen.items():
-                    result = block.result(label, strategy)
                     strategy = strategy.replace(resources_id=resources.id)
+                    result = block.result(label, strategy)
                     out.write(json.dumps({"job": name, "round": round_index + 1, "graph": work.graph.model_dump(mode="json"),
                                           "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
-                                          "result": {**result, "strategy_id": strategy.id}}) + "\n")
+                                          "result": result}) + "\n")
                     shown = f"{result['median_s'] * 1e3:8.1f} ms" if result["median_s"] else result["outcome"]
                     log(f"round {round_index + 1} {name:16s} {label:20s} {shown}")
                 out.flush()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stratagem.calibrate import wait_for_ranks
+from stratagem.calibrate import free_port, wait_for_ranks
 from stratagem.ir import ResourceSpec, Strategy
 
 RANKS = 2
@@ -105,9 +104,7 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
 
 def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
     """Run the ranks of a block to the end; None, or why they failed."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

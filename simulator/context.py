@@ -159,7 +159,7 @@ class SimContext:
     """Bytes of non-trainable variables per layer (memory only)."""
     batch_size: int
     state_bytes_per_param: float
-    update_by_size: bool
+    update_per_variable: bool
     """A device kind's `optimizer_knee_bytes` (update cost depends on each tensor's size) or a sparse
     variable (only its touched rows update) makes updates differ from parameter and state bytes, so
     they are summed from `var_update_bytes`."""
@@ -263,7 +263,7 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         **{k: v for k, v in layers.items() if k != "index"},
         batch_size=graph.batch_size,
         state_bytes_per_param=graph.optimizer.state_bytes_per_param,
-        update_by_size=any(spec.optimizer_knee_bytes for spec in kinds.specs) or bool(variables["var_sparse"].any()),
+        update_per_variable=any(spec.optimizer_knee_bytes for spec in kinds.specs) or bool(variables["var_sparse"].any()),
     )
 
 

@@ -38,9 +38,9 @@ PARAM_SPLIT, PARAM_REST, STATE_SPLIT, STATE_REST, UPDATE_SPLIT, UPDATE_REST = ra
 
 def variable_columns(context: SimContext) -> np.ndarray:
     """[V, 4] parameter and optimizer-state bytes, each for tensor-split and unsplit variables, and [V, 6]
-    with update bytes where those differ from parameter and state bytes (`context.update_by_size`)."""
+    with update bytes where those differ from parameter and state bytes (`context.update_per_variable`)."""
     split = context.var_tensor_split
-    figures = (context.var_bytes, context.var_state_bytes) + ((context.var_update_bytes,) if context.update_by_size else ())
+    figures = (context.var_bytes, context.var_state_bytes) + ((context.var_update_bytes,) if context.update_per_variable else ())
     return np.stack([c * f for c in figures for f in (split, ~split)], axis=1)
 
 
@@ -109,7 +109,7 @@ def memory_phase(context: SimContext, batch: CandidateBatch, topo: Topology, com
 def update_bytes(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
     """[N] bytes the optimizer streams on the busiest worker (the slowest stage's, with a pipeline)."""
     tensor, data = batch.tensor.astype(np.float64), batch.data.astype(np.float64)
-    if context.update_by_size:
+    if context.update_per_variable:
         out = sums.owned(UPDATE_SPLIT, UPDATE_REST, tensor, data)
     else:
         out = UPDATE_PARAM_PASSES * sums.owned(PARAM_SPLIT, PARAM_REST, tensor, data) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, data)

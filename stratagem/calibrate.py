@@ -207,7 +207,7 @@ def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 def measure(ranks: int, *, threads: int = 1, overlap: bool = True) -> dict[str, Any]:
     """Start `ranks` gloo workers on this machine and return their combined figures (`overlap` 0
     unless measured)."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="stratagem-calibrate-") as folder:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         results = [Path(folder) / f"rank{rank}.json" for rank in range(ranks)]
@@ -244,7 +244,8 @@ def wait_for_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[str]
     return errors
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now, for a gloo rendezvous."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
