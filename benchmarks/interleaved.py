@@ -155,7 +155,7 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
         return bool(flag.item())
 
     probes = calibration.probes(calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE))
-    samples: dict[str, list[Any]] = {name: [] for name in (*probes, "allreduce_seconds", "scatter_efficiency", "overlap")}
+    samples: dict[str, list[Any]] = {name: [] for name in probes}
     for step in range(job["warmup"] + job["steps"]):
         shift = step % max(len(names), 1)
         for name in names[shift:] + names[:shift]:
@@ -171,9 +171,8 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
             for name, probe in probes.items():
                 if not (name in ONCE_PROBES and samples[name]):
                     samples[name].append(probe())
-            samples["allreduce_seconds"].append(calibration.allreduce_seconds(dist, torch))
-            samples["scatter_efficiency"].append(calibration.scatter_efficiency(dist, torch))
-            samples["overlap"].append(calibration.overlap_share(dist, torch) if job["spare_cores"] > 0 else 0.0)
+            for name, value in calibration.collective_figures(dist, torch, overlap=job["spare_cores"] > 0).items():
+                samples.setdefault(name, []).append(value)
     dist.barrier()
     figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
     figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]

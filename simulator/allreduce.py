@@ -3,7 +3,7 @@
 A fusion group (same `group`, same kind) launches when its last member's gradient is ready, moves the
 sum of its members' wire bytes in one collective (one latency), and runs on the candidate's
 collective stream after the groups launched before it (one stream per pipeline stage). `auto` takes the cheapest of ring, tree and
-hierarchical for the group's bytes. Sharded groups reduce-scatter here; their all-gather of updated
+hierarchical for the group's bytes (a top-k group all-gathers instead, see `_group_seconds`). Sharded groups reduce-scatter here; their all-gather of updated
 parameters comes after the optimizer step, exposed. Compression work is added to its group's time.
 
 Sparse variables (embeddings with sparse gradients) are not reduced in a fusion group: at the
@@ -34,6 +34,8 @@ SPARSE_ALLREDUCE_COLLECTIVES = 3
 """All-gathers per sparse variable: its row count, then indices and values (their sizes vary per step)."""
 SPARSE_INDEX_BYTES = 8.0
 """A row index travels as int64."""
+TOPK_COLLECTIVES = 2
+"""All-gathers per top-k group: values, then indices."""
 
 
 @dataclass
@@ -73,8 +75,9 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     sharded = local >= G
     position = last.take(groups)
     nbytes = group_bytes.take(groups)
-    algorithm = batch.algorithm.ravel().take(row * V + context.order.take(position))
-    ar_time = _allreduce_seconds(topo, row, algorithm, nbytes)
+    last_member = row * V + context.order.take(position)
+    algorithm = batch.algorithm.ravel().take(last_member)
+    ar_time = _group_seconds(topo, batch, row, algorithm, batch.compressor.ravel().take(last_member), nbytes)
     rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
     duration = np.where(sharded, rs_time, ar_time)
     if squeeze is not None:
@@ -112,7 +115,7 @@ def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, spa
     own = context.var_ps_bytes + rows * SPARSE_INDEX_BYTES
     per_row = np.where(sparse, own, 0.0).sum(axis=1)
     gathered = per_row * batch.data
-    latency, per_byte = topo.all_gather
+    latency, per_byte = topo.row_gather
     count = sparse.sum(axis=1)
     seconds = np.where(count > 0, SPARSE_ALLREDUCE_COLLECTIVES * latency * count + gathered * per_byte, 0.0)
     return seconds, per_row * np.maximum(batch.data - 1, 0)
@@ -160,9 +163,25 @@ def _compress(
     kinds, kind = context.kinds, topo.kind.take(row)
     bandwidth = kinds.memory_bandwidth[kind]
     rates = compression.Rates(byte=bandwidth * kinds.elementwise_efficiency[kind], cast=bandwidth * kinds.cast_efficiency[kind],
-                              select=bandwidth * kinds.select_efficiency[kind], flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
+                              select=bandwidth * kinds.select_efficiency[kind], lowrank=bandwidth * kinds.lowrank_efficiency[kind],
+                              flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
     seconds = compression.compute_seconds(context.compression, compressor, param, var, div, rates)
     return np.bincount(key[entries], weights=seconds, minlength=slots)
+
+
+def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algorithm: np.ndarray, compressor: np.ndarray,
+                   nbytes: np.ndarray) -> np.ndarray:
+    """Seconds of each all-reduce group's collectives. A half-precision payload moves at the device's
+    `half_reduce_efficiency`; top-k's values and indices are not summed on the wire but all-gathered
+    (two collectives), every rank receiving its p - 1 peers' entries."""
+    half = (compressor == CompressorKind.FP16) | (compressor == CompressorKind.BF16)
+    seconds = _allreduce_seconds(topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes))
+    topk = compressor == CompressorKind.TOPK
+    if topk.any():
+        latency, per_byte = topo.row_gather[0].take(row), topo.row_gather[1].take(row)
+        gathered = TOPK_COLLECTIVES * latency + nbytes * batch.data.take(row) * per_byte
+        seconds = np.where(topk, gathered, seconds)
+    return seconds
 
 
 def _allreduce_seconds(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray) -> np.ndarray:

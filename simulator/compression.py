@@ -13,13 +13,13 @@ compression`, error feedback on, its default), in bytes b of the gradient stream
     fp16 / bf16   casts down, back for the error, back after the all-reduce: 4.5 b at the cast rate;
                   adding the error, scaling, subtracting: 8 b
     PowerSGD(r)   P = M·Q, Q = Mᵀ·P, M ≈ P·Qᵀ: 6·rows·cols·r FLOPs, and as rank-r products they stream M
-                  from memory: 3 b; adding and keeping the error: 6 b
+                  from memory: 3 b; adding and keeping the error: 6 b; all 9 b at the low-rank rate
     top-k(ρ)      selecting the largest entries: b at the select rate; |g|, adding the error, keeping
                   it, scattering the gathered entries and scaling: 10 b
 
-Plain bytes go at the device's element-wise rate, casts at its `cast_efficiency` and selection at its
-`select_efficiency` of memory bandwidth (on a CPU the last two are far below a copy's rate, which is
-what makes fp16 and top-k a loss there).
+Plain bytes go at the device's element-wise rate, casts at its `cast_efficiency`, selection at its
+`select_efficiency` and PowerSGD's passes at its `lowrank_efficiency` of memory bandwidth (on a CPU the
+last three are far below a copy's rate, which is what makes compression a loss there).
 
 Each formula is `unit[kind, v] · scale` with scale = r or ρ for PowerSGD and top-k (1 otherwise), so
 the per-variable units are tabulated once per graph (`CompressionTables`) and a batch costs a gather.
@@ -64,13 +64,15 @@ class CompressionTables:
     """[5, V] bytes streamed through dtype conversions."""
     select_bytes: np.ndarray
     """[5, V] bytes top-k selection consumes."""
+    lowrank_bytes: np.ndarray
+    """[5, V] bytes PowerSGD streams through its products and error feedback."""
     flops: np.ndarray
     """[5, V] FLOPs per unit of the parameter (PowerSGD's projections)."""
 
     def with_streaming_scale(self, scale: np.ndarray) -> CompressionTables:
         """Passes over a tensor larger than the caches cost more per byte, as the optimizer's do: [V]
         `scale` (the device's `1 + bytes / optimizer_knee_bytes`) multiplies the streamed and cast bytes.
-        Selection keeps its rate: its probe already runs on a tensor beyond the caches."""
+        Selection and PowerSGD keep their rates: their probes already run on tensors beyond the caches."""
         return replace(self, byte_passes=self.byte_passes * scale, cast_bytes=self.cast_bytes * scale)
 
 
@@ -83,9 +85,10 @@ def tables(var: VariableFigures) -> CompressionTables:
     return CompressionTables(
         full=b,
         unit=unit,
-        byte_passes=np.stack([zero, 8 * b, 8 * b, np.where(matrix, 9 * b, zero), 10 * b]),
+        byte_passes=np.stack([zero, 8 * b, 8 * b, zero, 10 * b]),
         cast_bytes=np.stack([zero, 4.5 * b, 4.5 * b, zero, zero]),
         select_bytes=np.stack([zero, zero, zero, zero, b]),
+        lowrank_bytes=np.stack([zero, zero, zero, np.where(matrix, 9 * b, zero), zero]),
         flops=np.stack([zero, zero, zero, np.where(matrix, 6.0 * var.rows * var.cols, zero), zero]),
     )
 
@@ -103,11 +106,13 @@ def wire_bytes(t: CompressionTables, compressor: np.ndarray, param: np.ndarray, 
 
 @dataclass(frozen=True)
 class Rates:
-    """A device's rates for compression work, per entry: bytes/s streamed, converted, selected; FLOP/s."""
+    """A device's rates for compression work, per entry: bytes/s streamed, converted, selected, through
+    PowerSGD's passes; FLOP/s."""
 
     byte: np.ndarray
     cast: np.ndarray
     select: np.ndarray
+    lowrank: np.ndarray
     flop: np.ndarray
 
 
@@ -117,5 +122,5 @@ def compute_seconds(t: CompressionTables, compressor: np.ndarray, param: np.ndar
     V = t.full.size
     flat = compressor.astype(np.intp) * V + var
     seconds = (t.byte_passes.ravel().take(flat) / rates.byte + t.cast_bytes.ravel().take(flat) / rates.cast
-               + t.select_bytes.ravel().take(flat) / rates.select + t.flops.ravel().take(flat) * param / rates.flop)
+               + t.select_bytes.ravel().take(flat) / rates.select + t.lowrank_bytes.ravel().take(flat) / rates.lowrank + t.flops.ravel().take(flat) * param / rates.flop)
     return seconds / tensor_div

@@ -50,8 +50,14 @@ class DeviceKinds:
     """Dtype conversions' fraction of memory bandwidth (else `elementwise_efficiency`)."""
     select_efficiency: np.ndarray
     """Top-k selection's fraction of memory bandwidth, per pass over its input (else `elementwise_efficiency`)."""
+    lowrank_efficiency: np.ndarray
+    """PowerSGD's passes' fraction of memory bandwidth (else `elementwise_efficiency`)."""
     scatter_efficiency: np.ndarray
     """Reduce-scatter's and all-gather's fraction of the link bandwidth all-reduce reaches (else 1)."""
+    gather_efficiency: np.ndarray
+    """An all-gather into one tensor per rank (sparse rows, top-k): its fraction of the link bandwidth (else 1)."""
+    half_reduce_efficiency: np.ndarray
+    """A half-precision all-reduce's speed per byte relative to fp32 (else 1)."""
     comm_overlap: np.ndarray
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
 
@@ -307,7 +313,10 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         optimizer_efficiency=np.array([s.optimizer_efficiency or s.elementwise_efficiency for s in specs]),
         cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
         select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
+        lowrank_efficiency=np.array([s.lowrank_efficiency or s.elementwise_efficiency for s in specs]),
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
+        gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
+        half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
     )
 

@@ -108,7 +108,7 @@ def _compose(
     end = compute.end
     busy = coll.allreduce_busy + coll.sharded_busy
     stolen_c = _stolen(end, coll.finish, busy, overlap)
-    stolen_p = _stolen(end, ps.finish, ps.throughput, overlap)
+    stolen_p = _stolen(end, ps.finish, ps.throughput + ps.last_pull, overlap)
     collectives_done = np.maximum(end, coll.finish) + stolen_c + stolen_p
     local = collectives_done + update + coll.all_gather
     bsp = np.maximum(collectives_done, ps.finish + stolen_c + stolen_p) + update + coll.all_gather

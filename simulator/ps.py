@@ -19,8 +19,12 @@ capped by the table) and node j with c_j data-parallel copies of the model:
 Push and pull volumes are equal, so one direction of a full-duplex NIC decides: a node's PS time per
 step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
 That total per node is the PS *throughput* bound. For synchronous training the busiest node's NIC is
-also run as a FIFO timeline (transfers queued in gradient-ready order), which gives when the last pull
-lands; other nodes carry less by construction and are not timed one by one.
+also run as a FIFO timeline (pushes queued in gradient-ready order, each followed by its update);
+other nodes carry less by construction and are not timed one by one. A pull can only leave once its
+bucket's update is done, so the pulls overlap later pushes except the last exchange's, which is
+exposed after the queue drains: with X exchanges (dense buckets and sparse shards) on the busiest node,
+its pull is priced as 1/X of that node's transfer time (one bucket: the whole pull waits for the whole
+push, as the runtime's fused bucket does).
 
 Work is done on the flat list of PS (candidate, variable) entries only.
 """
@@ -42,7 +46,9 @@ from simulator.topology import Topology
 @dataclass
 class PSPhase:
     finish: np.ndarray
-    """[N] when the busiest PS node's queue drains (synchronous training; 0 without PS)."""
+    """[N] when the last pull lands on the busiest PS node (synchronous training; 0 without PS)."""
+    last_pull: np.ndarray
+    """[N] the last exchange's pull, which waits for its update and so is exposed after the pushes drain."""
     throughput: np.ndarray
     """[N] seconds of PS work on the busiest node per step (what asynchronous training cannot hide)."""
     node_seconds: np.ndarray
@@ -64,7 +70,7 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     var = context.order.take(position)
     if not flat.size:
         zeros = np.zeros(n)
-        return PSPhase(zeros, zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), row, var)
+        return PSPhase(zeros, zeros.copy(), zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), row, var)
     cell = row * V + var
     lr = batch.local_replication.ravel().take(cell)
     weights = np.stack([topo.copies, np.minimum(topo.copies, 1.0)], axis=1)
@@ -111,16 +117,25 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     own_e = copies.take(weight_row.take(e) * M + context.device_node.take(d)) * push_share.take(e)
     resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
     total_e = push_share.take(e) * totals.take(weight_row.take(e))
-    seconds = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d)
-               + update.take(e) * price.inv_rate.take(d))
+    transfer = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d))
+    seconds = transfer + update.take(e) * price.inv_rate.take(d)
+    exchanges_on_busy = np.zeros(0)
     if sparse is not None:
+        exchanges_on_busy = sparse.take(on_busy).astype(np.float64)
         seconds += exchanges.take(on_busy) * price.latency.take(d)
     service += np.bincount(e, weights=seconds, minlength=flat.size)
     on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
     service += np.bincount(buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)),
                            minlength=flat.size)
+    moved = np.bincount(row, weights=copies.take(weight_row * M + busy_node) * push / context.nic_bandwidth.take(busy_node), minlength=n)
+    moved += np.bincount(row.take(e), weights=transfer, minlength=n)
+    exchanges_per_row = np.bincount(row.take(buckets.entry.take(on_busy_bucket)), minlength=n).astype(np.float64)
+    if exchanges_on_busy.size:
+        exchanges_per_row += np.bincount(row.take(e), weights=exchanges_on_busy, minlength=n)
+    last_pull = moved / np.maximum(exchanges_per_row, 1.0)
     return PSPhase(
-        finish=fifo_segments(row, compute.ready_at(row, position), service, n),
+        finish=fifo_segments(row, compute.ready_at(row, position), service, n) + last_pull,
+        last_pull=last_pull,
         throughput=node_seconds.max(axis=1),
         node_seconds=node_seconds,
         node_bytes=node_bytes,

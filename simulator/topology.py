@@ -7,7 +7,8 @@ Ranks fill the device table node by node, tensor innermost (`rank = (d·P + p)·
   (at most `per_node`) run their rings side by side, splitting the NIC;
 - the slowest link a collective crosses decides its bandwidth, the largest latency its alpha;
 - reduce-scatter and all-gather reach the pacing device kind's `scatter_efficiency` of that bandwidth
-  (below 1 where the collective library has no ring for them, as gloo on CPU).
+  (below 1 where the collective library has no ring for them, as gloo on CPU); an all-gather into
+  one tensor per rank (`row_gather`: sparse rows, top-k) reaches its `gather_efficiency`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class Topology:
     hierarchical: Pair
     reduce_scatter: Pair
     all_gather: Pair
+    row_gather: Pair
+    """An all-gather into one tensor per rank, n being the gathered (full) bytes."""
+    half_reduce: np.ndarray
+    """[N] the pacing kind's `half_reduce_efficiency`: a half-precision all-reduce's speed per byte."""
     tensor: Pair
     """All-reduce inside the tensor group (Megatron's activations)."""
     p2p: Pair
@@ -90,6 +95,8 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
         hierarchical=hierarchical,
         reduce_scatter=collectives.reduce_scatter(data, alpha, band * scatter),
         all_gather=collectives.all_gather(data, alpha, band * scatter),
+        row_gather=collectives.all_gather(data, alpha, band * context.kinds.gather_efficiency[kind]),
+        half_reduce=context.kinds.half_reduce_efficiency[kind],
         tensor=collectives.ring_allreduce(tensor, tp_alpha, tp_band),
         p2p=collectives.send(np.where(pp_crosses, alpha_e, alpha_i), np.where(pp_crosses, np.minimum(band_nic, band_i), band_i)),
         dp_crosses_nodes=crosses,

@@ -24,8 +24,13 @@ seconds:
 - what gradient compression costs beyond streaming: fp32 -> fp16 -> fp32 casts of a 16 MB gradient
   (each cast counted as its fp32 bytes x 1.5) -> `cast_efficiency`, and top-1% selection over it
   (counted as one pass) -> `select_efficiency`;
+- PowerSGD rank 4 on 16 MB of gradients, run by the runtime's own reducer (counted as the simulator's
+  nine passes) -> `lowrank_efficiency`;
 - a reduce-scatter plus an all-gather of 8 MB against an all-reduce of it (the ring formulas make them
   equal) -> `scatter_efficiency`;
+- an all-gather of 4 MB per rank into fresh per-rank tensors (how sparse rows and top-k entries travel)
+  against the all-reduce the ring formulas price the same -> `gather_efficiency`;
+- an all-reduce of 4M fp16 elements against one of 4M fp32 elements -> `half_reduce_efficiency`;
 - gloo all-reduce of 4 B to 8 MB buckets, as the runtime runs them (flatten, divide, all-reduce, copy
   back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least squares gives α and B, so
   the link is described as a bucket sees it, copies included;
@@ -68,7 +73,8 @@ UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 """What the simulator counts for an fp32 Adam update: parameter and gradient in, parameter out (3 x 4
 bytes), two state tensors in and out (2 x 8 bytes)."""
 RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
-         "optimizer_large_rate", "cast_rate", "select_rate", "scatter_efficiency", "overlap")
+         "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate", "scatter_efficiency",
+         "gather_efficiency", "half_reduce_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
 
@@ -149,7 +155,10 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         optimizer_knee_bytes=knee,
         cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
         select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
+        lowrank_efficiency=_fraction(figures["lowrank_rate"] / bandwidth) if "lowrank_rate" in figures else None,
         scatter_efficiency=_fraction(figures["scatter_efficiency"]) if "scatter_efficiency" in figures else None,
+        gather_efficiency=_fraction(figures["gather_efficiency"]) if "gather_efficiency" in figures else None,
+        half_reduce_efficiency=_fraction(figures["half_reduce_efficiency"]) if "half_reduce_efficiency" in figures else None,
         comm_overlap=min(max(figures["overlap"], 0.0), 1.0),
         is_gpu=False,
     )
@@ -325,7 +334,32 @@ def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
             lambda: magnitudes.topk(grad.numel() // 100, sorted=False), budget_s=0.5),
+        "lowrank_rate": _lowrank_probe(stepper),
     }
+
+
+LOWRANK_PASSES = 9
+"""Passes over a gradient the simulator counts for PowerSGD (three for the rank-r products, six for
+adding and keeping the error)."""
+
+
+def _lowrank_probe(stepper: Stepper, *, matrices: int = 4, side: int = 1024, rank: int = 4) -> Callable[[], float]:
+    """PowerSGD rank 4 on 16 MB of square gradients, as the runtime's reducer runs it on a one-rank
+    team (no collective), priced on the passes the simulator counts: its skinny products, QR and error
+    feedback stream the gradient far below a copy's rate on a CPU."""
+    import torch
+
+    from stratagem.runtime.comm import Team
+    from stratagem.runtime.compression import PowerSGDReducer
+
+    grads = [torch.randn(side, side) for _ in range(matrices)]
+    reducer = PowerSGDReducer(Team([0], [0], None), rank=rank, error_feedback=True, seed=0)
+
+    def run() -> None:
+        reducer.start(grads)
+        reducer.finish()
+
+    return lambda: LOWRANK_PASSES * sum(g.nbytes for g in grads) / stepper.median(run, budget_s=0.5)
 
 
 def _memory_bound_rate(stepper: Stepper, *, norms: bool) -> float:
@@ -394,30 +428,71 @@ def allreduce_seconds(dist: Any, torch: Any) -> list[float]:
     return medians
 
 
+def _timed(dist: Any, run: Callable[[], Any]) -> float:
+    """Seconds of `run` on this rank, started together with the other ranks."""
+    dist.barrier()
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def _ratio(dist: Any, reference: Callable[[], Any], probe: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of `reference` over median seconds of `probe`, timed in turns after one warm-up."""
+    probe()
+    samples = [(_timed(dist, reference), _timed(dist, probe)) for _ in range(repeats)]
+    alone, other = (statistics.median(column) for column in zip(*samples, strict=True))
+    return alone / other
+
+
 def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
     """How fast a reduce-scatter plus an all-gather of an 8 MB buffer run relative to an all-reduce of it:
     the ring formulas make the pair cost exactly one all-reduce, so the ratio of the medians is the
     share of the fitted link bandwidth the pair reaches with this backend."""
     flat = torch.ones(2 << 20, dtype=torch.float32)
-    world = dist.get_world_size()
-    mine = torch.empty(flat.numel() // world)
+    mine = torch.empty(flat.numel() // dist.get_world_size())
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-    def timed(run: Callable[[], None]) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        return time.perf_counter() - start
 
     def pair() -> None:
         reduce_scatter(mine, flat)
         all_gather(flat, mine)
 
-    pair()
-    samples = [(timed(lambda: dist.all_reduce(flat)), timed(pair)) for _ in range(repeats)]
-    alone, both = (statistics.median(column) for column in zip(*samples, strict=True))
-    return alone / both
+    return _ratio(dist, lambda: dist.all_reduce(flat), pair, repeats)
+
+
+GATHER_BYTES = 4 << 20
+"""What each rank contributes to the gather probe: a step's worth of a sparse table's touched rows."""
+
+
+def gather_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
+    """How fast an all-gather into one fresh tensor per rank (as the runtime gathers sparse rows and
+    top-k entries, whose sizes differ per step) runs relative to an all-reduce that the ring formulas
+    price the same: each rank contributes c bytes, the all-reduce reduces p·c/2."""
+    world = dist.get_world_size()
+    mine = torch.ones(GATHER_BYTES // 4, dtype=torch.float32)
+    summed = torch.ones(mine.numel() * world // 2, dtype=torch.float32)
+    return _ratio(dist, lambda: dist.all_reduce(summed), lambda: dist.all_gather([torch.empty_like(mine) for _ in range(world)], mine),
+                  repeats)
+
+
+def half_reduce_efficiency(dist: Any, torch: Any, *, repeats: int = 6) -> float:
+    """How fast an fp16 all-reduce moves its bytes relative to an fp32 one, from 4M elements of each
+    (8 and 16 MB): a backend that reduces element by element takes as long for either, i.e. 1/2 per byte.
+    Same element counts keep the comparison steady where same byte counts would compare unlike sizes."""
+    single = torch.ones(4 << 20, dtype=torch.float32)
+    half = torch.ones(4 << 20, dtype=torch.float16)
+    return _ratio(dist, lambda: dist.all_reduce(single), lambda: dist.all_reduce(half), repeats) / 2
+
+
+def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any]:
+    """Every collective measurement, in one call so calibration and the benchmarks' blocks agree."""
+    return {
+        "allreduce_seconds": allreduce_seconds(dist, torch),
+        "scatter_efficiency": scatter_efficiency(dist, torch),
+        "gather_efficiency": gather_efficiency(dist, torch),
+        "half_reduce_efficiency": half_reduce_efficiency(dist, torch),
+        "overlap": overlap_share(dist, torch) if overlap else 0.0,
+    }
 
 
 def overlap_share(dist: Any, torch: Any, *, repeats: int = 5) -> float:
@@ -444,15 +519,9 @@ def overlap_share(dist: Any, torch: Any, *, repeats: int = 5) -> float:
         for work in works:
             work.wait()
 
-    def timed(run: Callable[[], None]) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        return time.perf_counter() - start
-
     compute()
     comm_only()
-    samples = [(timed(compute), timed(comm_only), timed(both)) for _ in range(repeats)]
+    samples = [(_timed(dist, compute), _timed(dist, comm_only), _timed(dist, both)) for _ in range(repeats)]
     alone_c, alone_a, together = (statistics.median(column) for column in zip(*samples, strict=True))
     return (alone_c + alone_a - together) / min(alone_c, alone_a)
 
@@ -473,9 +542,7 @@ def _worker(rank: int, world: int, port: int, result: str, threads: int, overlap
         return bool(flag.item())
 
     figures: dict[str, Any] = dict(compute_figures(Stepper(agree)))
-    figures["allreduce_seconds"] = allreduce_seconds(dist, torch)
-    figures["scatter_efficiency"] = scatter_efficiency(dist, torch)
-    figures["overlap"] = overlap_share(dist, torch) if overlap else 0.0
+    figures.update(collective_figures(dist, torch, overlap=overlap))
     dist.barrier()
     Path(result).write_text(json.dumps(figures))
     # Skip the process group's teardown: a peer that finished first can make it abort this process.

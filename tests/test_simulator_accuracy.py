@@ -351,3 +351,57 @@ def test_reduce_scatter_and_all_gather_run_at_the_scatter_efficiency():
     # reduce-scatter and all-gather each move (p-1)/p = 1/2 of the bytes; at a quarter of the bandwidth, 4x as long
     extra = sharded_seconds(scatter_efficiency=0.25) - sharded_seconds()
     assert extra == pytest.approx(2 * 0.5 * nbytes / bandwidth * (4 - 1), rel=1e-6)
+
+
+# -- collectives as gloo runs them: half-precision sums, per-rank gathers, fused PS pulls ---------------
+
+
+def _allreduce_busy(graph: ModelGraph, compressor: int, param: float, **device: float) -> float:
+    """The collective stream's busy seconds with every dense variable under one compressor kind."""
+    spec = cpu_spec(**device)
+    context = compile_context(graph, spec)
+    batch = encode(context, [AllReduce().build(graph, spec)])
+    batch.compressor[:], batch.compressor_param[:] = compressor, param
+    return float(simulate_batch(context, batch, detail=True).detail["allreduce_busy"][0])
+
+
+def test_a_half_precision_payload_moves_at_the_half_reduce_efficiency():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    nbytes = sum(v.nbytes for v in graph.trainable_variables)
+    bandwidth = 4.0e9 / 8
+    # two ranks: a ring all-reduce of n bytes costs n / B; the fp16 payload is n / 2, paced at half speed per byte
+    extra = _allreduce_busy(graph, 1, 1.0, half_reduce_efficiency=0.5) - _allreduce_busy(graph, 1, 1.0)
+    assert extra == pytest.approx(nbytes / 2 / bandwidth, rel=1e-6)
+
+
+def test_powersgd_streams_its_passes_at_the_lowrank_efficiency():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    matrices = sum(v.nbytes for v in graph.trainable_variables if len(v.shape) == 2)
+    extra = _allreduce_busy(graph, 3, 4.0, lowrank_efficiency=0.05) - _allreduce_busy(graph, 3, 4.0)
+    assert extra == pytest.approx(9 * matrices / (8e9 * 0.05) - 9 * matrices / (8e9 * 0.5), rel=1e-6)
+
+
+def test_topk_entries_and_sparse_rows_are_all_gathered_at_the_gather_efficiency():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    bandwidth = 4.0e9 / 8
+    wire = sum(min(0.01 * (v.nbytes / 4) * (4 + 4), v.nbytes) for v in graph.trainable_variables)
+    # each of two ranks receives its peer's values and int32 indices: wire / B, four times as long at 0.25
+    extra = _allreduce_busy(graph, 4, 0.01, gather_efficiency=0.25) - _allreduce_busy(graph, 4, 0.01)
+    assert extra == pytest.approx(3 * wire / bandwidth, rel=1e-6)
+
+    sparse = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
+    table = next(v for v in sparse.trainable_variables if v.sparse)
+    rows = table.lookups_per_step * (table.row_bytes + 8)
+    slow, fast = (_allreduce_busy(sparse, 0, 1.0, gather_efficiency=g) for g in (0.25, None))
+    assert slow - fast == pytest.approx(3 * rows / bandwidth, rel=1e-6)
+
+
+def test_a_fused_ps_bucket_pulls_only_after_its_push_and_update():
+    # a wide layer behind almost no compute: the push cannot hide, and the one bucket's pull waits for it
+    graph = make_mlp_graph(batch_size=1, widths=(2048, 2048, 10))
+    nbytes = sum(v.nbytes for v in graph.trainable_variables)
+    data = cpu_spec(comm_overlap=1.0).model_dump(mode="json", exclude={"id"})
+    slow_link, fast_link = (ResourceSpec.parse({**data, "intra_node": {**data["intra_node"], "bandwidth_gbps": gbps}}) for gbps in (4.0, 8.0))
+    slow, fast = (simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s for spec in (slow_link, fast_link))
+    # the worker that is not the server pushes nbytes and pulls them back, one after the other
+    assert slow - fast == pytest.approx(2 * (nbytes / 0.5e9 - nbytes / 1.0e9), rel=0.02)

@@ -51,10 +51,23 @@ class DeviceSpec(Strict):
     select_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth at which top-k selection consumes its input, counted as one pass (a
     CPU's partial sort costs tens of nanoseconds per element). None means `elementwise_efficiency`."""
+    lowrank_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth at which PowerSGD's passes (rank-r products, QR, error feedback)
+    stream the gradient; skinny matrix products run far below a copy's rate on a CPU. None means
+    `elementwise_efficiency`."""
     scatter_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the link bandwidth that reduce-scatter and all-gather reach relative to all-reduce
     with this device's collective library: 1 for NCCL; gloo on CPU has no ring reduce-scatter and
     reaches much less. None means 1."""
+    gather_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the link bandwidth an all-gather into one tensor per rank reaches relative to
+    all-reduce: the exchanges whose sizes differ per rank (a sparse gradient's touched rows, top-k's
+    values and indices) gather that way, and gloo on CPU pays a copy into each rank's tensor and their
+    fresh pages. None means 1."""
+    half_reduce_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """How fast a half-precision all-reduce moves its bytes relative to an fp32 one: NCCL reduces fp16
+    at full speed, while gloo on CPU converts every element to fp32 to add it, so fp16 compression
+    halves the bytes but not the time. None means 1."""
     comm_overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of communication time that can run alongside this device's compute without slowing it:
     1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them

@@ -18,6 +18,8 @@ from stratagem.ir import Compressor
 from stratagem.runtime.comm import Team, Work, flatten, unflatten, wait
 
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+INT32_LIMIT = 2**31 - 1
+"""Top-k indices travel as int32 (4 bytes, not 8) while a bucket's positions fit in one."""
 
 
 class Reducer(ABC):
@@ -89,9 +91,10 @@ class TopKReducer(Reducer):
         if self.error_feedback:
             self.error = flat.clone()
             self.error[idx] = 0
-        self._wire_bytes = k * (vals.element_size() + idx.element_size())
+        wire_idx = idx.to(torch.int32) if flat.numel() <= INT32_LIMIT else idx
+        self._wire_bytes = k * (vals.element_size() + wire_idx.element_size())
         all_vals, w1 = self.team.all_gather(vals, async_op=True)
-        all_idx, w2 = self.team.all_gather(idx, async_op=True)
+        all_idx, w2 = self.team.all_gather(wire_idx, async_op=True)
         self._pending = (all_vals, w1, all_idx, w2, torch.zeros_like(flat), [g.shape for g in grads])
 
     def finish(self) -> list[torch.Tensor]:
