@@ -447,7 +447,7 @@ def predict(pairs: list[Measured]) -> None:
 
 
 CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "cast_efficiency",
-               "select_efficiency", "lowrank_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency")
+               "select_efficiency", "lowrank_efficiency", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency")
 ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
@@ -455,6 +455,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {"optimizer_knee_bytes": None},
     "cast, select and lowrank efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None, "lowrank_efficiency": None},
     "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
+    "coalesce_efficiency as elementwise (sorting sparse rows as fast as a copy)": {"coalesce_efficiency": None},
     "gather_efficiency 1 (sparse rows and top-k gathered at the ring formula's speed)": {"gather_efficiency": None},
     "half_reduce_efficiency 1 (fp16 all-reduce as fast per byte as fp32)": {"half_reduce_efficiency": None},
     "comm_overlap 1 (as on GPUs)": {"comm_overlap": 1.0},

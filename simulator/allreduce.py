@@ -7,8 +7,9 @@ hierarchical for the group's bytes (a top-k group all-gathers instead, see `_gro
 parameters comes after the optimizer step, exposed. Compression work is added to its group's time.
 
 Sparse variables (embeddings with sparse gradients) are not reduced in a fusion group: at the
-optimizer step every rank all-gathers the rows it touched (row count, indices, values: three
-all-gathers per variable), so they join the stream after backward with (p - 1) peers' rows to receive.
+optimizer step every rank all-gathers the rows it touched (one all-gather of every table's row count,
+then indices and values: two per variable), so they join the stream after backward with (p - 1) peers'
+rows to receive.
 
 Groups are found with one pass over [N, V]: a group table of 2G + 1 slots per candidate (G = the
 largest group id in the chunk + 1; all-reduce groups, sharded groups, and one slot where PS variables
@@ -24,16 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import collectives, compression
-from simulator.context import SimContext
+from simulator.context import SPARSE_INDEX_BYTES, SimContext
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, SyncKind
 from simulator.pipeline import ComputePhase
 from simulator.timeline import fifo_dense
 from simulator.topology import Topology
 
-SPARSE_ALLREDUCE_COLLECTIVES = 3
-"""All-gathers per sparse variable: its row count, then indices and values (their sizes vary per step)."""
-SPARSE_INDEX_BYTES = 8.0
-"""A row index travels as int64."""
+SPARSE_ALLREDUCE_COLLECTIVES = 2
+"""All-gathers per sparse variable: indices and values (their sizes vary per step), after one
+all-gather of every sparse variable's row count."""
 TOPK_COLLECTIVES = 2
 """All-gathers per top-k group: values, then indices."""
 
@@ -109,15 +109,20 @@ def _sparse_allreduce(context: SimContext, batch: CandidateBatch) -> np.ndarray 
 
 def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[N] seconds and wire bytes of the sparse variables' row exchanges. As the runtime runs them, at
-    the optimizer step each rank all-gathers its touched rows in three collectives (row count, int64
-    indices, values), so every rank receives its p - 1 peers' rows."""
+    the optimizer step each rank coalesces its gradients, all-gathers every table's row count in one
+    collective, then each table's int64 indices and values, so every rank receives its p - 1 peers'
+    rows, and coalesces the p row sets into one sum."""
     rows = context.var_ps_bytes / (context.var_bytes / context.var_rows)
     own = context.var_ps_bytes + rows * SPARSE_INDEX_BYTES
     per_row = np.where(sparse, own, 0.0).sum(axis=1)
     gathered = per_row * batch.data
     latency, per_byte = topo.row_gather
     count = sparse.sum(axis=1)
-    seconds = np.where(count > 0, SPARSE_ALLREDUCE_COLLECTIVES * latency * count + gathered * per_byte, 0.0)
+    kinds = context.kinds
+    coalesce_rate = kinds.memory_bandwidth[topo.kind] * kinds.coalesce_efficiency[topo.kind]
+    coalesced = per_row * (1.0 + batch.data)
+    collectives_ = 1 + SPARSE_ALLREDUCE_COLLECTIVES * count
+    seconds = np.where(count > 0, collectives_ * latency + gathered * per_byte + coalesced / coalesce_rate, 0.0)
     return seconds, per_row * np.maximum(batch.data - 1, 0)
 
 

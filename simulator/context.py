@@ -24,6 +24,8 @@ TENSOR_SPLIT_KINDS = MATMUL_KINDS | {LayerKind.embedding}
 ROOT_LAYERS = ("<root>", "<loss>")
 """Capture's names for operations of the model's own forward and of the loss."""
 UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
+SPARSE_INDEX_BYTES = 8.0
+"""A sparse gradient's row index is an int64, on the wire and in a coalesce."""
 """An optimizer update streams the parameter in and out and the gradient in (3 x parameter bytes), and
 the optimizer state in and out (2 x state bytes)."""
 
@@ -52,6 +54,8 @@ class DeviceKinds:
     """Top-k selection's fraction of memory bandwidth, per pass over its input (else `elementwise_efficiency`)."""
     lowrank_efficiency: np.ndarray
     """PowerSGD's passes' fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    coalesce_efficiency: np.ndarray
+    """Coalescing a sparse gradient's fraction of memory bandwidth (else `elementwise_efficiency`)."""
     scatter_efficiency: np.ndarray
     """Reduce-scatter's and all-gather's fraction of the link bandwidth all-reduce reaches (else 1)."""
     gather_efficiency: np.ndarray
@@ -72,6 +76,8 @@ class ServerPrice:
     """Seconds per byte over its node's intra-node link (pushes from its own node's workers)."""
     inv_rate: np.ndarray
     """Seconds per byte the optimizer update streams through its memory."""
+    inv_coalesce: np.ndarray
+    """Seconds per byte of coalescing sparse rows there (the pushes it receives, summed into one)."""
     latency: np.ndarray
     """Seconds of latency per shard round trip (push, then pull): 2α."""
 
@@ -126,6 +132,9 @@ class SimContext:
     out, grad in), times the device's large-tensor factor (`DeviceSpec.optimizer_knee_bytes`). A sparse
     variable's gradient holds only the rows looked up, and optimizers that take sparse gradients
     update only those rows, on a replica or on its server alike: its share is the touched rows'."""
+    var_coalesce_bytes: np.ndarray
+    """[V] bytes coalescing the variable's gradient streams: each row looked up, values and int64 index
+    (0 for dense variables)."""
     ps_held_bytes: np.ndarray
     """[V] bytes a PS server holds for the variable (parameters and optimizer state)."""
     var_state_bytes: np.ndarray
@@ -232,7 +241,8 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     kinds = _kinds_table(resources, kind_names, graph.dtype.value)
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
-    variables["var_update_bytes"] = variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
+    variables["var_update_bytes"] = (variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
+                                     + variables["var_coalesce_bytes"] * _coalesce_in_update_bytes(kinds))
     variables["compression"] = variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
@@ -243,6 +253,7 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         inv_nic=1.0 / links["nic_bandwidth"][device_node],
         inv_intra=1.0 / links["intra_bandwidth"][device_node],
         inv_rate=1.0 / rate,
+        inv_coalesce=1.0 / (kinds.memory_bandwidth[device_kind] * kinds.coalesce_efficiency[device_kind]),
         latency=collectives.ps_push_pull(links["nic_latency"][device_node]),
     )
     flops_time = (layers["fwd_flops"].sum() + layers["bwd_flops"].sum()) / (kinds.peak_flops * kinds.matmul_efficiency)
@@ -314,6 +325,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
         select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
         lowrank_efficiency=np.array([s.lowrank_efficiency or s.elementwise_efficiency for s in specs]),
+        coalesce_efficiency=np.array([s.coalesce_efficiency or s.elementwise_efficiency for s in specs]),
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
         gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
         half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
@@ -432,6 +444,13 @@ def _sharded_inputs(graph: ModelGraph, index: dict[str, int], column: np.ndarray
     return sharded_input
 
 
+def _coalesce_in_update_bytes(kinds: DeviceKinds) -> float:
+    """Update bytes that cost as much as one coalesced byte: a sparse optimizer step coalesces its
+    gradient before it updates the rows, priced at the update's rate as `var_update_bytes` is; with
+    several kinds, the largest ratio."""
+    return float((kinds.optimizer_efficiency / kinds.coalesce_efficiency).max())
+
+
 def _update_scale(kinds: DeviceKinds, nbytes: np.ndarray) -> np.ndarray:
     """[V] how much more an update costs per byte for each variable than for a small tensor,
     `1 + bytes / optimizer_knee_bytes` (a sparse variable's server updates only the rows pushed, so
@@ -461,6 +480,7 @@ def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
     ps_bytes = np.array([min(v.nbytes, (v.lookups_per_step or 0) * v.row_bytes) if v.sparse else v.nbytes for v in trainable], dtype=float)
     split = np.array([bool(graph.layers) and graph.layers[int(li)].kind in TENSOR_SPLIT_KINDS for li in layer_of], dtype=bool)
     state = numel * graph.optimizer.state_bytes_per_param
+    sparse = np.array([v.sparse for v in trainable], dtype=bool)
     # Backward runs layers in reverse; a stable sort on -layer keeps graph order among a layer's variables.
     order = np.argsort(-layer_of, kind="stable")
     return {
@@ -471,11 +491,12 @@ def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
         "var_cols": numel / rows,
         "var_itemsize": itemsize,
         "var_ps_bytes": ps_bytes,
-        "var_sparse": np.array([v.sparse for v in trainable], dtype=bool),
+        "var_sparse": sparse,
         "var_tensor_split": split,
         "var_layer": layer_of,
         "var_shape": shape,
         "var_update_bytes": (UPDATE_PARAM_PASSES * nbytes + UPDATE_STATE_PASSES * state) * ps_bytes / nbytes,
+        "var_coalesce_bytes": np.where(sparse, ps_bytes * (1.0 + SPARSE_INDEX_BYTES * rows / nbytes), 0.0),
         "ps_held_bytes": nbytes + state,
         "var_state_bytes": state,
         "order": order,

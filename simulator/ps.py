@@ -13,8 +13,9 @@ capped by the table) and node j with c_j data-parallel copies of the model:
 - the runtime fuses a server's dense shards into one bucket (one push and one pull per server and
   setting), so a bucket pays one round trip of 2α; every sparse shard is an exchange of its own, whose
   push and pull each send a row count, then indices, then values: three round trips
-  (`collectives.SPARSE_PS_ROUND_TRIPS`); the server applies the update (streaming param, grad and
-  state through its memory) before anyone can pull.
+  (`collectives.SPARSE_PS_ROUND_TRIPS`); a sparse shard's rows are coalesced where they are pushed and
+  the pushes summed (coalesced) at the server, at the device's coalesce rate; the server applies the
+  update (streaming param, grad and state through its memory) before anyone can pull.
 
 Push and pull volumes are equal, so one direction of a full-duplex NIC decides: a node's PS time per
 step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import collectives
-from simulator.context import SimContext
+from simulator.context import SPARSE_INDEX_BYTES, SimContext
 from simulator.encoding import CandidateBatch, SyncKind
 from simulator.pipeline import ComputePhase
 from simulator.timeline import fifo_segments
@@ -95,16 +96,20 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     sparse = context.var_sparse.take(var.take(entry)) if context.var_sparse.any() else None
     buckets = _dense_buckets(context, batch.max_shards, row, var, lr, head, tail, tail_server, tail_shard, sparse, n, D)
     device_trips = buckets.per_device
+    coalesced = np.zeros(entry.size)
     if sparse is not None:
         exchanges = sparse * collectives.SPARSE_PS_ROUND_TRIPS
         device_trips = device_trips + np.bincount(row.take(entry) * D + server, weights=exchanges, minlength=n * D).reshape(n, D)
+        coalesced = _coalesced_bytes(context, var.take(entry), sparse, push_share.take(entry), totals.take(weight_row.take(entry)))
     device_weights = weights[:, :, context.device_node]
     own = (by_device["push"] * device_weights).sum(axis=1)
     resident = _resident_weights(batch, device_weights)
     crossing = ((device_weights - resident) * by_device["push"]).sum(axis=1)
     remote = (by_device["push"] * weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
     price = context.server_price
-    device_seconds = remote * price.inv_nic + crossing * price.inv_intra + by_device["update"] * price.inv_rate + device_trips * price.latency
+    device_coalesced = np.bincount(row.take(entry) * D + server, weights=coalesced, minlength=n * D).reshape(n, D)
+    device_seconds = (remote * price.inv_nic + crossing * price.inv_intra + by_device["update"] * price.inv_rate + device_trips * price.latency
+                      + device_coalesced * price.inv_coalesce)
     worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * weights).sum(axis=1)
     node_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_seconds)
     node_bytes = worker_bytes + context.per_node(remote)
@@ -122,7 +127,7 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     exchanges_on_busy = np.zeros(0)
     if sparse is not None:
         exchanges_on_busy = sparse.take(on_busy).astype(np.float64)
-        seconds += exchanges.take(on_busy) * price.latency.take(d)
+        seconds += exchanges.take(on_busy) * price.latency.take(d) + coalesced.take(on_busy) * price.inv_coalesce.take(d)
     service += np.bincount(e, weights=seconds, minlength=flat.size)
     on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
     service += np.bincount(buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)),
@@ -143,6 +148,13 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
         rows=row,
         variables=var,
     )
+
+
+def _coalesced_bytes(context: SimContext, var: np.ndarray, sparse: np.ndarray, push: np.ndarray, pushers: np.ndarray) -> np.ndarray:
+    """Bytes each sparse shard's exchange coalesces (values and int64 indices): its rows where they are
+    pushed (once on the critical path: every worker does it at once) and every push at the server."""
+    indexed = 1.0 + SPARSE_INDEX_BYTES * context.var_rows.take(var) / context.var_bytes.take(var)
+    return np.where(sparse, push * (1.0 + pushers) * indexed, 0.0)
 
 
 def _resident_weights(batch: CandidateBatch, device_weights: np.ndarray) -> np.ndarray:

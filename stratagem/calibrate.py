@@ -26,6 +26,7 @@ seconds:
   (counted as one pass) -> `select_efficiency`;
 - PowerSGD rank 4 on 16 MB of gradients, run by the runtime's own reducer (counted as the simulator's
   nine passes) -> `lowrank_efficiency`;
+- coalescing an embedding gradient of 16384 lookups (its values and int64 indices) -> `coalesce_efficiency`;
 - a reduce-scatter plus an all-gather of 8 MB against an all-reduce of it (the ring formulas make them
   equal) -> `scatter_efficiency`;
 - an all-gather of 4 MB per rank into fresh per-rank tensors (how sparse rows and top-k entries travel)
@@ -73,7 +74,7 @@ UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 """What the simulator counts for an fp32 Adam update: parameter and gradient in, parameter out (3 x 4
 bytes), two state tensors in and out (2 x 8 bytes)."""
 RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
-         "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate", "scatter_efficiency",
+         "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate", "coalesce_rate", "scatter_efficiency",
          "gather_efficiency", "half_reduce_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
@@ -156,6 +157,7 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
         select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
         lowrank_efficiency=_fraction(figures["lowrank_rate"] / bandwidth) if "lowrank_rate" in figures else None,
+        coalesce_efficiency=_fraction(figures["coalesce_rate"] / bandwidth) if "coalesce_rate" in figures else None,
         scatter_efficiency=_fraction(figures["scatter_efficiency"]) if "scatter_efficiency" in figures else None,
         gather_efficiency=_fraction(figures["gather_efficiency"]) if "gather_efficiency" in figures else None,
         half_reduce_efficiency=_fraction(figures["half_reduce_efficiency"]) if "half_reduce_efficiency" in figures else None,
@@ -335,7 +337,22 @@ def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
         "select_rate": lambda: grad.nbytes / stepper.median(
             lambda: magnitudes.topk(grad.numel() // 100, sorted=False), budget_s=0.5),
         "lowrank_rate": _lowrank_probe(stepper),
+        "coalesce_rate": _coalesce_probe(stepper),
     }
+
+
+def _coalesce_probe(stepper: Stepper, *, lookups: int = 16384, rows: int = 20000, dim: int = 32) -> Callable[[], float]:
+    """Coalescing a fresh embedding gradient (16384 lookups of 32-float rows in a 20000-row table), on the
+    bytes the simulator counts: each lookup's values and int64 index."""
+    import torch
+
+    index = torch.randint(0, rows, (1, lookups))
+    values = torch.randn(lookups, dim)
+
+    def run() -> None:
+        torch.sparse_coo_tensor(index, values, (rows, dim), check_invariants=False).coalesce()
+
+    return lambda: lookups * (dim * 4 + 8) / stepper.median(run, budget_s=0.5)
 
 
 LOWRANK_PASSES = 9

@@ -90,7 +90,7 @@ if __name__ == "__main__":
 # --- tiny models and generated data ------------------------------------------------------------------
 
 def make_model(kind: str, *, seed: int = 0, sparse: bool = True):
-    """`rec`: an MLP over an EmbeddingBag (sparse gradients when `sparse`); `cnn`: two convolutions and a head."""
+    """`rec`: an MLP over two EmbeddingBags (sparse gradients when `sparse`); `cnn`: two convolutions and a head."""
     import torch
     from torch import nn
 
@@ -98,11 +98,12 @@ def make_model(kind: str, *, seed: int = 0, sparse: bool = True):
         def __init__(self) -> None:
             super().__init__()
             self.emb = nn.EmbeddingBag(24, 6, mode="sum", sparse=sparse)
-            self.fc1 = nn.Linear(10, 12)
+            self.tags = nn.EmbeddingBag(16, 4, mode="sum", sparse=sparse)  # a second table: exchanges batch tables
+            self.fc1 = nn.Linear(14, 12)
             self.fc2 = nn.Linear(12, 3)
 
         def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            return self.fc2(torch.relu(self.fc1(torch.cat([self.emb(ids), x], dim=1))))
+            return self.fc2(torch.relu(self.fc1(torch.cat([self.emb(ids), self.tags(ids % 16), x], dim=1))))
 
     class CNN(nn.Module):
         def __init__(self) -> None:

@@ -46,27 +46,27 @@ def test_unknown_and_missing_variables_are_named_with_their_path(model, sgd) -> 
     with pytest.raises(InvalidStrategyError) as caught:
         resolve_plan(model, sgd, _strategy(variables), world_size=2, rank=0)
     paths = {p.path: p.reason for p in caught.value.problems}
-    assert "'fc9.weight' is not a parameter of the model" in paths["variables[4].var_name"]
+    assert "'fc9.weight' is not a parameter of the model" in paths["variables[5].var_name"]
     assert "'emb.weight'" in paths["variables"]
 
 
 def test_a_frozen_parameter_with_a_synchronizer_is_refused(model, sgd) -> None:
     model.fc2.bias.requires_grad_(False)
-    with pytest.raises(InvalidStrategyError, match=r"variables\[4\].var_name: 'fc2.bias' does not require grad"):
+    with pytest.raises(InvalidStrategyError, match=r"variables\[5\].var_name: 'fc2.bias' does not require grad"):
         resolve_plan(model, sgd, _strategy(_all(model, {"kind": "allreduce"})), world_size=2, rank=0)
 
 
 def test_a_partition_that_does_not_fit_the_real_shape_is_refused(model, sgd) -> None:
     variables = _all(model, {"kind": "allreduce"})
-    variables[2]["partition"] = {"axis": 1, "shards": 2}
-    with pytest.raises(InvalidStrategyError, match=r"variables\[2\].partition.axis: axis 1 does not exist: fc1.bias"):
+    variables[3]["partition"] = {"axis": 1, "shards": 2}
+    with pytest.raises(InvalidStrategyError, match=r"variables\[3\].partition.axis: axis 1 does not exist: fc1.bias"):
         resolve_plan(model, sgd, _strategy(variables), world_size=2, rank=0)
 
 
 def test_a_server_on_a_node_without_a_replica_is_refused(model, sgd) -> None:
     variables = _all(model, {"kind": "allreduce"})
-    variables[1]["synchronizer"] = ps("10.9.9.9:CPU:0")
-    with pytest.raises(UnsupportedStrategyError, match=r"variables\[1\].synchronizer \(fc1.weight\).*'10.9.9.9:CPU:0'.*no replica"):
+    variables[2]["synchronizer"] = ps("10.9.9.9:CPU:0")
+    with pytest.raises(UnsupportedStrategyError, match=r"variables\[2\].synchronizer \(fc1.weight\).*'10.9.9.9:CPU:0'.*no replica"):
         resolve_plan(model, sgd, _strategy(variables), world_size=2, rank=0)
 
 

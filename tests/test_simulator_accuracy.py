@@ -225,7 +225,7 @@ def test_dense_shards_on_one_server_pay_one_round_trip_and_sparse_shards_three_e
     assert split.ps_load["127.0.0.1"] - one.ps_load["127.0.0.1"] == pytest.approx(extra_shards * 3 * 2 * alpha, rel=1e-6)
 
 
-def test_sparse_tables_under_allreduce_all_gather_their_rows_in_three_collectives():
+def test_sparse_tables_under_allreduce_all_gather_one_count_exchange_then_their_rows():
     graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
     resources = cpu_spec(comm_overlap=1.0)
     table = next(v for v in graph.trainable_variables if v.sparse)
@@ -281,10 +281,12 @@ def test_a_sparse_table_updates_only_its_touched_rows_under_all_reduce_as_on_its
     per_param = 3 * 4 + 2 * graph.optimizer.state_bytes_per_param
     rate = 8e9 * 0.5  # the optimizer streams at the elementwise efficiency here
     touched = table.lookups_per_step * table.numel / table.shape[0]
-    expected = (touched + sum(v.numel for v in dense)) * per_param / rate
+    coalesced = table.lookups_per_step * (table.row_bytes + 8) / rate  # the gradient's rows sorted first
+    expected = (touched + sum(v.numel for v in dense)) * per_param / rate + coalesced
     prediction = simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
     assert prediction.breakdown["optimizer_update"] == pytest.approx(expected, rel=1e-9)
     assert expected < 0.1 * table.numel * per_param / rate  # far below a dense update of the table
+
 
 def test_compression_passes_over_large_tensors_follow_the_same_size_law():
     graph = two_tensor_graph()
@@ -296,6 +298,7 @@ def test_compression_passes_over_large_tensors_follow_the_same_size_law():
     np.testing.assert_allclose(sized.cast_bytes, flat.cast_bytes * scale)
     np.testing.assert_array_equal(sized.select_bytes, flat.select_bytes)  # its probe already runs beyond the caches
     np.testing.assert_array_equal(sized.unit, flat.unit)  # the wire does not change
+
 
 def test_optimizer_size_law_recovers_the_knee_from_the_two_probes():
     small, large = OPTIMIZER_TENSOR_BYTES
@@ -405,3 +408,17 @@ def test_a_fused_ps_bucket_pulls_only_after_its_push_and_update():
     slow, fast = (simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s for spec in (slow_link, fast_link))
     # the worker that is not the server pushes nbytes and pulls them back, one after the other
     assert slow - fast == pytest.approx(2 * (nbytes / 0.5e9 - nbytes / 1.0e9), rel=0.02)
+
+
+def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
+    graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
+    table = next(v for v in graph.trainable_variables if v.sparse)
+    own = table.lookups_per_step * (table.row_bytes + 8)
+    slow, fast = cpu_spec(coalesce_efficiency=0.05), cpu_spec()
+    extra_per_pass = own / (8e9 * 0.05) - own / (8e9 * 0.5)
+    # under all-reduce: each rank coalesces its rows, then the two ranks' rows into one sum
+    busy = [_allreduce_busy(graph, 0, 1.0, coalesce_efficiency=c) for c in (0.05, None)]
+    assert busy[0] - busy[1] == pytest.approx(3 * extra_per_pass, rel=1e-6)
+    # and the optimizer coalesces the gradient it is handed before it updates the rows
+    update = [simulate(graph, spec, [AllReduce().build(graph, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)]
+    assert update[0] - update[1] == pytest.approx(extra_per_pass, rel=1e-6)

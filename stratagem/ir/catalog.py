@@ -55,6 +55,10 @@ class DeviceSpec(Strict):
     """Fraction of memory bandwidth at which PowerSGD's passes (rank-r products, QR, error feedback)
     stream the gradient; skinny matrix products run far below a copy's rate on a CPU. None means
     `elementwise_efficiency`."""
+    coalesce_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth at which coalescing a sparse gradient (sorting its row indices and
+    summing repeated rows, as every sparse exchange and sparse optimizer step does) streams its indices
+    and values. None means `elementwise_efficiency`."""
     scatter_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the link bandwidth that reduce-scatter and all-gather reach relative to all-reduce
     with this device's collective library: 1 for NCCL; gloo on CPU has no ring reduce-scatter and

@@ -80,27 +80,32 @@ class HierarchicalBucket(Executor):
 
 
 class SparseAllReduce(Executor):
-    """A sparse-gradient parameter: only the touched rows (indices + values) are all-gathered and summed."""
+    """The sparse-gradient parameters: only their touched rows (indices + values) are all-gathered and
+    summed, all tables exchanging together (`comm.all_gather_rows`)."""
 
     kind = "allreduce"
 
-    def __init__(self, piece: Piece, comm: Comm) -> None:
-        self.piece = piece
+    def __init__(self, pieces: list[Piece], comm: Comm) -> None:
+        self.pieces = pieces
         self.comm = comm
 
     @property
     def params(self) -> list[nn.Parameter]:
-        return [self.piece.param]
+        return [piece.param for piece in self.pieces]
 
     def finish(self, stats: StatsRecorder) -> None:
-        param = self.piece.param
-        rows, row_shape = param.shape[0], param.shape[1:]
-        idx, vals = coalesced_rows(param.grad, 0, rows, row_shape, param.detach())
-        stats.add_bytes(self.kind, idx.numel() * idx.element_size() + vals.numel() * vals.element_size())
+        own = []
+        for piece in self.pieces:
+            param = piece.param
+            idx, vals = coalesced_rows(param.grad, 0, param.shape[0], param.shape[1:], param.detach())
+            stats.add_bytes(self.kind, idx.numel() * idx.element_size() + vals.numel() * vals.element_size())
+            own.append((idx, vals))
         with stats.waiting(self.kind):
-            parts = all_gather_rows(self.comm.world, idx, vals)
-        idx, vals = sum_rows(parts, rows, row_shape)
-        param.grad = torch.sparse_coo_tensor(idx.unsqueeze(0), vals / self.comm.world_size, param.shape, check_invariants=False)
+            gathered = all_gather_rows(self.comm.world, own)
+        for piece, parts in zip(self.pieces, gathered, strict=True):
+            param = piece.param
+            idx, vals = sum_rows(parts, param.shape[0], param.shape[1:])
+            param.grad = torch.sparse_coo_tensor(idx.unsqueeze(0), vals / self.comm.world_size, param.shape, check_invariants=False)
 
 
 def _bucket_key(piece: Piece, sync: AllReduceSynchronizer) -> tuple[object, ...]:
@@ -123,5 +128,6 @@ def apply_allreduce(entries: list[tuple[Piece, AllReduceSynchronizer]], sparse: 
         reducer = apply_compression(sync.compressor, team=comm.world, what=what, seed=seed + index,
                                     probe_device=pieces[0].param.device)
         executors.append(AllReduceBucket(pieces, reducer))
-    executors.extend(SparseAllReduce(piece, comm) for piece in sparse)
+    if sparse:
+        executors.append(SparseAllReduce(sparse, comm))
     return executors

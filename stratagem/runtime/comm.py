@@ -27,6 +27,9 @@ def unflatten(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor
     return [part.view(shape) for part, shape in zip(flat.split(sizes), shapes, strict=True)]
 
 
+Rows = tuple[torch.Tensor, torch.Tensor]
+"""A sparse gradient's touched rows: (row indices, their values)."""
+
 @dataclass
 class Team:
     """Some ranks of the runtime's process group (by group rank) and the process group connecting them."""
@@ -153,15 +156,16 @@ def _padded(idx: torch.Tensor, vals: torch.Tensor, longest: int) -> tuple[torch.
     return torch.cat([idx, idx.new_zeros(extra)]), torch.cat([vals, vals.new_zeros((extra, *vals.shape[1:]))])
 
 
-def _counts(team: Team, n: int, device: torch.device) -> list[int]:
-    counts, work = team.all_gather(torch.tensor([n], dtype=torch.long, device=device))
+def _counts(team: Team, ns: list[int], device: torch.device) -> list[list[int]]:
+    """Every member's row counts, `[member][set]`, in one all-gather however many sets there are."""
+    counts, work = team.all_gather(torch.tensor(ns, dtype=torch.long, device=device))
     wait(work)
-    return [int(c.item()) for c in counts]
+    return [[int(n) for n in c.tolist()] for c in counts]
 
 
 def gather_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, dst: int, me: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Every member's rows at `dst`, in member order; only the rows each member touched travel."""
-    counts = _counts(team, idx.numel(), vals.device)
+    counts = [member[0] for member in _counts(team, [idx.numel()], vals.device)]
     longest = max(counts)
     pidx, pvals = _padded(idx, vals, longest)
     all_idx, w1 = team.gather(pidx, dst, me)
@@ -173,14 +177,27 @@ def gather_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, dst: int, 
     return [(i[:n], v[:n]) for i, v, n in zip(all_idx, all_vals, counts, strict=True)]
 
 
-def all_gather_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    counts = _counts(team, idx.numel(), vals.device)
-    pidx, pvals = _padded(idx, vals, max(counts))
-    all_idx, w1 = team.all_gather(pidx)
-    all_vals, w2 = team.all_gather(pvals)
-    wait(w1)
-    wait(w2)
-    return [(i[:n], v[:n]) for i, v, n in zip(all_idx, all_vals, counts, strict=True)]
+def all_gather_rows(team: Team, row_sets: list[Rows]) -> list[list[Rows]]:
+    """Every member's rows of every set, `[set][member]`. The counts of all sets travel in one blocking
+    all-gather, then every set's indices and values are in flight at once: a step waits on one round
+    trip for all its sparse tables, not one per table (each blocking call also waits out the ranks'
+    skew)."""
+    if not row_sets:
+        return []
+    counts = _counts(team, [idx.numel() for idx, _ in row_sets], row_sets[0][1].device)
+    pending = []
+    for i, (idx, vals) in enumerate(row_sets):
+        column = [member[i] for member in counts]
+        pidx, pvals = _padded(idx, vals, max(column))
+        all_idx, w1 = team.all_gather(pidx, async_op=True)
+        all_vals, w2 = team.all_gather(pvals, async_op=True)
+        pending.append((all_idx, w1, all_vals, w2, column))
+    out = []
+    for all_idx, w1, all_vals, w2, column in pending:
+        wait(w1)
+        wait(w2)
+        out.append([(i[:n], v[:n]) for i, v, n in zip(all_idx, all_vals, column, strict=True)])
+    return out
 
 
 def broadcast_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, src: int, me: int, row_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,7 @@ from torch import nn
 from stratagem.ir import PSSynchronizer
 from stratagem.runtime.comm import (
     Comm,
+    Rows,
     Team,
     Work,
     broadcast_rows,
@@ -42,8 +43,6 @@ from stratagem.runtime.executor import Executor
 from stratagem.runtime.plan import Piece
 from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import MasterUpdater
-
-Rows = tuple[torch.Tensor, torch.Tensor]
 
 
 def _updater(optimizer: torch.optim.Optimizer, pieces: list[Piece]) -> MasterUpdater:
