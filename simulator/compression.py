@@ -69,10 +69,16 @@ class CompressionTables:
     flops: np.ndarray
     """[5, V] FLOPs per unit of the parameter (PowerSGD's projections)."""
 
+    def with_lowrank_scale(self, scale: np.ndarray) -> CompressionTables:
+        """PowerSGD's passes over a matrix beyond the caches cost more per byte: [V] `scale` is the
+        device's `1 + bytes / lowrank_knee_bytes`."""
+        return replace(self, lowrank_bytes=self.lowrank_bytes * scale)
+
     def with_streaming_scale(self, scale: np.ndarray) -> CompressionTables:
         """Passes over a tensor larger than the caches cost more per byte, as the optimizer's do: [V]
         `scale` (the device's `1 + bytes / optimizer_knee_bytes`) multiplies the streamed and cast bytes.
-        Selection and PowerSGD keep their rates: their probes already run on tensors beyond the caches."""
+        Selection keeps its rate (its probe already runs on a tensor beyond the caches); PowerSGD has a
+        law of its own (`with_lowrank_scale`)."""
         return replace(self, byte_passes=self.byte_passes * scale, cast_bytes=self.cast_bytes * scale)
 
 

@@ -243,7 +243,9 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     variables = _variable_arrays(graph, layers["index"])
     variables["var_update_bytes"] = (variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
                                      + variables["var_coalesce_bytes"] * _coalesce_in_update_bytes(kinds))
-    variables["compression"] = variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
+    lowrank_knees = [spec.lowrank_knee_bytes for spec in kinds.specs if spec.lowrank_knee_bytes]
+    variables["compression"] = (variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
+                                .with_lowrank_scale(_size_scale(lowrank_knees, variables["var_bytes"])))
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
     node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))
@@ -456,7 +458,11 @@ def _update_scale(kinds: DeviceKinds, nbytes: np.ndarray) -> np.ndarray:
     `1 + bytes / optimizer_knee_bytes` (a sparse variable's server updates only the rows pushed, so
     PS updates pass their pushed bytes); with several device kinds, the largest (kinds mix rarely, and
     the slowest paces the step)."""
-    knees = [spec.optimizer_knee_bytes for spec in kinds.specs if spec.optimizer_knee_bytes]
+    return _size_scale([spec.optimizer_knee_bytes for spec in kinds.specs if spec.optimizer_knee_bytes], nbytes)
+
+
+def _size_scale(knees: list[float], nbytes: np.ndarray) -> np.ndarray:
+    """[V] `1 + bytes / knee` with the smallest knee of the kinds that have one (1 when none has)."""
     if not knees:
         return np.ones_like(nbytes)
     return 1.0 + nbytes / min(knees)

@@ -25,7 +25,8 @@ seconds:
   (each cast counted as its fp32 bytes x 1.5) -> `cast_efficiency`, and top-1% selection over it
   (counted as one pass) -> `select_efficiency`;
 - PowerSGD rank 4 on 16 MB of gradients, run by the runtime's own reducer (counted as the simulator's
-  nine passes) -> `lowrank_efficiency`;
+  nine passes), once as 16 matrices of 1 MB and once as one of 16 MB -> `lowrank_efficiency` and
+  `lowrank_knee_bytes` (`size_law`);
 - coalescing an embedding gradient of 16384 lookups (its values and int64 indices) -> `coalesce_efficiency`;
 - a reduce-scatter plus an all-gather of 8 MB against an all-reduce of it (the ring formulas make them
   equal) -> `scatter_efficiency`;
@@ -74,7 +75,8 @@ UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 """What the simulator counts for an fp32 Adam update: parameter and gradient in, parameter out (3 x 4
 bytes), two state tensors in and out (2 x 8 bytes)."""
 RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
-         "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate", "coalesce_rate", "scatter_efficiency",
+         "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate",
+         "lowrank_large_rate", "coalesce_rate", "scatter_efficiency",
          "gather_efficiency", "half_reduce_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
@@ -142,6 +144,8 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
     Compression figures an older calibration did not measure keep their defaults."""
     matmul, bandwidth = figures["matmul_flops"], figures["copy_bandwidth"]
     small_tensor_rate, knee = optimizer_size_law(figures["optimizer_rate"], figures.get("optimizer_large_rate"))
+    lowrank_rate, lowrank_knee = size_law(figures["lowrank_rate"], figures.get("lowrank_large_rate"), LOWRANK_MATRIX_BYTES) \
+        if "lowrank_rate" in figures else (None, None)
     return DeviceSpec(
         name=DEVICE_KIND,
         peak_flops={"float32": matmul, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]},
@@ -156,7 +160,8 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         optimizer_knee_bytes=knee,
         cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
         select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
-        lowrank_efficiency=_fraction(figures["lowrank_rate"] / bandwidth) if "lowrank_rate" in figures else None,
+        lowrank_efficiency=_fraction(lowrank_rate / bandwidth) if lowrank_rate else None,
+        lowrank_knee_bytes=lowrank_knee,
         coalesce_efficiency=_fraction(figures["coalesce_rate"] / bandwidth) if "coalesce_rate" in figures else None,
         scatter_efficiency=_fraction(figures["scatter_efficiency"]) if "scatter_efficiency" in figures else None,
         gather_efficiency=_fraction(figures["gather_efficiency"]) if "gather_efficiency" in figures else None,
@@ -171,10 +176,16 @@ OPTIMIZER_TENSOR_BYTES = (2 << 20, 32 << 20)
 
 
 def optimizer_size_law(rate: float, large_rate: float | None) -> tuple[float, float | None]:
-    """(rate for small tensors, knee bytes) from the two optimizer probes, with the per-byte cost
-    growing as `1 + bytes / knee`: their ratio r solves `(1 + large / knee) / (1 + small / knee) = r`.
-    No knee when the large tensor is not slower per byte (within 5%)."""
-    small, large = OPTIMIZER_TENSOR_BYTES
+    """`size_law` of the two optimizer probes."""
+    return size_law(rate, large_rate, OPTIMIZER_TENSOR_BYTES)
+
+
+def size_law(rate: float, large_rate: float | None, sizes: tuple[int, int]) -> tuple[float, float | None]:
+    """(rate for small tensors, knee bytes) from a probe on small tensors and one on a large tensor
+    (`sizes`: bytes per tensor of each), with the per-byte cost growing as `1 + bytes / knee`: their
+    ratio r solves `(1 + large / knee) / (1 + small / knee) = r`. No knee when the large tensor is not
+    slower per byte (within 5%)."""
+    small, large = sizes
     ratio = rate / large_rate if large_rate else 1.0
     if ratio <= 1.05:
         return rate, None
@@ -336,7 +347,8 @@ def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
             lambda: magnitudes.topk(grad.numel() // 100, sorted=False), budget_s=0.5),
-        "lowrank_rate": _lowrank_probe(stepper),
+        "lowrank_rate": _lowrank_probe(stepper, matrices=16, side=512),
+        "lowrank_large_rate": _lowrank_probe(stepper, matrices=1, side=2048),
         "coalesce_rate": _coalesce_probe(stepper),
     }
 
@@ -358,12 +370,15 @@ def _coalesce_probe(stepper: Stepper, *, lookups: int = 16384, rows: int = 20000
 LOWRANK_PASSES = 9
 """Passes over a gradient the simulator counts for PowerSGD (three for the rank-r products, six for
 adding and keeping the error)."""
+LOWRANK_MATRIX_BYTES = (1 << 20, 16 << 20)
+"""Bytes per matrix of the two PowerSGD probes: 16 matrices of 512 x 512, one of 2048 x 2048."""
 
 
-def _lowrank_probe(stepper: Stepper, *, matrices: int = 4, side: int = 1024, rank: int = 4) -> Callable[[], float]:
+def _lowrank_probe(stepper: Stepper, *, matrices: int, side: int, rank: int = 4) -> Callable[[], float]:
     """PowerSGD rank 4 on 16 MB of square gradients, as the runtime's reducer runs it on a one-rank
     team (no collective), priced on the passes the simulator counts: its skinny products, QR and error
-    feedback stream the gradient far below a copy's rate on a CPU."""
+    feedback stream the gradient far below a copy's rate on a CPU, and the transposed product of a
+    matrix beyond the caches reads it with a stride (several times slower per byte: the size law)."""
     import torch
 
     from stratagem.runtime.comm import Team

@@ -13,7 +13,15 @@ from conftest import load_benchmark, make_embedding_graph, make_mlp_graph
 
 from simulator import compile_context, encode, simulate, simulate_batch
 from stratagem.builders import PS, AllReduce, PartitionedPS
-from stratagem.calibrate import DEVICE_KIND, OPTIMIZER_TENSOR_BYTES, combine, device_spec, optimizer_size_law
+from stratagem.calibrate import (
+    DEVICE_KIND,
+    LOWRANK_MATRIX_BYTES,
+    OPTIMIZER_TENSOR_BYTES,
+    combine,
+    device_spec,
+    optimizer_size_law,
+    size_law,
+)
 from stratagem.ir import DeviceSpec, Layer, Link, ModelGraph, Node, ResourceSpec, Strategy, Variable
 
 
@@ -298,6 +306,21 @@ def test_compression_passes_over_large_tensors_follow_the_same_size_law():
     np.testing.assert_allclose(sized.cast_bytes, flat.cast_bytes * scale)
     np.testing.assert_array_equal(sized.select_bytes, flat.select_bytes)  # its probe already runs beyond the caches
     np.testing.assert_array_equal(sized.unit, flat.unit)  # the wire does not change
+    np.testing.assert_array_equal(sized.lowrank_bytes, flat.lowrank_bytes)  # PowerSGD has a law of its own
+    strided = compile_context(graph, cpu_spec(lowrank_knee_bytes=knee)).compression
+    np.testing.assert_allclose(strided.lowrank_bytes, flat.lowrank_bytes * scale)
+    np.testing.assert_array_equal(strided.byte_passes, flat.byte_passes)
+
+
+def test_the_lowrank_probes_give_powersgd_its_own_size_law():
+    small, large = LOWRANK_MATRIX_BYTES
+    knee, base = 8e6, 10e9
+    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 20e9, "elementwise_rate": 2e9,
+               "norm_rate": 1e9, "optimizer_rate": 5e9, "layer_overhead_s": 30e-6, "overlap": 0.0,
+               "lowrank_rate": base / (1 + small / knee), "lowrank_large_rate": base / (1 + large / knee)}
+    device = device_spec(figures, memory_bytes=4e9)
+    assert device.lowrank_knee_bytes == pytest.approx(knee) and device.lowrank_efficiency == pytest.approx(base / 20e9)
+    assert size_law(5e9, 5e9, LOWRANK_MATRIX_BYTES) == (5e9, None)
 
 
 def test_optimizer_size_law_recovers_the_knee_from_the_two_probes():

@@ -55,6 +55,10 @@ class DeviceSpec(Strict):
     """Fraction of memory bandwidth at which PowerSGD's passes (rank-r products, QR, error feedback)
     stream the gradient; skinny matrix products run far below a copy's rate on a CPU. None means
     `elementwise_efficiency`."""
+    lowrank_knee_bytes: float | None = Field(default=None, gt=0)
+    """Bytes of one matrix at which PowerSGD's time per byte has doubled (`optimizer_knee_bytes`' law:
+    `1 + bytes / knee`): the transposed product MᵀP reads a matrix beyond the caches with a stride.
+    None means no such growth."""
     coalesce_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth at which coalescing a sparse gradient (sorting its row indices and
     summing repeated rows, as every sparse exchange and sparse optimizer step does) streams its indices
