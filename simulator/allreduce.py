@@ -2,9 +2,10 @@
 
 A fusion group (same `group`, same kind) launches when its last member's gradient is ready, moves the
 sum of its members' wire bytes in one collective (one latency), and runs on the candidate's
-collective stream after the groups launched before it (one stream per pipeline stage). `auto` takes the cheapest of ring, tree and
-hierarchical for the group's bytes (a top-k group all-gathers instead, see `_group_seconds`). Sharded groups reduce-scatter here; their all-gather of updated
-parameters comes after the optimizer step, exposed. Compression work is added to its group's time.
+collective stream after the groups launched before it (one stream per pipeline stage). `auto` takes
+the cheapest of ring, tree and hierarchical for the group's bytes (a top-k group all-gathers instead,
+see `_group_seconds`). Sharded groups reduce-scatter here; their all-gather of updated parameters
+comes after the optimizer step, exposed. Compression work is added to its group's time.
 
 Sparse variables (embeddings with sparse gradients) are not reduced in a fusion group: at the
 optimizer step every rank all-gathers the rows it touched (one all-gather of every table's row count,
@@ -121,8 +122,8 @@ def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, spa
     kinds = context.kinds
     coalesce_rate = kinds.memory_bandwidth[topo.kind] * kinds.coalesce_efficiency[topo.kind]
     coalesced = per_row * (1.0 + batch.data)
-    collectives_ = 1 + SPARSE_ALLREDUCE_COLLECTIVES * count
-    seconds = np.where(count > 0, collectives_ * latency + gathered * per_byte + coalesced / coalesce_rate, 0.0)
+    calls = 1 + SPARSE_ALLREDUCE_COLLECTIVES * count
+    seconds = np.where(count > 0, calls * latency + gathered * per_byte + coalesced / coalesce_rate, 0.0)
     return seconds, per_row * np.maximum(batch.data - 1, 0)
 
 
