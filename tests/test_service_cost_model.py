@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from models import CostModelVersion
-from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
+from optimizer_service.core.cost_model import TrainedCostModel, TrialSample, promotion
 from optimizer_service.db import make_engine, make_session_factory
 from stratagem.builders import AllReduce, DataParallel
 
@@ -23,6 +23,8 @@ class MeanRatioTrainer:
 
     def __init__(self) -> None:
         self.seen: list[TrialSample] = []
+        self.cross_validated: dict[str, dict[str, float]] = {}
+        """Scores to report as the trainer's cross-validation (simulator and corrected), if any."""
 
     def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
         self.seen = list(samples)
@@ -32,7 +34,7 @@ class MeanRatioTrainer:
             model_json=json.dumps({"kind": "mean-log-ratio", "bias": bias}),
             n_train=len(samples),
             version=f"mean-{len(samples)}",
-            metrics={"mape": 0.1, "groups": len({s.group for s in samples})},
+            metrics={"mape": 0.1, "groups": len({s.group for s in samples}), **self.cross_validated},
         )
 
 
@@ -77,9 +79,33 @@ def test_retraining_stores_a_json_version_and_puts_it_in_use(make_client, databa
     listing = client.get("/v1/cost-model").json()
     assert listing["count"] == 2 and listing["in_use"] == second["id"]
     assert [v["in_use"] for v in listing["data"]] == [True, False]
-    assert listing["data"][0]["metrics"] == {"mape": 0.1, "groups": 4}
+    assert listing["data"][0]["metrics"] == {"mape": 0.1, "groups": 4, "promotion": {
+        "in_use": True, "why": "no cross-validated metrics (fewer than two jobs): serves"}}
     engine = make_engine(database_url)
     with make_session_factory(engine)() as session:
         stored = session.scalars(select(CostModelVersion).order_by(CostModelVersion.id)).all()
     engine.dispose()
     assert json.loads(stored[-1].booster)["kind"] == "mean-log-ratio"
+
+
+def test_a_version_worse_than_the_simulator_alone_is_kept_but_not_put_in_use(make_client) -> None:
+    trainer = MeanRatioTrainer()
+    client: TestClient = make_client(workers=0, cost_model_trainer=trainer)
+    _record_trials(client, [0.2, 0.4, 0.3])
+    first = client.post("/v1/cost-model/retrain").json()
+    trainer.cross_validated = {"simulator": {"top1_regret": 0.04, "log_error": 0.21}, "corrected": {"top1_regret": 0.06, "log_error": 0.19}}
+    _record_trials(client, [0.5])
+    second = client.post("/v1/cost-model/retrain")
+    assert second.status_code == 201 and second.json()["in_use"] is False
+    listing = client.get("/v1/cost-model").json()
+    assert listing["count"] == 2 and listing["in_use"] == first["id"]
+    assert "top1_regret 0.06 > simulator's 0.04" in listing["data"][0]["metrics"]["promotion"]["why"]
+
+
+def test_promotion_needs_the_correction_not_worse_in_regret_nor_in_log_error() -> None:
+    simulator = {"top1_regret": 0.04, "log_error": 0.21}
+    assert promotion({"simulator": simulator, "corrected": {"top1_regret": 0.02, "log_error": 0.15}})[0]
+    assert promotion({"simulator": simulator, "corrected": {"top1_regret": 0.043, "log_error": 0.215}})[0]  # within tolerance
+    assert not promotion({"simulator": simulator, "corrected": {"top1_regret": 0.02, "log_error": 0.30}})[0]
+    assert not promotion({"simulator": simulator, "corrected": {"top1_regret": 0.10, "log_error": 0.15}})[0]
+    assert promotion({})[0] and promotion({"simulator": simulator, "corrected": {"top1_regret": float("nan")}})[0]

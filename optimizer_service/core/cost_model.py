@@ -67,8 +67,39 @@ def version_in_use(session: Session) -> CostModelVersion | None:
     return session.scalars(select(CostModelVersion).where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc())).first()
 
 
+REGRET_TOLERANCE = 0.005
+"""Top-1 regret a new version may lose against the simulator alone and still serve (half a percent)."""
+LOG_ERROR_TOLERANCE = 0.01
+"""Mean absolute log error it may lose (about one percent of step time)."""
+
+
+def promotion(metrics: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a newly trained version should serve, and why: only when cross-validation by job does
+    not show it worse than the simulator alone in top-1 regret (what a user loses) or in log error. A
+    correction learned on other jobs can be worse than none when the simulator's remaining error
+    differs from job to job. Without cross-validated metrics (fewer than two jobs) it serves: with few
+    trials its ensemble stays close to the simulator."""
+    simulator, corrected = metrics.get("simulator"), metrics.get("corrected")
+    if not (isinstance(simulator, dict) and isinstance(corrected, dict)):
+        return True, "no cross-validated metrics (fewer than two jobs): serves"
+    worse = [
+        f"{key} {corrected[key]:.4g} > simulator's {simulator[key]:.4g}"
+        for key, tolerance in (("top1_regret", REGRET_TOLERANCE), ("log_error", LOG_ERROR_TOLERANCE))
+        if _finite(corrected.get(key)) and _finite(simulator.get(key)) and corrected[key] > simulator[key] + tolerance
+    ]
+    if worse:
+        return False, "cross-validated by job it is worse than the simulator alone: " + "; ".join(worse)
+    return True, "cross-validated by job it is not worse than the simulator alone"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and value == value and abs(value) != float("inf")
+
+
 def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVersion:
-    """Train on every successful trial and make the new version the one in use.
+    """Train on every successful trial and store the new version; it becomes the one in use when
+    `promotion` allows, and otherwise the version in use (or the simulator alone) keeps serving, the
+    reason kept in the version's metrics under `promotion`.
 
     The version's `created_at` is when its trials were read, so a trial recorded while it trained
     counts towards the next retraining.
@@ -80,10 +111,14 @@ def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVers
     if not samples:
         raise rejected("no successful trials recorded yet: nothing to train on", status=409)
     trained = trainer.train(samples)
-    session.execute(update(CostModelVersion).values(in_use=False))
+    serves, why = promotion(dict(trained.metrics))
+    if serves:
+        session.execute(update(CostModelVersion).values(in_use=False))
+    else:
+        log.warning("cost model %s not put in use: %s", trained.version, why)
     version = CostModelVersion(
         version=trained.version[:64], booster=trained.model_json, n_train=trained.n_train,
-        metrics=json_safe(dict(trained.metrics)), in_use=True, created_at=started,
+        metrics=json_safe({**trained.metrics, "promotion": {"in_use": serves, "why": why}}), in_use=serves, created_at=started,
     )
     session.add(version)
     session.commit()
@@ -118,22 +153,21 @@ def training_samples(session: Session) -> list[TrialSample]:
     return samples
 
 
-def trials_since_in_use(session: Session) -> int:
-    """Successful trials recorded after the version in use was trained (all of them when none is)."""
+def trials_since_last_version(session: Session) -> int:
+    """Successful trials recorded after the latest version was trained, in use or not (all of them when
+    there is none), so a version that was not put in use does not make every new trial retrain."""
     query = select(func.count()).select_from(Trial).where(Trial.outcome == "ok", Trial.median_s.is_not(None))
-    trained_at = session.scalar(
-        select(CostModelVersion.created_at).where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc()).limit(1)
-    )
+    trained_at = session.scalar(select(CostModelVersion.created_at).order_by(CostModelVersion.id.desc()).limit(1))
     if trained_at is not None:
         query = query.where(Trial.created_at >= trained_at)
     return int(session.scalar(query) or 0)
 
 
 def retrain_if_due(session: Session, trainer: CostModelTrainer, *, every: int) -> CostModelVersion | None:
-    """Retrain once `every` successful trials arrived since the version in use; 0 never retrains."""
+    """Retrain once `every` successful trials arrived since the latest version; 0 never retrains."""
     if every <= 0:
         return None
-    new_trials = trials_since_in_use(session)
+    new_trials = trials_since_last_version(session)
     if not retrain_needed(new_trials, every):
         return None
     log.info("retraining the cost model: %d new successful trials (every %d)", new_trials, every)
