@@ -223,6 +223,22 @@ def test_a_cost_model_in_another_format_says_why_it_shows_no_importances(make_cl
     assert "the stored model could not be read" in page and "25.0%" in page and 'id="figure-importance"' not in page
 
 
+def test_a_version_kept_out_of_use_says_why_on_the_cost_model_page(make_client) -> None:
+    worse = {"simulator": {"top1_regret": 0.04, "log_error": 0.2}, "corrected": {"top1_regret": 0.09, "log_error": 0.25}}
+
+    class Worse:
+        def train(self, samples):
+            from optimizer_service.core.cost_model import TrainedCostModel
+
+            return TrainedCostModel(model_json='{"kind": "constant"}', n_train=len(samples), version="worse-1", metrics=worse)
+
+    client: TestClient = make_client(cost_model_trainer=Worse())
+    record_trials(client, _succeeded(client), count=2, seed=3)
+    assert client.post("/v1/cost-model/retrain").json()["in_use"] is False
+    page = _html(client, "/cost-model")
+    assert "kept out" in page and "Kept out of use" in page and "top1_regret 0.09 &gt; simulator&#39;s 0.04" in page
+
+
 def test_a_stored_strategy_that_no_longer_parses_is_reported_not_crashed(make_client, database_url: str) -> None:
     client: TestClient = make_client(workers=0)
     engine = make_engine(database_url)

@@ -61,6 +61,12 @@ def headline(metrics: dict[str, Any], key: str) -> float | None:
     return None
 
 
+def promotion(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The service's decision on putting the version in use (`core.cost_model.promotion`), if recorded."""
+    decision = metrics.get("promotion")
+    return decision if isinstance(decision, dict) and isinstance(decision.get("why"), str) else None
+
+
 def importances(model_text: str | None) -> tuple[dict[str, float], str | None]:
     """(feature -> share of total gain, None) or ({}, why there is nothing to show)."""
     if not model_text:
@@ -90,7 +96,8 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
     context: dict[str, Any] = {
         "title": "Cost model", "versions": versions, "selected": selected, "metric_rows": [],
         "headline": {v.id: {k: headline(v.metrics or {}, k) for k in CHARTED} for v in versions},
-        "importance_note": None, "figures": {},
+        "kept_out": {v.id for v in versions if (promotion(v.metrics or {}) or {}).get("in_use") is False},
+        "importance_note": None, "figures": {}, "promotion": None,
     }
     if selected is None:
         return context
@@ -102,7 +109,7 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
                                                              [r.corrected for r in charted])
     if shares:
         context["figures"]["importance"] = charts.importance_chart(shares)
-    context.update(metric_rows=rows, importance_note=note)
+    context.update(metric_rows=rows, importance_note=note, promotion=promotion(selected.metrics or {}))
     return context
 
 
