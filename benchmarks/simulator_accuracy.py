@@ -447,13 +447,14 @@ def predict(pairs: list[Measured]) -> None:
 
 
 CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "cast_efficiency",
-               "select_efficiency", "lowrank_efficiency", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency")
+               "select_efficiency", "lowrank_efficiency", "lowrank_knee_bytes", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency")
 ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
     "optimizer_efficiency as elementwise": {"optimizer_efficiency": None},
     "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {"optimizer_knee_bytes": None},
-    "cast, select and lowrank efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None, "lowrank_efficiency": None},
+    "cast, select and lowrank efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None, "lowrank_efficiency": None,
+                                                           "lowrank_knee_bytes": None},
     "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
     "coalesce_efficiency as elementwise (sorting sparse rows as fast as a copy)": {"coalesce_efficiency": None},
     "gather_efficiency 1 (sparse rows and top-k gathered at the ring formula's speed)": {"gather_efficiency": None},

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import collectives, compression
-from simulator.context import SPARSE_INDEX_BYTES, SimContext
+from simulator.context import SimContext
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, SyncKind
 from simulator.pipeline import ComputePhase
 from simulator.timeline import fifo_dense
@@ -113,9 +113,7 @@ def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, spa
     the optimizer step each rank coalesces its gradients, all-gathers every table's row count in one
     collective, then each table's int64 indices and values, so every rank receives its p - 1 peers'
     rows, and coalesces the p row sets into one sum."""
-    rows = context.var_ps_bytes / (context.var_bytes / context.var_rows)
-    own = context.var_ps_bytes + rows * SPARSE_INDEX_BYTES
-    per_row = np.where(sparse, own, 0.0).sum(axis=1)
+    per_row = np.where(sparse, context.var_coalesce_bytes, 0.0).sum(axis=1)
     gathered = per_row * batch.data
     latency, per_byte = topo.row_gather
     count = sparse.sum(axis=1)

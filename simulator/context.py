@@ -133,8 +133,8 @@ class SimContext:
     variable's gradient holds only the rows looked up, and optimizers that take sparse gradients
     update only those rows, on a replica or on its server alike: its share is the touched rows'."""
     var_coalesce_bytes: np.ndarray
-    """[V] bytes coalescing the variable's gradient streams: each row looked up, values and int64 index
-    (0 for dense variables)."""
+    """[V] bytes of the variable's touched rows, values and int64 index: what coalescing its gradient
+    streams and what one rank's share of an all-reduce row exchange carries (0 for dense variables)."""
     ps_held_bytes: np.ndarray
     """[V] bytes a PS server holds for the variable (parameters and optimizer state)."""
     var_state_bytes: np.ndarray

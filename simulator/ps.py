@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import collectives
-from simulator.context import SPARSE_INDEX_BYTES, SimContext
+from simulator.context import SimContext
 from simulator.encoding import CandidateBatch, SyncKind
 from simulator.pipeline import ComputePhase
 from simulator.timeline import fifo_segments
@@ -153,7 +153,8 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
 def _coalesced_bytes(context: SimContext, var: np.ndarray, sparse: np.ndarray, push: np.ndarray, pushers: np.ndarray) -> np.ndarray:
     """Bytes each sparse shard's exchange coalesces (values and int64 indices): its rows where they are
     pushed (once on the critical path: every worker does it at once) and every push at the server."""
-    indexed = 1.0 + SPARSE_INDEX_BYTES * context.var_rows.take(var) / context.var_bytes.take(var)
+    pushed = context.var_ps_bytes.take(var)
+    indexed = np.divide(context.var_coalesce_bytes.take(var), pushed, out=np.ones_like(pushed), where=pushed > 0)
     return np.where(sparse, push * (1.0 + pushers) * indexed, 0.0)
 
 

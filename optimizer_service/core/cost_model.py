@@ -11,6 +11,7 @@ database, whichever job or user recorded it, so each job ranks with what all ear
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,7 +94,7 @@ def promotion(metrics: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and value == value and abs(value) != float("inf")
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVersion:
