@@ -22,8 +22,8 @@ seconds:
   pages of its temporaries, come from memory) -> `optimizer_efficiency` (small tensors) and
   `optimizer_knee_bytes` (`optimizer_size_law`);
 - what gradient compression costs beyond streaming: fp32 -> fp16 -> fp32 casts of a 16 MB gradient
-  (each cast counted as its fp32 bytes x 1.5) -> `cast_efficiency`, and top-1% selection over it
-  (counted as one pass) -> `select_efficiency`;
+  (each cast counted as its fp32 bytes x 1.5) -> `cast_efficiency`, and the runtime's top-1% selection
+  over it (`select_largest`, counted as one pass) -> `select_efficiency`;
 - PowerSGD rank 4 on 16 MB of gradients, run by the runtime's own reducer (counted as the simulator's
   nine passes), once as 16 matrices of 1 MB and once as one of 16 MB -> `lowrank_efficiency` and
   `lowrank_knee_bytes` (`size_law`);
@@ -324,6 +324,8 @@ def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
     import torch
     from torch import nn
 
+    from stratagem.runtime.compression import select_largest
+
     tokens, width = 1024, 512
     x = torch.randn(tokens, width, requires_grad=True)
     a, b = torch.randn(512, 512, dtype=torch.bfloat16), torch.randn(512, 512, dtype=torch.bfloat16)
@@ -346,7 +348,7 @@ def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
         "optimizer_large_rate": _optimizer_probe(stepper, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1]),
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
-            lambda: magnitudes.topk(grad.numel() // 100, sorted=False), budget_s=0.5),
+            lambda: select_largest(magnitudes, grad.numel() // 100), budget_s=0.5),
         "lowrank_rate": _lowrank_probe(stepper, matrices=16, side=512),
         "lowrank_large_rate": _lowrank_probe(stepper, matrices=1, side=2048),
         "coalesce_rate": _coalesce_probe(stepper),

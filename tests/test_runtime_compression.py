@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from stratagem.ir import Compressor
+from stratagem.runtime import compression
 from stratagem.runtime.comm import Team
-from stratagem.runtime.compression import CastReducer, PowerSGDReducer, TopKReducer, apply_compression
+from stratagem.runtime.compression import CastReducer, PowerSGDReducer, TopKReducer, apply_compression, select_largest
 
 SOLO = Team([0], [0], None)
 
@@ -75,6 +76,37 @@ def test_topk_sends_values_and_indices_of_k_entries() -> None:
     (out,) = reducer.finish()
     assert int((out != 0).sum()) == 10
     assert reducer.wire_bytes == 10 * (4 + 4)  # fp32 values, int32 indices
+
+
+def _magnitudes(kind: str, n: int = 300_000) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    if kind == "normal":
+        return torch.randn(n, generator=g).abs()
+    if kind == "mostly zero":  # an embedding's untouched rows
+        return torch.cat([torch.zeros(n - n // 50), torch.randn(n // 50, generator=g)]).abs()
+    if kind == "heavy tail":
+        return (torch.randn(n, generator=g) * torch.exp(3 * torch.randn(n, generator=g))).abs()
+    if kind == "layered":  # one layer's gradients far larger than the rest's
+        return torch.cat([torch.randn(n - 1000, generator=g), 1e3 * torch.randn(1000, generator=g)]).abs()
+    return torch.full((n,), 0.5)  # all tied
+
+
+@pytest.mark.parametrize("kind", ["normal", "mostly zero", "heavy tail", "layered", "tied"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 0.05])
+def test_select_largest_picks_what_a_full_topk_picks(kind: str, ratio: float) -> None:
+    magnitudes = _magnitudes(kind)
+    k = int(ratio * magnitudes.numel())
+    picked = select_largest(magnitudes, k)
+    assert picked.numel() == k and picked.unique().numel() == k
+    expected = magnitudes.topk(k).values
+    torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, expected)
+
+
+def test_select_largest_falls_back_to_a_full_selection_when_the_sample_aims_too_high(monkeypatch) -> None:
+    monkeypatch.setattr(compression, "CANDIDATE_MARGIN", 0.5)  # about k/2 candidates: always too few
+    magnitudes = _magnitudes("normal")
+    picked = select_largest(magnitudes, 3000)
+    torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, magnitudes.topk(3000).values)
 
 
 class _NoBFloat16(Team):
