@@ -145,7 +145,8 @@ class DensePSBucket(Executor):
     def _pull(self) -> torch.Tensor:
         route = self.route
         if route.is_server:
-            values = self.versions[0].clone()
+            # A broadcast's root only reads its buffer; a server that also receives one would overwrite a kept version.
+            values = self.versions[0] if route.leader == route.me else self.versions[0].clone()
         else:
             like = self.pieces[0].param
             values = torch.empty(sum(p.numel for p in self.pieces), dtype=like.dtype, device=like.device)
