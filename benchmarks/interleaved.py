@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stratagem.calibrate import free_port, wait_for_ranks
 from stratagem.ir import ResourceSpec, Strategy
+from stratagem.rank_env import rank_environment
 
 RANKS = 2
 PROBE_BUDGET_SCALE = 0.25
@@ -105,7 +106,7 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
 def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
     """Run the ranks of a block to the end; None, or why they failed."""
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = rank_environment(OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for rank, path in enumerate(outputs)]

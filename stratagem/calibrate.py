@@ -66,6 +66,7 @@ import numpy as np
 
 from stratagem.errors import InvalidResourceSpecError, Problem, StratagemError
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
+from stratagem.rank_env import rank_environment
 
 DEVICE_KIND = "CPU-calibrated"
 SIZES = (4, 4096, 256 << 10, 2 << 20, 8 << 20)
@@ -231,7 +232,7 @@ def measure(ranks: int, *, threads: int = 1, overlap: bool = True) -> dict[str, 
     unless measured)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="stratagem-calibrate-") as folder:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env = rank_environment(OMP_NUM_THREADS=str(threads))
         results = [Path(folder) / f"rank{rank}.json" for rank in range(ranks)]
         procs = [
             subprocess.Popen(

@@ -58,3 +58,21 @@ def test_launch_reports_an_invalid_strategy_file_with_the_field_path(tmp_path: P
     strategy.write_text(json.dumps({"replicas": ["nowhere"], "variables": []}))
     assert main(["--strategy", str(strategy), "--nproc-per-node", "1", "train.py"]) == 2
     assert "replicas[0]" in capsys.readouterr().err
+
+
+def test_launched_ranks_reuse_freed_memory_unless_the_user_tuned_malloc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratagem.rank_env import MALLOC_SETTINGS
+    from stratagem.runtime.launch import launch
+
+    strategy = tmp_path / "best.json"
+    strategy.write_text(json.dumps({"replicas": ["10.0.0.1:CPU:0", "10.0.0.1:CPU:1"], "variables": []}))
+    script = tmp_path / "env.py"
+    script.write_text("import json, os, sys\n"
+                      "names = ['MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_', 'RANK']\n"
+                      "open(sys.argv[1] + os.environ['RANK'], 'w').write(json.dumps({n: os.environ.get(n) for n in names}))\n")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    assert launch(str(script), [str(tmp_path / "rank")], strategy=strategy, nproc_per_node=2) == 0
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}").read_text())
+        assert seen == {"MALLOC_MMAP_THRESHOLD_": MALLOC_SETTINGS["MALLOC_MMAP_THRESHOLD_"], "MALLOC_TRIM_THRESHOLD_": "12345",
+                        "RANK": str(rank)}

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from stratagem.errors import InvalidStrategyError, StratagemError, UnsupportedStrategyError
 from stratagem.ir import Strategy, parse_device
+from stratagem.rank_env import rank_environment
 
 STRATEGY_ENV = "STRATAGEM_STRATEGY"
 
@@ -98,9 +99,9 @@ def launch(script: str, script_args: list[str] | None = None, *, strategy: str |
     port = master_port or free_port()
     procs = []
     for local_rank in range(nproc_per_node):
-        env = dict(os.environ, RANK=str(node_rank * nproc_per_node + local_rank), LOCAL_RANK=str(local_rank),
-                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(nproc_per_node), GROUP_RANK=str(node_rank),
-                   MASTER_ADDR=master_addr, MASTER_PORT=str(port), **{STRATEGY_ENV: str(strategy_path)})
+        env = rank_environment(RANK=str(node_rank * nproc_per_node + local_rank), LOCAL_RANK=str(local_rank),
+                               WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(nproc_per_node), GROUP_RANK=str(node_rank),
+                               MASTER_ADDR=master_addr, MASTER_PORT=str(port), **{STRATEGY_ENV: str(strategy_path)})
         procs.append(subprocess.Popen([python, script, *(script_args or [])], env=env))
     return _join(procs)
 

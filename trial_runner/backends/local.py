@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import trial_runner
+from stratagem.rank_env import rank_environment
 from trial_runner.backends.base import free_port
 from trial_runner.result import Outcome, Progress, RankReport, TrialResult
 from trial_runner.spec import TrialSpec
@@ -74,7 +75,7 @@ class LocalRank:
 
     @classmethod
     def start(cls, backend: LocalBackend, folder: Path, *, rank: int, port: int, threads: int) -> LocalRank:
-        env = dict(os.environ)
+        env = rank_environment()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
         env["OMP_NUM_THREADS"] = str(threads)
         command = [

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 from trial_runner.backends.base import free_port
 from trial_runner.backends.local import PACKAGE_ROOT
 from trial_runner.result import Outcome, Progress, RankReport, TrialResult
@@ -49,6 +50,13 @@ class RankActor:
 
     def _record(self, progress: Progress) -> None:
         self._progress = progress
+
+
+def rank_runtime_env() -> dict[str, Any]:
+    """A rank actor's allocator settings (`stratagem.rank_env`), the driver's own where it has them; Ray
+    merges them with the job's environment variables."""
+    env = rank_environment()
+    return {"env_vars": {name: env[name] for name in MALLOC_SETTINGS}}
 
 
 class RayRank:
@@ -201,7 +209,7 @@ class RayBackend:
             placement = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=rank)
             actors.append(remote_class.options(
                 num_cpus=bundle.get("CPU", 0.0), num_gpus=bundle.get("GPU", 0.0), max_concurrency=2,
-                scheduling_strategy=placement,
+                scheduling_strategy=placement, runtime_env=rank_runtime_env(),
             ).remote())
         threads = spec.threads_per_rank or self.cpus_per_rank
         master_addr, master_port = ray.get(actors[0].endpoint.remote(), timeout=spec.timeout_s)
