@@ -1,0 +1,120 @@
+"""What two CPU-side choices of the runtime buy, each measured side by side in one run.
+
+1. Top-k selection: `torch.topk` over a whole bucket against the runtime's `select_largest` (a
+   sampled threshold, then `topk` among about 1.3·k candidates), on the same magnitudes, in turns.
+2. The allocator settings ranks start with (`stratagem.rank_env`): the same per-step bucket work
+   (the fp32 all-reduce bucket's flatten/divide/unflatten, the fp16 compressor's, and an Adam step
+   over the bucket's parameters) timed in child processes started with and without them, in
+   alternating rounds, so a change of the machine's load touches both alike.
+
+Prints one JSON object: the medians in ms and the speed-ups (default over tuned).
+
+    .venv/bin/python benchmarks/cpu_rank_settings.py [--bucket-mb 24] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
+
+
+def _median_ms(run: Callable[[], object], repeats: int) -> float:
+    run()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(samples)
+
+
+def selection(entries: int, ratio: float, repeats: int) -> dict[str, Any]:
+    import torch
+
+    from stratagem.runtime.compression import select_largest
+
+    torch.set_num_threads(1)
+    magnitudes = torch.randn(entries, generator=torch.Generator().manual_seed(0)).abs()
+    k = int(ratio * entries)
+    full, sampled = [], []
+    for _ in range(repeats):
+        full.append(_median_ms(lambda: magnitudes.topk(k, sorted=False), 1))
+        sampled.append(_median_ms(lambda: select_largest(magnitudes, k), 1))
+    torch_ms, runtime_ms = statistics.median(full), statistics.median(sampled)
+    return {"entries": entries, "k": k, "torch_topk_ms": round(torch_ms, 2), "select_largest_ms": round(runtime_ms, 2),
+            "speedup": round(torch_ms / runtime_ms, 2)}
+
+
+def bucket_work(bucket_mb: float, repeats: int) -> dict[str, float]:
+    """One process's medians of the per-step work on a bucket of `bucket_mb` (a BERT-like mix of tensors)."""
+    import torch
+
+    from stratagem.runtime.comm import Team
+    from stratagem.runtime.compression import CastReducer
+
+    torch.set_num_threads(1)
+    rows = max(1, int(bucket_mb * 2**20 / 4 / 256 / 24))
+    params = [torch.nn.Parameter(torch.randn(rows, 256)) for _ in range(24)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    solo = Team([0], [0], None)
+    adam = torch.optim.Adam(params)
+    out = {}
+    for name, dtype in (("fp32_bucket_ms", None), ("fp16_bucket_ms", torch.float16)):
+        reducer = CastReducer(solo, wire_dtype=dtype, error_feedback=True)
+        grads = [p.grad for p in params]
+        out[name] = _median_ms(lambda r=reducer, g=grads: (r.start(g), r.finish()), repeats)
+    out["adam_step_ms"] = _median_ms(adam.step, repeats)
+    return out
+
+
+def _child(env: dict[str, str], bucket_mb: float, repeats: int) -> dict[str, float]:
+    done = subprocess.run([sys.executable, __file__, "--child", str(bucket_mb), str(repeats)], env=env, capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def allocator(bucket_mb: float, rounds: int, repeats: int) -> dict[str, Any]:
+    base = {k: v for k, v in os.environ.items() if k not in MALLOC_SETTINGS}
+    tuned_env = rank_environment(base, OMP_NUM_THREADS="1")
+    default_env = {**base, "OMP_NUM_THREADS": "1"}
+    runs: dict[str, list[dict[str, float]]] = {"default": [], "tuned": []}
+    for _ in range(rounds):
+        runs["default"].append(_child(default_env, bucket_mb, repeats))
+        runs["tuned"].append(_child(tuned_env, bucket_mb, repeats))
+    medians = {label: {k: round(statistics.median(r[k] for r in results), 2) for k in results[0]} for label, results in runs.items()}
+    return {"bucket_mb": bucket_mb, "settings": MALLOC_SETTINGS, **medians,
+            "speedup": {k: round(medians["default"][k] / medians["tuned"][k], 2) for k in medians["default"]}}
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        print(json.dumps(bucket_work(float(sys.argv[2]), int(sys.argv[3]))))
+        return
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--bucket-mb", type=float, default=24.0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    report = {
+        "benchmark": "cpu_rank_settings",
+        "selection": selection(int(args.bucket_mb * 2**20 / 4), 0.01, args.repeats),
+        "allocator": allocator(args.bucket_mb, args.rounds, args.repeats),
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
