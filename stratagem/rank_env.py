@@ -1,14 +1,13 @@
 """The environment a training rank's process starts with (the memory allocator's settings).
 
 On a CPU, glibc's malloc serves a large request with a fresh mapping and hands it back to the kernel
-when it is freed (its threshold adapts, up to 32 MiB), so every step's bucket flattens, casts, error
-terms and optimizer temporaries fault all their pages in again. On this project's 2-core machines
-that made a 24 MB all-reduce bucket's flatten, divide and unflatten cost 22 ms instead of 4, and its
-fp16 compression 23 ms instead of 16 (`benchmarks/cpu_rank_settings.py`).
-Here the threshold is fixed, the heap is never trimmed and grows 1 GiB at a time, so a rank reuses
-the memory its previous step freed, as PyTorch's caching allocator does on a GPU: per-byte costs
-of such bucket work then stay flat up to 64 MB tensors. Settings already in the environment are kept, so a user who
-preloads jemalloc or tcmalloc, or tunes glibc otherwise, wins.
+when it is freed (its threshold adapts, up to 32 MiB), so every step's bucket flattens, casts and
+error terms fault all their pages in again. On this project's 2-core machines that made a 24 MB
+all-reduce bucket's flatten, divide and unflatten cost 22 ms instead of 4, and its fp16 compression
+23 ms instead of 16 (`benchmarks/cpu_rank_settings.py`). Here the threshold is fixed, the heap is
+never trimmed and grows 1 GiB at a time, so a rank reuses the memory its previous step freed, as
+PyTorch's caching allocator does on a GPU. Settings already in the environment are kept, so a user
+who preloads jemalloc or tcmalloc, or tunes glibc otherwise, wins.
 """
 
 from __future__ import annotations
