@@ -25,6 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 
+from stratagem.rank_env import rank_environment
+
 WIDTH, LAYERS, BATCH = 512, 6, 64
 
 
@@ -120,7 +122,7 @@ def main() -> None:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1")
+        env = rank_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1")
         command = [sys.executable, __file__, "--child", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup)]
         procs = [subprocess.Popen(command, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
         codes = [p.wait(timeout=900) for p in procs]
