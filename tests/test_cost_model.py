@@ -72,6 +72,38 @@ def test_correction_learns_a_simulator_that_overrates_communication():
     assert result.corrected.top1_regret <= result.simulator.top1_regret
 
 
+def test_a_correction_that_carries_over_between_jobs_is_applied_in_full(records):
+    assert CostModel(**SMALL).fit(records).scale_ > 0.8
+
+
+def test_job_shifts_that_no_feature_explains_leave_the_model_near_the_simulator():
+    """Each job measured at its own random multiple of the simulator: nothing learned from some jobs
+    says anything about another's, and the inner cross-validation by job sees that."""
+    records = synthetic_records(n_groups=10, per_group=6, seed=3, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
+    rng = np.random.default_rng(0)
+    shifts = {f"job-{g}": float(np.exp(rng.normal(0, 0.4))) for g in range(10)}
+    shifted = [r.model_copy(update={"measured_step_time_s": r.measured_step_time_s * shifts[r.group_id]}) for r in records]
+    model = CostModel(**SMALL).fit(shifted)
+    assert model.scale_ < 0.3
+    unshrunk = CostModel(**SMALL, shrink_folds=0).fit(shifted)
+    assert unshrunk.scale_ == 1.0
+    assert np.abs(model.predict_log_ratio(records)[0]).max() < np.abs(unshrunk.predict_log_ratio(records)[0]).max()
+
+
+def test_documents_saved_before_the_scale_existed_load_with_their_version(records):
+    legacy = CostModel(**SMALL, shrink_folds=0).fit(records[:40])
+    document = json.loads(legacy.to_json())
+    assert "shrink_folds" not in document["params"] and "scale" not in document
+    restored = CostModel.from_json(json.dumps(document))
+    assert restored.shrink_folds == 0 and restored.scale_ == 1.0 and restored.version_ == legacy.version_
+
+
+def test_a_scale_outside_zero_to_one_is_refused_by_name(fitted):
+    document = json.loads(fitted.to_json())
+    with pytest.raises(InvalidCostModelError, match="scale"):
+        CostModel.from_json(json.dumps({**document, "scale": 1.5}))
+
+
 def test_json_round_trip_gives_identical_predictions(fitted, records):
     text = fitted.to_json()
     document = json.loads(text)

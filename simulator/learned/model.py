@@ -4,6 +4,9 @@ The simulator's log step time is each row's base margin, so the boosters only le
 simulator gets wrong; with no trials there are no boosters and the model *is* the simulator, exactly.
 A bootstrap ensemble of boosters gives each prediction a spread, widened by the out-of-bag error and
 shrunk towards a prior when there are few trials, so early predictions admit they are guesses.
+How much of the correction is applied is itself cross-validated by job (`shrink_folds`): trained on
+a few jobs, boosting turns their errors into one shift for every new job, which is as often wrong as
+right when the simulator's error differs from job to job, and then the model stays near the simulator.
 
 Saved as one JSON document (XGBoost's own JSON for each booster, never pickle).
 """
@@ -21,6 +24,7 @@ from typing import Any, Self
 import numpy as np
 import xgboost as xgb
 from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+from sklearn.model_selection import GroupKFold
 
 from simulator.learned.features import FeatureMatrix, build_features, default_feature_names, monotone_constraints
 from simulator.learned.records import TrainingRecord
@@ -28,6 +32,10 @@ from stratagem.errors import InvalidDocumentError, Problem, StratagemError
 
 FORMAT = "stratagem-cost-model"
 FORMAT_VERSION = 1
+LEGACY_PARAMS: dict[str, Any] = {"shrink_folds": 0}
+"""Hyper-parameters added to format 1 later, at the value that reproduces documents saved without them
+(which load with it); a model at that value saves without it, and without `scale` at 1, so versions
+stored before keep their content hash."""
 
 Data = Sequence[TrainingRecord] | FeatureMatrix
 
@@ -60,6 +68,7 @@ class CostModel:
         prior_log_std: float = 0.3,
         prior_strength: float = 4.0,
         interval_z: float = 1.645,
+        shrink_folds: int = 3,
         random_state: int = 0,
         n_jobs: int = 1,
     ) -> None:
@@ -86,6 +95,11 @@ class CostModel:
         """How many trials the prior is worth when blended with the out-of-bag error."""
         self.interval_z = interval_z
         """Half-width of intervals in standard deviations (1.645: a two-sided 90% interval)."""
+        self.shrink_folds = shrink_folds
+        """Folds by job of the inner cross-validation that sets `scale_`, the share of the correction
+        applied (least squares of the jobs' log ratios on their out-of-fold corrections, in [0, 1]).
+        Below 2, or with one job, all of it is applied. `reg_lambda` cannot do this: later boosting
+        rounds re-fit whatever it holds back."""
         self.random_state = random_state
         self.n_jobs = n_jobs
 
@@ -116,7 +130,9 @@ class CostModel:
         self.feature_names_ = list(matrix.names)
         self.boosters_: list[xgb.Booster] = []
         self.residual_log_std_ = float(self.prior_log_std)
+        self.scale_ = 1.0
         if len(matrix):
+            self.scale_ = self._cross_validated_scale(matrix)
             self._fit_ensemble(matrix)
         self.n_train_ = len(matrix)
         self.n_groups_ = len(set(matrix.groups))
@@ -128,6 +144,19 @@ class CostModel:
         }
         self.version_ = self._content_version()
         return self
+
+    def _cross_validated_scale(self, matrix: FeatureMatrix) -> float:
+        jobs = len(set(matrix.groups))
+        if self.shrink_folds < 2 or jobs < 2:
+            return 1.0
+        inner = {**self.get_params(), "shrink_folds": 0, "n_bootstrap": 1}
+        correction = np.empty(len(matrix))
+        for train, test in GroupKFold(n_splits=min(self.shrink_folds, jobs)).split(matrix.X, groups=matrix.groups):
+            model = CostModel(**inner).fit(matrix.take(train))
+            correction[test] = model.predict_log_ratio(matrix.take(test))[0]
+        power = float(correction @ correction)
+        residual = np.log(matrix.measured_s) - np.log(matrix.simulated_s)
+        return float(np.clip(residual @ correction / power, 0.0, 1.0)) if power > 0 else 1.0
 
     def _fit_ensemble(self, matrix: FeatureMatrix) -> None:
         rng = np.random.default_rng(self.random_state)
@@ -145,7 +174,7 @@ class CostModel:
                 oob_sum[out_of_bag] += self._tree_output(booster, matrix.X[out_of_bag], matrix.names)
                 oob_count[out_of_bag] += 1
         seen = oob_count > 0
-        residuals = (target - margin)[seen] - oob_sum[seen] / oob_count[seen]
+        residuals = (target - margin)[seen] - self.scale_ * oob_sum[seen] / oob_count[seen]
         mse = (self.prior_strength * self.prior_log_std**2 + float(np.sum(residuals**2))) / (
             self.prior_strength + int(seen.sum())
         )
@@ -198,7 +227,7 @@ class CostModel:
     def _log_ratio(self, matrix: FeatureMatrix) -> tuple[np.ndarray, np.ndarray]:
         if not self.boosters_ or not len(matrix):
             return np.zeros(len(matrix)), np.full(len(matrix), self.residual_log_std_)
-        outputs = np.stack([self._tree_output(b, matrix.X, self.feature_names_) for b in self.boosters_])
+        outputs = self.scale_ * np.stack([self._tree_output(b, matrix.X, self.feature_names_) for b in self.boosters_])
         spread = outputs.std(axis=0)
         return outputs.mean(axis=0), np.sqrt(spread**2 + self.residual_log_std_**2)
 
@@ -230,11 +259,12 @@ class CostModel:
         except json.JSONDecodeError as error:
             raise InvalidCostModelError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
         _check_document(document)
-        model = cls(**document["params"])
+        model = cls(**{**LEGACY_PARAMS, **document["params"]})
         _check_params(model.get_params())
         model.feature_names_ = list(document["feature_names"])
         model.boosters_ = [_load_booster(raw, i) for i, raw in enumerate(document["boosters"])]
         model.residual_log_std_ = float(document["residual_log_std"])
+        model.scale_ = float(document.get("scale", 1.0))
         model.n_train_ = int(document["n_train"])
         model.n_groups_ = int(document["n_groups"])
         model.metadata_ = dict(document.get("metadata") or {})
@@ -244,12 +274,14 @@ class CostModel:
         return model
 
     def _content(self) -> dict[str, Any]:
+        params = {k: v for k, v in self.get_params().items() if not (k in LEGACY_PARAMS and v == LEGACY_PARAMS[k])}
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "params": self.get_params(),
+            "params": params,
             "feature_names": self.feature_names_,
             "residual_log_std": self.residual_log_std_,
+            **({"scale": self.scale_} if self.scale_ != 1.0 else {}),
             "n_train": self.n_train_,
             "n_groups": self.n_groups_,
             "boosters": [json.loads(bytes(b.save_raw("json"))) for b in self.boosters_],
@@ -301,6 +333,7 @@ _PARAM_RULES: dict[str, tuple[float, float, bool]] = {
     "prior_log_std": (0.0, math.inf, False),
     "prior_strength": (0.0, math.inf, False),
     "interval_z": (0.0, math.inf, False),
+    "shrink_folds": (0, 100, True),
     "n_jobs": (1, 1024, True),
 }
 
@@ -330,6 +363,9 @@ def _check_document(document: Any) -> None:
                 "n_train": int, "n_groups": int, "version": str}
     problems = [Problem(key, f"missing or not a {kind.__name__ if isinstance(kind, type) else 'number'}")
                 for key, kind in expected.items() if not isinstance(document.get(key), kind)]
+    scale = document.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0.0 <= scale <= 1.0:
+        problems.append(Problem("scale", f"must be a number in [0, 1], got {scale!r}"))
     if not problems:
         unknown = sorted(set(document["params"]) - set(_init_parameter_names()))
         problems = [Problem(f"params.{name}", "unknown hyper-parameter") for name in unknown]
