@@ -4,9 +4,10 @@ The simulator's log step time is each row's base margin, so the boosters only le
 simulator gets wrong; with no trials there are no boosters and the model *is* the simulator, exactly.
 A bootstrap ensemble of boosters gives each prediction a spread, widened by the out-of-bag error and
 shrunk towards a prior when there are few trials, so early predictions admit they are guesses.
-How much of the correction is applied is itself cross-validated by job (`shrink_folds`): trained on
-a few jobs, boosting turns their errors into one shift for every new job, which is as often wrong as
-right when the simulator's error differs from job to job, and then the model stays near the simulator.
+How much of the correction is applied is itself cross-validated by job (`shrink_folds`). Trained on
+a few jobs, boosting turns their errors into one shift for every new job. Where the simulator's error
+differs from job to job, that shift is as often wrong as right, and the model then stays near the
+simulator.
 
 Saved as one JSON document (XGBoost's own JSON for each booster, never pickle).
 """
