@@ -70,6 +70,9 @@ def train(args: argparse.Namespace) -> None:
         checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
         result = {"rank": env.rank, "losses": losses, "stats": steps, "checksum": checksum}
         Path(args.out_dir, f"rank{env.rank}.json").write_text(json.dumps(result))
+    # Every rank finishes its collectives before any closes its connections: a gloo peer that is still
+    # receiving when the other side goes away aborts its process.
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
