@@ -202,6 +202,7 @@ def test_the_cost_model_page_shows_scores_and_feature_importance(make_client) ->
     version = client.post("/v1/cost-model/retrain").json()
     page = _html(client, "/cost-model")
     assert version["version"] in page and "in use" in page
+    assert "of the correction its boosters fitted" in page
     corrected = version["metrics"]["corrected"]
     assert formatting.percent(corrected["mape"]) in page and formatting.percent(version["metrics"]["simulator"]["mape"]) in page
     assert "figure-metrics" in page, page[page.find("<main>"):]

@@ -67,24 +67,36 @@ def promotion(metrics: dict[str, Any]) -> dict[str, Any] | None:
     return decision if isinstance(decision, dict) and isinstance(decision.get("why"), str) else None
 
 
-def importances(model_text: str | None) -> tuple[dict[str, float], str | None]:
-    """(feature -> share of total gain, None) or ({}, why there is nothing to show)."""
+@dataclass(frozen=True)
+class StoredModel:
+    """What the page reads from a version's own JSON."""
+
+    importances: dict[str, float]
+    """Feature -> share of the boosters' total gain (empty when there is nothing to show)."""
+    note: str | None
+    """Why there are no importances, if there are none."""
+    applied_share: float | None = None
+    """The share of the fitted correction the model applies (its cross-validated `scale_`)."""
+
+
+def read_model(model_text: str | None) -> StoredModel:
     if not model_text:
-        return {}, "this version stores no model text"
+        return StoredModel({}, "this version stores no model text")
     try:
         from simulator.learned import CostModel
     except ImportError as error:  # the learned model is an optional part of the service
-        return {}, f"the learned cost model is not installed in this service ({error})"
+        return StoredModel({}, f"the learned cost model is not installed in this service ({error})")
     try:
         model = CostModel.from_json(model_text)
         shares = model.feature_importance()
     except Exception as error:  # a stored model from another format version: say so, keep the page
-        return {}, f"the stored model could not be read: {type(error).__name__}: {error}"
+        return StoredModel({}, f"the stored model could not be read: {type(error).__name__}: {error}")
     if not model.boosters_:
-        return {}, "the model has no boosters (it was trained on no trials), so it is the simulator alone"
+        return StoredModel({}, "the model has no boosters (it was trained on no trials), so it is the simulator alone")
     if not shares:
-        return {}, "no tree splits on any feature yet (too few trials to learn more than a constant correction)"
-    return shares, None
+        return StoredModel({}, "no tree splits on any feature yet (too few trials to learn more than a constant correction)",
+                           model.scale_)
+    return StoredModel(shares, None, model.scale_)
 
 
 def cost_model_context(session: Session, version_id: int | None) -> dict[str, Any] | None:
@@ -97,19 +109,20 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
         "title": "Cost model", "versions": versions, "selected": selected, "metric_rows": [],
         "headline": {v.id: {k: headline(v.metrics or {}, k) for k in CHARTED} for v in versions},
         "kept_out": {v.id for v in versions if (promotion(v.metrics or {}) or {}).get("in_use") is False},
-        "importance_note": None, "figures": {}, "promotion": None,
+        "importance_note": None, "figures": {}, "promotion": None, "applied_share": None,
     }
     if selected is None:
         return context
     rows = metric_rows(selected.metrics or {})
-    shares, note = importances(queries.cost_model_text(session, selected.id))
+    stored = read_model(queries.cost_model_text(session, selected.id))
     charted = [row for row in rows if row.key in CHARTED]
     if charted:
         context["figures"]["metrics"] = charts.metrics_chart([SHORT[r.key] for r in charted], [r.simulator for r in charted],
                                                              [r.corrected for r in charted])
-    if shares:
-        context["figures"]["importance"] = charts.importance_chart(shares)
-    context.update(metric_rows=rows, importance_note=note, promotion=promotion(selected.metrics or {}))
+    if stored.importances:
+        context["figures"]["importance"] = charts.importance_chart(stored.importances)
+    context.update(metric_rows=rows, importance_note=stored.note, promotion=promotion(selected.metrics or {}),
+                   applied_share=stored.applied_share)
     return context
 
 
