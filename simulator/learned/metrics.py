@@ -116,13 +116,19 @@ def cross_validate(make_model: Callable[[], Predictor], data: FeatureMatrix, *, 
         raise InvalidDocumentError([Problem("measured_step_time_s", "every row needs a measurement to be scored")],
                                    document="training set")
     splits = min(n_splits, n_groups)
-    predicted = np.empty(len(data))
-    for train, test in GroupKFold(n_splits=splits).split(data.X, groups=data.groups):
-        model = make_model()
-        model.fit(data.take(train))
-        predicted[test] = model.predict(data.take(test))
+    predicted = out_of_fold(make_model, data, n_splits=splits)
     return CrossValidation(
         simulator=score(data.measured_s, data.simulated_s, data.groups),
         corrected=score(data.measured_s, predicted, data.groups),
         n_splits=splits,
     )
+
+
+def out_of_fold(make_model: Callable[[], Predictor], data: FeatureMatrix, *, n_splits: int) -> np.ndarray:
+    """Each row's step time predicted by a model fitted on the other folds' jobs (GroupKFold)."""
+    predicted = np.empty(len(data))
+    for train, test in GroupKFold(n_splits=n_splits).split(data.X, groups=data.groups):
+        model = make_model()
+        model.fit(data.take(train))
+        predicted[test] = model.predict(data.take(test))
+    return predicted

@@ -25,9 +25,9 @@ from typing import Any, Self
 import numpy as np
 import xgboost as xgb
 from sklearn.exceptions import NotFittedError as SklearnNotFittedError
-from sklearn.model_selection import GroupKFold
 
 from simulator.learned.features import FeatureMatrix, build_features, default_feature_names, monotone_constraints
+from simulator.learned.metrics import out_of_fold
 from simulator.learned.records import TrainingRecord
 from stratagem.errors import InvalidDocumentError, Problem, StratagemError
 
@@ -151,10 +151,8 @@ class CostModel:
         if self.shrink_folds < 2 or jobs < 2:
             return 1.0
         inner = {**self.get_params(), "shrink_folds": 0, "n_bootstrap": 1}
-        correction = np.empty(len(matrix))
-        for train, test in GroupKFold(n_splits=min(self.shrink_folds, jobs)).split(matrix.X, groups=matrix.groups):
-            model = CostModel(**inner).fit(matrix.take(train))
-            correction[test] = model.predict_log_ratio(matrix.take(test))[0]
+        predicted = out_of_fold(lambda: CostModel(**inner), matrix, n_splits=min(self.shrink_folds, jobs))
+        correction = np.log(predicted) - np.log(matrix.simulated_s)
         power = float(correction @ correction)
         residual = np.log(matrix.measured_s) - np.log(matrix.simulated_s)
         return float(np.clip(residual @ correction / power, 0.0, 1.0)) if power > 0 else 1.0

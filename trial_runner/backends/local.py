@@ -75,9 +75,8 @@ class LocalRank:
 
     @classmethod
     def start(cls, backend: LocalBackend, folder: Path, *, rank: int, port: int, threads: int) -> LocalRank:
-        env = rank_environment()
+        env = rank_environment(OMP_NUM_THREADS=str(threads))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-        env["OMP_NUM_THREADS"] = str(threads)
         command = [
             backend.python, "-m", "trial_runner.worker", "--spec", str(folder / "spec.json"), "--rank", str(rank),
             "--master-addr", backend.master_addr, "--master-port", str(port), "--threads", str(threads),
