@@ -62,6 +62,16 @@ class Block:
             return None
         return statistics.median(self.step_times(LOCAL))
 
+    def sync_medians(self, name: str) -> dict[str, float]:
+        """Per runtime timing (waits per kind, launch, update), the median over steps of the ranks' mean:
+        where a strategy's step goes, to set beside the simulator's breakdown."""
+        per_rank = [r.get("sync", {}).get(name, []) for r in self.reports]
+        if not per_rank or not all(per_rank):
+            return {}
+        keys = sorted({key for steps in per_rank for step in steps for key in step})
+        return {key: statistics.median(statistics.mean(step.get(key, 0.0) for step in column)
+                                       for column in zip(*per_rank, strict=True)) for key in keys}
+
     def result(self, name: str, strategy: Strategy) -> dict[str, Any]:
         """A trial-like result for one strategy: outcome, median, per-step and per-rank times."""
         base = {"world_size": RANKS, "backend": "interleaved", "workload": self.label, "strategy_id": strategy.id,
@@ -71,10 +81,15 @@ class Block:
             return {**base, "outcome": "invalid" if refused else "crash", "error": refused or self.failure, "median_s": None}
         steps = self.step_times(name)
         median = statistics.median(steps)
-        return {**base, "outcome": "ok", "error": None, "median_s": median, "step_times_s": steps,
+        return {**base, "outcome": "ok", "error": None, "median_s": median, "step_times_s": steps, "sync_s": self.sync_medians(name),
                 "p90_s": sorted(steps)[int(0.9 * (len(steps) - 1))], "samples_per_s": RANKS * self.batch_size / median,
                 "ranks": [{"rank": i, "step_times_s": r["times"][name], "warmup_times_s": r["warmup"][name]}
                           for i, r in enumerate(self.reports)]}
+
+
+def sync_parts(stats: Any) -> dict[str, float]:
+    """A step's runtime timings as flat seconds: waiting per synchronizer kind, launching and updating."""
+    return {**{f"wait_{kind}": seconds for kind, seconds in stats.wait_s.items()}, "launch": stats.launch_s, "update": stats.update_s}
 
 
 def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int, steps: int, timeout: float,
@@ -149,6 +164,7 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
     warmup: dict[str, list[float]] = {name: [] for name in names}
+    sync: dict[str, list[dict[str, float]]] = {name: [] for name in names}
 
     def agree(go: bool) -> bool:
         flag = torch.tensor([int(go)], dtype=torch.int32)
@@ -168,6 +184,9 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
             built.loss(model(*batch)).backward()
             optimizer.step()
             (warmup if step < job["warmup"] else times)[name].append(time.perf_counter() - start)
+            stats = getattr(optimizer, "sync_stats", None)
+            if stats is not None and step >= job["warmup"]:
+                sync[name].append(sync_parts(stats))
         if step >= job["warmup"]:
             for name, probe in probes.items():
                 if not (name in ONCE_PROBES and samples[name]):
@@ -177,7 +196,7 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     dist.barrier()
     figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
     figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
-    output.write_text(json.dumps({"times": times, "warmup": warmup, "refused": refused, "figures": figures}))
+    output.write_text(json.dumps({"times": times, "warmup": warmup, "sync": sync, "refused": refused, "figures": figures}))
     os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
 
 

@@ -104,6 +104,8 @@ class Trial:
     breakdown: dict[str, float] = field(default_factory=dict)
     undistributed_s: float | None = None
     """The same model's step without synchronization, measured alongside (interleaved mode)."""
+    sync_s: dict[str, float] = field(default_factory=dict)
+    """The runtime's own timings of the step (waits per kind, launch, update; interleaved mode)."""
 
 
 @dataclass
@@ -290,7 +292,8 @@ def read_records(path: Path) -> list[Measured]:
         pair = pairs.setdefault((str(graph.id), name), Measured(model, name, graph))
         ok = result.get("outcome") == "ok" and result.get("median_s")
         pair.trials.append(Trial(resources, strategy, float(result["median_s"]) if ok else None,
-                                 None if ok else str(result.get("outcome")), undistributed_s=result.get("undistributed_step_s")))
+                                 None if ok else str(result.get("outcome")), undistributed_s=result.get("undistributed_step_s"),
+                                 sync_s=result.get("sync_s") or {}))
     return list(pairs.values())
 
 
@@ -380,7 +383,7 @@ def measure(models: list[str], args: argparse.Namespace, out: Any) -> tuple[list
                 ok = result.get("outcome") == "ok" and result.get("median_s")
                 trial = Trial(resources, chosen[name], float(result["median_s"]) if ok else None,
                               None if ok else f"{result.get('outcome')}: {(result.get('error') or '').strip()[:200]}",
-                              undistributed_s=result.get("undistributed_step_s"))
+                              undistributed_s=result.get("undistributed_step_s"), sync_s=result.get("sync_s") or {})
                 pairs.setdefault((model, name), Measured(model, name, graphs[model])).trials.append(trial)
                 shown = f"{trial.median_s * 1e3:8.1f} ms" if trial.median_s else trial.failure
                 print(f"round {round_index + 1} {model:10s} {name:22s} {shown}", file=sys.stderr, flush=True)
@@ -543,6 +546,8 @@ def _pair_summary(pair: Measured) -> dict[str, Any]:
     measured, predicted = pair.measured, pair.predicted
     breakdowns = [t.breakdown for t in pair.ok if t.breakdown]
     mean = {k: round(1e3 * statistics.mean(b.get(k, 0.0) for b in breakdowns), 2) for k in (breakdowns[0] if breakdowns else {})}
+    syncs = [t.sync_s for t in pair.ok if t.sync_s]
+    sync = {k: round(1e3 * statistics.median(s.get(k, 0.0) for s in syncs), 2) for k in sorted({k for s in syncs for k in s})}
     return {
         "model": pair.model,
         "strategy": pair.name,
@@ -553,6 +558,7 @@ def _pair_summary(pair: Measured) -> dict[str, Any]:
         "round_predicted_ms": [round(t.predicted_s * 1e3, 2) if t.predicted_s else None for t in pair.trials],
         "spread": _round(pair.spread, 3),
         "predicted_breakdown_ms": {k: v for k, v in mean.items() if v > 0},
+        "measured_sync_ms": sync,
         "failures": [t.failure for t in pair.trials if t.failure],
     }
 
