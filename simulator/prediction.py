@@ -91,6 +91,19 @@ def _infeasible_reason(context: SimContext, batch: CandidateBatch, result: Batch
     return f"does not fit: needs {_bytes(need)} per device, {_bytes(have)} available ({_bytes(need - have)} over)"
 
 
+HIDDEN_SHARE = 0.05
+"""Below this share of the step, what compute leaves exposed is not worth naming."""
+RUNNER_UP_LABELS = {
+    "tensor_parallel": "tensor-parallel all-reduces",
+    "pipeline_bubble": "the pipeline bubble",
+    "pipeline_p2p": "pipeline stage transfers",
+    "allreduce": "exposed gradient all-reduce",
+    "sharded": "the sharded reduce-scatter and all-gather",
+    "ps": "the parameter-server exchange",
+    "optimizer_update": "the optimizer update",
+}
+
+
 def _bottleneck(context: SimContext, batch: CandidateBatch, result: BatchResult, i: int, breakdown: dict[str, float]) -> str:
     step = float(result.step_time[i])
     key = max(breakdown, key=lambda k: breakdown[k])
@@ -112,7 +125,11 @@ def _bottleneck(context: SimContext, batch: CandidateBatch, result: BatchResult,
     if key == "optimizer_update":
         return f"the optimizer update streams parameters and state through memory for {_seconds(breakdown[key])} per step"
     kind = context.kinds.specs[int(_kind(context, batch, i))].name
-    return f"compute-bound: forward and backward take {_seconds(breakdown['compute'])} per step on {kind}; communication is hidden behind it"
+    head = f"compute-bound: forward and backward take {_seconds(breakdown['compute'])} per step on {kind}"
+    runner_up = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k], default=None)
+    if runner_up is None or breakdown[runner_up] < HIDDEN_SHARE * step:
+        return f"{head}; communication is hidden behind it"
+    return f"{head}; next comes {RUNNER_UP_LABELS[runner_up]}, {_seconds(breakdown[runner_up])} ({breakdown[runner_up] / step:.0%} of the step)"
 
 
 def _ps_sentence(context: SimContext, result: BatchResult, i: int, share: float) -> str:
