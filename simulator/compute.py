@@ -43,7 +43,8 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
     return result
 
 
-def update_seconds(context: SimContext, kind: np.ndarray, update_bytes: np.ndarray) -> np.ndarray:
-    """Optimizer update: streaming param, grad and state through memory at the kind's optimizer efficiency."""
+def update_seconds(context: SimContext, kind: np.ndarray, update_bytes: np.ndarray, tensors: np.ndarray) -> np.ndarray:
+    """Optimizer update: streaming param, grad and state through memory at the kind's optimizer
+    efficiency, plus its per-tensor cost for each tensor stepped."""
     k = context.kinds
-    return update_bytes / (k.memory_bandwidth[kind] * k.optimizer_efficiency[kind])
+    return update_bytes / (k.memory_bandwidth[kind] * k.optimizer_efficiency[kind]) + tensors * k.optimizer_tensor_s[kind]

@@ -62,6 +62,12 @@ class DeviceKinds:
     """An all-gather into one tensor per rank (sparse rows, top-k): its fraction of the link bandwidth (else 1)."""
     half_reduce_efficiency: np.ndarray
     """A half-precision all-reduce's speed per byte relative to fp32 (else 1)."""
+    optimizer_tensor_s: np.ndarray
+    """Seconds an update pays per tensor stepped, beyond its bytes (else 0)."""
+    reduce_efficiency: np.ndarray
+    """A reduce to one rank (a PS push): its speed per byte relative to the link's all-reduce bandwidth (else 1)."""
+    broadcast_efficiency: np.ndarray
+    """A broadcast from one rank (a PS pull): the same (else 1)."""
     comm_overlap: np.ndarray
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
 
@@ -78,6 +84,12 @@ class ServerPrice:
     """Seconds per byte the optimizer update streams through its memory."""
     inv_coalesce: np.ndarray
     """Seconds per byte of coalescing sparse rows there (the pushes it receives, summed into one)."""
+    tensor_s: np.ndarray
+    """Seconds its update pays per tensor (a shard of a PS variable) beyond the bytes."""
+    push_scale: np.ndarray
+    """Its kind's time per pushed byte relative to the link's all-reduce bandwidth (1 / `reduce_efficiency`)."""
+    pull_scale: np.ndarray
+    """The same per pulled byte (1 / `broadcast_efficiency`)."""
     latency: np.ndarray
     """Seconds of latency per shard round trip (push, then pull): 2α."""
 
@@ -257,6 +269,9 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         inv_rate=1.0 / rate,
         inv_coalesce=1.0 / (kinds.memory_bandwidth[device_kind] * kinds.coalesce_efficiency[device_kind]),
         latency=collectives.ps_push_pull(links["nic_latency"][device_node]),
+        tensor_s=kinds.optimizer_tensor_s[device_kind],
+        push_scale=1.0 / kinds.reduce_efficiency[device_kind],
+        pull_scale=1.0 / kinds.broadcast_efficiency[device_kind],
     )
     flops_time = (layers["fwd_flops"].sum() + layers["bwd_flops"].sum()) / (kinds.peak_flops * kinds.matmul_efficiency)
     return SimContext(
@@ -331,6 +346,9 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
         gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
         half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
+        optimizer_tensor_s=np.array([s.optimizer_tensor_s or 0.0 for s in specs]),
+        reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
+        broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
     )
 

@@ -32,7 +32,7 @@ from simulator.allreduce import CollectivePhase, collective_phase
 from simulator.compute import update_seconds
 from simulator.context import SimContext
 from simulator.encoding import CandidateBatch, ConsistencyKind
-from simulator.memory import KindSums, MemoryPhase, memory_phase, update_bytes
+from simulator.memory import KindSums, MemoryPhase, memory_phase, update_bytes, update_tensors
 from simulator.pipeline import ComputePhase, compute_phase
 from simulator.ps import PSPhase, ps_phase
 from simulator.topology import topology
@@ -94,7 +94,7 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     ps = ps_phase(context, batch, topo, compute)
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
-    update = update_seconds(context, topo.kind, update_bytes(context, batch, compute, sums))
+    update = update_seconds(context, topo.kind, update_bytes(context, batch, compute, sums), update_tensors(context, batch, compute, sums))
     step, breakdown = _compose(batch, compute, coll, ps, update, context.kinds.comm_overlap[topo.kind])
     global_batch = context.batch_size * batch.data.astype(np.float64)
     samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)

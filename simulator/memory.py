@@ -18,7 +18,8 @@ Per device: parameters + gradients + optimizer state + activations in flight.
 - Frozen (non-trainable) variables count as parameters.
 
 The optimizer update streams each variable's parameters, gradient and state through memory on the
-device that owns it: workers for all-reduce variables, 1/data of it for sharded ones, the server for PS.
+device that owns it: workers for all-reduce variables, 1/data of it for sharded ones, the server for PS;
+and it pays the kind's `optimizer_tensor_s` for each tensor it steps (a variable, or a flat shard).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class KindSums:
     total: np.ndarray
     ps: np.ndarray
     sharded: np.ndarray
+    ps_count: np.ndarray
+    """[N] PS variables (their updates run on the servers)."""
+    sharded_count: np.ndarray
+    """[N] sharded variables (updated as one flat shard)."""
 
     @classmethod
     def of(cls, context: SimContext, batch: CandidateBatch, ps_rows: np.ndarray, ps_vars: np.ndarray) -> KindSums:
@@ -58,7 +63,8 @@ class KindSums:
         n = len(batch)
         columns = variable_columns(context)
         sharded_rows, sharded_vars = np.divmod(np.flatnonzero(batch.kind == SyncKind.SHARDED), context.num_variables)
-        return cls(columns.sum(axis=0), _row_sums(columns, ps_rows, ps_vars, n), _row_sums(columns, sharded_rows, sharded_vars, n))
+        return cls(columns.sum(axis=0), _row_sums(columns, ps_rows, ps_vars, n), _row_sums(columns, sharded_rows, sharded_vars, n),
+                   np.bincount(ps_rows, minlength=n).astype(np.float64), np.bincount(sharded_rows, minlength=n).astype(np.float64))
 
     def owned(self, split: int, rest: int, tensor: np.ndarray, data: np.ndarray) -> np.ndarray:
         """Bytes of a column pair on one worker, excluding PS variables, sharded ones over data."""
@@ -117,6 +123,20 @@ def update_bytes(context: SimContext, batch: CandidateBatch, compute: ComputePha
     if rows.size:
         per_var = _per_variable(context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / batch.data[rows, None])
         out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
+    return out
+
+
+def update_tensors(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
+    """[N] tensors the optimizer steps one at a time on the busiest worker (the slowest stage's, with a
+    pipeline): every variable it updates itself, plus one flat shard for its sharded ones."""
+    out = context.num_variables - sums.ps_count - sums.sharded_count + (sums.sharded_count > 0)
+    rows = compute.piped
+    if rows.size:
+        own = np.where(batch.kind[rows] == SyncKind.ALLREDUCE, 1.0, 0.0)
+        sharded = np.where(batch.kind[rows] == SyncKind.SHARDED, 1.0, 0.0)
+        stages = int(batch.pipeline[rows].max())
+        per_stage = _per_stage(own, compute.piped_var_stage, stages) + (_per_stage(sharded, compute.piped_var_stage, stages) > 0)
+        out[rows] = per_stage.max(axis=1)
     return out
 
 

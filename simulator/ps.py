@@ -11,13 +11,18 @@ capped by the table) and node j with c_j data-parallel copies of the model:
   the worker on the server device itself (a PS on a replica's own CPU, as on a CPU-only host), whose
   push and pull never leave it;
 - the runtime fuses a server's dense shards into one bucket (one push and one pull per server and
-  setting), so a bucket pays one round trip of 2α; every sparse shard is an exchange of its own, whose
+  setting), so a bucket pays one round trip of 2α (and the server steps each shard as its own tensor, at the kind's
+  `optimizer_tensor_s` each); every sparse shard is an exchange of its own, whose
   push and pull each send a row count, then indices, then values: three round trips
   (`collectives.SPARSE_PS_ROUND_TRIPS`); a sparse shard's rows are coalesced where they are pushed and
   the pushes summed (coalesced) at the server, at the device's coalesce rate; the server applies the
   update (streaming param, grad and state through its memory) before anyone can pull.
 
-Push and pull volumes are equal, so one direction of a full-duplex NIC decides: a node's PS time per
+A server's side of a push (receiving and summing) and of a pull (sending) runs at its kind's
+`reduce_efficiency` and `broadcast_efficiency` of the link bandwidth all-reduce reaches (gloo on CPU
+pulls about twice as fast as it pushes); the workers' own NIC traffic is priced at the link's.
+
+Push and pull volumes are equal, so one direction (the slower) of a full-duplex NIC decides: a node's PS time per
 step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
 That total per node is the PS *throughput* bound. For synchronous training the busiest node's NIC is
 also run as a FIFO timeline (pushes queued in gradient-ready order, each followed by its update);
@@ -49,7 +54,8 @@ class PSPhase:
     finish: np.ndarray
     """[N] when the last pull lands on the busiest PS node (synchronous training; 0 without PS)."""
     last_pull: np.ndarray
-    """[N] the last exchange's pull, which waits for its update and so is exposed after the pushes drain."""
+    """[N] the last exchange's pull, which waits for its update and so is exposed after the pushes drain
+    (each server's bytes at its pull speed)."""
     throughput: np.ndarray
     """[N] seconds of PS work on the busiest node per step (what asynchronous training cannot hide)."""
     node_seconds: np.ndarray
@@ -108,22 +114,27 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     remote = (by_device["push"] * weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
     price = context.server_price
     device_coalesced = np.bincount(row.take(entry) * D + server, weights=coalesced, minlength=n * D).reshape(n, D)
-    device_seconds = (remote * price.inv_nic + crossing * price.inv_intra + by_device["update"] * price.inv_rate + device_trips * price.latency
-                      + device_coalesced * price.inv_coalesce)
+    push_scale, pull_scale = _node_scales(context)
+    device_transfer = remote * price.inv_nic + crossing * price.inv_intra
+    device_work = (by_device["update"] * price.inv_rate + by_device["tensors"] * price.tensor_s + device_trips * price.latency
+                   + device_coalesced * price.inv_coalesce)
     worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * weights).sum(axis=1)
-    node_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_seconds)
+    transfer_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_transfer)
+    node_seconds = transfer_seconds * np.maximum(push_scale, pull_scale) + context.per_node(device_work)
     node_bytes = worker_bytes + context.per_node(remote)
 
     busiest = node_seconds.argmax(axis=1)
     busy_node = busiest.take(row)
-    service = copies.take(weight_row * M + busy_node) * push / context.nic_bandwidth.take(busy_node)
+    outbound = copies.take(weight_row * M + busy_node) * push / context.nic_bandwidth.take(busy_node)
+    entry_push = push_scale.take(busy_node)
     on_busy = np.flatnonzero(context.device_node.take(server) == busy_node.take(entry))
     e, d = entry.take(on_busy), server.take(on_busy)
     own_e = copies.take(weight_row.take(e) * M + context.device_node.take(d)) * push_share.take(e)
     resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
     total_e = push_share.take(e) * totals.take(weight_row.take(e))
     transfer = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d))
-    seconds = transfer + update.take(e) * price.inv_rate.take(d)
+    service = (outbound + np.bincount(e, weights=transfer, minlength=flat.size)) * entry_push
+    seconds = update.take(e) * price.inv_rate.take(d) + price.tensor_s.take(d)
     exchanges_on_busy = np.zeros(0)
     if sparse is not None:
         exchanges_on_busy = sparse.take(on_busy).astype(np.float64)
@@ -132,12 +143,13 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
     service += np.bincount(buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)),
                            minlength=flat.size)
-    moved = np.bincount(row, weights=copies.take(weight_row * M + busy_node) * push / context.nic_bandwidth.take(busy_node), minlength=n)
+    moved = np.bincount(row, weights=outbound, minlength=n)
     moved += np.bincount(row.take(e), weights=transfer, minlength=n)
+    pulled = moved * pull_scale.take(busiest)
     exchanges_per_row = np.bincount(row.take(buckets.entry.take(on_busy_bucket)), minlength=n).astype(np.float64)
     if exchanges_on_busy.size:
         exchanges_per_row += np.bincount(row.take(e), weights=exchanges_on_busy, minlength=n)
-    last_pull = moved / np.maximum(exchanges_per_row, 1.0)
+    last_pull = pulled / np.maximum(exchanges_per_row, 1.0)
     return PSPhase(
         finish=fifo_segments(row, compute.ready_at(row, position), service, n) + last_pull,
         last_pull=last_pull,
@@ -148,6 +160,16 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
         rows=row,
         variables=var,
     )
+
+
+def _node_scales(context: SimContext) -> tuple[np.ndarray, np.ndarray]:
+    """[M] each node's time per pushed and per pulled byte relative to its links' all-reduce bandwidth
+    (`reduce_efficiency`, `broadcast_efficiency`; its slowest device kind's, nodes being of one kind)."""
+    push = np.zeros(context.num_nodes)
+    pull = np.zeros(context.num_nodes)
+    np.maximum.at(push, context.device_node, context.server_price.push_scale)
+    np.maximum.at(pull, context.device_node, context.server_price.pull_scale)
+    return push, pull
 
 
 def _coalesced_bytes(context: SimContext, var: np.ndarray, sparse: np.ndarray, push: np.ndarray, pushers: np.ndarray) -> np.ndarray:
@@ -226,8 +248,8 @@ def _device_sums(
     row: np.ndarray, head: np.ndarray, tail: np.ndarray, tail_server: np.ndarray, n: int, D: int,
     lr: np.ndarray, push: np.ndarray, update: np.ndarray, keep: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """Per (candidate, server device): pushes [n, 2, D] by local replication, and [n, D] update bytes and
-    held bytes, over shard 0 of every entry (`head`) and the further shards (`tail`)."""
+    """Per (candidate, server device): pushes [n, 2, D] by local replication, and [n, D] update bytes,
+    held bytes and shards (tensors it steps), over shard 0 of every entry (`head`) and the further shards (`tail`)."""
     device = row * D + head
     lr_device = (row * 2 + lr) * D + head
     tail_row = row.take(tail)
@@ -244,4 +266,5 @@ def _device_sums(
         "push": add(lr_device, tail_lr_device, push, n * 2 * D).reshape(n, 2, D),
         "update": add(device, tail_device, update, n * D).reshape(n, D),
         "keep": add(device, tail_device, keep, n * D).reshape(n, D),
+        "tensors": add(device, tail_device, None, n * D).reshape(n, D),
     }

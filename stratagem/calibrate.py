@@ -27,12 +27,15 @@ seconds:
 - PowerSGD rank 4 on 16 MB of gradients, run by the runtime's own reducer (counted as the simulator's
   nine passes), once as 16 matrices of 1 MB and once as one of 16 MB -> `lowrank_efficiency` and
   `lowrank_knee_bytes` (`size_law`);
+- an Adam step over 256 tensors of 64 elements, per tensor -> `optimizer_tensor_s`;
 - coalescing an embedding gradient of 16384 lookups (its values and int64 indices) -> `coalesce_efficiency`;
 - a reduce-scatter plus an all-gather of 8 MB against an all-reduce of it (the ring formulas make them
   equal) -> `scatter_efficiency`;
 - an all-gather of 4 MB per rank into fresh per-rank tensors (how sparse rows and top-k entries travel)
   against the all-reduce the ring formulas price the same -> `gather_efficiency`;
 - an all-reduce of 4M fp16 elements against one of 4M fp32 elements -> `half_reduce_efficiency`;
+- a reduce to rank 0 and a broadcast from it of 8 MB (a parameter server's push and pull) against an
+  all-reduce of it -> `reduce_efficiency` and `broadcast_efficiency`;
 - gloo all-reduce of 4 B to 8 MB buckets, as the runtime runs them (flatten, divide, all-reduce, copy
   back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least squares gives α and B, so
   the link is described as a bucket sees it, copies included;
@@ -78,7 +81,7 @@ bytes), two state tensors in and out (2 x 8 bytes)."""
 RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
          "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate",
          "lowrank_large_rate", "coalesce_rate", "scatter_efficiency",
-         "gather_efficiency", "half_reduce_efficiency", "overlap")
+         "gather_efficiency", "half_reduce_efficiency", "reduce_efficiency", "broadcast_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
 
@@ -159,6 +162,7 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         conv_efficiency=_fraction(figures["conv_flops"] / matmul),
         optimizer_efficiency=_fraction(small_tensor_rate / bandwidth),
         optimizer_knee_bytes=knee,
+        optimizer_tensor_s=figures.get("optimizer_tensor_s"),
         cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
         select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
         lowrank_efficiency=_fraction(lowrank_rate / bandwidth) if lowrank_rate else None,
@@ -167,6 +171,8 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         scatter_efficiency=_fraction(figures["scatter_efficiency"]) if "scatter_efficiency" in figures else None,
         gather_efficiency=_fraction(figures["gather_efficiency"]) if "gather_efficiency" in figures else None,
         half_reduce_efficiency=_fraction(figures["half_reduce_efficiency"]) if "half_reduce_efficiency" in figures else None,
+        reduce_efficiency=_bounded(figures["reduce_efficiency"], 8.0) if "reduce_efficiency" in figures else None,
+        broadcast_efficiency=_bounded(figures["broadcast_efficiency"], 8.0) if "broadcast_efficiency" in figures else None,
         comm_overlap=min(max(figures["overlap"], 0.0), 1.0),
         is_gpu=False,
     )
@@ -195,7 +201,11 @@ def size_law(rate: float, large_rate: float | None, sizes: tuple[int, int]) -> t
 
 
 def _fraction(value: float) -> float:
-    return min(max(value, 1e-3), 1.0)
+    return _bounded(value, 1.0)
+
+
+def _bounded(value: float, most: float) -> float:
+    return min(max(value, 1e-3), most)
 
 
 def fit_ring(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> tuple[float, float]:
@@ -347,6 +357,7 @@ def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
         "layer_overhead_s": lambda: _layer_overhead(stepper),
         "optimizer_rate": _optimizer_probe(stepper),
         "optimizer_large_rate": _optimizer_probe(stepper, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1]),
+        "optimizer_tensor_s": _optimizer_tensor_probe(stepper),
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
             lambda: select_largest(magnitudes, grad.numel() // 100), budget_s=0.5),
@@ -441,6 +452,18 @@ def _optimizer_probe(stepper: Stepper, *, tensor_bytes: int = OPTIMIZER_TENSOR_B
     return lambda: UPDATE_BYTES_PER_PARAM * count / stepper.median(optimizer.step, budget_s=1.0)
 
 
+def _optimizer_tensor_probe(stepper: Stepper, *, tensors: int = 256, elements: int = 64) -> Callable[[], float]:
+    """Seconds per tensor of an Adam step over many tiny tensors, whose bytes cost nothing next to
+    the per-tensor operations it launches."""
+    import torch
+
+    params = [torch.zeros(elements, requires_grad=True) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.Adam(params)
+    return lambda: stepper.median(optimizer.step, budget_s=0.3) / tensors
+
+
 def allreduce_seconds(dist: Any, torch: Any) -> list[float]:
     """Median seconds to average a bucket of gradients per size in SIZES, each timed from a barrier, the
     way the runtime's all-reduce buckets do it: flatten four gradients into one buffer, divide by the
@@ -519,6 +542,17 @@ def half_reduce_efficiency(dist: Any, torch: Any, *, repeats: int = 6) -> float:
     return _ratio(dist, lambda: dist.all_reduce(single), lambda: dist.all_reduce(half), repeats) / 2
 
 
+def root_efficiencies(dist: Any, torch: Any, *, repeats: int = 4) -> tuple[float, float]:
+    """How fast a reduce to rank 0 and a broadcast from it (a parameter server's push and pull of one
+    8 MB bucket) move their bytes relative to an all-reduce of it, each in the simulator's terms: the
+    root receives (or sends) p-1 buffers, (p-1)·n/B, where the ring all-reduce costs 2(p-1)/p · n/B."""
+    flat = torch.ones(2 << 20, dtype=torch.float32)
+    formula = dist.get_world_size() / 2
+    reduce = _ratio(dist, lambda: dist.all_reduce(flat), lambda: dist.reduce(flat, 0), repeats)
+    broadcast = _ratio(dist, lambda: dist.all_reduce(flat), lambda: dist.broadcast(flat, 0), repeats)
+    return reduce * formula, broadcast * formula
+
+
 def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any]:
     """Every collective measurement, in one call so calibration and the benchmarks' blocks agree."""
     return {
@@ -526,6 +560,7 @@ def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any
         "scatter_efficiency": scatter_efficiency(dist, torch),
         "gather_efficiency": gather_efficiency(dist, torch),
         "half_reduce_efficiency": half_reduce_efficiency(dist, torch),
+        **dict(zip(("reduce_efficiency", "broadcast_efficiency"), root_efficiencies(dist, torch), strict=True)),
         "overlap": overlap_share(dist, torch) if overlap else 0.0,
     }
 

@@ -135,6 +135,19 @@ def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
     assert device.launch_overhead_s == pytest.approx(30e-6)
 
 
+def test_root_collectives_may_beat_the_all_reduce_bandwidth_and_tensor_costs_pass_through():
+    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9, "elementwise_rate": 2e9,
+               "norm_rate": 1e9, "optimizer_rate": 4e9, "layer_overhead_s": 30e-6, "overlap": 0.0,
+               "reduce_efficiency": 0.9, "broadcast_efficiency": 2.4, "optimizer_tensor_s": 25e-6}
+    device = device_spec(figures, memory_bytes=4e9)
+    assert device.reduce_efficiency == pytest.approx(0.9)
+    assert device.broadcast_efficiency == pytest.approx(2.4)  # a broadcast does no arithmetic: faster than the all-reduce's fit
+    assert device.optimizer_tensor_s == pytest.approx(25e-6)
+    assert device_spec({**figures, "broadcast_efficiency": 50.0}, memory_bytes=4e9).broadcast_efficiency == 8.0
+    older = {k: v for k, v in figures.items() if k not in ("reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s")}
+    assert (device_spec(older, memory_bytes=4e9).reduce_efficiency, device_spec(older, memory_bytes=4e9).optimizer_tensor_s) == (None, None)
+
+
 def test_the_slowest_rank_decides_each_figure():
     ranks = [{"matmul_flops": 80e9, "layer_overhead_s": 20e-6, "allreduce_seconds": [1e-4, 2e-3]},
              {"matmul_flops": 60e9, "layer_overhead_s": 30e-6, "allreduce_seconds": [2e-4, 1e-3]}]
@@ -431,6 +444,53 @@ def test_a_fused_ps_bucket_pulls_only_after_its_push_and_update():
     slow, fast = (simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s for spec in (slow_link, fast_link))
     # the worker that is not the server pushes nbytes and pulls them back, one after the other
     assert slow - fast == pytest.approx(2 * (nbytes / 0.5e9 - nbytes / 1.0e9), rel=0.02)
+
+
+def test_a_ps_push_runs_at_the_reduce_efficiency_and_its_pull_at_the_broadcast_efficiency():
+    graph = make_mlp_graph(batch_size=1, widths=(2048, 2048, 10))
+    nbytes = sum(v.nbytes for v in graph.trainable_variables)
+    bandwidth = 0.5e9  # the loopback link: 4 Gbit/s
+
+    def step(**device: float) -> float:
+        spec = cpu_spec(comm_overlap=1.0, **device)
+        return simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s
+
+    base = step()
+    # one bucket: rank 1 pushes nbytes to the server on rank 0, which sends them back after its update
+    assert step(reduce_efficiency=0.5) - base == pytest.approx(nbytes / bandwidth, rel=0.02)
+    assert base - step(broadcast_efficiency=2.0) == pytest.approx(0.5 * nbytes / bandwidth, rel=0.02)
+
+
+def test_every_tensor_the_optimizer_steps_costs_the_optimizer_tensor_seconds():
+    graph = make_mlp_graph(batch_size=8, widths=(256, 256, 256, 256, 10))
+    count = len(graph.trainable_variables)
+    overhead = 1e-3
+
+    def update(builder: str, **device: float) -> float:
+        spec = cpu_spec(comm_overlap=1.0, **device)
+        strategy = AllReduce().build(graph, spec)
+        if builder == "sharded":
+            strategy = strategy.replace(variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables])
+        prediction = simulate(graph, spec, [strategy if builder != "ps" else PS().build(graph, spec)])[0]
+        return prediction.breakdown["optimizer_update"] + prediction.breakdown["ps"]
+
+    # all-reduce: every variable is its own tensor on every rank; sharded: one flat shard
+    assert update("allreduce", optimizer_tensor_s=overhead) - update("allreduce") == pytest.approx(count * overhead)
+    assert update("sharded", optimizer_tensor_s=overhead) - update("sharded") == pytest.approx(overhead)
+    # PS: the server steps each variable it holds, before the pull can leave
+    assert update("ps", optimizer_tensor_s=overhead) - update("ps") == pytest.approx(count * overhead, rel=0.02)
+
+
+def test_a_compute_bound_step_names_what_compute_does_not_hide():
+    graph = make_mlp_graph(batch_size=256, widths=(1024, 1024, 1024, 1024, 10))
+    serial, overlapped = (simulate(graph, cpu_spec(comm_overlap=o), [PS().build(graph, cpu_spec(comm_overlap=o))])[0] for o in (0.0, 1.0))
+    assert serial.bottleneck.startswith("compute-bound") and "next comes the parameter-server exchange" in serial.bottleneck
+    assert serial.breakdown["ps"] > 0.05 * serial.step_time_s
+    assert "next comes the parameter-server exchange" in overlapped.bottleneck  # 29% of the step even when it overlaps
+    large = make_mlp_graph(batch_size=4096, widths=(1024, 1024, 1024, 1024, 10))
+    hidden = simulate(large, cpu_spec(comm_overlap=1.0), [AllReduce().build(large, cpu_spec(comm_overlap=1.0))])[0]
+    assert max(v for k, v in hidden.breakdown.items() if k != "compute") < 0.05 * hidden.step_time_s
+    assert hidden.bottleneck.startswith("compute-bound") and hidden.bottleneck.endswith("communication is hidden behind it")
 
 
 def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():

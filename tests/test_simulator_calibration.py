@@ -38,6 +38,8 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
     device = spec.devices[DEVICE_KIND]
     figures = [device.peak_flops["float32"], device.memory_bandwidth, device.launch_overhead_s, spec.intra_node.bandwidth_gbps, spec.intra_node.latency_us]
     assert all(math.isfinite(x) and x > 0 for x in figures), figures
+    assert 0 < device.reduce_efficiency <= 8 and 0 < device.broadcast_efficiency <= 8
+    assert 0 < device.optimizer_tensor_s < 1e-2  # a few dozen microseconds per tensor on a CPU
     assert spec.nodes[0].cpus == [0, 1] and spec.nodes[0].address == "127.0.0.1"
     assert spec.compute_devices == ["127.0.0.1:CPU:0", "127.0.0.1:CPU:1"]
 

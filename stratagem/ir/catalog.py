@@ -44,6 +44,11 @@ class DeviceSpec(Strict):
     beyond the caches pays each pass (and fresh pages for the temporaries) from memory; per-byte cost
     is `1 + bytes / knee` times the small-tensor figure. None means no such growth (GPUs stream
     everything from memory anyway)."""
+    optimizer_tensor_s: float | None = Field(default=None, ge=0)
+    """Seconds an optimizer update pays per tensor beyond its bytes: a per-tensor (not multi-tensor)
+    update launches a dozen small operations for each parameter, so a model of many small tensors
+    updates slower than its bytes say, and a flat buffer (a ZeRO shard, a server's bucket) pays once.
+    None means 0 (fused multi-tensor updates on GPUs)."""
     cast_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth a dtype conversion (fp32 to fp16/bf16 and back, as fp16 compression
     does) reaches; a CPU without vector conversion units converts element by element. None means
@@ -76,6 +81,14 @@ class DeviceSpec(Strict):
     """How fast a half-precision all-reduce moves its bytes relative to an fp32 one: NCCL reduces fp16
     at full speed, while gloo on CPU converts every element to fp32 to add it, so fp16 compression
     halves the bytes but not the time. None means 1."""
+    reduce_efficiency: float | None = Field(default=None, gt=0, le=8)
+    """How fast a reduce to one rank (a parameter server receiving and summing every worker's push)
+    moves its bytes relative to the link bandwidth all-reduce reaches. The all-reduce's bandwidth is
+    fitted with its arithmetic and copies, so a transfer that does less of them can exceed 1. None
+    means 1."""
+    broadcast_efficiency: float | None = Field(default=None, gt=0, le=8)
+    """The same for a broadcast from one rank (a parameter server's pull): no arithmetic, one copy, so
+    gloo on CPU moves its bytes about twice as fast as its all-reduce does. None means 1."""
     comm_overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of communication time that can run alongside this device's compute without slowing it:
     1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
