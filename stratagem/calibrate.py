@@ -29,14 +29,14 @@ seconds:
   `lowrank_knee_bytes` (`size_law`);
 - an Adam step over 256 tensors of 64 elements, per tensor -> `optimizer_tensor_s`;
 - coalescing an embedding gradient of 16384 lookups (its values and int64 indices) -> `coalesce_efficiency`;
-- a reduce-scatter plus an all-gather of 8 MB against an all-reduce of it (the ring formulas make them
-  equal) -> `scatter_efficiency`;
+- a ZeRO bucket of 8 MB (flatten, reduce-scatter, all-gather into a fresh buffer, copy back) against an
+  all-reduce bucket of the same gradients (the ring formulas make them equal) -> `scatter_efficiency`;
 - an all-gather of 4 MB per rank into fresh per-rank tensors (how sparse rows and top-k entries travel)
-  against the all-reduce the ring formulas price the same -> `gather_efficiency`;
+  against the all-reduce bucket the ring formulas price the same -> `gather_efficiency`;
 - an all-reduce of 4M fp16 elements against one of 4M fp32 elements -> `half_reduce_efficiency`;
-- a reduce to rank 0 and a broadcast from it of 8 MB (a parameter server's push and pull) against an
-  all-reduce of it -> `reduce_efficiency` and `broadcast_efficiency`;
-- gloo all-reduce of 4 B to 8 MB buckets, as the runtime runs them (flatten, divide, all-reduce, copy
+- a parameter server's push (flatten, reduce to rank 0) and pull (broadcast from it, copy back) of an
+  8 MB bucket against an all-reduce bucket of it -> `reduce_efficiency` and `broadcast_efficiency`;
+- gloo all-reduce of 4 B to 8 MB buckets (`allreduce_bucket`), as the runtime runs them (flatten, divide, all-reduce, copy
   back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least squares gives α and B, so
   the link is described as a bucket sees it, copies included;
 - overlap: all-reduces launched while the rank computes; the share of their time that hides behind
@@ -464,22 +464,67 @@ def _optimizer_tensor_probe(stepper: Stepper, *, tensors: int = 256, elements: i
     return lambda: stepper.median(optimizer.step, budget_s=0.3) / tensors
 
 
+def gradients(torch: Any, nbytes: int, parts: int = 4) -> list[Any]:
+    """`parts` fp32 gradients of `nbytes` in all: what a runtime bucket flattens."""
+    return [torch.ones(max(1, nbytes // (4 * parts)), dtype=torch.float32) for _ in range(parts)]
+
+
+def _copy_back(grads: list[Any], flat: Any) -> None:
+    for grad, value in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        grad.copy_(value)
+
+
+def allreduce_bucket(dist: Any, torch: Any, grads: list[Any]) -> None:
+    """An all-reduce bucket as the runtime runs it: flatten, divide by the ranks, all-reduce, copy back."""
+    flat = torch.cat(grads) / dist.get_world_size()
+    dist.all_reduce(flat)
+    _copy_back(grads, flat)
+
+
+def sharded_bucket(dist: Any, torch: Any, grads: list[Any]) -> None:
+    """A ZeRO bucket's communication as the runtime runs it: flatten, reduce-scatter, divide this rank's
+    chunk, all-gather the chunks into a fresh buffer, copy back (the shard's update left out)."""
+    world = dist.get_world_size()
+    flat = torch.cat(grads)
+    mine = flat.new_empty(flat.numel() // world)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter(mine, flat)
+    gathered = flat.new_empty(mine.numel() * world)
+    all_gather(gathered, mine / world)
+    _copy_back(grads, gathered)
+
+
+def ps_push(dist: Any, torch: Any, grads: list[Any]) -> Any:
+    """A dense PS bucket's push as the runtime runs it: flatten, reduce to the server (rank 0), which
+    divides; returns the flat buffer (the average on the server)."""
+    flat = torch.cat(grads)
+    dist.reduce(flat, 0)
+    if dist.get_rank() == 0:
+        flat.div_(dist.get_world_size())
+    return flat
+
+
+def ps_pull(dist: Any, torch: Any, grads: list[Any], kept: Any) -> None:
+    """Its pull: the server broadcasts its kept version, the others receive it into a fresh buffer, and
+    every rank copies the values into its parameters."""
+    values = kept if dist.get_rank() == 0 else torch.empty_like(kept)
+    dist.broadcast(values, 0)
+    _copy_back(grads, values)
+
+
 def allreduce_seconds(dist: Any, torch: Any) -> list[float]:
-    """Median seconds to average a bucket of gradients per size in SIZES, each timed from a barrier, the
-    way the runtime's all-reduce buckets do it: flatten four gradients into one buffer, divide by the
-    ranks, all-reduce it, copy the result back. The copies are what a bucket costs beyond the wire."""
+    """Median seconds of an all-reduce bucket (`allreduce_bucket`) per size in SIZES, each timed from a
+    barrier. The copies are what a bucket costs beyond the wire, so the fitted link includes them."""
     medians = []
     for size in SIZES:
-        grads = [torch.ones(max(1, size // 16), dtype=torch.float32) for _ in range(4)]
+        grads = gradients(torch, size)
         repeats = 10 if size <= 65536 else 4
         samples = []
         for i in range(repeats + 2):
             dist.barrier()
             start = time.perf_counter()
-            flat = torch.cat(grads) / dist.get_world_size()
-            dist.all_reduce(flat)
-            for grad, value in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-                grad.copy_(value)
+            allreduce_bucket(dist, torch, grads)
             if i >= 2:
                 samples.append(time.perf_counter() - start)
         medians.append(statistics.median(samples))
@@ -502,20 +547,16 @@ def _ratio(dist: Any, reference: Callable[[], Any], probe: Callable[[], Any], re
     return alone / other
 
 
+PROBE_BUCKET_BYTES = 8 << 20
+"""The bucket the collective efficiency probes move: the largest all-reduce size the link fit measures."""
+
+
 def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
-    """How fast a reduce-scatter plus an all-gather of an 8 MB buffer run relative to an all-reduce of it:
-    the ring formulas make the pair cost exactly one all-reduce, so the ratio of the medians is the
-    share of the fitted link bandwidth the pair reaches with this backend."""
-    flat = torch.ones(2 << 20, dtype=torch.float32)
-    mine = torch.empty(flat.numel() // dist.get_world_size())
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-    def pair() -> None:
-        reduce_scatter(mine, flat)
-        all_gather(flat, mine)
-
-    return _ratio(dist, lambda: dist.all_reduce(flat), pair, repeats)
+    """How fast a ZeRO bucket (`sharded_bucket`) runs relative to an all-reduce bucket of the same
+    gradients: the ring formulas make reduce-scatter plus all-gather cost exactly one all-reduce, so the
+    ratio is the share of the fitted link bandwidth (copies included, as in the fit) they reach."""
+    grads = gradients(torch, PROBE_BUCKET_BYTES)
+    return _ratio(dist, lambda: allreduce_bucket(dist, torch, grads), lambda: sharded_bucket(dist, torch, grads), repeats)
 
 
 GATHER_BYTES = 4 << 20
@@ -524,13 +565,13 @@ GATHER_BYTES = 4 << 20
 
 def gather_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
     """How fast an all-gather into one fresh tensor per rank (as the runtime gathers sparse rows and
-    top-k entries, whose sizes differ per step) runs relative to an all-reduce that the ring formulas
-    price the same: each rank contributes c bytes, the all-reduce reduces p·c/2."""
+    top-k entries, whose sizes differ per step) runs relative to an all-reduce bucket that the ring
+    formulas price the same: each rank contributes c bytes, the bucket holds p·c/2."""
     world = dist.get_world_size()
     mine = torch.ones(GATHER_BYTES // 4, dtype=torch.float32)
-    summed = torch.ones(mine.numel() * world // 2, dtype=torch.float32)
-    return _ratio(dist, lambda: dist.all_reduce(summed), lambda: dist.all_gather([torch.empty_like(mine) for _ in range(world)], mine),
-                  repeats)
+    grads = gradients(torch, GATHER_BYTES * world // 2)
+    return _ratio(dist, lambda: allreduce_bucket(dist, torch, grads),
+                  lambda: dist.all_gather([torch.empty_like(mine) for _ in range(world)], mine), repeats)
 
 
 def half_reduce_efficiency(dist: Any, torch: Any, *, repeats: int = 6) -> float:
@@ -543,13 +584,15 @@ def half_reduce_efficiency(dist: Any, torch: Any, *, repeats: int = 6) -> float:
 
 
 def root_efficiencies(dist: Any, torch: Any, *, repeats: int = 4) -> tuple[float, float]:
-    """How fast a reduce to rank 0 and a broadcast from it (a parameter server's push and pull of one
-    8 MB bucket) move their bytes relative to an all-reduce of it, each in the simulator's terms: the
-    root receives (or sends) p-1 buffers, (p-1)·n/B, where the ring all-reduce costs 2(p-1)/p · n/B."""
-    flat = torch.ones(2 << 20, dtype=torch.float32)
+    """How fast a parameter server's push (`ps_push`) and pull (`ps_pull`) of one bucket move their
+    bytes relative to an all-reduce bucket of the same gradients, each in the simulator's terms: the
+    server receives (or sends) p-1 buffers, (p-1)·n/B, where the ring all-reduce costs 2(p-1)/p · n/B."""
+    grads = gradients(torch, PROBE_BUCKET_BYTES)
+    kept = torch.cat(grads)
     formula = dist.get_world_size() / 2
-    reduce = _ratio(dist, lambda: dist.all_reduce(flat), lambda: dist.reduce(flat, 0), repeats)
-    broadcast = _ratio(dist, lambda: dist.all_reduce(flat), lambda: dist.broadcast(flat, 0), repeats)
+    reference = lambda: allreduce_bucket(dist, torch, grads)  # noqa: E731
+    reduce = _ratio(dist, reference, lambda: ps_push(dist, torch, grads), repeats)
+    broadcast = _ratio(dist, reference, lambda: ps_pull(dist, torch, grads, kept), repeats)
     return reduce * formula, broadcast * formula
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from runtime_helpers import run_ranks
 
 from simulator import simulate
 from stratagem.calibrate import DEVICE_KIND, fit_ring
@@ -51,3 +52,37 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
     prediction = simulate(graph, spec, [strategy])[0]
     assert math.isfinite(prediction.step_time_s) and prediction.step_time_s > 0
     assert prediction.breakdown["compute"] > 0 and prediction.breakdown["allreduce"] >= 0
+
+
+def bucket_paths(rank: int, world: int, payload: dict) -> dict:
+    """Each probe path on gradients rank r fills with r + 1: what every rank holds afterwards."""
+    import torch
+    import torch.distributed as dist
+
+    from stratagem import calibrate
+
+    def grads() -> list:
+        return [torch.full((6,), float(rank + 1)), torch.full((10,), float(rank + 1))]
+
+    out = {}
+    for name, run in (("allreduce", calibrate.allreduce_bucket), ("sharded", calibrate.sharded_bucket)):
+        g = grads()
+        run(dist, torch, g)
+        out[name] = [x.tolist() for x in g]
+    out["pushed"] = calibrate.ps_push(dist, torch, grads()).tolist()
+    g = grads()
+    calibrate.ps_pull(dist, torch, g, torch.arange(16, dtype=torch.float32))
+    out["pulled"] = [x.tolist() for x in g]
+    out["efficiencies"] = [*calibrate.root_efficiencies(dist, torch, repeats=1), calibrate.scatter_efficiency(dist, torch, repeats=1)]
+    return out
+
+
+def test_the_probes_run_each_bucket_the_way_its_runtime_executor_does():
+    mean = (1 + 2) / 2
+    for rank, result in enumerate(run_ranks("test_simulator_calibration:bucket_paths", 2, timeout_s=120)):
+        assert result["allreduce"] == [[mean] * 6, [mean] * 10]  # averaged and copied back
+        assert result["sharded"] == [[mean] * 6, [mean] * 10]  # reduce-scatter, divide the chunk, gather, copy back
+        if rank == 0:
+            assert result["pushed"] == [mean] * 16  # the server holds the average (gloo uses the others' buffers as scratch)
+        assert result["pulled"] == [list(map(float, range(6))), list(map(float, range(6, 16)))]  # the server's kept version
+        assert all(0 < e < 10 for e in result["efficiencies"])
