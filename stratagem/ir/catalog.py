@@ -68,19 +68,19 @@ class DeviceSpec(Strict):
     """Fraction of memory bandwidth at which coalescing a sparse gradient (sorting its row indices and
     summing repeated rows, as every sparse exchange and sparse optimizer step does) streams its indices
     and values. None means `elementwise_efficiency`."""
-    scatter_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Fraction of the link bandwidth that reduce-scatter and all-gather reach relative to all-reduce
-    with this device's collective library: 1 for NCCL; gloo on CPU has no ring reduce-scatter and
-    reaches much less. None means 1."""
-    gather_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Fraction of the link bandwidth an all-gather into one tensor per rank reaches relative to
-    all-reduce: the exchanges whose sizes differ per rank (a sparse gradient's touched rows, top-k's
-    values and indices) gather that way, and gloo on CPU pays a copy into each rank's tensor and their
-    fresh pages. None means 1."""
-    half_reduce_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """How fast a half-precision all-reduce moves its bytes relative to an fp32 one: NCCL reduces fp16
-    at full speed, while gloo on CPU converts every element to fp32 to add it, so fp16 compression
-    halves the bytes but not the time. None means 1."""
+    scatter_efficiency: float | None = Field(default=None, gt=0, le=8)
+    """How fast reduce-scatter plus all-gather move their bytes relative to the link bandwidth
+    all-reduce buckets reach (the fitted link, a bucket's copies included) with this device's
+    collective library: 1 for NCCL; gloo on CPU has no ring reduce-scatter and reaches about half.
+    None means 1."""
+    gather_efficiency: float | None = Field(default=None, gt=0, le=8)
+    """The same for an all-gather into one tensor per rank: the exchanges whose sizes differ per rank
+    (a sparse gradient's touched rows, top-k's values and indices) gather that way, and gloo on CPU
+    pays a copy into each rank's tensor and their fresh pages. None means 1."""
+    half_reduce_efficiency: float | None = Field(default=None, gt=0, le=8)
+    """How fast a half-precision all-reduce moves its bytes relative to the fitted link: NCCL reduces
+    fp16 at full speed, while gloo on CPU converts every element to fp32 to add it, so fp16
+    compression halves the bytes but not the time. None means 1."""
     reduce_efficiency: float | None = Field(default=None, gt=0, le=8)
     """How fast a reduce to one rank (a parameter server receiving and summing every worker's push)
     moves its bytes relative to the link bandwidth all-reduce reaches. The all-reduce's bandwidth is
