@@ -21,8 +21,10 @@ a calibration taken before a block describes another machine than the one the bl
 Prints one JSON object: MAPE and Kendall tau overall and per model (tau within one model's
 strategies is the ranking the search relies on), the rounds' spread and the round-to-round tau (the
 ceiling noise puts on any predictor), the compute check (the undistributed step against the
-simulator's compute + update), each strategy's measured and predicted step time with its predicted
-breakdown, and the calibration figures; with `--ablation`, the scores with each CPU refinement reset
+simulator's compute + update), the strategy pairs the simulator orders against the measurement with
+the share of rounds that agree (systematic misses against coin flips), each strategy's measured and
+predicted step time with its predicted breakdown beside the runtime's own timings of the step, and
+the calibration figures; with `--ablation`, the scores with each CPU refinement reset
 to its default. Every strategy-round is also written as one JSON line {graph, resources, strategy,
 result} to `--out` (the format of `benchmarks/trials.py`), for the cost-model benchmark.
 `--from-records` re-scores such a file without measuring anything (to compare simulator versions on
@@ -234,6 +236,33 @@ def noise_report(pairs: list[Measured]) -> dict[str, Any]:
         "kendall_tau_round1_vs_round2_within": _round(statistics.mean(taus)) if taus else None,
         "kendall_tau_split_half_within": _round(statistics.mean(halves)) if halves else None,
     }
+
+
+SYSTEMATIC_SHARE = 0.75
+"""A pair of strategies the prediction orders against at least this share of the rounds is a miss of the
+model, not of the measurement."""
+
+
+def discordant_pairs(pairs: list[Measured]) -> list[dict[str, Any]]:
+    """Within each model, the strategy pairs the simulator orders against the measured medians, with the
+    share of rounds that agree with the measurement: near 1 a systematic miss worth a formula, near 1/2
+    a coin flip no predictor can call."""
+    by_model: dict[str, list[Measured]] = defaultdict(list)
+    for pair in pairs:
+        if pair.measured is not None and pair.predicted is not None:
+            by_model[pair.model].append(pair)
+    out = []
+    for model, members in by_model.items():
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                faster, slower = (a, b) if a.measured < b.measured else (b, a)  # type: ignore[operator]
+                if faster.predicted <= slower.predicted:  # type: ignore[operator]
+                    continue
+                rounds = [(x.median_s, y.median_s) for x, y in zip(faster.trials, slower.trials, strict=False) if x.median_s and y.median_s]
+                share = sum(x < y for x, y in rounds) / len(rounds) if rounds else None
+                out.append({"model": model, "faster": faster.name, "slower": slower.name, "rounds_agreeing": _round(share, 2),
+                            "systematic": share is not None and share >= SYSTEMATIC_SHARE})
+    return sorted(out, key=lambda d: -(d["rounds_agreeing"] or 0.0))
 
 
 def split_half_tau(members: list[Measured]) -> float | None:
@@ -450,7 +479,8 @@ def predict(pairs: list[Measured]) -> None:
 
 
 CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "cast_efficiency",
-               "select_efficiency", "lowrank_efficiency", "lowrank_knee_bytes", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency")
+               "select_efficiency", "lowrank_efficiency", "lowrank_knee_bytes", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency",
+               "reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s")
 ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
@@ -461,6 +491,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
     "coalesce_efficiency as elementwise (sorting sparse rows as fast as a copy)": {"coalesce_efficiency": None},
     "gather_efficiency 1 (sparse rows and top-k gathered at the ring formula's speed)": {"gather_efficiency": None},
+    "reduce_efficiency and broadcast_efficiency 1 (PS pushes and pulls at the all-reduce's speed)": {"reduce_efficiency": None,
+                                                                                                     "broadcast_efficiency": None},
+    "optimizer_tensor_s 0 (an update costs its bytes only)": {"optimizer_tensor_s": None},
     "half_reduce_efficiency 1 (fp16 all-reduce as fast per byte as fp32)": {"half_reduce_efficiency": None},
     "comm_overlap 1 (as on GPUs)": {"comm_overlap": 1.0},
     "none of them": {**dict.fromkeys(CPU_FIGURES), "comm_overlap": 1.0},
@@ -513,6 +546,7 @@ def main() -> None:
         **accuracy_report(pairs),
         "noise": noise_report(pairs),
         "compute_check": compute_check(pairs),
+        "discordant_pairs": discordant_pairs(pairs),
         "ablation": ablation(pairs) if args.ablation else None,
         "pairs": [_pair_summary(p) for p in pairs],
         "calibrations": calibrations,

@@ -115,6 +115,21 @@ def test_split_half_tau_ranks_the_even_rounds_against_the_odd_ones(accuracy):
     assert accuracy.split_half_tau([pair("x", [1.0]), pair("y", [2.0])]) is None  # one round: nothing to split
     assert accuracy.noise_report(members)["kendall_tau_split_half_within"] == pytest.approx(1 / 3, abs=1e-4)
 
+def test_discordant_pairs_tell_systematic_misses_from_coin_flips(accuracy):
+    graph = make_mlp_graph()
+
+    def pair(name: str, rounds: list[float], predicted: float) -> object:
+        trials = [accuracy.Trial(cpu_spec(), None, t, predicted_s=predicted) for t in rounds]
+        return accuracy.Measured("m", name, graph, trials)
+
+    # x beats y in 4 of 4 rounds and z in 2 of 4; the prediction puts x last
+    members = [pair("x", [1.0, 1.0, 1.0, 1.0], 3.0), pair("y", [2.0, 2.0, 2.0, 2.0], 2.0), pair("z", [0.9, 1.1, 0.95, 1.15], 1.0)]
+    found = {(d["faster"], d["slower"]): d for d in accuracy.discordant_pairs(members)}
+    assert set(found) == {("x", "y"), ("x", "z")}  # z's median is 1.025, so x is measured faster than both
+    assert found[("x", "y")]["rounds_agreeing"] == 1.0 and found[("x", "y")]["systematic"]
+    assert found[("x", "z")]["rounds_agreeing"] == 0.5 and not found[("x", "z")]["systematic"]
+
+
 # -- calibration figures ----------------------------------------------------------------------------------
 
 
