@@ -19,8 +19,8 @@ capped by the table) and node j with c_j data-parallel copies of the model:
   update (streaming param, grad and state through its memory) before anyone can pull.
 
 A server's side of a push (receiving and summing) and of a pull (sending) runs at its kind's
-`reduce_efficiency` and `broadcast_efficiency` of the link bandwidth all-reduce reaches (gloo on CPU
-pulls about twice as fast as it pushes); the workers' own NIC traffic is priced at the link's.
+`reduce_efficiency` and `broadcast_efficiency` of the link bandwidth all-reduce buckets reach (gloo on
+CPU pulls about twice as fast as it pushes): the node's, for the whole push and pull through its NIC.
 
 Push and pull volumes are equal, so one direction (the slower) of a full-duplex NIC decides: a node's PS time per
 step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.

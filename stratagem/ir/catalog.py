@@ -83,12 +83,12 @@ class DeviceSpec(Strict):
     compression halves the bytes but not the time. None means 1."""
     reduce_efficiency: float | None = Field(default=None, gt=0, le=8)
     """How fast a reduce to one rank (a parameter server receiving and summing every worker's push)
-    moves its bytes relative to the link bandwidth all-reduce reaches. The all-reduce's bandwidth is
-    fitted with its arithmetic and copies, so a transfer that does less of them can exceed 1. None
+    moves its bytes relative to the link bandwidth all-reduce buckets reach. That bandwidth is fitted
+    with a bucket's arithmetic and copies, so a transfer that does less of them can exceed 1. None
     means 1."""
     broadcast_efficiency: float | None = Field(default=None, gt=0, le=8)
     """The same for a broadcast from one rank (a parameter server's pull): no arithmetic, one copy, so
-    gloo on CPU moves its bytes about twice as fast as its all-reduce does. None means 1."""
+    gloo on CPU moves its bytes about twice as fast as its all-reduce buckets do. None means 1."""
     comm_overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of communication time that can run alongside this device's compute without slowing it:
     1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
