@@ -11,9 +11,9 @@ capped by the table) and node j with c_j data-parallel copies of the model:
   the worker on the server device itself (a PS on a replica's own CPU, as on a CPU-only host), whose
   push and pull never leave it;
 - the runtime fuses a server's dense shards into one bucket (one push and one pull per server and
-  setting), so a bucket pays one round trip of 2α (and the server steps each shard as its own tensor, at the kind's
-  `optimizer_tensor_s` each); every sparse shard is an exchange of its own, whose
-  push and pull each send a row count, then indices, then values: three round trips
+  setting), so a bucket pays one round trip of 2α, though the server steps each shard as a tensor of
+  its own (at the kind's `optimizer_tensor_s` each); every sparse shard is an exchange of its own,
+  whose push and pull each send a row count, then indices, then values: three round trips
   (`collectives.SPARSE_PS_ROUND_TRIPS`); a sparse shard's rows are coalesced where they are pushed and
   the pushes summed (coalesced) at the server, at the device's coalesce rate; the server applies the
   update (streaming param, grad and state through its memory) before anyone can pull.
@@ -22,8 +22,8 @@ A server's side of a push (receiving and summing) and of a pull (sending) runs a
 `reduce_efficiency` and `broadcast_efficiency` of the link bandwidth all-reduce buckets reach (gloo on
 CPU pulls about twice as fast as it pushes): the node's, for the whole push and pull through its NIC.
 
-Push and pull volumes are equal, so one direction (the slower) of a full-duplex NIC decides: a node's PS time per
-step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
+Push and pull volumes are equal, so one direction (the slower) of a full-duplex NIC decides: a node's
+PS time per step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
 That total per node is the PS *throughput* bound. For synchronous training the busiest node's NIC is
 also run as a FIFO timeline (pushes queued in gradient-ready order, each followed by its update);
 other nodes carry less by construction and are not timed one by one. A pull can only leave once its
