@@ -87,9 +87,10 @@ class ServerPrice:
     tensor_s: np.ndarray
     """Seconds its update pays per tensor (a shard of a PS variable) beyond the bytes."""
     push_scale: np.ndarray
-    """Its kind's time per pushed byte relative to the link's all-reduce bandwidth (1 / `reduce_efficiency`)."""
+    """[M] per node, not per device: time per pushed byte through the node relative to its links'
+    all-reduce bandwidth (1 / `reduce_efficiency` of its slowest kind; nodes are of one kind)."""
     pull_scale: np.ndarray
-    """The same per pulled byte (1 / `broadcast_efficiency`)."""
+    """[M] the same per pulled byte (1 / `broadcast_efficiency`)."""
     latency: np.ndarray
     """Seconds of latency per shard round trip (push, then pull): 2α."""
 
@@ -270,8 +271,8 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         inv_coalesce=1.0 / (kinds.memory_bandwidth[device_kind] * kinds.coalesce_efficiency[device_kind]),
         latency=collectives.ps_push_pull(links["nic_latency"][device_node]),
         tensor_s=kinds.optimizer_tensor_s[device_kind],
-        push_scale=1.0 / kinds.reduce_efficiency[device_kind],
-        pull_scale=1.0 / kinds.broadcast_efficiency[device_kind],
+        push_scale=_node_max(device_node, 1.0 / kinds.reduce_efficiency[device_kind], len(resources.nodes)),
+        pull_scale=_node_max(device_node, 1.0 / kinds.broadcast_efficiency[device_kind], len(resources.nodes)),
     )
     flops_time = (layers["fwd_flops"].sum() + layers["bwd_flops"].sum()) / (kinds.peak_flops * kinds.matmul_efficiency)
     return SimContext(
@@ -351,6 +352,13 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
     )
+
+
+def _node_max(device_node: np.ndarray, values: np.ndarray, nodes: int) -> np.ndarray:
+    """[M] the largest of each node's per-device `values`."""
+    out = np.zeros(nodes)
+    np.maximum.at(out, device_node, values)
+    return out
 
 
 def _link_arrays(resources: ResourceSpec) -> dict[str, np.ndarray]:

@@ -114,7 +114,7 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     remote = (by_device["push"] * weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
     price = context.server_price
     device_coalesced = np.bincount(row.take(entry) * D + server, weights=coalesced, minlength=n * D).reshape(n, D)
-    push_scale, pull_scale = _node_scales(context)
+    push_scale, pull_scale = price.push_scale, price.pull_scale
     device_transfer = remote * price.inv_nic + crossing * price.inv_intra
     device_work = (by_device["update"] * price.inv_rate + by_device["tensors"] * price.tensor_s + device_trips * price.latency
                    + device_coalesced * price.inv_coalesce)
@@ -160,16 +160,6 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
         rows=row,
         variables=var,
     )
-
-
-def _node_scales(context: SimContext) -> tuple[np.ndarray, np.ndarray]:
-    """[M] each node's time per pushed and per pulled byte relative to its links' all-reduce bandwidth
-    (`reduce_efficiency`, `broadcast_efficiency`; its slowest device kind's, nodes being of one kind)."""
-    push = np.zeros(context.num_nodes)
-    pull = np.zeros(context.num_nodes)
-    np.maximum.at(push, context.device_node, context.server_price.push_scale)
-    np.maximum.at(pull, context.device_node, context.server_price.pull_scale)
-    return push, pull
 
 
 def _coalesced_bytes(context: SimContext, var: np.ndarray, sparse: np.ndarray, push: np.ndarray, pushers: np.ndarray) -> np.ndarray:

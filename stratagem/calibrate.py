@@ -593,7 +593,10 @@ def root_efficiencies(dist: Any, torch: Any, *, repeats: int = 4) -> tuple[float
     grads = gradients(torch, PROBE_BUCKET_BYTES)
     kept = torch.cat(grads)
     formula = dist.get_world_size() / 2
-    reference = lambda: allreduce_bucket(dist, torch, grads)  # noqa: E731
+
+    def reference() -> None:
+        allreduce_bucket(dist, torch, grads)
+
     reduce = _ratio(dist, reference, lambda: ps_push(dist, torch, grads), repeats)
     broadcast = _ratio(dist, reference, lambda: ps_pull(dist, torch, grads, kept), repeats)
     return reduce * formula, broadcast * formula
