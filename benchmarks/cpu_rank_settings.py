@@ -1,4 +1,4 @@
-"""What two CPU-side choices of the runtime buy, each measured side by side in one run.
+"""What three CPU-side choices of the runtime buy, each measured side by side in one run.
 
 1. Top-k selection: `torch.topk` over a whole bucket against the runtime's `select_largest` (a
    sampled threshold, then `topk` among about 1.3·k candidates), on the same magnitudes, in turns.
@@ -6,15 +6,19 @@
    (the fp32 all-reduce bucket's flatten/divide/unflatten, the fp16 compressor's, and an Adam step
    over the bucket's parameters) timed in child processes started with and without them, in
    alternating rounds, so a change of the machine's load touches both alike.
+3. PowerSGD's products: the textbook order (P = MQ with Q stored cols x r, Q' = MᵀP) against the
+   runtime's (Q stored transposed, P = M(Qᵀ)ᵀ, Q'ᵀ = PᵀM): the same numbers, in turns, on the matrix
+   shapes of the accuracy benchmark's BERT and VGG.
 
 Prints one JSON object: the medians in ms and the speed-ups (default over tuned).
 
-    .venv/bin/python benchmarks/cpu_rank_settings.py [--bucket-mb 24] [--rounds 4]
+    .venv/bin/python benchmarks/cpu_rank_settings.py [--bucket-mb 24] [--rounds 4] [--repeats 9]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -55,6 +59,45 @@ def selection(entries: int, ratio: float, repeats: int) -> dict[str, Any]:
     torch_ms, runtime_ms = statistics.median(full), statistics.median(sampled)
     return {"entries": entries, "k": k, "torch_topk_ms": round(torch_ms, 2), "select_largest_ms": round(runtime_ms, 2),
             "speedup": round(torch_ms / runtime_ms, 2)}
+
+
+POWERSGD_SHAPES: dict[str, list[tuple[int, int]]] = {
+    "bert": [(8192, 256)] + [(768, 256), (256, 256), (1024, 256), (256, 1024)] * 4,
+    "vgg_classifier": [(2048, 2048), (2048, 512)],
+}
+"""The (rows, cols) matrices PowerSGD compresses in the accuracy benchmark's BERT (word embedding, then
+per block qkv, output, MLP up and down) and VGG (its classifier)."""
+
+
+def _textbook_products(ms: list[Any], qs: list[Any]) -> None:
+    for m, q in zip(ms, qs, strict=True):
+        m.T @ (m @ q)
+
+
+def _runtime_products(ms: list[Any], qts: list[Any]) -> None:
+    for m, qt in zip(ms, qts, strict=True):
+        (m @ qt.T).T @ m
+
+
+def powersgd_products(repeats: int, rank: int = 4) -> dict[str, Any]:
+    """Milliseconds of the two products per step, textbook order against the runtime's, per model."""
+    import torch
+
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {}
+    for model, shapes in POWERSGD_SHAPES.items():
+        ms = [torch.randn(rows, cols) for rows, cols in shapes]
+        qs = [torch.randn(cols, rank) for _, cols in shapes]
+        qts = [q.T.contiguous() for q in qs]
+        samples: dict[str, list[float]] = {"textbook_ms": [], "runtime_ms": []}
+        for _ in range(repeats):
+            samples["textbook_ms"].append(_median_ms(functools.partial(_textbook_products, ms, qs), 1))
+            samples["runtime_ms"].append(_median_ms(functools.partial(_runtime_products, ms, qts), 1))
+        medians = {name: statistics.median(values) for name, values in samples.items()}
+        out[model] = {**{name: round(value, 2) for name, value in medians.items()},
+                      "gradient_mb": round(sum(m.nbytes for m in ms) / 2**20, 1),
+                      "speedup": round(medians["textbook_ms"] / medians["runtime_ms"], 2)}
+    return out
 
 
 def bucket_work(bucket_mb: float, repeats: int) -> dict[str, float]:
@@ -112,6 +155,7 @@ def main() -> None:
         "benchmark": "cpu_rank_settings",
         "selection": selection(int(args.bucket_mb * 2**20 / 4), 0.01, args.repeats),
         "allocator": allocator(args.bucket_mb, args.rounds, args.repeats),
+        "powersgd_products": powersgd_products(args.repeats),
     }
     print(json.dumps(report, indent=2))
 
