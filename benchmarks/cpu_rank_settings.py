@@ -69,14 +69,14 @@ POWERSGD_SHAPES: dict[str, list[tuple[int, int]]] = {
 per block qkv, output, MLP up and down) and VGG (its classifier)."""
 
 
-def _textbook_products(ms: list[Any], qs: list[Any]) -> None:
-    for m, q in zip(ms, qs, strict=True):
-        m.T @ (m @ q)
+def textbook_products(ms: list[Any], qs: list[Any]) -> list[Any]:
+    """Q' = Mᵀ(MQ) per matrix (P left unorthogonalized: the products are what is timed)."""
+    return [m.T @ (m @ q) for m, q in zip(ms, qs, strict=True)]
 
 
-def _runtime_products(ms: list[Any], qts: list[Any]) -> None:
-    for m, qt in zip(ms, qts, strict=True):
-        (m @ qt.T).T @ m
+def runtime_products(ms: list[Any], qts: list[Any]) -> list[Any]:
+    """Q'ᵀ = (M(Qᵀ)ᵀ)ᵀM per matrix: the runtime's layouts."""
+    return [(m @ qt.T).T @ m for m, qt in zip(ms, qts, strict=True)]
 
 
 def powersgd_products(repeats: int, rank: int = 4) -> dict[str, Any]:
@@ -91,8 +91,8 @@ def powersgd_products(repeats: int, rank: int = 4) -> dict[str, Any]:
         qts = [q.T.contiguous() for q in qs]
         samples: dict[str, list[float]] = {"textbook_ms": [], "runtime_ms": []}
         for _ in range(repeats):
-            samples["textbook_ms"].append(_median_ms(functools.partial(_textbook_products, ms, qs), 1))
-            samples["runtime_ms"].append(_median_ms(functools.partial(_runtime_products, ms, qts), 1))
+            samples["textbook_ms"].append(_median_ms(functools.partial(textbook_products, ms, qs), 1))
+            samples["runtime_ms"].append(_median_ms(functools.partial(runtime_products, ms, qts), 1))
         medians = {name: statistics.median(values) for name, values in samples.items()}
         out[model] = {**{name: round(value, 2) for name, value in medians.items()},
                       "gradient_mb": round(sum(m.nbytes for m in ms) / 2**20, 1),

@@ -20,3 +20,20 @@ def test_both_comparisons_report_medians_and_speedups() -> None:
         assert set(allocator[label]) == {"fp32_bucket_ms", "fp16_bucket_ms", "adam_step_ms"}
         assert all(value > 0 for value in allocator[label].values())
     assert set(allocator["speedup"]) == set(allocator["default"])
+
+
+def test_powersgd_product_orders_compute_the_same_numbers_and_report_a_speedup() -> None:
+    import torch
+
+    bench = load_benchmark("cpu_rank_settings")
+    ms = [torch.randn(rows, cols) for rows, cols in ((64, 16), (16, 48))]
+    qs = [torch.randn(m.shape[1], 4) for m in ms]
+    textbook = bench.textbook_products(ms, qs)
+    runtime = bench.runtime_products(ms, [q.T.contiguous() for q in qs])
+    for q, qt in zip(textbook, runtime, strict=True):
+        torch.testing.assert_close(qt.T, q, rtol=1e-4, atol=1e-4)
+    report = bench.powersgd_products(repeats=1)
+    assert set(report) == set(bench.POWERSGD_SHAPES)
+    for figures in report.values():
+        assert figures["textbook_ms"] > 0 and figures["runtime_ms"] > 0 and figures["gradient_mb"] == pytest.approx(20.0, abs=0.1)
+        assert figures["speedup"] == pytest.approx(figures["textbook_ms"] / figures["runtime_ms"], rel=0.05)

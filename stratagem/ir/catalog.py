@@ -62,7 +62,7 @@ class DeviceSpec(Strict):
     `elementwise_efficiency`."""
     lowrank_knee_bytes: float | None = Field(default=None, gt=0)
     """Bytes of one matrix at which PowerSGD's time per byte has doubled (`optimizer_knee_bytes`' law:
-    `1 + bytes / knee`): the transposed product MᵀP reads a matrix beyond the caches with a stride.
+    `1 + bytes / knee`): a rank-r product over a matrix beyond the caches reads it from memory.
     None means no such growth."""
     coalesce_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth at which coalescing a sparse gradient (sorting its row indices and
