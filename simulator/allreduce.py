@@ -37,6 +37,9 @@ SPARSE_ALLREDUCE_COLLECTIVES = 2
 all-gather of every sparse variable's row count."""
 TOPK_COLLECTIVES = 2
 """All-gathers per top-k group: values, then indices."""
+POWERSGD_COLLECTIVES = 2
+"""All-reduces per PowerSGD group holding a matrix: P, then Q, which needs P's sum (and its QR) first,
+so a second latency is on the stream (the group's vectors ride beside P)."""
 
 
 @dataclass
@@ -79,6 +82,9 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     last_member = row * V + context.order.take(position)
     algorithm = batch.algorithm.ravel().take(last_member)
     ar_time = _group_seconds(topo, batch, row, algorithm, batch.compressor.ravel().take(last_member), nbytes)
+    if compressed.size:
+        lowrank = _lowrank_groups(context, batch, compressed, key, n * slots).take(groups)
+        ar_time += (POWERSGD_COLLECTIVES - 1) * lowrank * _allreduce_seconds(topo, row, algorithm, np.zeros(groups.size))
     rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
     duration = np.where(sharded, rs_time, ar_time)
     if squeeze is not None:
@@ -171,6 +177,14 @@ def _compress(
                               flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
     seconds = compression.compute_seconds(context.compression, compressor, param, var, div, rates)
     return np.bincount(key[entries], weights=seconds, minlength=slots)
+
+
+def _lowrank_groups(context: SimContext, batch: CandidateBatch, entries: np.ndarray, key: np.ndarray, slots: int) -> np.ndarray:
+    """[slots] whether a group slot holds a matrix under PowerSGD (and so runs a second all-reduce)."""
+    var = entries % context.num_variables
+    matrix = (batch.compressor.ravel().take(entries) == CompressorKind.POWERSGD) & (
+        context.compression.lowrank_bytes[CompressorKind.POWERSGD].take(var) > 0)
+    return np.bincount(key.take(entries[matrix]), minlength=slots) > 0
 
 
 def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algorithm: np.ndarray, compressor: np.ndarray,

@@ -410,9 +410,11 @@ def test_reduce_scatter_and_all_gather_run_at_the_scatter_efficiency():
 # -- collectives as gloo runs them: half-precision sums, per-rank gathers, fused PS pulls ---------------
 
 
-def _allreduce_busy(graph: ModelGraph, compressor: int, param: float, **device: float) -> float:
+def _allreduce_busy(graph: ModelGraph, compressor: int, param: float, *, latency_us: float = 100.0, **device: float) -> float:
     """The collective stream's busy seconds with every dense variable under one compressor kind."""
     spec = cpu_spec(**device)
+    link = Link(kind="loopback", bandwidth_gbps=4.0, latency_us=latency_us, efficiency=1.0).model_dump(mode="json")
+    spec = spec.replace(network=link, intra_node=link)
     context = compile_context(graph, spec)
     batch = encode(context, [AllReduce().build(graph, spec)])
     batch.compressor[:], batch.compressor_param[:] = compressor, param
@@ -433,6 +435,20 @@ def test_powersgd_streams_its_passes_at_the_lowrank_efficiency():
     matrices = sum(v.nbytes for v in graph.trainable_variables if len(v.shape) == 2)
     extra = _allreduce_busy(graph, 3, 4.0, lowrank_efficiency=0.05) - _allreduce_busy(graph, 3, 4.0)
     assert extra == pytest.approx(9 * matrices / (8e9 * 0.05) - 9 * matrices / (8e9 * 0.5), rel=1e-6)
+
+
+def test_powersgd_pays_a_second_latency_for_q_which_waits_for_the_sum_of_p():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    ring_latency = 2 * 100e-6  # two ranks: 2(p - 1)·α
+    plain = _allreduce_busy(graph, 0, 1.0) - _allreduce_busy(graph, 0, 1.0, latency_us=0.0)
+    powersgd = _allreduce_busy(graph, 3, 4.0) - _allreduce_busy(graph, 3, 4.0, latency_us=0.0)
+    assert plain == pytest.approx(ring_latency, rel=1e-6)
+    assert powersgd == pytest.approx(2 * ring_latency, rel=1e-6)
+    vectors = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    frozen_matrices = [v.model_copy(update={"trainable": len(v.shape) == 1}) for v in vectors.variables]
+    vectors = vectors.model_copy(update={"variables": frozen_matrices})
+    only_vectors = _allreduce_busy(vectors, 3, 4.0) - _allreduce_busy(vectors, 3, 4.0, latency_us=0.0)
+    assert only_vectors == pytest.approx(ring_latency, rel=1e-6)
 
 
 def test_topk_entries_and_sparse_rows_are_all_gathered_at_the_gather_efficiency():
