@@ -49,7 +49,7 @@ from sklearn.model_selection import GroupKFold
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.interleaved import measure_block
+from benchmarks.interleaved import load_factors, measure_block
 from benchmarks.simulator_accuracy import Case, strategies_for, strategy_name
 from optimizer_service.lowshot import (
     CostModelUpdater,
@@ -200,29 +200,23 @@ class StrategyRounds:
 
 
 def load_adjusted(strategies: list[StrategyRounds]) -> list[StrategyRounds]:
-    """The same trials with each block's shared load divided out.
+    """The same trials with each block's shared load divided out (`interleaved.load_factors`).
 
     A block is one job's strategies measured under one calibration (one round, minutes long): the
-    machine's other load moves every step time in it alike. Each time is divided by its block's factor
-    (the geometric mean over the strategies measured in every block of the job) and multiplied by the
-    job's median factor, so a job's order is judged without the load's drift between rounds.
+    machine's other load moves every step time in it alike.
     """
     by_job: dict[str, list[StrategyRounds]] = defaultdict(list)
     for s in strategies:
         by_job[s.job].append(s)
     out = []
     for members in by_job.values():
-        blocks = {r.resources_id for s in members for r in s.records}
-        complete = [s for s in members if {r.resources_id for r in s.records} == blocks]
-        if len(blocks) < 2 or not complete:
+        factor = load_factors({s.name: {r.resources_id: float(r.measured_step_time_s) for r in s.records}  # type: ignore[arg-type]
+                               for s in members})
+        if not factor:
             out.extend(members)
             continue
-        factor = {block: math.exp(statistics.mean(math.log(float(r.measured_step_time_s))  # type: ignore[arg-type]
-                                                  for s in complete for r in s.records if r.resources_id == block))
-                  for block in blocks}
-        scale = statistics.median(factor.values())
         for s in members:
-            adjusted = [r.model_copy(update={"measured_step_time_s": float(r.measured_step_time_s) / factor[r.resources_id] * scale})  # type: ignore[arg-type]
+            adjusted = [r.model_copy(update={"measured_step_time_s": float(r.measured_step_time_s) / factor[r.resources_id]})  # type: ignore[arg-type]
                         for r in s.records]
             out.append(StrategyRounds(s.job, s.name, adjusted))
     return out

@@ -14,6 +14,7 @@ real-trial benchmarks beside each other on the same cores.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -85,6 +86,24 @@ class Block:
                 "p90_s": sorted(steps)[int(0.9 * (len(steps) - 1))], "samples_per_s": RANKS * self.batch_size / median,
                 "ranks": [{"rank": i, "step_times_s": r["times"][name], "warmup_times_s": r["warmup"][name]}
                           for i, r in enumerate(self.reports)]}
+
+
+def load_factors(times: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per block, the factor by which the machine's load moved every step time in it.
+
+    `times` maps each strategy of one job to its step time per block (one block per round). A block's
+    factor is the geometric mean over the strategies measured in every block, divided by the median of
+    those means, so dividing a block's times by it judges the job's order without the load's drift
+    between rounds, at the job's typical level. Empty when fewer than two blocks or no strategy
+    measured in all of them.
+    """
+    blocks = {block for per_block in times.values() for block in per_block}
+    complete = [per_block for per_block in times.values() if set(per_block) == blocks]
+    if len(blocks) < 2 or not complete:
+        return {}
+    means = {block: math.exp(statistics.mean(math.log(per_block[block]) for per_block in complete)) for block in blocks}
+    scale = statistics.median(means.values())
+    return {block: mean / scale for block, mean in means.items()}
 
 
 def sync_parts(stats: Any) -> dict[str, float]:

@@ -49,13 +49,13 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.interleaved import measure_block
+from benchmarks.interleaved import load_factors, measure_block
 from examples import zoo
 from stratagem.builders import AllReduce, all_builders
 from stratagem.calibrate import DEVICE_KIND
@@ -236,6 +236,26 @@ def noise_report(pairs: list[Measured]) -> dict[str, Any]:
         "kendall_tau_round1_vs_round2_within": _round(statistics.mean(taus)) if taus else None,
         "kendall_tau_split_half_within": _round(statistics.mean(halves)) if halves else None,
     }
+
+
+def load_adjusted(pairs: list[Measured]) -> list[Measured]:
+    """The same trials with each block's shared load divided out (`interleaved.load_factors`): a
+    second truth for the ranking, which the machine's drift between rounds moves less."""
+    by_model: dict[str, list[Measured]] = defaultdict(list)
+    for pair in pairs:
+        by_model[pair.model].append(pair)
+    out = []
+    for members in by_model.values():
+        factor = load_factors({p.name: {str(t.resources.id): t.median_s for t in p.ok} for p in members})  # type: ignore[misc]
+        for pair in members:
+            trials = [replace(t, median_s=t.median_s / factor[str(t.resources.id)]) if factor and t.median_s else t for t in pair.trials]
+            out.append(replace(pair, trials=trials))
+    return out
+
+
+def load_adjusted_report(pairs: list[Measured]) -> dict[str, Any]:
+    adjusted = load_adjusted(pairs)
+    return {**accuracy_report(adjusted), "noise": noise_report(adjusted)}
 
 
 SYSTEMATIC_SHARE = 0.75
@@ -545,6 +565,7 @@ def main() -> None:
         "targets": TARGETS,
         **accuracy_report(pairs),
         "noise": noise_report(pairs),
+        "load_adjusted": load_adjusted_report(pairs),
         "compute_check": compute_check(pairs),
         "discordant_pairs": discordant_pairs(pairs),
         "ablation": ablation(pairs) if args.ablation else None,

@@ -115,6 +115,29 @@ def test_split_half_tau_ranks_the_even_rounds_against_the_odd_ones(accuracy):
     assert accuracy.split_half_tau([pair("x", [1.0]), pair("y", [2.0])]) is None  # one round: nothing to split
     assert accuracy.noise_report(members)["kendall_tau_split_half_within"] == pytest.approx(1 / 3, abs=1e-4)
 
+def test_load_adjustment_divides_out_what_moved_a_whole_block(accuracy):
+    graph = make_mlp_graph()
+    blocks = [cpu_spec(launch_overhead_s=20e-6 * (i + 1)) for i in range(4)]
+    assert len({b.id for b in blocks}) == 4
+    load = [1.0, 2.0, 1.0, 4.0]  # the machine's drift: every strategy in block 2 and 4 ran slower alike
+
+    def pair(name: str, base: float, jitter: list[float]):
+        trials = [accuracy.Trial(spec, None, base * factor * j) for spec, factor, j in zip(blocks, load, jitter, strict=True)]
+        return accuracy.Measured("m", name, graph, trials)
+
+    members = [pair("x", 1.0, [1.0, 1.0, 1.0, 1.0]), pair("y", 1.5, [1.0, 1.0, 1.0, 1.0]), pair("z", 3.0, [1.0, 1.0, 1.0, 1.0])]
+    adjusted = accuracy.load_adjusted(members)
+    for before, after, base in zip(members, adjusted, (1.0, 1.5, 3.0), strict=True):
+        times = [t.median_s for t in after.trials]
+        assert max(times) == pytest.approx(min(times))  # the drift is gone ...
+        assert after.measured == pytest.approx(base * 1.5)  # ... at the job's median load (1.5)
+        assert after.spread == pytest.approx(0.0, abs=1e-9) and before.spread > 1
+    report = accuracy.load_adjusted_report(members)
+    assert report["noise"]["median_round_spread"] == pytest.approx(0.0, abs=1e-4)
+    one_block = [accuracy.Measured("m", "x", graph, [accuracy.Trial(blocks[0], None, 1.0)])]
+    assert accuracy.load_adjusted(one_block)[0].trials[0].median_s == 1.0  # one block: nothing to divide
+
+
 def test_discordant_pairs_tell_systematic_misses_from_coin_flips(accuracy):
     graph = make_mlp_graph()
 
