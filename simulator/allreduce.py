@@ -82,9 +82,10 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     last_member = row * V + context.order.take(position)
     algorithm = batch.algorithm.ravel().take(last_member)
     ar_time = _group_seconds(topo, batch, row, algorithm, batch.compressor.ravel().take(last_member), nbytes)
-    if compressed.size:
-        lowrank = _lowrank_groups(context, batch, compressed, key, n * slots).take(groups)
-        ar_time += (POWERSGD_COLLECTIVES - 1) * lowrank * _allreduce_seconds(topo, row, algorithm, np.zeros(groups.size))
+    lowrank = np.flatnonzero(_lowrank_groups(context, batch, compressed, key, n * slots).take(groups)) if compressed.size else compressed
+    if lowrank.size:
+        latency = _allreduce_seconds(topo, row.take(lowrank), algorithm.take(lowrank), np.zeros(lowrank.size))
+        ar_time[lowrank] += (POWERSGD_COLLECTIVES - 1) * latency
     rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
     duration = np.where(sharded, rs_time, ar_time)
     if squeeze is not None:
