@@ -30,14 +30,15 @@ seconds:
 - an Adam step over 256 tensors of 64 elements, per tensor -> `optimizer_tensor_s`;
 - coalescing an embedding gradient of 16384 lookups (its values and int64 indices) -> `coalesce_efficiency`;
 - a ZeRO bucket of 8 MB (flatten, reduce-scatter, all-gather into a fresh buffer, copy back) against an
-  all-reduce bucket of the same gradients (the ring formulas make them equal) -> `scatter_efficiency`;
+  all-reduce bucket of the same gradients (the ring formulas make them equal) -> `scatter_efficiency`,
+  and of 32 MB (recorded in the provenance as `scatter_large_efficiency`);
 - an all-gather of 4 MB per rank into fresh per-rank tensors (how sparse rows and top-k entries travel)
   against the all-reduce bucket the ring formulas price the same -> `gather_efficiency`;
 - a bare all-reduce of 4M fp16 elements against an all-reduce bucket of 4M fp32 elements, halved (the
   fp16 compressor's copies and casts are priced apart) -> `half_reduce_efficiency`;
 - a parameter server's push (flatten, reduce to rank 0) and pull (broadcast from it, copy back) of an
   8 MB bucket against an all-reduce bucket of it -> `reduce_efficiency` and `broadcast_efficiency`;
-- gloo all-reduce of 4 B to 8 MB buckets (`allreduce_bucket`), as the runtime runs them (flatten, divide, all-reduce, copy
+- gloo all-reduce of 4 B to 32 MB buckets (`allreduce_bucket`), as the runtime runs them (flatten, divide, all-reduce, copy
   back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least squares gives α and B, so
   the link is described as a bucket sees it, copies included;
 - overlap: all-reduces launched while the rank computes; the share of their time that hides behind
@@ -73,15 +74,16 @@ from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
 from stratagem.rank_env import rank_environment
 
 DEVICE_KIND = "CPU-calibrated"
-SIZES = (4, 4096, 256 << 10, 2 << 20, 8 << 20)
-"""All-reduce buffer sizes in bytes: small ones pin the latency, large ones the bandwidth."""
+SIZES = (4, 4096, 256 << 10, 2 << 20, 8 << 20, 32 << 20)
+"""All-reduce buffer sizes in bytes: small ones pin the latency, large ones the bandwidth (up to a
+bucket larger than DDP's default 25 MB, since a CPU's caches make the cost per byte depend on size)."""
 WORKER_TIMEOUT_S = 120.0
 UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 """What the simulator counts for an fp32 Adam update: parameter and gradient in, parameter out (3 x 4
 bytes), two state tensors in and out (2 x 8 bytes)."""
 RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
          "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate",
-         "lowrank_large_rate", "coalesce_rate", "scatter_efficiency",
+         "lowrank_large_rate", "coalesce_rate", "scatter_efficiency", "scatter_large_efficiency",
          "gather_efficiency", "half_reduce_efficiency", "reduce_efficiency", "broadcast_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
@@ -552,11 +554,15 @@ PROBE_BUCKET_BYTES = 8 << 20
 """The bucket the collective efficiency probes move: the largest all-reduce size the link fit measures."""
 
 
-def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
+LARGE_BUCKET_BYTES = 32 << 20
+"""The bucket of the large-bucket probes: beyond the caches, as BERT's and VGG's 20 MB buckets are."""
+
+
+def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4, nbytes: int = PROBE_BUCKET_BYTES) -> float:
     """How fast a ZeRO bucket (`sharded_bucket`) runs relative to an all-reduce bucket of the same
     gradients: the ring formulas make reduce-scatter plus all-gather cost exactly one all-reduce, so the
     ratio is the share of the fitted link bandwidth (copies included, as in the fit) they reach."""
-    grads = gradients(torch, PROBE_BUCKET_BYTES)
+    grads = gradients(torch, nbytes)
     return _ratio(dist, lambda: allreduce_bucket(dist, torch, grads), lambda: sharded_bucket(dist, torch, grads), repeats)
 
 
@@ -607,6 +613,7 @@ def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any
     return {
         "allreduce_seconds": allreduce_seconds(dist, torch),
         "scatter_efficiency": scatter_efficiency(dist, torch),
+        "scatter_large_efficiency": scatter_efficiency(dist, torch, repeats=3, nbytes=LARGE_BUCKET_BYTES),
         "gather_efficiency": gather_efficiency(dist, torch),
         "half_reduce_efficiency": half_reduce_efficiency(dist, torch),
         **dict(zip(("reduce_efficiency", "broadcast_efficiency"), root_efficiencies(dist, torch), strict=True)),
