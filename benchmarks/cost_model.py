@@ -60,6 +60,7 @@ from optimizer_service.lowshot import (
 )
 from simulator.learned import CostModel, TrainingRecord, build_features, make_record, score
 from simulator.learned.metrics import kendall_tau_within_groups, top1_regret
+from stratagem.calibrate import reread
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 SIZES = (0, 5, 10, 20, 50)
@@ -240,12 +241,13 @@ def trial_documents(line: dict[str, Any]) -> tuple[ModelGraph, ResourceSpec, Str
 
     A record outlives schema additions: a spec written before a device field was added carries an id
     computed without it, which today's parser refuses. The content is what was measured, so the ids are
-    recomputed and the strategy's references to its graph and spec follow them.
+    recomputed and the strategy's references to its graph and spec follow them. A calibrated spec is
+    rebuilt from the figures it recorded (`calibrate.reread`), read as today's calibration reads them.
     """
     graph_doc, resources_doc, strategy_doc = dict(line["graph"]), dict(line["resources"]), dict(line["strategy"])
     old_graph, old_resources = graph_doc.pop("id", None), resources_doc.pop("id", None)
     strategy_doc.pop("id", None)
-    graph, resources = ModelGraph.parse(graph_doc), ResourceSpec.parse(resources_doc)
+    graph, resources = ModelGraph.parse(graph_doc), reread(ResourceSpec.parse(resources_doc))
     if strategy_doc.get("graph_id") == old_graph:
         strategy_doc["graph_id"] = graph.id
     if strategy_doc.get("resources_id") == old_resources:

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.interleaved import load_factors, measure_block
 from examples import zoo
 from stratagem.builders import AllReduce, all_builders
-from stratagem.calibrate import DEVICE_KIND
+from stratagem.calibrate import DEVICE_KIND, reread
 from stratagem.ir import Compressor, ModelGraph, Provenance, ResourceSpec, ShardedSynchronizer, Strategy, VariableConfig
 from stratagem.tracing import capture
 
@@ -322,9 +322,9 @@ def strategy_name(strategy: Strategy) -> str:
 
 
 def read_records(path: Path) -> list[Measured]:
-    """Pairs from a records file: one per (graph, strategy name), every trial of it one round. A spec
-    recorded before a device figure was added to the schema gets that figure's default and a fresh id
-    (the strategy follows it), so old measurements re-score with today's simulator."""
+    """Pairs from a records file: one per (graph, strategy name), every trial of it one round. Each
+    calibrated spec is rebuilt from the figures it recorded (`calibrate.reread`), and gets a fresh id
+    (the strategy follows it), so old measurements re-score with today's calibration and simulator."""
     pairs: dict[tuple[str, str], Measured] = {}
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -332,7 +332,7 @@ def read_records(path: Path) -> list[Measured]:
         try:
             data = json.loads(line)
             graph, result = ModelGraph.parse(data["graph"]), data["result"]
-            resources = ResourceSpec.parse({k: v for k, v in data["resources"].items() if k != "id"})
+            resources = reread(ResourceSpec.parse({k: v for k, v in data["resources"].items() if k != "id"}))
             strategy = Strategy.parse({**{k: v for k, v in data["strategy"].items() if k != "id"}, "resources_id": resources.id})
         except (ValueError, KeyError, TypeError) as error:
             raise SystemExit(f"{path}:{number}: not a trial record: {error}") from None

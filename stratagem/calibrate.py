@@ -30,8 +30,7 @@ seconds:
 - an Adam step over 256 tensors of 64 elements, per tensor -> `optimizer_tensor_s`;
 - coalescing an embedding gradient of 16384 lookups (its values and int64 indices) -> `coalesce_efficiency`;
 - a ZeRO bucket of 8 MB (flatten, reduce-scatter, all-gather into a fresh buffer, copy back) against an
-  all-reduce bucket of the same gradients (the ring formulas make them equal) -> `scatter_efficiency`,
-  and of 32 MB (recorded in the provenance as `scatter_large_efficiency`);
+  all-reduce bucket of the same gradients (the ring formulas make them equal) -> `scatter_efficiency`;
 - an all-gather of 4 MB per rank into fresh per-rank tensors (how sparse rows and top-k entries travel)
   against the all-reduce bucket the ring formulas price the same -> `gather_efficiency`;
 - a bare all-reduce of 4M fp16 elements against an all-reduce bucket of 4M fp32 elements, halved (the
@@ -39,8 +38,8 @@ seconds:
 - a parameter server's push (flatten, reduce to rank 0) and pull (broadcast from it, copy back) of an
   8 MB bucket against an all-reduce bucket of it -> `reduce_efficiency` and `broadcast_efficiency`;
 - gloo all-reduce of 4 B to 32 MB buckets (`allreduce_bucket`), as the runtime runs them (flatten, divide, all-reduce, copy
-  back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B fitted by least squares gives α and B, so
-  the link is described as a bucket sees it, copies included;
+  back); the ring model t(n) = 2(p-1)·α + 2(p-1)/p · n/B gives B from the two largest buckets and α
+  from the smallest (`fit_ring`), so the link is described as a bucket sees it, copies included;
 - overlap: all-reduces launched while the rank computes; the share of their time that hides behind
   the compute (1: all of it, 0: they take turns on the cores) -> `comm_overlap`. Only measured when
   the machine has cores beyond the ranks' compute threads: without one, communication can only run by
@@ -83,7 +82,7 @@ UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 bytes), two state tensors in and out (2 x 8 bytes)."""
 RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
          "optimizer_large_rate", "cast_rate", "select_rate", "lowrank_rate",
-         "lowrank_large_rate", "coalesce_rate", "scatter_efficiency", "scatter_large_efficiency",
+         "lowrank_large_rate", "coalesce_rate", "scatter_efficiency",
          "gather_efficiency", "half_reduce_efficiency", "reduce_efficiency", "broadcast_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
@@ -123,6 +122,16 @@ def spec_from_figures(provenance: dict[str, Any], *, address: str = "127.0.0.1")
         devices={DEVICE_KIND: device, "CPU": device.model_copy(update={"name": "CPU"})},
         provenance=provenance,
     )
+
+
+def reread(spec: ResourceSpec) -> ResourceSpec:
+    """`spec` as today's calibration reads the figures it recorded (its provenance), so that a trial
+    recorded long ago is predicted with today's fit and size laws as well as today's simulator; a spec
+    that was not calibrated stays as it is."""
+    provenance = spec.provenance or {}
+    if "allreduce_seconds" not in provenance or not spec.nodes:
+        return spec
+    return spec_from_figures(dict(provenance), address=spec.nodes[0].address)
 
 
 def average(specs: Sequence[ResourceSpec]) -> ResourceSpec:
@@ -211,18 +220,27 @@ def _bounded(value: float, most: float) -> float:
     return min(max(value, 1e-3), most)
 
 
-def fit_ring(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> tuple[float, float]:
-    """Fit t(n) = 2(p-1)·α + 2(p-1)/p · n/B; returns (α seconds, B bytes/s).
+LATENCY_SIZES = 3
+"""How many of the smallest buffers pin the latency (their median, robust to one late wake-up)."""
 
-    The fit minimizes *relative* error (weights 1/t), so the microsecond latencies of small buffers
-    count as much as the milliseconds of large ones. α is floored at 1 µs and B kept positive, so a
-    noisy measurement still gives a usable link."""
-    n = np.asarray(sizes, dtype=float)
-    t = np.asarray(seconds, dtype=float)
-    slope, intercept = np.polyfit(n, t, 1, w=1.0 / t)
+
+def fit_ring(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> tuple[float, float]:
+    """Hockney's two ends of t(n) = 2(p-1)·α + 2(p-1)/p · n/B; returns (α seconds, B bytes/s).
+
+    B is the slope between the two largest buffers: what a byte costs at the sizes buckets have (MBs,
+    beyond the caches). α is the median time of the smallest buffers once their bytes are paid. A
+    least-squares line through every size would let the small buffers' flat floor (a rank's wake-up
+    on loopback TCP, about 1 ms on a busy 2-core machine) tilt the slope, so it mispriced exactly the
+    large buckets a step moves. α is floored at 1 µs and B kept positive, so a noisy measurement
+    still gives a usable link."""
+    order = np.argsort(np.asarray(sizes, dtype=float))
+    n = np.asarray(sizes, dtype=float)[order]
+    t = np.asarray(seconds, dtype=float)[order]
     p = float(ranks)
+    slope = (t[-1] - t[-2]) / (n[-1] - n[-2])
     if slope <= 0:
-        slope = float(t.max() / n.max())
+        slope = float(t[-1] / n[-1])
+    intercept = float(np.median(t[:LATENCY_SIZES] - slope * n[:LATENCY_SIZES]))
     alpha = max(intercept / (2 * (p - 1)), 1e-6)
     beta = 2 * (p - 1) / p / slope
     return alpha, beta
@@ -554,15 +572,11 @@ PROBE_BUCKET_BYTES = 8 << 20
 """The bucket the collective efficiency probes move: the largest all-reduce size the link fit measures."""
 
 
-LARGE_BUCKET_BYTES = 32 << 20
-"""The bucket of the large-bucket probes: beyond the caches, as BERT's and VGG's 20 MB buckets are."""
-
-
-def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4, nbytes: int = PROBE_BUCKET_BYTES) -> float:
+def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
     """How fast a ZeRO bucket (`sharded_bucket`) runs relative to an all-reduce bucket of the same
     gradients: the ring formulas make reduce-scatter plus all-gather cost exactly one all-reduce, so the
     ratio is the share of the fitted link bandwidth (copies included, as in the fit) they reach."""
-    grads = gradients(torch, nbytes)
+    grads = gradients(torch, PROBE_BUCKET_BYTES)
     return _ratio(dist, lambda: allreduce_bucket(dist, torch, grads), lambda: sharded_bucket(dist, torch, grads), repeats)
 
 
@@ -613,7 +627,6 @@ def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any
     return {
         "allreduce_seconds": allreduce_seconds(dist, torch),
         "scatter_efficiency": scatter_efficiency(dist, torch),
-        "scatter_large_efficiency": scatter_efficiency(dist, torch, repeats=3, nbytes=LARGE_BUCKET_BYTES),
         "gather_efficiency": gather_efficiency(dist, torch),
         "half_reduce_efficiency": half_reduce_efficiency(dist, torch),
         **dict(zip(("reduce_efficiency", "broadcast_efficiency"), root_efficiencies(dist, torch), strict=True)),

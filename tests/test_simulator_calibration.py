@@ -23,6 +23,32 @@ def test_ring_fit_recovers_latency_and_bandwidth():
     assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
 
 
+def test_a_latency_floor_at_small_sizes_does_not_tilt_the_bandwidth():
+    """On loopback a tiny all-reduce waits for the peer's wake-up (about a millisecond), so the small
+    buffers sit on a flat floor above the line; the large buckets alone decide the bandwidth."""
+    alpha, bandwidth, ranks, wake_up = 30e-6, 2e9, 2, 1e-3
+    sizes = [4, 4096, 1 << 18, 1 << 21, 1 << 23, 1 << 25]
+    line = [2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n / bandwidth for n in sizes]
+    seconds = [max(t, wake_up) for t in line]
+    fitted_alpha, fitted_bandwidth = fit_ring(sizes, seconds, ranks)
+    assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    assert fitted_alpha == pytest.approx(wake_up / 2, rel=0.01)
+
+
+def test_reread_rebuilds_a_calibrated_spec_from_its_figures_and_leaves_others_alone(t4_2x4: ResourceSpec):
+    from stratagem.calibrate import reread, spec_from_figures
+
+    figures = {"ranks": 2, "threads": 1, "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
+               "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2], "spare_cores": 0, "matmul_flops": 5e10,
+               "bf16_flops": 1e10, "conv_flops": 3e10, "copy_bandwidth": 1e10, "elementwise_rate": 5e9, "norm_rate": 3e9,
+               "layer_overhead_s": 1e-5, "optimizer_rate": 3e9, "overlap": 0.0}
+    spec = spec_from_figures(figures, address="10.0.0.7")
+    stale = spec.replace(network={**spec.network.model_dump(mode="json"), "bandwidth_gbps": 1.0})
+    assert reread(stale) == spec
+    assert reread(stale).nodes[0].address == "10.0.0.7"
+    assert reread(t4_2x4) is t4_2x4
+
+
 def test_calibration_needs_two_ranks():
     from stratagem.calibrate import calibrate
 
