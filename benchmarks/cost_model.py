@@ -40,7 +40,9 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,16 @@ from optimizer_service.lowshot import (
     candidates_from_model,
     run_plan,
 )
-from simulator.learned import CostModel, TrainingRecord, build_features, make_record, score
+from simulator.learned import (
+    CostModel,
+    FeatureMatrix,
+    TrainingRecord,
+    build_features,
+    cross_validate,
+    make_record,
+    promotion,
+    score,
+)
 from simulator.learned.metrics import kendall_tau_within_groups, top1_regret
 from stratagem.calibrate import reread
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
@@ -380,31 +391,58 @@ def _maybe(function: Any, values: list[float]) -> float | None:
 
 
 def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds: int,
-                   params: dict[str, Any] | None = None, without: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+                   params: dict[str, Any] | None = None, without: frozenset[str] = frozenset(),
+                   *, gate: bool = True) -> list[dict[str, Any]]:
     """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs.
-    Features named in `without` are blanked (missing everywhere, so no tree can split on them)."""
+    Features named in `without` are blanked (missing everywhere, so no tree can split on them).
+
+    With `gate`, also what the service would serve (`served`): each fitted correction is
+    cross-validated by job on its own training trials, and where `promotion` refuses it the simulator
+    alone answers; `served_share` is how often the correction was put in use."""
     matrix = build_features(records)
     matrix.X[:, [i for i, name in enumerate(matrix.names) if name in without]] = math.nan
     folds = list(GroupKFold(n_splits=min(5, len(set(matrix.groups)))).split(matrix.X, groups=matrix.groups))
     simulator_scores = score(matrix.measured_s, matrix.simulated_s, matrix.groups).to_dict()
-    keys = ("mape", "log_error", "kendall_tau", "top1_regret")
     curve = []
     for size in sizes:
-        per_seed, used = [], []
+        corrected, served, used, promoted = [], [], [], []
         for seed in range(seeds):
             rng = np.random.default_rng(seed)
-            predicted = np.empty(len(matrix))
+            predicted, answered = np.empty(len(matrix)), np.empty(len(matrix))
             for train, test in folds:
                 chosen = rng.choice(train, size=min(size, len(train)), replace=False)
                 used.append(len(chosen))
-                model = CostModel(random_state=seed, **(params or {})).fit(matrix.take(chosen))
-                predicted[test] = model.predict(matrix.take(test))
-            per_seed.append(score(matrix.measured_s, predicted, matrix.groups).to_dict())
-        corrected = {k: float(np.nanmean([s[k] for s in per_seed])) for k in keys}
-        curve.append({"train_trials": size, "train_trials_used": float(np.mean(used)),
-                      "simulator": {k: simulator_scores[k] for k in keys}, "corrected": corrected})
-        log(f"n={size} {params or ''}: {corrected}")
+                make = partial(CostModel, random_state=seed, **(params or {}))
+                predicted[test] = make().fit(matrix.take(chosen)).predict(matrix.take(test))
+                if gate:
+                    serves = _serves(make, matrix.take(chosen))
+                    promoted.append(serves)
+                    answered[test] = predicted[test] if serves else matrix.simulated_s[test]
+            corrected.append(score(matrix.measured_s, predicted, matrix.groups).to_dict())
+            if gate:
+                served.append(score(matrix.measured_s, answered, matrix.groups).to_dict())
+        row = {"train_trials": size, "train_trials_used": float(np.mean(used)),
+               "simulator": _curve_scores([simulator_scores]), "corrected": _curve_scores(corrected)}
+        if gate:
+            row.update(served=_curve_scores(served), served_share=float(np.mean(promoted)))
+        curve.append(row)
+        log(f"n={size} {params or ''}: {row['corrected']}" + (f" served {row['served']} ({row['served_share']:.0%})" if gate else ""))
     return curve
+
+
+CURVE_KEYS = ("mape", "log_error", "kendall_tau", "top1_regret")
+
+
+def _curve_scores(per_seed: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: float(np.nanmean([s[key] for s in per_seed])) for key in CURVE_KEYS}
+
+
+def _serves(make: Callable[[], CostModel], training: FeatureMatrix) -> bool:
+    """Whether the service would put a correction fitted on `training` in use (`promotion` on its
+    cross-validation by job); with fewer than two jobs there is nothing to validate and it serves."""
+    if len(set(training.groups)) < 2:
+        return True
+    return promotion(cross_validate(make, training).to_dict())[0]
 
 
 SCALE_FREE_FEATURES = frozenset({f"exposed_{kind}_share" for kind in ("allreduce", "ps", "sharded", "tensor", "pipeline")}
@@ -547,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "lowshot": [lowshot(records, names, args.budget, mode, planner_noise) for mode in LOWSHOT_MODES],
     }
     if args.variants:
-        result["variants"] = {label: learning_curve(records, SIZES, args.seeds, params, without)
+        result["variants"] = {label: learning_curve(records, SIZES, args.seeds, params, without, gate=False)
                               for label, (params, without) in VARIANTS.items()}
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=2))

@@ -115,3 +115,17 @@ def test_load_shared_by_a_round_is_divided_out(bench, tmp_path):
     assert bench.noise_floor(adjusted)["median_round_spread"] == pytest.approx(0.0, abs=1e-12)
     for s in adjusted:
         assert s.folded().measured_step_time_s == pytest.approx(base[s.name])
+
+
+def test_the_served_curve_is_the_correction_where_the_service_would_put_it_in_use(bench):
+    """With a bias the correction can learn (the synthetic jobs' PS traffic 2.5x dearer than simulated),
+    cross-validation on its own training trials always promotes it, so what is served is the correction;
+    with no training trials nothing is fitted and the service answers with the simulator alone."""
+    from simulator.learned.synthetic import synthetic_records
+
+    curve = bench.learning_curve(synthetic_records(n_groups=6, per_group=6), (0, 20), seeds=1)
+    untrained, trained = curve
+    assert untrained["served"] == untrained["simulator"]
+    assert trained["served_share"] == 1.0
+    assert trained["served"] == trained["corrected"]
+    assert trained["served"]["log_error"] < 0.5 * trained["simulator"]["log_error"]

@@ -11,7 +11,6 @@ database, whichever job or user recorded it, so each job ranks with what all ear
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from optimizer_service.core.errors import rejected, unavailable
 from optimizer_service.jobs.correction import LoadedCostModel
 from optimizer_service.jobs.queue import json_safe
 from optimizer_service.settings import Settings
-from simulator.learned import CostModel, Trainer, retrain_needed
+from simulator.learned import CostModel, Trainer, promotion, retrain_needed
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
@@ -66,35 +65,6 @@ def list_versions(session: Session, *, limit: int, offset: int) -> tuple[list[Co
 
 def version_in_use(session: Session) -> CostModelVersion | None:
     return session.scalars(select(CostModelVersion).where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc())).first()
-
-
-REGRET_TOLERANCE = 0.005
-"""Top-1 regret a new version may lose against the simulator alone and still serve (half a percent)."""
-LOG_ERROR_TOLERANCE = 0.01
-"""Mean absolute log error it may lose (about one percent of step time)."""
-
-
-def promotion(metrics: dict[str, Any]) -> tuple[bool, str]:
-    """Whether a newly trained version should serve, and why: only when cross-validation by job does
-    not show it worse than the simulator alone in top-1 regret (what a user loses) or in log error. A
-    correction learned on other jobs can be worse than none when the simulator's remaining error
-    differs from job to job. Without cross-validated metrics (fewer than two jobs) it serves: with few
-    trials its ensemble stays close to the simulator."""
-    simulator, corrected = metrics.get("simulator"), metrics.get("corrected")
-    if not (isinstance(simulator, dict) and isinstance(corrected, dict)):
-        return True, "no cross-validated metrics (fewer than two jobs): serves"
-    worse = [
-        f"{key} {corrected[key]:.4g} > simulator's {simulator[key]:.4g}"
-        for key, tolerance in (("top1_regret", REGRET_TOLERANCE), ("log_error", LOG_ERROR_TOLERANCE))
-        if _finite(corrected.get(key)) and _finite(simulator.get(key)) and corrected[key] > simulator[key] + tolerance
-    ]
-    if worse:
-        return False, "cross-validated by job it is worse than the simulator alone: " + "; ".join(worse)
-    return True, "cross-validated by job it is not worse than the simulator alone"
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVersion:

@@ -9,7 +9,7 @@
 """
 
 from simulator.learned.features import FeatureMatrix, build_features, default_feature_names
-from simulator.learned.metrics import CrossValidation, Scores, cross_validate, score
+from simulator.learned.metrics import CrossValidation, Scores, cross_validate, promotion, score
 from simulator.learned.model import CostModel, InvalidCostModelError, NotFittedError, retrain_needed
 from simulator.learned.records import (
     InvalidRecordError,
@@ -35,6 +35,7 @@ __all__ = [
     "cross_validate",
     "default_feature_names",
     "make_record",
+    "promotion",
     "read_jsonl",
     "records_from_samples",
     "retrain_needed",

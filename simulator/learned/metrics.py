@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -132,3 +132,32 @@ def out_of_fold(make_model: Callable[[], Predictor], data: FeatureMatrix, *, n_s
         model.fit(data.take(train))
         predicted[test] = model.predict(data.take(test))
     return predicted
+
+
+REGRET_TOLERANCE = 0.005
+"""Top-1 regret a new version may lose against the simulator alone and still serve (half a percent)."""
+LOG_ERROR_TOLERANCE = 0.01
+"""Mean absolute log error it may lose (about one percent of step time)."""
+
+
+def promotion(metrics: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a newly trained version should serve, and why: only when cross-validation by job does
+    not show it worse than the simulator alone in top-1 regret (what a user loses) or in log error. A
+    correction learned on other jobs can be worse than none when the simulator's remaining error
+    differs from job to job. Without cross-validated metrics (fewer than two jobs) it serves: with few
+    trials its ensemble stays close to the simulator."""
+    simulator, corrected = metrics.get("simulator"), metrics.get("corrected")
+    if not (isinstance(simulator, dict) and isinstance(corrected, dict)):
+        return True, "no cross-validated metrics (fewer than two jobs): serves"
+    worse = [
+        f"{key} {corrected[key]:.4g} > simulator's {simulator[key]:.4g}"
+        for key, tolerance in (("top1_regret", REGRET_TOLERANCE), ("log_error", LOG_ERROR_TOLERANCE))
+        if _finite(corrected.get(key)) and _finite(simulator.get(key)) and corrected[key] > simulator[key] + tolerance
+    ]
+    if worse:
+        return False, "cross-validated by job it is worse than the simulator alone: " + "; ".join(worse)
+    return True, "cross-validated by job it is not worse than the simulator alone"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
