@@ -62,7 +62,7 @@ def headline(metrics: dict[str, Any], key: str) -> float | None:
 
 
 def promotion(metrics: dict[str, Any]) -> dict[str, Any] | None:
-    """The service's decision on putting the version in use (`core.cost_model.promotion`), if recorded."""
+    """The service's decision on putting the version in use (`simulator.learned.metrics.promotion`), if recorded."""
     decision = metrics.get("promotion")
     return decision if isinstance(decision, dict) and isinstance(decision.get("why"), str) else None
 
