@@ -38,6 +38,8 @@ def test_a_latency_floor_at_small_sizes_does_not_tilt_the_bandwidth():
 def test_a_sweep_of_one_size_is_refused_by_name():
     with pytest.raises(InvalidResourceSpecError, match="allreduce_bytes"):
         fit_ring([1 << 20, 1 << 20], [1e-3, 1.1e-3], 2)
+    with pytest.raises(InvalidResourceSpecError, match="allreduce_bytes"):
+        fit_ring([4, 1 << 20], [1e-3], 2)
 
 
 def test_reread_rebuilds_a_calibrated_spec_from_its_figures_and_leaves_others_alone(t4_2x4: ResourceSpec):
