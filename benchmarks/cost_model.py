@@ -412,10 +412,10 @@ def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds:
             for train, test in folds:
                 chosen = rng.choice(train, size=min(size, len(train)), replace=False)
                 used.append(len(chosen))
-                make = partial(CostModel, random_state=seed, **(params or {}))
-                predicted[test] = make().fit(matrix.take(chosen)).predict(matrix.take(test))
+                training, make = matrix.take(chosen), partial(CostModel, random_state=seed, **(params or {}))
+                predicted[test] = make().fit(training).predict(matrix.take(test))
                 if gate:
-                    serves = _serves(make, matrix.take(chosen))
+                    serves = _serves(make, training)
                     promoted.append(serves)
                     answered[test] = predicted[test] if serves else matrix.simulated_s[test]
             corrected.append(score(matrix.measured_s, predicted, matrix.groups).to_dict())

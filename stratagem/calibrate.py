@@ -233,12 +233,12 @@ def fit_ring(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> tu
     on loopback TCP, about 1 ms on a busy 2-core machine) tilt the slope, so it mispriced exactly the
     large buckets a step moves. α is floored at 1 µs and B kept positive, so a noisy measurement
     still gives a usable link."""
-    order = np.argsort(np.asarray(sizes, dtype=float))
-    n = np.asarray(sizes, dtype=float)[order]
-    t = np.asarray(seconds, dtype=float)[order] if len(seconds) == len(sizes) else np.empty(0)
-    if t.size < 2 or n[-1] <= n[-2]:
-        raise InvalidResourceSpecError([Problem("allreduce_bytes", "the link fit needs all-reduce times at two sizes or more "
-                                                "(one per size, the two largest different)")])
+    n, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    order = np.argsort(n)
+    if n.shape != t.shape or n.size < 2 or n[order[-1]] == n[order[-2]]:
+        raise InvalidResourceSpecError([Problem("allreduce_bytes", "the link fit needs one all-reduce time per size, "
+                                                "and its two largest sizes different")])
+    n, t = n[order], t[order]
     p = float(ranks)
     slope = (t[-1] - t[-2]) / (n[-1] - n[-2])
     if slope <= 0:
