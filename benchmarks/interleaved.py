@@ -38,9 +38,6 @@ after every timed round, and their median over the rounds is what counts."""
 ONCE_PROBES = ("bf16_flops",)
 """Probed in the first timed round only: the zoo graphs train in fp32, and a CPU without bf16 units
 takes seconds per probe."""
-OVERLAP_EVERY = 4
-"""The overlap probes run after every 4th timed round: each takes about half a second, and whether
-their figure should price the steps is what the records are for (`overlap_probes`)."""
 LOCAL = "__undistributed__"
 """The model copy every rank trains alone (no strategy): its step is the compute and update the
 simulator predicts without synchronization, measured under the same load as the strategies."""
@@ -215,25 +212,11 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
                     samples[name].append(probe())
             for name, value in calibration.collective_figures(dist, torch, overlap=job["spare_cores"] > 0).items():
                 samples.setdefault(name, []).append(value)
-            if (step - job["warmup"]) % OVERLAP_EVERY == 0:
-                for name, value in overlap_probes(dist, torch).items():
-                    samples.setdefault(name, []).append(value)
     dist.barrier()
     figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
     figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
     output.write_text(json.dumps({"times": times, "warmup": warmup, "sync": sync, "refused": refused, "figures": figures}))
     os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
-
-
-def overlap_probes(dist: Any, torch: Any) -> dict[str, float]:
-    """The share of all-reduce time that hides behind compute on ranks that have no spare core, which
-    calibration does not measure (it sets `comm_overlap` 0 there): with 16 buffers of 1 MB, as
-    `stratagem calibrate` measures it where cores are spare, and with 2 buckets of 8 MB, as the
-    runtime's buckets are launched during backward. Recorded beside the figures, not used by them."""
-    from stratagem.calibrate import overlap_share
-
-    return {"overlap_share": overlap_share(dist, torch, repeats=3),
-            "overlap_share_bucket": overlap_share(dist, torch, repeats=3, buffers=2, buffer_bytes=8 << 20)}
 
 
 if __name__ == "__main__":

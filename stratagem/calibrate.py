@@ -638,26 +638,26 @@ def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any
     }
 
 
-def overlap_share(dist: Any, torch: Any, *, repeats: int = 5, buffers: int = 16, buffer_bytes: int = 1 << 20) -> float:
+def overlap_share(dist: Any, torch: Any, *, repeats: int = 5) -> float:
     """How much of the all-reduce time hides behind compute: (C + A - both) / min(C, A), from the medians
-    of C (a burst of matmul layers alone), A (a burst of `buffers` all-reduces alone) and both (the
+    of C (a burst of matmul layers alone), A (a burst of 1 MB all-reduces alone) and both (the
     all-reduces launched asynchronously before the same compute, as the runtime launches buckets during
     backward), measured in turns so that a change of load touches all three alike."""
     from torch import nn
 
     layer, x = nn.Linear(512, 512, bias=False), torch.randn(1024, 512, requires_grad=True)
-    buffers_ = [torch.ones(buffer_bytes // 4) for _ in range(buffers)]
+    buffers = [torch.ones(1 << 18) for _ in range(16)]
 
     def compute() -> None:
         for _ in range(4):
             layer(x).sum().backward()
 
     def comm_only() -> None:
-        for work in [dist.all_reduce(b, async_op=True) for b in buffers_]:
+        for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
             work.wait()
 
     def both() -> None:
-        works = [dist.all_reduce(b, async_op=True) for b in buffers_]
+        works = [dist.all_reduce(b, async_op=True) for b in buffers]
         compute()
         for work in works:
             work.wait()

@@ -28,10 +28,6 @@ def test_a_block_times_every_strategy_and_the_undistributed_copy_and_calibrates_
     assert block.failure is None, block.failure
     assert block.resources is not None and block.resources.provenance["interleaved_with"] == f"replay:{graph.name}"
     assert block.undistributed_s() > 0
-    figures = block.resources.provenance
-    assert all(-5.0 < figures[name] < 5.0 for name in ("overlap_share", "overlap_share_bucket"))
-    if figures["spare_cores"] <= 0:
-        assert figures["overlap"] == 0.0  # recorded beside the calibration, not used by it
     for name in ("AllReduce", "PS"):
         result = block.result(name, strategies[name])
         assert result["outcome"] == "ok" and len(result["step_times_s"]) == 2
