@@ -63,6 +63,29 @@ def test_powersgd_recovers_a_gradient_of_at_most_its_rank_exactly() -> None:
     torch.testing.assert_close(out, low_rank, rtol=1e-4, atol=1e-5)
 
 
+class CountingTeam(Team):
+    """Two members whose all-reduces are only counted (the peer contributes nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__([0, 1], [0, 1], None)
+        self.all_reduces: list[int] = []
+
+    def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False) -> None:
+        self.all_reduces.append(tensor.numel())
+
+
+def test_powersgd_sends_vectors_in_p_s_collective_so_a_step_pays_two_latencies() -> None:
+    team = CountingTeam()
+    reducer = PowerSGDReducer(team, rank=2, error_feedback=True, seed=0)
+    grads = [torch.randn(16, 8), torch.randn(8), torch.randn(5)]
+    reducer.start(grads)
+    out = reducer.finish()
+    assert team.all_reduces == [16 * 2 + 8 + 5, 8 * 2]  # P and the vectors, then Q
+    torch.testing.assert_close(out[1], grads[1] / 2)
+    torch.testing.assert_close(out[2], grads[2] / 2)
+    assert reducer.wire_bytes == (16 * 2 + 8 + 5 + 8 * 2) * 4
+
+
 def test_powersgd_sends_fewer_numbers_than_the_gradient() -> None:
     reducer = PowerSGDReducer(SOLO, rank=2, error_feedback=True, seed=0)
     reducer.start([torch.randn(64, 32)])

@@ -182,13 +182,14 @@ class PowerSGDReducer(Reducer):
                 self.qts[i] = self._initial_qt(i, m.shape[1], r, m)
             ms[i] = m
             ps.append(m @ self.qts[i].T)
-        p_flat = torch.cat([p.reshape(-1) for p in ps]) if ps else None
-        v_flat = flatten([grads[i] for i in plain]) / self.team.size if plain else None
-        self._wire_bytes = sum(t.numel() * t.element_size() for t in (p_flat, v_flat) if t is not None)
+        p_size = sum(p.numel() for p in ps)
+        # The vectors ride in P's collective: one latency where a second all-reduce would pay its own.
+        first = flatten(ps + [grads[i] for i in plain]) if grads else torch.empty(0)
+        first[p_size:].div_(self.team.size)
+        self._wire_bytes = first.numel() * first.element_size()
         self._pending = {
             "shapes": [g.shape for g in grads], "ms": ms, "p_shapes": [p.shape for p in ps], "plain": plain,
-            "p": (p_flat, self.team.all_reduce(p_flat, async_op=True) if p_flat is not None else None),
-            "v": (v_flat, self.team.all_reduce(v_flat, async_op=True) if v_flat is not None else None),
+            "first": (first, p_size, self.team.all_reduce(first, async_op=True) if grads else None),
         }
 
     def finish(self) -> list[torch.Tensor]:
@@ -196,13 +197,12 @@ class PowerSGDReducer(Reducer):
             raise RuntimeError("finish() before start()")
         pending, self._pending = self._pending, None
         out: list[torch.Tensor | None] = [None] * len(pending["shapes"])
-        (p_flat, p_work), (v_flat, v_work) = pending["p"], pending["v"]
-        if p_flat is not None:
-            wait(p_work)
-            self._finish_matrices(pending, p_flat, out)
-        if v_flat is not None:
-            wait(v_work)
-            for i, part in zip(pending["plain"], unflatten(v_flat, [pending["shapes"][i] for i in pending["plain"]]), strict=True):
+        first, p_size, work = pending["first"]
+        wait(work)
+        if p_size:
+            self._finish_matrices(pending, first[:p_size], out)
+        if pending["plain"]:
+            for i, part in zip(pending["plain"], unflatten(first[p_size:], [pending["shapes"][i] for i in pending["plain"]]), strict=True):
                 out[i] = part
         return [t for t in out if t is not None]
 
