@@ -45,8 +45,8 @@ from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import MasterUpdater
 
 
-def _updater(optimizer: torch.optim.Optimizer, pieces: list[Piece]) -> MasterUpdater:
-    return MasterUpdater(optimizer, [p.group_index for p in pieces], [p.value() for p in pieces])
+def _updater(optimizer: torch.optim.Optimizer, pieces: list[Piece], *, flat: bool = False) -> MasterUpdater:
+    return MasterUpdater(optimizer, [p.group_index for p in pieces], [p.value() for p in pieces], flat=flat)
 
 
 class _Route:
@@ -88,8 +88,8 @@ class DensePSBucket(Executor):
         self.asynchronous = not sync.sync
         self.lag = sync.staleness
         self.shapes = [p.shape for p in pieces]
-        self.updater = _updater(optimizer, pieces) if self.route.is_server else None
-        self.versions: deque[torch.Tensor] = deque([flatten(self.updater.masters)]) if self.updater else deque()
+        self.updater = _updater(optimizer, pieces, flat=True) if self.route.is_server else None
+        self.versions: deque[torch.Tensor] = deque([self._version()]) if self.updater else deque()
         self._pending: tuple[torch.Tensor, Work, list[torch.Tensor] | None] | None = None
 
     @property
@@ -115,14 +115,21 @@ class DensePSBucket(Executor):
             with stats.updating():
                 for push in pushes:
                     self.updater.step(unflatten(push, self.shapes))
-                self.versions.append(flatten(self.updater.masters))
-                while len(self.versions) > self.lag + 1:
-                    self.versions.popleft()
+                if self.lag:
+                    self.versions.append(self._version())
+                    while len(self.versions) > self.lag + 1:
+                        self.versions.popleft()
         with stats.waiting(self.kind):
             values = self._pull()
         with torch.no_grad():
             for piece, value in zip(self.pieces, unflatten(values, self.shapes), strict=True):
                 piece.value().copy_(value)
+
+    def _version(self) -> torch.Tensor:
+        """The values pulls send: under BSP the masters' own buffer, updated in place (no copy on the
+        server's critical path); with staleness a copy, kept until `lag` newer ones exist."""
+        assert self.updater is not None and self.updater.flat is not None
+        return self.updater.flat.clone() if self.lag else self.updater.flat
 
     def _collect(self) -> list[torch.Tensor]:
         """The server's list of gradients to apply, in order; empty on other ranks."""
@@ -140,7 +147,7 @@ class DensePSBucket(Executor):
                 wait(route.upper.reduce(flat, route.server))
         if not route.is_server:
             return []
-        return list(gathered) if self.asynchronous and gathered is not None else [flat / world]
+        return list(gathered) if self.asynchronous and gathered is not None else [flat.div_(world)]
 
     def _pull(self) -> torch.Tensor:
         route = self.route

@@ -41,9 +41,17 @@ class MasterUpdater:
     `group_indices[i]` is the user's param group whose hyper-parameters apply to `values[i]`.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, group_indices: list[int], values: list[torch.Tensor]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, group_indices: list[int], values: list[torch.Tensor], *,
+                 flat: bool = False) -> None:
         self.optimizer = optimizer
-        self.masters = [v.detach().clone() for v in values]
+        self.flat: torch.Tensor | None = None
+        """With `flat` (one dtype), the masters are views of this one buffer, which a server can send as
+        it is instead of flattening its masters again every step."""
+        if flat:
+            self.flat = torch.cat([v.detach().reshape(-1) for v in values])
+            self.masters = [part.view(v.shape) for part, v in zip(self.flat.split([v.numel() for v in values]), values, strict=True)]
+        else:
+            self.masters = [v.detach().clone() for v in values]
         by_group: dict[int, list[torch.Tensor]] = {}
         for group_index, master in zip(group_indices, self.masters, strict=True):
             by_group.setdefault(group_index, []).append(master)
