@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from stratagem.errors import UnsupportedStrategyError
+from stratagem.runtime.comm import flatten, unflatten
 from stratagem.runtime.multi_optimizer import owning_optimizer
 from stratagem.runtime.plan import Piece
 
@@ -48,8 +49,8 @@ class MasterUpdater:
         """With `flat` (one dtype), the masters are views of this one buffer, which a server can send as
         it is instead of flattening its masters again every step."""
         if flat:
-            self.flat = torch.cat([v.detach().reshape(-1) for v in values])
-            self.masters = [part.view(v.shape) for part, v in zip(self.flat.split([v.numel() for v in values]), values, strict=True)]
+            self.flat = flatten([v.detach() for v in values])
+            self.masters = unflatten(self.flat, [v.shape for v in values])
         else:
             self.masters = [v.detach().clone() for v in values]
         by_group: dict[int, list[torch.Tensor]] = {}
