@@ -35,8 +35,9 @@ from simulator.topology import Topology
 SPARSE_ALLREDUCE_COLLECTIVES = 2
 """All-gathers per sparse variable: indices and values (their sizes vary per step), after one
 all-gather of every sparse variable's row count."""
-TOPK_COLLECTIVES = 2
-"""All-gathers per top-k group: values, then indices."""
+TOPK_COLLECTIVES = 1
+"""All-gathers per top-k group: values and indices travel as the bytes of one tensor (since
+`principled-1.7`; the runtime had gathered them in two)."""
 POWERSGD_COLLECTIVES = 2
 """All-reduces per PowerSGD group holding a matrix: P, then Q, which needs P's sum (and its QR) first,
 so a second latency is on the stream (the group's vectors ride beside P)."""
@@ -192,7 +193,7 @@ def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algor
                    nbytes: np.ndarray) -> np.ndarray:
     """Seconds of each all-reduce group's collectives. A half-precision payload moves at the device's
     `half_reduce_efficiency`; top-k's values and indices are not summed on the wire but all-gathered
-    (two collectives), every rank receiving its p - 1 peers' entries."""
+    (`TOPK_COLLECTIVES`), every rank receiving its p - 1 peers' entries."""
     half = (compressor == CompressorKind.FP16) | (compressor == CompressorKind.BF16)
     seconds = _allreduce_seconds(topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes))
     topk = compressor == CompressorKind.TOPK

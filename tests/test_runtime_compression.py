@@ -64,14 +64,32 @@ def test_powersgd_recovers_a_gradient_of_at_most_its_rank_exactly() -> None:
 
 
 class CountingTeam(Team):
-    """Two members whose all-reduces are only counted (the peer contributes nothing)."""
+    """Two members whose collectives are only counted: an all-reduce's peer contributes nothing, an
+    all-gather's peer sends what this rank sends."""
 
     def __init__(self) -> None:
         super().__init__([0, 1], [0, 1], None)
         self.all_reduces: list[int] = []
+        self.all_gathers: list[int] = []
 
     def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False) -> None:
         self.all_reduces.append(tensor.numel())
+
+    def all_gather(self, tensor: torch.Tensor, *, async_op: bool = False) -> tuple[list[torch.Tensor], None]:
+        self.all_gathers.append(tensor.numel() * tensor.element_size())
+        return [tensor.clone(), tensor.clone()], None
+
+
+def test_topk_sends_values_and_indices_in_one_all_gather() -> None:
+    team = CountingTeam()
+    grads = [torch.randn(40, 5), torch.randn(30)]
+    counted, solo = TopKReducer(team, ratio=0.1, error_feedback=True), TopKReducer(SOLO, ratio=0.1, error_feedback=True)
+    for _ in range(2):
+        counted.start([g.clone() for g in grads])
+        solo.start([g.clone() for g in grads])
+        for mine, alone in zip(counted.finish(), solo.finish(), strict=True):
+            torch.testing.assert_close(mine, alone)
+    assert team.all_gathers == [23 * (4 + 4)] * 2  # k = ceil(0.1 * 230) values and int32 indices
 
 
 def test_powersgd_sends_vectors_in_p_s_collective_so_a_step_pays_two_latencies() -> None:

@@ -107,7 +107,7 @@ class TopKReducer(Reducer):
         self.ratio = ratio
         self.error_feedback = error_feedback
         self.error: torch.Tensor | None = None
-        self._pending: tuple[list[torch.Tensor], Work, list[torch.Tensor], Work, torch.Tensor, list[torch.Size]] | None = None
+        self._pending: tuple[list[torch.Tensor], Work, tuple[torch.Tensor, torch.Tensor], torch.Tensor, list[torch.Size]] | None = None
 
     def start(self, grads: list[torch.Tensor]) -> None:
         flat = flatten(grads)
@@ -120,19 +120,22 @@ class TopKReducer(Reducer):
             self.error = flat.clone()
             self.error[idx] = 0
         wire_idx = idx.to(torch.int32) if flat.numel() <= INT32_LIMIT else idx
-        self._wire_bytes = k * (vals.element_size() + wire_idx.element_size())
-        all_vals, w1 = self.team.all_gather(vals, async_op=True)
-        all_idx, w2 = self.team.all_gather(wire_idx, async_op=True)
-        self._pending = (all_vals, w1, all_idx, w2, torch.zeros_like(flat), [g.shape for g in grads])
+        # Values and indices travel as the bytes of one tensor: one all-gather, so one latency, per step.
+        payload = torch.cat([vals.view(torch.uint8), wire_idx.view(torch.uint8)])
+        self._wire_bytes = payload.numel()
+        gathered, work = self.team.all_gather(payload, async_op=True)
+        self._pending = (gathered, work, (vals, wire_idx), torch.zeros_like(flat), [g.shape for g in grads])
 
     def finish(self) -> list[torch.Tensor]:
         if self._pending is None:
             raise RuntimeError("finish() before start()")
-        all_vals, w1, all_idx, w2, out, shapes = self._pending
+        gathered, work, (vals, wire_idx), out, shapes = self._pending
         self._pending = None
-        wait(w1)
-        wait(w2)
-        out.index_add_(0, torch.cat(all_idx), torch.cat(all_vals))
+        wait(work)
+        split = vals.numel() * vals.element_size()
+        all_vals = torch.cat([g[:split] for g in gathered]).view(vals.dtype)
+        all_idx = torch.cat([g[split:] for g in gathered]).view(wire_idx.dtype)
+        out.index_add_(0, all_idx, all_vals)
         return unflatten(out / self.team.size, shapes)
 
 
