@@ -40,7 +40,7 @@ TOPK_COLLECTIVES = 1
 `principled-1.7`; the runtime had gathered them in two)."""
 POWERSGD_COLLECTIVES = 2
 """All-reduces per PowerSGD group holding a matrix: P, then Q, which needs P's sum (and its QR) first,
-so a second latency is on the stream (the group's vectors ride beside P)."""
+so a second latency is on the stream (the group's vectors ride in P's all-reduce)."""
 
 
 @dataclass
