@@ -190,7 +190,8 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    probes = calibration.probes(calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE))
+    stepper = calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE, evict=calibration.CacheEvictor.for_this_machine())
+    probes = calibration.probes(stepper)
     samples: dict[str, list[Any]] = {name: [] for name in probes}
     for step in range(job["warmup"] + job["steps"]):
         shift = step % max(len(names), 1)

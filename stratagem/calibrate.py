@@ -4,8 +4,9 @@ Everything is measured the way a trial runs: `ranks` processes with `threads` th
 gloo, all measuring at the same time, so they share cores, caches and memory bandwidth as trial ranks
 do (and a machine busy with other work shows up as a slower machine). Each repeat ends when every
 rank is done, as a synchronous step waits for its slowest rank (`Stepper`); each figure is the median
-of the repeats (what a typical step sees, not the luckiest run), from the slowest rank. In about 15-30
-seconds:
+of the repeats (what a typical step sees, not the luckiest run), from the slowest rank. Every compute
+probe's repeat starts from cold caches, as each layer of a step does (`CacheEvictor` reads a buffer the
+size of the last-level cache first, untimed). In about 15-30 seconds:
 
 - matmul FLOP/s: a Linear layer's forward and backward (its three matmuls), fp32; a bf16 matmul;
 - convolution FLOP/s: a 3x3 convolution's forward and backward -> `conv_efficiency` (vs. matmul);
@@ -315,26 +316,81 @@ def _physical_memory() -> float:
 # -- the worker: one rank's measurements (runs in its own process) ------------------------------------------
 
 
+EVICT_MIN_BYTES = 64 << 20
+"""What the evictor streams where the machine does not report its caches (and at least, where it does)."""
+EVICT_MAX_BYTES = 1 << 30
+"""Beyond this a cache is not held by one process's data anyway; streaming more would only slow calibration."""
+
+
+def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache the first CPU reports (Linux sysfs; sizes like `491520K`), or None."""
+    sizes = []
+    for entry in root.glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+def eviction_bytes(cache_bytes: int | None) -> int:
+    """Bytes to stream so that a probe's data is no longer cached: the last-level cache, within bounds."""
+    return min(max(cache_bytes or 0, EVICT_MIN_BYTES), EVICT_MAX_BYTES)
+
+
+class CacheEvictor:
+    """Reads a buffer as large as the last-level cache, so the next probe finds its data in memory.
+
+    In a training step each layer's tensors were pushed out of the caches by the rest of the step since
+    they were last touched; a probe repeated in a tight loop keeps its tensors cached instead and times
+    a faster machine than the step runs on. On a CPU whose last-level cache holds hundreds of MB the
+    difference is large: element-wise kernels, convolutions and top-k selection ran 35-45% faster hot
+    than cold, and the simulator priced the zoo models' steps 25-33% fast (docs/simulator.md)."""
+
+    def __init__(self, nbytes: int) -> None:
+        import torch
+
+        self.nbytes = nbytes
+        self._buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+
+    @classmethod
+    def for_this_machine(cls) -> CacheEvictor:
+        return cls(eviction_bytes(last_level_cache_bytes()))
+
+    def __call__(self) -> None:
+        self._buffer.sum()
+
+
 class Stepper:
     """Times work the way a synchronous step runs it: every rank runs it, then all ranks agree (one tiny
     all-reduce) whether to go on, so a sample lasts until the slowest rank is done, as a step waits for
     its slowest rank. The agreement's own latency, timed alone, is taken off. Alone (`agree` the
     identity) it is a plain median timer. `budget_scale` shortens (or lengthens) every probe's time
-    budget, for probes interleaved with other work."""
+    budget, for probes interleaved with other work. With `evict` (a `CacheEvictor`), every run starts
+    with cold caches, as a step's layers do; the eviction is not timed, and the ranks agree once more
+    after it so that no rank's sample includes another's eviction."""
 
-    def __init__(self, agree: Callable[[bool], bool] = lambda go: go, *, budget_scale: float = 1.0) -> None:
+    def __init__(self, agree: Callable[[bool], bool] = lambda go: go, *, budget_scale: float = 1.0,
+                 evict: Callable[[], object] | None = None) -> None:
         self.agree = agree
         self.budget_scale = budget_scale
+        self.evict: Callable[[], object] | None = None
         self.floor = 0.0
         self.floor = self.median(lambda: None, budget_s=0.2, least=10)
+        self.evict = evict
 
     def median(self, run: Callable[[], object], *, budget_s: float, least: int = 3, most: int = 40) -> float:
-        """Median seconds of `run` over repeats filling about `budget_s` (after one untimed warm-up)."""
+        """Median seconds of `run` over repeats filling about `budget_s` of wall time, evictions
+        included (after one untimed warm-up)."""
         run()
         samples: list[float] = []
         deadline = time.perf_counter() + budget_s * self.budget_scale
         go = True
         while go:
+            if self.evict is not None:
+                self.evict()
+                self.agree(True)
             start = time.perf_counter()
             run()
             go = self.agree(len(samples) + 1 < most and (len(samples) + 1 < least or time.perf_counter() < deadline))
@@ -684,7 +740,7 @@ def _worker(rank: int, world: int, port: int, result: str, threads: int, overlap
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    figures: dict[str, Any] = dict(compute_figures(Stepper(agree)))
+    figures: dict[str, Any] = dict(compute_figures(Stepper(agree, evict=CacheEvictor.for_this_machine())))
     figures.update(collective_figures(dist, torch, overlap=overlap))
     dist.barrier()
     Path(result).write_text(json.dumps(figures))

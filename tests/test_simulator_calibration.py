@@ -56,6 +56,40 @@ def test_reread_rebuilds_a_calibrated_spec_from_its_figures_and_leaves_others_al
     assert reread(t4_2x4) is t4_2x4
 
 
+def test_the_evictor_streams_the_last_level_cache_within_bounds(tmp_path):
+    from stratagem.calibrate import EVICT_MAX_BYTES, EVICT_MIN_BYTES, eviction_bytes, last_level_cache_bytes
+
+    for index, size in enumerate(("48K", "2048K", "491520K")):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 491520 << 10
+    assert last_level_cache_bytes(tmp_path / "missing") is None
+    assert eviction_bytes(491520 << 10) == 491520 << 10
+    assert eviction_bytes(None) == EVICT_MIN_BYTES
+    assert eviction_bytes(4 << 30) == EVICT_MAX_BYTES
+
+
+def test_the_stepper_evicts_before_every_timed_run_and_does_not_time_it():
+    import time
+
+    from stratagem.calibrate import Stepper
+
+    events: list[str] = []
+
+    def evict() -> None:
+        events.append("evict")
+        time.sleep(0.02)
+
+    def run() -> None:
+        events.append("run")
+        time.sleep(0.002)
+
+    stepper = Stepper(evict=evict)
+    seconds = stepper.median(run, budget_s=0.0, least=4)
+    assert events == ["run"] + ["evict", "run"] * 4
+    assert 0.0015 < seconds < 0.015
+
+
 def test_calibration_needs_two_ranks():
     from stratagem.calibrate import calibrate
 
