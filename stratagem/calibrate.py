@@ -376,7 +376,7 @@ class Stepper:
                  evict: Callable[[], object] | None = None) -> None:
         self.agree = agree
         self.budget_scale = budget_scale
-        self.evict: Callable[[], object] | None = None
+        self.evict: Callable[[], object] | None = None  # the agreement's own latency is timed warm
         self.floor = 0.0
         self.floor = self.median(lambda: None, budget_s=0.2, least=10)
         self.evict = evict
