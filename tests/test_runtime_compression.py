@@ -150,6 +150,15 @@ def test_select_largest_falls_back_to_a_full_selection_when_the_sample_aims_too_
     torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, magnitudes.topk(3000).values)
 
 
+def test_select_largest_on_a_tie_takes_every_larger_entry_then_tied_ones_wherever_they_lie() -> None:
+    # The sampled threshold lands on the 1.0s; they all lie past the prefix where they are first sought.
+    g = torch.Generator().manual_seed(3)
+    magnitudes = torch.cat([torch.full((198_000,), 0.1), torch.full((100_000,), 1.0), 2 + torch.rand(2000, generator=g)])
+    picked = select_largest(magnitudes, 15_000)
+    assert picked.unique().numel() == 15_000
+    torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, magnitudes.topk(15_000).values)
+
+
 class _NoBFloat16(Team):
     """A team whose backend refuses bfloat16, as some gloo builds do."""
 

@@ -24,6 +24,8 @@ SAMPLE_WINNERS = 512
 """Entries of the sample above its threshold: the candidate count's relative spread is about 1/sqrt of it."""
 CANDIDATE_MARGIN = 1.3
 """Candidates aimed for, as a multiple of k, so that too few (and a full selection) are rare."""
+TIED_CANDIDATES = 4
+"""More candidates than this many times k mean the sampled threshold sits on a tie, not in a tail."""
 SMALL_SELECTION = 1 << 16
 """Below this many entries one full `topk` is as fast as sampling first."""
 
@@ -44,10 +46,30 @@ def select_largest(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     sample = magnitudes[picks]
     winners = min(size, math.ceil(CANDIDATE_MARGIN * k * size / n))
     threshold = sample.topk(winners, sorted=False).values.min()
-    candidates = (magnitudes >= threshold).nonzero().squeeze(1)
-    if candidates.numel() < k:
+    reached = magnitudes >= threshold
+    count = int(torch.count_nonzero(reached))
+    if count < k:
         return magnitudes.topk(k, sorted=False).indices
+    if count > TIED_CANDIDATES * k:
+        return _above_then_tied(magnitudes, threshold, k, count)
+    candidates = reached.nonzero().squeeze(1)
     return candidates[magnitudes[candidates].topk(k, sorted=False).indices]
+
+
+def _above_then_tied(magnitudes: torch.Tensor, threshold: torch.Tensor, k: int, reached: int) -> torch.Tensor:
+    """The k largest when the threshold sits on a value many entries share (the zeros of untouched
+    embedding rows): every entry above it, then as many tied ones as k needs, looked for in a prefix
+    that should hold them. Choosing among the `reached` candidates instead ran a selection over most of
+    the tensor, slower than one full `topk`."""
+    above = (magnitudes > threshold).nonzero().squeeze(1)
+    if above.numel() >= k:
+        return above[magnitudes[above].topk(k, sorted=False).indices]
+    need, n = k - above.numel(), magnitudes.numel()
+    prefix = min(n, 2 * math.ceil(need * n / (reached - above.numel())) + SMALL_SELECTION)
+    tied = (magnitudes[:prefix] == threshold).nonzero().squeeze(1)
+    if tied.numel() < need:
+        tied = (magnitudes == threshold).nonzero().squeeze(1)
+    return torch.cat([above, tied[:need]])
 
 
 class Reducer(ABC):
