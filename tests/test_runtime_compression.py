@@ -150,6 +150,16 @@ def test_select_largest_falls_back_to_a_full_selection_when_the_sample_aims_too_
     torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, magnitudes.topk(3000).values)
 
 
+def test_select_largest_skips_the_sample_when_it_would_hold_a_quarter_of_the_entries(monkeypatch) -> None:
+    def no_sample(*args, **kwargs):
+        raise AssertionError("sampled a bucket that one full topk selects faster")
+
+    monkeypatch.setattr(compression.torch, "randint", no_sample)
+    magnitudes = _magnitudes("normal")[:85_000]  # a DLRM's dense gradients: at 1% the sample would be 51,200
+    picked = select_largest(magnitudes, 850)
+    torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, magnitudes.topk(850).values)
+
+
 def test_select_largest_on_a_tie_takes_every_larger_entry_then_tied_ones_wherever_they_lie() -> None:
     # The sampled threshold lands on the 1.0s; they all lie past the prefix where they are first sought.
     g = torch.Generator().manual_seed(3)
