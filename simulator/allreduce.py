@@ -122,12 +122,13 @@ def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, spa
     collective, then each table's int64 indices and values, so every rank receives its p - 1 peers'
     rows, and coalesces the p row sets into one sum."""
     per_row = np.where(sparse, context.var_coalesce_bytes, 0.0).sum(axis=1)
+    work = np.where(sparse, context.var_coalesce_work, 0.0).sum(axis=1)
     gathered = per_row * batch.data
     latency, per_byte = topo.row_gather
     count = sparse.sum(axis=1)
     kinds = context.kinds
     coalesce_rate = kinds.memory_bandwidth[topo.kind] * kinds.coalesce_efficiency[topo.kind]
-    coalesced = per_row * (1.0 + batch.data)
+    coalesced = work * (1.0 + batch.data)
     calls = 1 + SPARSE_ALLREDUCE_COLLECTIVES * count
     seconds = np.where(count > 0, calls * latency + gathered * per_byte + coalesced / coalesce_rate, 0.0)
     return seconds, per_row * np.maximum(batch.data - 1, 0)

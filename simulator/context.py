@@ -24,10 +24,21 @@ TENSOR_SPLIT_KINDS = MATMUL_KINDS | {LayerKind.embedding}
 ROOT_LAYERS = ("<root>", "<loss>")
 """Capture's names for operations of the model's own forward and of the loss."""
 UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
-SPARSE_INDEX_BYTES = 8.0
-"""A sparse gradient's row index is an int64, on the wire and in a coalesce."""
 """An optimizer update streams the parameter in and out and the gradient in (3 x parameter bytes), and
 the optimizer state in and out (2 x state bytes)."""
+SPARSE_INDEX_BYTES = 8.0
+"""A sparse gradient's row index is an int64, on the wire and in a coalesce."""
+SPARSE_STEP_COALESCES: dict[str, float] = {"sgd": 1.0}
+"""What a sparse optimizer step costs beyond its update passes, in coalesces of its rows, by optimizer.
+Plain SGD sorts the rows and adds them into the parameter: one (measured 0.8-1.1 on tables of 32 to 256
+floats, session 11). Others cost `ADAPTIVE_SPARSE_STEP_COALESCES`."""
+ADAPTIVE_SPARSE_STEP_COALESCES = 2.0
+"""Adagrad sorts the gradient's rows, adds their square into the state, gathers the state back at those
+rows (another sort) and adds the step into the parameter. On DLRM's four tables (session 11) these
+steps took 5.2 ms alone on one rank, about two of the coalesces its block's calibration priced at 2.5 ms."""
+COALESCE_PROBE_ROW_BYTES = 32 * 4 + SPARSE_INDEX_BYTES
+"""A row of the calibration's coalesce probe (`stratagem.calibrate`, rows of 32 floats) and its index:
+the bytes its rate is counted in."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +157,10 @@ class SimContext:
     variable's gradient holds only the rows looked up, and optimizers that take sparse gradients
     update only those rows, on a replica or on its server alike: its share is the touched rows'."""
     var_coalesce_bytes: np.ndarray
-    """[V] bytes of the variable's touched rows, values and int64 index: what coalescing its gradient
-    streams and what one rank's share of an all-reduce row exchange carries (0 for dense variables)."""
+    """[V] bytes of the variable's touched rows, values and int64 index: what one rank's share of a row
+    exchange carries (0 for dense variables)."""
+    var_coalesce_work: np.ndarray
+    """[V] what coalescing those rows costs, in bytes at the device's coalesce rate (`_coalesce_work`)."""
     ps_held_bytes: np.ndarray
     """[V] bytes a PS server holds for the variable (parameters and optimizer state)."""
     var_state_bytes: np.ndarray
@@ -254,8 +267,9 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     kinds = _kinds_table(resources, kind_names, graph.dtype.value)
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
+    variables["var_coalesce_work"] = _coalesce_work(variables["var_coalesce_bytes"], variables["var_bytes"] / variables["var_rows"], kinds)
     variables["var_update_bytes"] = (variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
-                                     + variables["var_coalesce_bytes"] * _coalesce_in_update_bytes(kinds))
+                                     + variables["var_coalesce_work"] * _coalesce_in_update_bytes(kinds, graph.optimizer.kind))
     lowrank_knees = [spec.lowrank_knee_bytes for spec in kinds.specs if spec.lowrank_knee_bytes]
     variables["compression"] = (variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
                                 .with_lowrank_scale(_size_scale(lowrank_knees, variables["var_bytes"])))
@@ -472,11 +486,23 @@ def _sharded_inputs(graph: ModelGraph, index: dict[str, int], column: np.ndarray
     return sharded_input
 
 
-def _coalesce_in_update_bytes(kinds: DeviceKinds) -> float:
-    """Update bytes that cost as much as one coalesced byte: a sparse optimizer step coalesces its
-    gradient before it updates the rows, priced at the update's rate as `var_update_bytes` is; with
-    several kinds, the largest ratio."""
-    return float((kinds.optimizer_efficiency / kinds.coalesce_efficiency).max())
+def _coalesce_in_update_bytes(kinds: DeviceKinds, optimizer: str) -> float:
+    """Update bytes that cost as much as a sparse optimizer step's work per coalesced byte of its rows
+    (`SPARSE_STEP_COALESCES`), priced at the update's rate as `var_update_bytes` is; with several
+    kinds, the largest ratio."""
+    coalesces = SPARSE_STEP_COALESCES.get(optimizer, ADAPTIVE_SPARSE_STEP_COALESCES)
+    return coalesces * float((kinds.optimizer_efficiency / kinds.coalesce_efficiency).max())
+
+
+def _coalesce_work(nbytes: np.ndarray, row_bytes: np.ndarray, kinds: DeviceKinds) -> np.ndarray:
+    """[V] bytes at the coalesce rate that coalescing each variable's touched rows (`nbytes` of values and
+    indices) costs. A coalesce sorts one index per row and moves the row's values; on the probe's narrow
+    rows the sort is most of the time, so wider rows pay their extra bytes at the element-wise rate, not
+    the probe's (an embedding of 256 floats coalesced 4096 rows in 0.92 ms, rows of 32 in 0.34 ms,
+    session 11). With several kinds, the largest share of a byte's cost (`coalesce / elementwise`)."""
+    share = float(np.clip((kinds.coalesce_efficiency / kinds.elementwise_efficiency).max(), 0.0, 1.0))
+    rows = nbytes / (row_bytes + SPARSE_INDEX_BYTES)
+    return rows * (COALESCE_PROBE_ROW_BYTES * (1.0 - share) + (row_bytes + SPARSE_INDEX_BYTES) * share)
 
 
 def _update_scale(kinds: DeviceKinds, nbytes: np.ndarray) -> np.ndarray:

@@ -12,6 +12,8 @@ import pytest
 from conftest import load_benchmark, make_embedding_graph, make_mlp_graph
 
 from simulator import compile_context, encode, simulate, simulate_batch
+from simulator.context import ADAPTIVE_SPARSE_STEP_COALESCES, COALESCE_PROBE_ROW_BYTES, SPARSE_STEP_COALESCES
+from simulator.ps import SPARSE_CHANGED_ROWS_COALESCES
 from stratagem.builders import PS, AllReduce, PartitionedPS
 from stratagem.calibrate import (
     DEVICE_KIND,
@@ -284,6 +286,18 @@ def test_dense_shards_on_one_server_pay_one_round_trip_and_sparse_shards_three_e
     assert split.ps_load["127.0.0.1"] - one.ps_load["127.0.0.1"] == pytest.approx(extra_shards * 3 * 2 * alpha, rel=1e-6)
 
 
+def test_every_sparse_pull_is_exposed_as_the_runtime_exchanges_its_shards_one_after_another():
+    """A sparse shard pushes, updates and pulls at the optimizer step before the next one starts, so its
+    pull is never hidden behind another exchange: with one dense bucket besides, every pulled byte is on
+    the step's critical path, at the pull's speed."""
+    graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
+    slow, fast = cpu_spec(comm_overlap=1.0, broadcast_efficiency=0.5), cpu_spec(comm_overlap=1.0, broadcast_efficiency=2.0)
+    table = next(v for v in graph.trainable_variables if v.sparse)
+    pulled = sum(v.nbytes for v in graph.trainable_variables if not v.sparse) + table.lookups_per_step * table.row_bytes
+    steps = [simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s for spec in (slow, fast)]
+    assert steps[0] - steps[1] == pytest.approx(pulled / slow.intra_node.bytes_per_s * (1 / 0.5 - 1 / 2.0), rel=1e-6)
+
+
 def test_sparse_tables_under_allreduce_all_gather_one_count_exchange_then_their_rows():
     graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
     resources = cpu_spec(comm_overlap=1.0)
@@ -340,7 +354,8 @@ def test_a_sparse_table_updates_only_its_touched_rows_under_all_reduce_as_on_its
     per_param = 3 * 4 + 2 * graph.optimizer.state_bytes_per_param
     rate = 8e9 * 0.5  # the optimizer streams at the elementwise efficiency here
     touched = table.lookups_per_step * table.numel / table.shape[0]
-    coalesced = table.lookups_per_step * (table.row_bytes + 8) / rate  # the gradient's rows sorted first
+    # Adagrad's rows sorted first, then gathered and scattered: two coalesces in all
+    coalesced = ADAPTIVE_SPARSE_STEP_COALESCES * table.lookups_per_step * (table.row_bytes + 8) / rate
     expected = (touched + sum(v.numel for v in dense)) * per_param / rate + coalesced
     prediction = simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
     assert prediction.breakdown["optimizer_update"] == pytest.approx(expected, rel=1e-9)
@@ -550,12 +565,23 @@ def test_a_compute_bound_step_names_what_compute_does_not_hide():
 def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
     graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
     table = next(v for v in graph.trainable_variables if v.sparse)
+    sparse_step = SPARSE_STEP_COALESCES.get(graph.optimizer.kind, ADAPTIVE_SPARSE_STEP_COALESCES)
     own = table.lookups_per_step * (table.row_bytes + 8)
+    # the probe's rate holds for its own rows; the 0.1 of a byte that is a copy is paid per byte of these
+    work = table.lookups_per_step * (0.9 * COALESCE_PROBE_ROW_BYTES + 0.1 * (table.row_bytes + 8))
     slow, fast = cpu_spec(coalesce_efficiency=0.05), cpu_spec()
-    extra_per_pass = own / (8e9 * 0.05) - own / (8e9 * 0.5)
+    extra_per_pass = work / (8e9 * 0.05) - own / (8e9 * 0.5)
     # under all-reduce: each rank coalesces its rows, then the two ranks' rows into one sum
     busy = [_allreduce_busy(graph, 0, 1.0, coalesce_efficiency=c) for c in (0.05, None)]
     assert busy[0] - busy[1] == pytest.approx(3 * extra_per_pass, rel=1e-6)
-    # and the optimizer coalesces the gradient it is handed before it updates the rows
+    # and Adagrad's sparse step costs two coalesces of the rows it is handed
     update = [simulate(graph, spec, [AllReduce().build(graph, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)]
+    assert update[0] - update[1] == pytest.approx(sparse_step * extra_per_pass, rel=1e-6)
+    # a server coalesces its rows where they are pushed, both pushes, steps them and finds the rows that changed
+    ps = [simulate(graph, spec, [PS().build(graph, spec)])[0].breakdown["ps"] for spec in (slow, fast)]
+    passes = 1 + 2 + SPARSE_CHANGED_ROWS_COALESCES + sparse_step
+    assert ps[0] - ps[1] == pytest.approx(passes * extra_per_pass, rel=1e-6)
+    # SGD adds the sorted rows into the parameter: one coalesce, not Adagrad's two
+    sgd = graph.replace(optimizer={"kind": "sgd", "state_bytes_per_param": 0.0})
+    update = [simulate(sgd, spec, [AllReduce().build(sgd, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)]
     assert update[0] - update[1] == pytest.approx(extra_per_pass, rel=1e-6)
