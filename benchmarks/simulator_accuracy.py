@@ -27,8 +27,8 @@ predicted step time with its predicted breakdown beside the runtime's own timing
 the calibration figures; with `--ablation`, the scores with each CPU refinement reset
 to its default. Every strategy-round is also written as one JSON line {graph, resources, strategy,
 result} to `--out` (the format of `benchmarks/trials.py`), for the cost-model benchmark.
-`--from-records` re-scores such a file without measuring anything (to compare simulator versions on
-the same measurements).
+`--from-records` re-scores such a file, plain or compressed (`.xz`, `.gz`), without measuring anything
+(to compare simulator versions on the same measurements).
 
     .venv/bin/python benchmarks/simulator_accuracy.py [--quick] [--models bert_large vgg16 dlrm] [--steps 16]
         [--rounds 3] [--mode interleaved|trials] [--calibrate block|once] [--all-builders] [--ablation]
@@ -56,6 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.interleaved import load_factors, measure_block
+from benchmarks.records_file import read_lines
 from examples import zoo
 from stratagem.builders import AllReduce, all_builders
 from stratagem.calibrate import DEVICE_KIND, reread
@@ -326,7 +327,7 @@ def read_records(path: Path) -> list[Measured]:
     calibrated spec is rebuilt from the figures it recorded (`calibrate.reread`), and gets a fresh id
     (the strategy follows it), so old measurements re-score with today's calibration and simulator."""
     pairs: dict[tuple[str, str], Measured] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -643,7 +644,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON Lines file of {graph, resources, strategy, result}")
     parser.add_argument("--calibrate", choices=("block", "once"), default="block",
                         help="calibrate before each model's block of trials in every round (default), or once")
-    parser.add_argument("--from-records", help="score this records file instead of measuring")
+    parser.add_argument("--from-records", help="score this records file (plain, .xz or .gz) instead of measuring")
     parser.add_argument("--ablation", action="store_true", help="also score with each CPU refinement switched off")
     parser.add_argument("--mode", choices=("interleaved", "trials"), default="interleaved",
                         help="all of a model's strategies side by side in one process pair (default), or one trial each")

@@ -4,7 +4,9 @@ effect on predictions (convolution and optimizer efficiency, compute/communicati
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import math
 
 import numpy as np
@@ -85,6 +87,21 @@ def test_records_round_trip_into_pairs_with_rounds_and_failures(accuracy, tmp_pa
     assert report["overall"]["n"] == 2 and report["models"]["mlp"]["n"] == 2
     errors = [abs(p.predicted - p.measured) / p.measured for p in pairs.values()]
     assert report["overall"]["mape"] == pytest.approx(sum(errors) / 2, abs=1e-4)
+
+
+@pytest.mark.parametrize("suffix, compress", [(".xz", lzma.compress), (".gz", gzip.compress)])
+def test_compressed_records_read_as_the_plain_file(accuracy, tmp_path, suffix, compress):
+    graph, resources = make_mlp_graph(), cpu_spec()
+    strategy = AllReduce().build(graph, resources)
+    text = "".join(accuracy.record_line(graph, resources, strategy, {"outcome": "ok", "median_s": m}) + "\n" for m in (0.1, 0.2))
+    plain, packed = tmp_path / "records.jsonl", tmp_path / f"records.jsonl{suffix}"
+    plain.write_text(text)
+    packed.write_bytes(compress(text.encode()))
+
+    assert packed.stat().st_size < plain.stat().st_size
+    [expected], [got] = accuracy.read_records(plain), accuracy.read_records(packed)
+    assert [t.median_s for t in got.trials] == [t.median_s for t in expected.trials] == [0.1, 0.2]
+    assert got.graph.id == expected.graph.id and got.name == expected.name == "AllReduce"
 
 
 def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
