@@ -1,0 +1,65 @@
+"""benchmarks/pool_accuracy_reports.py: several accuracy runs scored as one from their printed reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import load_benchmark
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "pool_accuracy_reports.py"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return load_benchmark("pool_accuracy_reports")
+
+
+def report(version: str, rounds: dict[str, tuple[list[float], list[float]]]) -> dict:
+    """A report in simulator_accuracy's format: one model, strategies with per-round medians and predictions."""
+    pairs = [{"model": "m", "strategy": name, "round_medians_ms": measured, "round_predicted_ms": predicted}
+             for name, (measured, predicted) in rounds.items()]
+    return {"benchmark": "simulator_accuracy", "simulator_version": version, "overall": {"n": len(pairs)}, "pairs": pairs}
+
+
+def test_pooling_takes_the_median_over_every_round_of_every_run(pool):
+    # run 1 alone ranks a, b backwards (a measured slower); run 2's rounds outvote it when pooled
+    run1 = report("v", {"a": ([12.0], [10.0]), "b": ([11.0], [20.0])})
+    run2 = report("v", {"a": ([9.0, 10.0], [10.0, 10.0]), "b": ([21.0, 19.0], [20.0, 20.0])})
+
+    scores = pool.pooled_scores([run1, run2])
+
+    # a: median(12, 9, 10) = 10 measured, 10 predicted; b: median(11, 21, 19) = 19 measured, 20 predicted
+    assert scores["models"]["m"] == {"n": 2, "mape": pytest.approx((0 + 1 / 19) / 2, abs=1e-4), "kendall_tau": 1.0, "rounds": 3}
+    assert scores["overall"]["kendall_tau_within"] == 1.0 and scores["overall"]["meets_targets"] is True
+    assert pool.pooled_scores([run1])["models"]["m"]["kendall_tau"] == -1.0
+
+
+def test_split_half_compares_even_and_odd_rounds(pool):
+    agree = report("v", {"a": ([1.0, 1.1, 1.0, 1.2], [1.0] * 4), "b": ([2.0, 2.1, 2.2, 2.0], [2.0] * 4)})
+    flip = report("v", {"a": ([1.0, 3.0], [1.0] * 2), "b": ([2.0, 2.0], [2.0] * 2)})
+    assert pool.split_half_tau([agree]) == 1.0
+    assert pool.split_half_tau([flip]) == -1.0
+
+
+def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path):
+    paths = []
+    for index, version in enumerate(("v1", "v1", "v2")):
+        path = tmp_path / f"run{index}.json"
+        path.write_text(json.dumps(report(version, {"a": ([1.0], [1.1]), "b": ([2.0], [2.2])})))
+        paths.append(str(path))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"benchmark": "simulator"}))
+
+    done = subprocess.run([sys.executable, str(SCRIPT), *paths[:2]], capture_output=True, text=True, check=True)
+    printed = json.loads(done.stdout)
+    assert printed["simulator_version"] == "v1" and printed["overall"]["mape"] == pytest.approx(0.1)
+    assert set(printed["runs"]) == set(paths[:2])
+
+    mixed = subprocess.run([sys.executable, str(SCRIPT), *paths], capture_output=True, text=True)
+    assert mixed.returncode != 0 and "['v1', 'v2']" in mixed.stderr and "Traceback" not in mixed.stderr
+    wrong = subprocess.run([sys.executable, str(SCRIPT), paths[0], str(other)], capture_output=True, text=True)
+    assert wrong.returncode != 0 and "not a simulator_accuracy report" in wrong.stderr and "Traceback" not in wrong.stderr
