@@ -230,11 +230,17 @@ class TrialPlanner:
             baselines = [cid for cid in untried if self.candidates[cid].baseline]
             if baselines:
                 return min(baselines, key=lambda cid: state.intervals[cid][1])
-        fastest = min(state.measured.values(), default=math.inf)
-        worth = [cid for cid in untried if state.intervals[cid][0] < fastest]
+        worth = [cid for cid in untried if state.intervals[cid][0] < self._leader_ceiling()]
         if not worth:
             return None
         return min(worth, key=lambda cid: self._acquisition_cost(cid, taken))
+
+    def _leader_ceiling(self) -> float:
+        """The slowest the fastest measured candidate may really be (its measurement plus noise): an
+        untried candidate whose lower bound is under it might still be faster, so it is worth a trial."""
+        if not self._state.measured:
+            return math.inf
+        return self._measured_interval(min(self._state.measured.values()))[1]
 
     def _baseline_covered(self, taken: set[str]) -> bool:
         """A baseline was measured, or one is out being measured."""

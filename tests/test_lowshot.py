@@ -68,6 +68,15 @@ def test_it_stops_as_soon_as_the_best_is_clear(job):
     assert planner.next_candidates(1) == []
 
 
+@pytest.mark.parametrize("noise, runs", [(0.05, True), (0.01, False)])
+def test_a_candidate_that_may_beat_the_leader_within_its_noise_still_runs(noise, runs):
+    """search's lower bound (0.969 s) is above dp's 0.95 s measurement, but not above 0.95 s + 5%."""
+    candidates = [around("dp", 1.0, baseline=True, family="dp"), around("search", 1.02, spread=0.05, family="mixed")]
+    planner = TrialPlanner(candidates, budget=4, update=no_update, measurement_noise=noise)
+    run_plan(planner, {"dp": 0.95, "search": 0.94}.__getitem__)
+    assert planner.trial_order == (["dp", "search"] if runs else ["dp"])
+
+
 def test_the_budget_is_never_exceeded_and_the_fastest_measured_wins(job):
     truth = {"dp": 1.0, "ps": 1.3, "search-a": 0.99, "search-b": 0.84, "search-c": 0.95}
     planner = TrialPlanner(job, budget=3, diversity=0.0, update=no_update)
