@@ -52,6 +52,7 @@ from sklearn.model_selection import GroupKFold
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.interleaved import load_factors, measure_block
+from benchmarks.records_file import read_lines
 from benchmarks.simulator_accuracy import Case, strategies_for, strategy_name
 from optimizer_service.lowshot import (
     CostModelUpdater,
@@ -276,7 +277,7 @@ def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]
     by_spec: dict[tuple[str, str, str], list[tuple[Strategy, float, str]]] = defaultdict(list)
     documents: dict[tuple[str, str, str], tuple[ModelGraph, ResourceSpec]] = {}
     for path in paths:
-        for number, text in enumerate(path.read_text().splitlines(), start=1):
+        for number, text in enumerate(read_lines(path), start=1):
             if not text.strip():
                 continue
             try:
@@ -503,6 +504,7 @@ def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, m
     for record in records:
         by_job[record.group_id].append(record)
     hits, close, regrets, trials_used, sources = 0, 0, [], [], defaultdict(int)
+    per_job = []
     for job, job_records in by_job.items():
         history = [r for r in records if r.group_id != job] if use_history else []
         queries = {str(r.strategy_id): r.model_copy(update={"measured_step_time_s": None}) for r in job_records}
@@ -518,6 +520,8 @@ def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, m
         regrets.append(regret)
         trials_used.append(len(planner.trial_order))
         sources[answer.source] += 1
+        per_job.append({"job": job, "trials": [names.get(cid, cid) for cid in planner.trial_order], "answer": names.get(answer.candidate_id),
+                        "fastest": names.get(min(truth, key=truth.__getitem__)), "regret": round(regret, 4)})
     return {
         "mode": mode,
         "measurement_noise": noise,
@@ -531,6 +535,7 @@ def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, m
         "max_regret": float(np.max(regrets)),
         "mean_trials_used": float(np.mean(trials_used)),
         "answer_sources": dict(sources),
+        "per_job": per_job,
     }
 
 
@@ -539,7 +544,7 @@ def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, m
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--trials", type=Path, nargs="*", default=[], help="JSON Lines of {graph, resources, strategy, result}")
+    parser.add_argument("--trials", type=Path, nargs="*", default=[], help="JSON Lines of {graph, resources, strategy, result} (plain, .xz or .gz)")
     parser.add_argument("--measure", type=Path, metavar="OUT", help="first measure `--jobs` for real, append to OUT, and use OUT")
     parser.add_argument("--jobs", nargs="*", choices=JOBS, default=list(JOBS), help="jobs for --measure")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --measure")

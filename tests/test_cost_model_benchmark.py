@@ -129,3 +129,21 @@ def test_the_served_curve_is_the_correction_where_the_service_would_put_it_in_us
     assert trained["served_share"] == 1.0
     assert trained["served"] == trained["corrected"]
     assert trained["served"]["log_error"] < 0.5 * trained["simulator"]["log_error"]
+
+
+def test_lowshot_reports_each_jobs_trials_answer_and_regret(bench):
+    """The per-job lines are what the aggregate counts: a miss can be traced to the trials it ran."""
+    from simulator.learned.synthetic import synthetic_records
+
+    records = synthetic_records(n_groups=3, per_group=5)
+    names = {str(r.strategy_id): f"s{i}" for i, r in enumerate(records)}
+    result = bench.lowshot(records, names, budget=2, mode="simulator_only", noise=0.02)
+
+    jobs = result["per_job"]
+    assert len(jobs) == result["jobs"] == 3
+    assert {j["job"] for j in jobs} == {r.group_id for r in records}
+    for job in jobs:
+        assert 1 <= len(job["trials"]) <= 2 and set(job["trials"]) <= set(names.values())
+        assert job["regret"] >= 0 and (job["regret"] == 0) == (job["answer"] == job["fastest"])
+    assert result["answer_is_fastest"] == pytest.approx(sum(j["regret"] == 0 for j in jobs) / 3)
+    assert result["max_regret"] == pytest.approx(max(j["regret"] for j in jobs), abs=1e-4)
