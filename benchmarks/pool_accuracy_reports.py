@@ -4,7 +4,8 @@ Each run's report keeps, for every (model, strategy), the median step time of ea
 prediction made with that round's calibration. Pooling them is what `--from-records` over the
 concatenated records files would score (measured: the median over every round; predicted: the median
 of the rounds' predictions), and it still works when only the reports were kept. Runs on different
-machines pool fine: each round was predicted with the spec calibrated beside it. Reports from\ndifferent simulator versions are refused (their predictions are not one simulator's).
+machines pool fine: each round was predicted with the spec calibrated beside it. Reports from
+different simulator versions are refused (their predictions are not one simulator's).
 
     .venv/bin/python benchmarks/pool_accuracy_reports.py run-o.json run-p.json run-q.json
 
@@ -24,6 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.simulator_accuracy import TARGETS, kendall_tau, mape
+
+PAIR_KEYS = ("model", "strategy", "round_medians_ms", "round_predicted_ms")
 
 
 def pooled_rounds(reports: list[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
@@ -78,6 +81,8 @@ def main() -> None:
             report = json.loads(path.read_text())
             if report.get("benchmark") != "simulator_accuracy" or not report.get("pairs"):
                 raise ValueError("not a simulator_accuracy report with pairs")
+            if any(key not in pair for pair in report["pairs"] for key in PAIR_KEYS):
+                raise ValueError(f"its pairs lack one of {PAIR_KEYS} (a report older than per-round figures?)")
         except (OSError, ValueError) as error:
             raise SystemExit(f"{path}: {error}") from None
         reports.append(report)

@@ -1,6 +1,6 @@
 """Trial records files (JSON Lines of {graph, resources, strategy, result}), plain or compressed.
 
-An accuracy run's records are about 7 MB, nearly all of it the same graph and spec repeated; xz
+An accuracy run's records are about 6 MB, nearly all of it the same graph and spec repeated; xz
 keeps them at about 2% of that, small enough to commit beside the report they produced, so a later
 simulator can re-score the same measurements (`--from-records` here, `--trials` in the cost model).
 """

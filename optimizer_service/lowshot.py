@@ -230,7 +230,8 @@ class TrialPlanner:
             baselines = [cid for cid in untried if self.candidates[cid].baseline]
             if baselines:
                 return min(baselines, key=lambda cid: state.intervals[cid][1])
-        worth = [cid for cid in untried if state.intervals[cid][0] < self._leader_ceiling()]
+        ceiling = self._leader_ceiling()
+        worth = [cid for cid in untried if state.intervals[cid][0] < ceiling]
         if not worth:
             return None
         return min(worth, key=lambda cid: self._acquisition_cost(cid, taken))

@@ -63,3 +63,7 @@ def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path):
     assert mixed.returncode != 0 and "['v1', 'v2']" in mixed.stderr and "Traceback" not in mixed.stderr
     wrong = subprocess.run([sys.executable, str(SCRIPT), paths[0], str(other)], capture_output=True, text=True)
     assert wrong.returncode != 0 and "not a simulator_accuracy report" in wrong.stderr and "Traceback" not in wrong.stderr
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"benchmark": "simulator_accuracy", "pairs": [{"model": "m", "strategy": "a"}]}))
+    older = subprocess.run([sys.executable, str(SCRIPT), str(old)], capture_output=True, text=True)
+    assert older.returncode != 0 and "round_medians_ms" in older.stderr and "Traceback" not in older.stderr
