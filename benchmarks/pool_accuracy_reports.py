@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.simulator_accuracy import TARGETS, kendall_tau, mape
+from benchmarks.simulator_accuracy import TARGETS, kendall_tau, mape, split_half_of
 
 PAIR_KEYS = ("model", "strategy", "round_medians_ms", "round_predicted_ms")
 
@@ -59,15 +59,9 @@ def pooled_scores(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def split_half_tau(reports: list[dict[str, Any]]) -> float:
-    """Mean within models of the tau between the medians of the even and of the odd rounds: how well
-    half the pooled measurements rank the strategies like the other half (the ceiling's scale)."""
-    taus = []
-    for strategies in pooled_rounds(reports).values():
-        rounds = [m for m, _ in strategies.values()]
-        even = [statistics.median(m[0::2]) for m in rounds]
-        odd = [statistics.median(m[1::2]) for m in rounds if len(m) > 1]
-        if len(odd) == len(even):
-            taus.append(kendall_tau(even, odd))
+    """Mean within models of `simulator_accuracy.split_half_of` over the pooled rounds."""
+    halves = [split_half_of([m for m, _ in strategies.values()]) for strategies in pooled_rounds(reports).values()]
+    taus = [t for t in halves if t is not None]
     return round(statistics.mean(taus), 4) if taus else float("nan")
 
 

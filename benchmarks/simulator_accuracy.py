@@ -290,12 +290,15 @@ def split_half_tau(members: list[Measured]) -> float | None:
     """Within one model, the tau between the medians of the even and of the odd rounds: how well half
     the measurements rank the strategies like the other half. A predictor scored against the median of
     all rounds is judged by a truth about that reliable (somewhat more, having twice the rounds)."""
-    rounds = min(len(p.ok) for p in members)
-    if rounds < 2:
+    return split_half_of([[t.median_s for t in p.ok] for p in members])  # type: ignore[misc]
+
+
+def split_half_of(rounds: list[list[float]]) -> float | None:
+    """`split_half_tau` on each strategy's per-round times (rounds beyond the shortest list dropped)."""
+    count = min((len(r) for r in rounds), default=0)
+    if count < 2:
         return None
-    even = [statistics.median(t.median_s for t in p.ok[:rounds:2]) for p in members]  # type: ignore[misc]
-    odd = [statistics.median(t.median_s for t in p.ok[1:rounds:2]) for p in members]  # type: ignore[misc]
-    tau = kendall_tau(even, odd)
+    tau = kendall_tau([statistics.median(r[:count:2]) for r in rounds], [statistics.median(r[1:count:2]) for r in rounds])
     return None if math.isnan(tau) else tau
 
 
