@@ -276,6 +276,7 @@ def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]
     outcomes: dict[str, int] = defaultdict(int)
     by_spec: dict[tuple[str, str, str], list[tuple[Strategy, float, str]]] = defaultdict(list)
     documents: dict[tuple[str, str, str], tuple[ModelGraph, ResourceSpec]] = {}
+    primed: set[bool] = set()
     for path in paths:
         for number, text in enumerate(read_lines(path), start=1):
             if not text.strip():
@@ -289,10 +290,14 @@ def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]
                 graph, resources, strategy = trial_documents(line)
             except (ValueError, KeyError, TypeError) as error:
                 raise SystemExit(f"{path}:{number}: not a trial record: {error}") from None
+            primed.add(bool(result.get("optimizer_primed")))
             job = job_name(line, graph)
             key = (job, str(graph.id), str(resources.id))
             documents[key] = (graph, resources)
             by_spec[key].append((strategy, float(result["median_s"]), strategy_name(strategy)))
+    if len(primed) > 1:
+        raise SystemExit("the records mix trials timed over primed and over empty optimizer state "
+                         "(TrialSpec.prime_optimizer): score each protocol's records on their own")
     strategies: dict[tuple[str, str], StrategyRounds] = {}
     version = getattr(simulator, "SIMULATOR_VERSION", None)
     for key, trials in by_spec.items():
@@ -309,6 +314,7 @@ def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]
     for s in members:
         per_job[s.job] += 1
     stats = {"lines": sum(outcomes.values()), "outcomes": dict(outcomes), "trials_ok": sum(rounds), "strategies": len(members),
+             "optimizer_primed": primed.pop() if primed else None,
              "jobs": len(per_job), "strategies_per_job": dict(sorted(per_job.items())),
              "rounds_per_strategy": {str(k): rounds.count(k) for k in sorted(set(rounds))}}
     return members, stats

@@ -53,6 +53,7 @@ class Block:
     reports: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None
     resources: ResourceSpec | None = None
+    optimizer_primed: bool = True
 
     def step_times(self, name: str) -> list[float]:
         """Per timed step, the slowest rank's time (a synchronous step waits for it)."""
@@ -76,7 +77,8 @@ class Block:
     def result(self, name: str, strategy: Strategy) -> dict[str, Any]:
         """A trial-like result for one strategy: outcome, median, per-step and per-rank times."""
         base = {"world_size": RANKS, "backend": "interleaved", "workload": self.label, "strategy_id": strategy.id,
-                "global_batch_size": RANKS * self.batch_size, "undistributed_step_s": self.undistributed_s()}
+                "global_batch_size": RANKS * self.batch_size, "undistributed_step_s": self.undistributed_s(),
+                "optimizer_primed": self.optimizer_primed}
         refused = next((r["refused"][name] for r in self.reports if name in r["refused"]), None)
         if self.failure is not None or refused is not None:
             return {**base, "outcome": "invalid" if refused else "crash", "error": refused or self.failure, "median_s": None}
@@ -112,15 +114,18 @@ def sync_parts(stats: Any) -> dict[str, float]:
 
 
 def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int, steps: int, timeout: float,
-                  undistributed: bool = False) -> Block:
-    """Run one interleaved block of `workload` (a trial runner workload spec) under every strategy."""
+                  undistributed: bool = False, prime_optimizer: bool = True) -> Block:
+    """Run one interleaved block of `workload` (a trial runner workload spec) under every strategy.
+
+    `prime_optimizer` fills each copy's optimizer state first, as trials do (`TrialSpec.prime_optimizer`).
+    """
     from stratagem.calibrate import SIZES, combine, spec_from_figures
 
     spare_cores = len(os.sched_getaffinity(0)) - RANKS
     job = {"workload": workload.model_dump(mode="json"), "warmup": warmup, "steps": steps, "spare_cores": spare_cores,
-           "undistributed": undistributed,
+           "undistributed": undistributed, "prime_optimizer": prime_optimizer,
            "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
-    block = Block(label=workload.label, batch_size=workload.batch_size)
+    block = Block(label=workload.label, batch_size=workload.batch_size, optimizer_primed=prime_optimizer)
     with tempfile.TemporaryDirectory(prefix="stratagem-interleaved-") as folder:
         job_path = Path(folder) / "job.json"
         job_path.write_text(json.dumps(job))
@@ -159,7 +164,7 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     from stratagem import calibrate as calibration
     from stratagem.errors import StratagemError
     from stratagem.runtime import distribute
-    from trial_runner.build import batch_for, build_workload, make_optimizer
+    from trial_runner.build import batch_for, build_workload, make_optimizer, prime_optimizer_state
     from trial_runner.workloads import ReplayWorkload, ZooWorkload
 
     torch.set_num_threads(1)
@@ -172,7 +177,10 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     for name, data in job["strategies"].items():
         built = build_workload(workload, seed=0, rank=rank)
         try:  # the runtime refuses a strategy on every rank alike, before any collective
-            model, optimizer = distribute(built.model, make_optimizer(built.optimizer_kind, built.model), Strategy.parse(data), rank=rank)
+            strategy, optimizer = Strategy.parse(data), make_optimizer(built.optimizer_kind, built.model)
+            if job["prime_optimizer"]:
+                prime_optimizer_state(built, optimizer, strategy, seed=0, device=torch.device("cpu"))
+            model, optimizer = distribute(built.model, optimizer, strategy, rank=rank)
         except StratagemError as error:
             refused[name] = f"{type(error).__name__}: {error}"
             continue

@@ -5,7 +5,8 @@ prediction made with that round's calibration. Pooling them is what `--from-reco
 concatenated records files would score (measured: the median over every round; predicted: the median
 of the rounds' predictions), and it still works when only the reports were kept. Runs on different
 machines pool fine: each round was predicted with the spec calibrated beside it. Reports from
-different simulator versions are refused (their predictions are not one simulator's).
+different simulator versions are refused (their predictions are not one simulator's), and so are
+reports whose trials timed steps differently (primed and unprimed optimizer state).
 
     .venv/bin/python benchmarks/pool_accuracy_reports.py run-o.json run-p.json run-q.json
 
@@ -83,9 +84,13 @@ def main() -> None:
     versions = sorted({str(r.get("simulator_version")) for r in reports})
     if len(versions) > 1:
         raise SystemExit(f"the reports come from simulator versions {versions}: re-score their records with one version first")
+    protocols = sorted({str(r.get("settings", {}).get("optimizer_primed", False)) for r in reports})
+    if len(protocols) > 1:
+        raise SystemExit(f"the reports time steps under different protocols (optimizer_primed {protocols}): pool each on its own")
     print(json.dumps({
         "benchmark": "simulator_accuracy_pooled",
         "simulator_version": versions[0],
+        "optimizer_primed": protocols[0] == "True",
         "targets": TARGETS,
         **pooled_scores(reports),
         "noise": {"kendall_tau_split_half_within": split_half_tau(reports)},

@@ -109,6 +109,8 @@ class Trial:
     """The same model's step without synchronization, measured alongside (interleaved mode)."""
     sync_s: dict[str, float] = field(default_factory=dict)
     """The runtime's own timings of the step (waits per kind, launch, update; interleaved mode)."""
+    optimizer_primed: bool = False
+    """Whether the optimizer state was filled before timing (`TrialSpec.prime_optimizer`); older records were not."""
 
 
 @dataclass
@@ -346,7 +348,7 @@ def read_records(path: Path) -> list[Measured]:
         ok = result.get("outcome") == "ok" and result.get("median_s")
         pair.trials.append(Trial(resources, strategy, float(result["median_s"]) if ok else None,
                                  None if ok else str(result.get("outcome")), undistributed_s=result.get("undistributed_step_s"),
-                                 sync_s=result.get("sync_s") or {}))
+                                 sync_s=result.get("sync_s") or {}, optimizer_primed=bool(result.get("optimizer_primed"))))
     return list(pairs.values())
 
 
@@ -436,7 +438,8 @@ def measure(models: list[str], args: argparse.Namespace, out: Any) -> tuple[list
                 ok = result.get("outcome") == "ok" and result.get("median_s")
                 trial = Trial(resources, chosen[name], float(result["median_s"]) if ok else None,
                               None if ok else f"{result.get('outcome')}: {(result.get('error') or '').strip()[:200]}",
-                              undistributed_s=result.get("undistributed_step_s"), sync_s=result.get("sync_s") or {})
+                              undistributed_s=result.get("undistributed_step_s"), sync_s=result.get("sync_s") or {},
+                              optimizer_primed=bool(result.get("optimizer_primed")))
                 pairs.setdefault((model, name), Measured(model, name, graphs[model])).trials.append(trial)
                 shown = f"{trial.median_s * 1e3:8.1f} ms" if trial.median_s else trial.failure
                 print(f"round {round_index + 1} {model:10s} {name:22s} {shown}", file=sys.stderr, flush=True)
@@ -465,8 +468,8 @@ def _run(model: str, strategy: Strategy, resources: ResourceSpec, args: argparse
     case = CASES[model]
     workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
     result = run_trial(workload, resources, strategy, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
-                       timeout=args.timeout, backend=LocalBackend(), threads_per_rank=1)
-    return result.model_dump(mode="json")
+                       timeout=args.timeout, backend=LocalBackend(), threads_per_rank=1, prime_optimizer=not args.unprimed)
+    return {**result.model_dump(mode="json"), "optimizer_primed": not args.unprimed}
 
 
 # -- interleaved measurement ----------------------------------------------------------------------------
@@ -482,7 +485,7 @@ def measure_interleaved(model: str, strategies: dict[str, Strategy], args: argpa
     case = CASES[model]
     workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
     block = measure_block(workload, strategies, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
-                          timeout=args.timeout, undistributed=True)
+                          timeout=args.timeout, undistributed=True, prime_optimizer=not args.unprimed)
     return {name: block.result(name, strategy) for name, strategy in strategies.items()}, block.resources
 
 
@@ -576,10 +579,17 @@ def main() -> None:
         "pairs": [_pair_summary(p) for p in pairs],
         "calibrations": calibrations,
         "settings": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "calibrate": args.calibrate,
-                     "niceness": niceness, "records": args.from_records or args.out, "threads_per_rank": 1, "ranks": 2},
+                     "niceness": niceness, "records": args.from_records or args.out, "threads_per_rank": 1, "ranks": 2,
+                     "optimizer_primed": optimizer_primed(pairs)},
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(report, indent=2))
+
+
+def optimizer_primed(pairs: list[Measured]) -> bool | str:
+    """The trials' protocol: whether each timed its steps over filled optimizer state ("mixed" if some did)."""
+    values = {trial.optimizer_primed for pair in pairs for trial in pair.trials}
+    return values.pop() if len(values) == 1 else "mixed"
 
 
 def calibration_summary(resources: ResourceSpec) -> dict[str, Any]:
@@ -652,6 +662,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--mode", choices=("interleaved", "trials"), default="interleaved",
                         help="all of a model's strategies side by side in one process pair (default), or one trial each")
     parser.add_argument("--all-builders", action="store_true", help=f"also measure {', '.join(SAME_ON_ONE_NODE)}")
+    parser.add_argument("--unprimed", action="store_true",
+                        help="time steps from an empty optimizer state, as before session 15 (default: primed)")
     parser.add_argument("--priority", type=int, default=15, choices=range(21), metavar="0..20",
                         help="lower the niceness by this much while measuring (default 15)")
     args = parser.parse_args()

@@ -33,5 +33,6 @@ def test_a_block_times_every_strategy_and_the_undistributed_copy_and_calibrates_
         assert result["outcome"] == "ok" and len(result["step_times_s"]) == 2
         assert result["median_s"] > 0 and [r["rank"] for r in result["ranks"]] == [0, 1]
         assert result["strategy_id"] == strategies[name].id and result["global_batch_size"] == 16
+        assert result["optimizer_primed"] is True
     refused = block.result("three-ranks", strategies["three-ranks"])
     assert refused["outcome"] == "invalid" and "3" in refused["error"] and refused["median_s"] is None

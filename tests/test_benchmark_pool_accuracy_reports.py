@@ -67,3 +67,19 @@ def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path):
     old.write_text(json.dumps({"benchmark": "simulator_accuracy", "pairs": [{"model": "m", "strategy": "a"}]}))
     older = subprocess.run([sys.executable, str(SCRIPT), str(old)], capture_output=True, text=True)
     assert older.returncode != 0 and "round_medians_ms" in older.stderr and "Traceback" not in older.stderr
+
+
+def test_cli_refuses_to_pool_runs_timed_over_primed_and_empty_optimizer_state(tmp_path):
+    paths = []
+    for index, primed in enumerate((True, True, None)):  # None: a report from before the setting existed
+        data = report("v1", {"a": ([1.0], [1.1]), "b": ([2.0], [2.2])})
+        if primed is not None:
+            data["settings"] = {"optimizer_primed": primed}
+        path = tmp_path / f"run{index}.json"
+        path.write_text(json.dumps(data))
+        paths.append(str(path))
+
+    done = subprocess.run([sys.executable, str(SCRIPT), *paths[:2]], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["optimizer_primed"] is True
+    mixed = subprocess.run([sys.executable, str(SCRIPT), *paths], capture_output=True, text=True)
+    assert mixed.returncode != 0 and "optimizer_primed" in mixed.stderr and "Traceback" not in mixed.stderr

@@ -31,7 +31,7 @@ ROUNDS = {"PS": [0.30, 0.33, 0.31], "PartitionedPS": [0.20, 0.21, 0.26], "AllRed
 """Stand-in step times per round (seconds), one job; the order is clear beyond each strategy's spread."""
 
 
-def write_trials(bench, path: Path, rounds: dict[str, list[float]]) -> Path:
+def write_trials(bench, path: Path, rounds: dict[str, list[float]], *, primed: bool = True) -> Path:
     """One job, one calibration per round, every strategy once per round, plus a crashed trial per round."""
     graph = bench.comm_graph("mlp-test", 2, 256, 8, 0)
     builders = {"PS": PS(), "PartitionedPS": PartitionedPS(), "AllReduce": AllReduce()}
@@ -40,7 +40,8 @@ def write_trials(bench, path: Path, rounds: dict[str, list[float]]) -> Path:
             resources = calibrated(bandwidth)
             for name, builder in builders.items():
                 strategy = builder.build(graph, resources)
-                result = {"outcome": "ok", "median_s": rounds[name][round_index], "workload": "replay:mlp-test"}
+                result = {"outcome": "ok", "median_s": rounds[name][round_index], "workload": "replay:mlp-test",
+                          "optimizer_primed": primed}
                 out.write(json.dumps({"job": "mlp-test", "round": round_index + 1, "graph": graph.model_dump(mode="json"),
                                       "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
                                       "result": result}) + "\n")
@@ -94,6 +95,14 @@ def test_a_record_that_is_not_a_trial_is_named_by_file_and_line(bench, tmp_path)
     path.write_text('{"result": {"outcome": "ok", "median_s": 0.1}}\n')
     with pytest.raises(SystemExit, match=r"bad.jsonl:1: not a trial record"):
         bench.load_trials([path])
+
+
+def test_trials_timed_over_primed_and_empty_optimizer_state_are_not_scored_together(bench, trials_file, tmp_path):
+    _, stats = bench.load_trials([trials_file])
+    assert stats["optimizer_primed"] is True
+    unprimed = write_trials(bench, tmp_path / "unprimed.jsonl", ROUNDS, primed=False)
+    with pytest.raises(SystemExit, match="primed and over empty optimizer state"):
+        bench.load_trials([trials_file, unprimed])
 
 
 def test_a_record_written_before_a_schema_addition_still_loads(bench, trials_file):

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from stratagem.errors import InvalidDocumentError, Problem
+from stratagem.ir import Strategy
+from stratagem.runtime.hybrid import needs_mesh
 from stratagem.runtime.multi_optimizer import MultiOptimizer
 from trial_runner.replay import ReplayModel, replay_batch_maker, replay_loss
 from trial_runner.workloads import ZOO_ALLOW_LIST, FaultWorkload, ReplayWorkload, ZooWorkload
@@ -50,6 +52,32 @@ def batch_for(built: BuiltWorkload, *, seed: int, rank: int, step: int, device: 
     if isinstance(batch, torch.Tensor):
         batch = (batch,)
     return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
+
+
+PRIMING_STEP = -1
+"""The step number whose batch primes the optimizer state: never one of the trial's own steps."""
+
+
+def prime_optimizer_state(built: BuiltWorkload, optimizer: torch.optim.Optimizer, strategy: Strategy, *, seed: int,
+                          device: torch.device) -> bool:
+    """Take one undistributed step so the timed steps see steady-state optimizer state; False when skipped.
+
+    Adam's update takes the square root of its second moment, and on these CPUs the square root of
+    an exact zero is several times slower than of any other value (benchmarks/zero_state_update.py).
+    A top-k compressor leaves most gradient entries at zero for the first hundreds of steps, so a
+    short trial would time Adam over mostly-zero state, a transient long training never sees. One
+    dense step fills that state for every strategy alike. Every rank steps on rank 0's batch, so
+    replicas stay identical. Meshes are skipped: tensor parallelism refuses an optimizer that
+    already holds state for the parameters it splits.
+    """
+    if needs_mesh(strategy):
+        return False
+    batch = batch_for(built, seed=seed, rank=0, step=PRIMING_STEP, device=device)
+    optimizer.zero_grad(set_to_none=True)
+    built.loss(built.model(*batch)).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return True
 
 
 def build_workload(workload: ZooWorkload | ReplayWorkload | FaultWorkload, *, seed: int, rank: int) -> BuiltWorkload:

@@ -41,6 +41,9 @@ class TrialSpec(BaseModel):
     """Intra-op threads of each CPU rank; by default the host's cores divided among the local ranks."""
     measure_undistributed: bool = True
     """Also time an undistributed replica: the step with no synchronization at all (data-parallel meshes only)."""
+    prime_optimizer: bool = True
+    """Fill the optimizer state with one undistributed step first, so timed steps see steady state
+    (`trial_runner.build.prime_optimizer_state`)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, UnsupportedStrategyError
 from stratagem.runtime import distribute, replica_device
-from trial_runner.build import BuiltWorkload, batch_for, build_workload, make_optimizer
+from trial_runner.build import BuiltWorkload, batch_for, build_workload, make_optimizer, prime_optimizer_state
 from trial_runner.measure import current_memory_bytes, peak_memory_bytes
 from trial_runner.result import Outcome, Progress, RankReport
 from trial_runner.spec import TrialSpec
@@ -77,6 +77,8 @@ def _train(spec: TrialSpec, rank: int, device: torch.device, report: RankReport,
     built = build_workload(spec.workload, seed=spec.seed, rank=rank)
     built.model.to(device)
     optimizer = make_optimizer(built.optimizer_kind, built.model)
+    if spec.prime_optimizer:
+        prime_optimizer_state(built, optimizer, spec.strategy, seed=spec.seed, device=device)
     advance("distribute")
     model, optimizer = distribute(built.model, optimizer, spec.strategy, rank=rank)
     dist.barrier()
