@@ -3,11 +3,8 @@ field and the reason (in-process: no process is spawned)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from test_hybrid_runtime import HEADS, HIDDEN, Attention, loss_fn, tiny_gpt
 from torch import nn
 
@@ -157,17 +154,6 @@ def test_micro_batches_inside_forward_average_the_loss_and_accumulate_every_grad
     assert float(loss.detach()) == pytest.approx(float(whole.detach()), rel=1e-6)
     loss.backward()
     assert torch.allclose(model.fc.weight.grad, expected, rtol=1e-5, atol=1e-7)
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_micro_batches_without_a_loss_function_are_refused(one_rank) -> None:

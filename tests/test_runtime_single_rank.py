@@ -7,28 +7,14 @@ local step, learning-rate schedulers reaching the clones, and the step statistic
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from runtime_helpers import make_batches, make_model, make_optimizer, make_strategy, max_relative_error, train
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.runtime import DistributedOptimizer, distribute
 
 CASES = ["allreduce_groups", "ps_single", "ps_partitioned", "sharded", "mixed", "ps_local_replication", "allreduce_hierarchical"]
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("case", CASES)

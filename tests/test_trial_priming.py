@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
-import torch.distributed as dist
 from conftest import make_cpu_cluster, make_mlp_graph
 
 from stratagem.builders import AllReduce
@@ -62,17 +58,6 @@ def test_a_mesh_strategy_is_not_primed_because_tensor_parallelism_refuses_existi
     strategy = AllReduce().build(graph, make_cpu_cluster(2)).replace(recompute_activations=True)
     _, optimizer, done = primed(graph, strategy, rank=0)
     assert not done and not optimizer.state
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, built: BuiltWorkload, steps: int) -> None:
