@@ -53,7 +53,6 @@ class Block:
     reports: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None
     resources: ResourceSpec | None = None
-    optimizer_primed: bool = True
 
     def step_times(self, name: str) -> list[float]:
         """Per timed step, the slowest rank's time (a synchronous step waits for it)."""
@@ -78,7 +77,7 @@ class Block:
         """A trial-like result for one strategy: outcome, median, per-step and per-rank times."""
         base = {"world_size": RANKS, "backend": "interleaved", "workload": self.label, "strategy_id": strategy.id,
                 "global_batch_size": RANKS * self.batch_size, "undistributed_step_s": self.undistributed_s(),
-                "optimizer_primed": self.optimizer_primed}
+                "optimizer_primed": bool(self.reports) and all(r["primed"].get(name, False) for r in self.reports)}
         refused = next((r["refused"][name] for r in self.reports if name in r["refused"]), None)
         if self.failure is not None or refused is not None:
             return {**base, "outcome": "invalid" if refused else "crash", "error": refused or self.failure, "median_s": None}
@@ -125,7 +124,7 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
     job = {"workload": workload.model_dump(mode="json"), "warmup": warmup, "steps": steps, "spare_cores": spare_cores,
            "undistributed": undistributed, "prime_optimizer": prime_optimizer,
            "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
-    block = Block(label=workload.label, batch_size=workload.batch_size, optimizer_primed=prime_optimizer)
+    block = Block(label=workload.label, batch_size=workload.batch_size)
     with tempfile.TemporaryDirectory(prefix="stratagem-interleaved-") as folder:
         job_path = Path(folder) / "job.json"
         job_path.write_text(json.dumps(job))
@@ -174,12 +173,12 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
                             timeout=datetime.timedelta(seconds=300))
     runs: dict[str, tuple[Any, Any, Any]] = {}
     refused: dict[str, str] = {}
+    primed: dict[str, bool] = {}
     for name, data in job["strategies"].items():
         built = build_workload(workload, seed=0, rank=rank)
         try:  # the runtime refuses a strategy on every rank alike, before any collective
             strategy, optimizer = Strategy.parse(data), make_optimizer(built.optimizer_kind, built.model)
-            if job["prime_optimizer"]:
-                prime_optimizer_state(built, optimizer, strategy, seed=0, device=torch.device("cpu"))
+            primed[name] = job["prime_optimizer"] and prime_optimizer_state(built, optimizer, strategy, seed=0, device=torch.device("cpu"))
             model, optimizer = distribute(built.model, optimizer, strategy, rank=rank)
         except StratagemError as error:
             refused[name] = f"{type(error).__name__}: {error}"
@@ -224,7 +223,7 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     dist.barrier()
     figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
     figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
-    output.write_text(json.dumps({"times": times, "warmup": warmup, "sync": sync, "refused": refused, "figures": figures}))
+    output.write_text(json.dumps({"times": times, "warmup": warmup, "sync": sync, "refused": refused, "primed": primed, "figures": figures}))
     os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
 
 

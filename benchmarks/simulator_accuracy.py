@@ -469,7 +469,7 @@ def _run(model: str, strategy: Strategy, resources: ResourceSpec, args: argparse
     workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
     result = run_trial(workload, resources, strategy, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
                        timeout=args.timeout, backend=LocalBackend(), threads_per_rank=1, prime_optimizer=not args.unprimed)
-    return {**result.model_dump(mode="json"), "optimizer_primed": not args.unprimed}
+    return result.model_dump(mode="json")
 
 
 # -- interleaved measurement ----------------------------------------------------------------------------

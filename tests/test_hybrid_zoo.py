@@ -232,6 +232,7 @@ def test_a_searched_tensor_or_pipeline_layout_runs_as_a_service_trial(graphs: di
                        timeout=120, backend=LocalBackend(), measure_undistributed=False)
     assert result.outcome == Outcome.ok, result.error
     assert len(result.step_times_s) == 2
+    assert not result.optimizer_primed  # tensor parallelism refuses existing optimizer state, so meshes are not primed
 
 
 @pytest.mark.slow

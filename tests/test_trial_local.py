@@ -44,6 +44,7 @@ def test_a_healthy_replay_trial_measures_every_step_memory_and_the_sync_split(se
     assert result.sync_wait_s is not None and result.sync_wait_s >= 0
     assert result.compute_s is not None and result.compute_s > 0
     assert result.undistributed_step_s is not None and result.undistributed_step_s > 0
+    assert result.optimizer_primed and all(r.optimizer_primed for r in result.ranks)
     assert all(r.wire_bytes.get("allreduce", 0) >= graph.parameter_bytes for r in result.ranks)
     measured = result.to_measured()
     assert strategy.replace(measured=measured).id == strategy.id

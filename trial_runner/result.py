@@ -52,6 +52,8 @@ class RankReport(_Plain):
     error: str | None = None
     phase: str = "start"
     """The last phase the rank reached: start, init, build, distribute, warmup, timed, undistributed, done."""
+    optimizer_primed: bool = False
+    """Whether the rank filled its optimizer state before timing (`TrialSpec.prime_optimizer`; meshes never do)."""
     warmup_times_s: list[float] = Field(default_factory=list)
     step_times_s: list[float] = Field(default_factory=list)
     sync_wait_times_s: list[float] = Field(default_factory=list)
@@ -101,6 +103,8 @@ class TrialResult(_Plain):
     else `median_s - undistributed_step_s`."""
     undistributed_step_s: float | None = None
     """Median step of the same model with no strategy applied: the step's cost without any synchronization."""
+    optimizer_primed: bool = False
+    """Every rank timed its steps over primed optimizer state; measurements under the two protocols differ."""
     ranks: list[RankReport] = Field(default_factory=list)
     started_at: str
     finished_at: str

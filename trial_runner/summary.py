@@ -43,6 +43,7 @@ def summarize(spec: TrialSpec, reports: list[RankReport], *, backend: str, start
         compute_s=compute,
         sync_wait_s=wait,
         undistributed_step_s=undistributed,
+        optimizer_primed=bool(reports) and all(r.optimizer_primed for r in reports),
         ranks=reports,
         started_at=started.isoformat(),
         finished_at=finished.isoformat(),

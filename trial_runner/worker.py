@@ -78,7 +78,7 @@ def _train(spec: TrialSpec, rank: int, device: torch.device, report: RankReport,
     built.model.to(device)
     optimizer = make_optimizer(built.optimizer_kind, built.model)
     if spec.prime_optimizer:
-        prime_optimizer_state(built, optimizer, spec.strategy, seed=spec.seed, device=device)
+        report.optimizer_primed = prime_optimizer_state(built, optimizer, spec.strategy, seed=spec.seed, device=device)
     advance("distribute")
     model, optimizer = distribute(built.model, optimizer, spec.strategy, rank=rank)
     dist.barrier()
