@@ -40,7 +40,9 @@ TOPK_COLLECTIVES = 1
 `principled-1.7`; the runtime had gathered them in two)."""
 POWERSGD_COLLECTIVES = 2
 """All-reduces per PowerSGD group holding a matrix: P, then Q, which needs P's sum (and its QR) first,
-so a second latency is on the stream (the group's vectors ride in P's all-reduce)."""
+so a second round is on the stream (the group's vectors ride in P's all-reduce). The two rounds cost
+the device's calibrated `lowrank_round_s` where it has one (never less than two link latencies),
+else two link latencies."""
 
 
 @dataclass
@@ -85,8 +87,7 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     ar_time = _group_seconds(topo, batch, row, algorithm, batch.compressor.ravel().take(last_member), nbytes)
     lowrank = np.flatnonzero(_lowrank_groups(context, batch, compressed, key, n * slots).take(groups)) if compressed.size else compressed
     if lowrank.size:
-        latency = _allreduce_seconds(topo, row.take(lowrank), algorithm.take(lowrank), np.zeros(lowrank.size))
-        ar_time[lowrank] += (POWERSGD_COLLECTIVES - 1) * latency
+        ar_time[lowrank] += _second_round(context, topo, row.take(lowrank), algorithm.take(lowrank))
     rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
     duration = np.where(sharded, rs_time, ar_time)
     if squeeze is not None:
@@ -188,6 +189,15 @@ def _lowrank_groups(context: SimContext, batch: CandidateBatch, entries: np.ndar
     matrix = (batch.compressor.ravel().take(entries) == CompressorKind.POWERSGD) & (
         context.compression.lowrank_bytes[CompressorKind.POWERSGD].take(var) > 0)
     return np.bincount(key.take(entries[matrix]), minlength=slots) > 0
+
+
+def _second_round(context: SimContext, topo: Topology, row: np.ndarray, algorithm: np.ndarray) -> np.ndarray:
+    """Seconds a PowerSGD group's rounds add to its one-collective time (which holds one latency): the
+    calibrated `lowrank_round_s` of both rounds less that latency, at least one more latency."""
+    latency = _allreduce_seconds(topo, row, algorithm, np.zeros(row.size))
+    rounds = context.kinds.lowrank_round_s[topo.kind.take(row)]
+    measured = np.where(np.isnan(rounds), 0.0, rounds) - latency
+    return np.maximum(measured, (POWERSGD_COLLECTIVES - 1) * latency)
 
 
 def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algorithm: np.ndarray, compressor: np.ndarray,

@@ -36,6 +36,8 @@ size of the last-level cache first, untimed). In about 15-30 seconds:
   against the all-reduce bucket the ring formulas price the same -> `gather_efficiency`;
 - a bare all-reduce of 4M fp16 elements against an all-reduce bucket of 4M fp32 elements, halved (the
   fp16 compressor's copies and casts are priced apart) -> `half_reduce_efficiency`;
+- PowerSGD on 16 matrices of 64 x 64 on the ranks' team against the same on a one-rank team: what
+  its two dependent all-reduces cost beyond their bytes -> `lowrank_round_s`;
 - a parameter server's push (flatten, reduce to rank 0) and pull (broadcast from it, copy back) of an
   8 MB bucket against an all-reduce bucket of it -> `reduce_efficiency` and `broadcast_efficiency`;
 - gloo all-reduce of 4 B to 32 MB buckets (`allreduce_bucket`), as the runtime runs them (flatten, divide, all-reduce, copy
@@ -144,7 +146,7 @@ def average(specs: Sequence[ResourceSpec]) -> ResourceSpec:
         raise InvalidResourceSpecError([Problem("provenance", "averaging needs calibrated specs (with their measured figures)")])
     first = figures[0]
     out: dict[str, Any] = {key: first[key] for key in ("ranks", "threads", "allreduce_bytes", "spare_cores") if key in first}
-    for key in (*RATES, "layer_overhead_s"):
+    for key in (*RATES, "layer_overhead_s", "lowrank_round_s"):
         if any(key not in f for f in figures):
             continue
         values = [float(f[key]) for f in figures]
@@ -186,6 +188,7 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         half_reduce_efficiency=_bounded(figures["half_reduce_efficiency"], 8.0) if "half_reduce_efficiency" in figures else None,
         reduce_efficiency=_bounded(figures["reduce_efficiency"], 8.0) if "reduce_efficiency" in figures else None,
         broadcast_efficiency=_bounded(figures["broadcast_efficiency"], 8.0) if "broadcast_efficiency" in figures else None,
+        lowrank_round_s=min(figures["lowrank_round_s"], 1.0) if "lowrank_round_s" in figures else None,
         comm_overlap=min(max(figures["overlap"], 0.0), 1.0),
         is_gpu=False,
     )
@@ -683,6 +686,36 @@ def root_efficiencies(dist: Any, torch: Any, *, repeats: int = 4) -> tuple[float
     return reduce * formula, broadcast * formula
 
 
+LOWRANK_ROUND_MATRICES = (16, 64)
+"""The PowerSGD round probe's gradients: 16 matrices of 64 x 64, so small that the reducer's compute
+and the P and Q bytes (16 KB each) are a sliver of what the two rounds cost."""
+
+
+def lowrank_round_seconds(dist: Any, torch: Any, *, repeats: int = 12) -> float:
+    """What a PowerSGD bucket's two dependent all-reduces cost on these ranks: the runtime's reducer
+    (rank 4) on the world team, less the same reducer on a one-rank team (its compute alone), medians
+    of runs taken in turns. On two gloo ranks of a 2-core machine this read about 3 ms, against
+    0.3-0.5 ms for one all-reduce of the same bytes started from a barrier (docs/simulator.md)."""
+    from stratagem.runtime.comm import Team
+    from stratagem.runtime.compression import PowerSGDReducer
+
+    count, side = LOWRANK_ROUND_MATRICES
+    grads = [torch.randn(side, side) for _ in range(count)]
+    world = list(range(dist.get_world_size()))
+    team = PowerSGDReducer(Team(world, world, dist.group.WORLD), rank=4, error_feedback=True, seed=0)
+    alone = PowerSGDReducer(Team([0], [0], None), rank=4, error_feedback=True, seed=0)
+
+    def run(reducer: PowerSGDReducer) -> None:
+        reducer.start(grads)
+        reducer.finish()
+
+    run(team)
+    run(alone)
+    samples = [(_timed(dist, lambda: run(team)), _timed(dist, lambda: run(alone))) for _ in range(repeats)]
+    both, compute = (statistics.median(column) for column in zip(*samples, strict=True))
+    return max(both - compute, 0.0)
+
+
 def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any]:
     """Every collective measurement, in one call so calibration and the benchmarks' blocks agree."""
     return {
@@ -691,6 +724,7 @@ def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any
         "gather_efficiency": gather_efficiency(dist, torch),
         "half_reduce_efficiency": half_reduce_efficiency(dist, torch),
         **dict(zip(("reduce_efficiency", "broadcast_efficiency"), root_efficiencies(dist, torch), strict=True)),
+        "lowrank_round_s": lowrank_round_seconds(dist, torch),
         "overlap": overlap_share(dist, torch) if overlap else 0.0,
     }
 

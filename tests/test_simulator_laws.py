@@ -194,6 +194,22 @@ def test_compression_shrinks_allreduce_traffic_and_time_on_a_slow_network():
         assert squeezed.step_time_s < plain.step_time_s, compressor.kind
 
 
+def with_lowrank_round(spec: ResourceSpec, seconds: float | None) -> ResourceSpec:
+    device = spec.device_spec("T4").model_copy(update={"lowrank_round_s": seconds})
+    return ResourceSpec(nodes=spec.nodes, network=spec.network, intra_node=spec.intra_node, devices={"T4": device})
+
+
+def test_a_powersgd_bucket_pays_its_calibrated_rounds_and_never_less_than_two_latencies():
+    graph, spec = mlp(), cluster(nodes=1, gpus=2)
+    lowrank, plain = allreduce(graph, spec, compressor=Compressor(kind="powersgd", rank=4)), allreduce(graph, spec)
+    default = step(graph, spec, lowrank)
+    rounds = {s: step(graph, with_lowrank_round(spec, s), lowrank) for s in (0.0, 0.01, 0.02)}
+    assert rounds[0.0] == pytest.approx(default)  # a figure below two latencies keeps the latencies
+    assert rounds[0.02] - rounds[0.01] == pytest.approx(0.01)  # one bucket, exposed at the end of backward
+    assert rounds[0.01] > default
+    assert step(graph, with_lowrank_round(spec, 0.02), plain) == pytest.approx(step(graph, spec, plain))
+
+
 def test_a_model_that_cannot_fit_is_flagged_and_sharding_makes_it_fit():
     graph = mlp(batch=8, hidden=16384, depth=8)  # 8.6 GB of fp32 weights: with grads and Adam, 34 GB
     spec = cluster(nodes=2, gpus=4)

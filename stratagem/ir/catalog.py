@@ -89,6 +89,11 @@ class DeviceSpec(Strict):
     broadcast_efficiency: float | None = Field(default=None, gt=0, le=8)
     """The same for a broadcast from one rank (a parameter server's pull): no arithmetic, one copy, so
     gloo on CPU moves its bytes about twice as fast as its all-reduce buckets do. None means 1."""
+    lowrank_round_s: float | None = Field(default=None, ge=0, le=1)
+    """Seconds a PowerSGD bucket's two dependent all-reduces take beyond their bytes (P, then Q after
+    both ranks' QR), as the runtime runs them. Each starts only once every rank has finished the
+    compute before it and wakes a blocked thread on every rank; on CPU ranks sharing their cores with
+    gloo's threads that costs several times an idle round trip. None means two link latencies."""
     comm_overlap: float = Field(default=1.0, ge=0, le=1)
     """Fraction of communication time that can run alongside this device's compute without slowing it:
     1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
