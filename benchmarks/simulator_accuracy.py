@@ -507,7 +507,7 @@ def predict(pairs: list[Measured]) -> None:
 
 CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "cast_efficiency",
                "select_efficiency", "lowrank_efficiency", "lowrank_knee_bytes", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency",
-               "reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s")
+               "reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s", "lowrank_round_s")
 ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
@@ -522,6 +522,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
                                                                                                      "broadcast_efficiency": None},
     "optimizer_tensor_s 0 (an update costs its bytes only)": {"optimizer_tensor_s": None},
     "half_reduce_efficiency 1 (fp16 all-reduce as fast per byte as fp32)": {"half_reduce_efficiency": None},
+    "lowrank_round_s unset (a PowerSGD bucket's rounds at two link latencies)": {"lowrank_round_s": None},
     "comm_overlap 1 (as on GPUs)": {"comm_overlap": 1.0},
     "none of them": {**dict.fromkeys(CPU_FIGURES), "comm_overlap": 1.0},
 }

@@ -11,11 +11,18 @@ The compute is what the runtime's reducers do beyond an uncompressed bucket (`st
 compression`, error feedback on, its default), in bytes b of the gradient streamed through memory:
 
     fp16 / bf16   casts down, back for the error, back after the all-reduce: 4.5 b at the cast rate;
-                  adding the error, scaling, subtracting: 8 b
+                  adding the error, scaling, subtracting: 8 b; copying the result back: 2 b
     PowerSGD(r)   P = M·Q, Q = Mᵀ·P, M ≈ P·Qᵀ: 6·rows·cols·r FLOPs, and as rank-r products they stream M
-                  from memory: 3 b; adding and keeping the error: 6 b; all 9 b at the low-rank rate
+                  from memory: 3 b; adding and keeping the error: 6 b; all 9 b at the low-rank rate;
+                  copying the result back: 2 b
     top-k(ρ)      selecting the largest entries: b at the select rate; |g|, adding the error, keeping
-                  it, scattering the gathered entries and scaling: 10 b
+                  it, scattering the gathered entries and scaling: 10 b; copying the result back: 2 b
+
+Copying back is the bucket writing its averaged gradient into each parameter's `.grad` (read the
+result, write the gradient: `COPY_BACK_PASSES`). An uncompressed bucket pays it inside the link's
+fitted bandwidth, since calibration times buckets with their copies; a compressed bucket's wire
+carries a fraction of the bytes, so its copy back, at full size, is priced here (since
+`principled-1.9`; a vector under PowerSGD travels uncompressed with P and is covered by the link).
 
 Plain bytes go at the device's element-wise rate, casts at its `cast_efficiency`, selection at its
 `select_efficiency` and PowerSGD's passes at its `lowrank_efficiency` of memory bandwidth (on a CPU the
@@ -33,6 +40,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 INDEX_BYTES = 4.0
+COPY_BACK_PASSES = 2.0
+"""Bytes streamed per gradient byte to write a compressed bucket's result into `.grad`: read and write."""
 HALF_BYTES = 2.0
 SCALED = np.array([False, False, False, True, True])
 """Compressor kinds whose parameter (rank, ratio) multiplies the unit."""
@@ -91,7 +100,7 @@ def tables(var: VariableFigures) -> CompressionTables:
     return CompressionTables(
         full=b,
         unit=unit,
-        byte_passes=np.stack([zero, 8 * b, 8 * b, zero, 10 * b]),
+        byte_passes=np.stack([zero, 8 * b, 8 * b, zero, 10 * b]) + COPY_BACK_PASSES * np.stack([zero, b, b, np.where(matrix, b, zero), b]),
         cast_bytes=np.stack([zero, 4.5 * b, 4.5 * b, zero, zero]),
         select_bytes=np.stack([zero, zero, zero, zero, b]),
         lowrank_bytes=np.stack([zero, zero, zero, np.where(matrix, 9 * b, zero), zero]),

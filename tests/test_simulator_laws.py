@@ -194,6 +194,17 @@ def test_compression_shrinks_allreduce_traffic_and_time_on_a_slow_network():
         assert squeezed.step_time_s < plain.step_time_s, compressor.kind
 
 
+def test_a_compressed_bucket_pays_its_full_size_copy_back_and_an_uncompressed_one_does_not():
+    weight, bias = Variable(name="w", shape=[512, 256]), Variable(name="b", shape=[512])
+    graph = ModelGraph(batch_size=1, layers=[Layer(name="l", kind="matmul", variables=["w", "b"])], variables=[weight, bias])
+    passes = compile_context(graph, cluster(nodes=1, gpus=2)).compression.byte_passes / np.array([weight.nbytes, bias.nbytes])
+    assert passes[CompressorKind.NONE].tolist() == [0, 0]  # the link's fit includes an uncompressed bucket's copies
+    assert passes[CompressorKind.FP16].tolist() == [8 + compression.COPY_BACK_PASSES] * 2
+    assert passes[CompressorKind.TOPK].tolist() == [10 + compression.COPY_BACK_PASSES] * 2
+    # PowerSGD: the matrix comes back full size; the vector travels uncompressed with P
+    assert passes[CompressorKind.POWERSGD].tolist() == [compression.COPY_BACK_PASSES, 0]
+
+
 def with_lowrank_round(spec: ResourceSpec, seconds: float | None) -> ResourceSpec:
     device = spec.device_spec("T4").model_copy(update={"lowrank_round_s": seconds})
     return ResourceSpec(nodes=spec.nodes, network=spec.network, intra_node=spec.intra_node, devices={"T4": device})
