@@ -607,6 +607,7 @@ def calibration_summary(resources: ResourceSpec) -> dict[str, Any]:
         "optimizer_efficiency": device.optimizer_efficiency,
         "launch_overhead_us": round(device.launch_overhead_s * 1e6, 1),
         "comm_overlap": round(device.comm_overlap, 3),
+        "lowrank_round_ms": None if device.lowrank_round_s is None else round(device.lowrank_round_s * 1e3, 2),
         "latency_us": round(link.latency_us, 1),
         "bandwidth_gbps": round(link.bandwidth_gbps, 2),
     }
