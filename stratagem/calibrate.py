@@ -694,7 +694,7 @@ and the P and Q bytes (16 KB each) are a sliver of what the two rounds cost."""
 def lowrank_round_seconds(dist: Any, torch: Any, *, repeats: int = 12) -> float:
     """What a PowerSGD bucket's two dependent all-reduces cost on these ranks: the runtime's reducer
     (rank 4) on the world team, less the same reducer on a one-rank team (its compute alone), medians
-    of runs taken in turns. On two gloo ranks of a 2-core machine this read about 3 ms, against
+    of runs taken in turns. On two gloo ranks of a 2-core machine this read 1.8-5.5 ms, against
     0.3-0.5 ms for one all-reduce of the same bytes started from a barrier (docs/simulator.md)."""
     from stratagem.runtime.comm import Team
     from stratagem.runtime.compression import PowerSGDReducer
