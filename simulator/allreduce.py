@@ -196,8 +196,7 @@ def _second_round(context: SimContext, topo: Topology, row: np.ndarray, algorith
     calibrated `lowrank_round_s` of both rounds less that latency, at least one more latency."""
     latency = _allreduce_seconds(topo, row, algorithm, np.zeros(row.size))
     rounds = context.kinds.lowrank_round_s[topo.kind.take(row)]
-    measured = np.where(np.isnan(rounds), 0.0, rounds) - latency
-    return np.maximum(measured, (POWERSGD_COLLECTIVES - 1) * latency)
+    return np.maximum(rounds - latency, (POWERSGD_COLLECTIVES - 1) * latency)
 
 
 def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algorithm: np.ndarray, compressor: np.ndarray,

@@ -80,7 +80,7 @@ class DeviceKinds:
     broadcast_efficiency: np.ndarray
     """A broadcast from one rank (a PS pull): the same (else 1)."""
     lowrank_round_s: np.ndarray
-    """A PowerSGD bucket's two dependent all-reduces beyond their bytes, seconds (NaN: two link latencies)."""
+    """A PowerSGD bucket's two dependent all-reduces beyond their bytes, seconds (else 0: two link latencies)."""
     comm_overlap: np.ndarray
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
 
@@ -366,7 +366,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         optimizer_tensor_s=np.array([s.optimizer_tensor_s or 0.0 for s in specs]),
         reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
-        lowrank_round_s=np.array([np.nan if s.lowrank_round_s is None else s.lowrank_round_s for s in specs]),
+        lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
     )
 
