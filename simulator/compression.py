@@ -24,12 +24,9 @@ fitted bandwidth, since calibration times buckets with their copies; a compresse
 carries a fraction of the bytes, so its copy back, at full size, is priced here (since
 `principled-1.9`; a vector under PowerSGD travels uncompressed with P and is covered by the link).
 
-Plain bytes go at the device's copy rate (`memory_bandwidth`, since `principled-1.10`): the reducers'
-additions, scalings and copies are one-line streaming kernels, while the element-wise efficiency is
-measured on activations' forward and backward (GELU, ReLU and autograd's bookkeeping), about half a
-copy's rate on a CPU. Casts go at the device's `cast_efficiency`, selection at its `select_efficiency`
-and PowerSGD's passes at its `lowrank_efficiency` of memory bandwidth (on a CPU these three are far
-below a copy's rate, which is what makes compression a loss there).
+Plain bytes go at the device's element-wise rate, casts at its `cast_efficiency`, selection at its
+`select_efficiency` and PowerSGD's passes at its `lowrank_efficiency` of memory bandwidth (on a CPU the
+last three are far below a copy's rate, which is what makes compression a loss there).
 
 Each formula is `unit[kind, v] · scale` with scale = r or ρ for PowerSGD and top-k (1 otherwise), so
 the per-variable units are tabulated once per graph (`CompressionTables`) and a batch costs a gather.
@@ -71,7 +68,7 @@ class CompressionTables:
     unit: np.ndarray
     """[5, V] wire bytes per unit of the compressor's parameter (per variable for unscaled kinds)."""
     byte_passes: np.ndarray
-    """[5, V] bytes streamed through memory at the copy rate to compress, decompress and copy back."""
+    """[5, V] bytes streamed through memory at the element-wise rate to compress and decompress."""
     cast_bytes: np.ndarray
     """[5, V] bytes streamed through dtype conversions."""
     select_bytes: np.ndarray
