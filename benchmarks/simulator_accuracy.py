@@ -49,6 +49,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -505,7 +506,7 @@ def predict(pairs: list[Measured]) -> None:
             trial.breakdown = dict(prediction.breakdown)
 
 
-CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "cast_efficiency",
+CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "stream_efficiency", "cast_efficiency",
                "select_efficiency", "lowrank_efficiency", "lowrank_knee_bytes", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency",
                "reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s", "lowrank_round_s")
 ABLATIONS: dict[str, dict[str, Any]] = {
@@ -513,6 +514,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "norm_efficiency as elementwise": {"norm_efficiency": None},
     "optimizer_efficiency as elementwise": {"optimizer_efficiency": None},
     "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {"optimizer_knee_bytes": None},
+    "stream_efficiency as elementwise (compression's plain passes at an activation's rate, as before principled-1.11)":
+        {"stream_efficiency": None},
     "cast, select and lowrank efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None, "lowrank_efficiency": None,
                                                            "lowrank_knee_bytes": None},
     "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
@@ -529,10 +532,29 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 """Device figures reset to their defaults, one CPU refinement at a time, to show what each contributes."""
 
 
+def before_1_11(resources: ResourceSpec) -> ResourceSpec:
+    """The spec as `principled-1.10` and earlier read it: compression's plain passes at the element-wise
+    rate, and the bare fp16 wire against an all-reduce bucket as `half_reduce_efficiency` (kept in the
+    provenance as `half_wire_efficiency`). A spec without that figure predates 1.11 and stays as it is."""
+    devices = {}
+    wire = (resources.provenance or {}).get("half_wire_efficiency")
+    for name, device in resources.devices.items():
+        change: dict[str, Any] = {"stream_efficiency": None}
+        if wire is not None and device.half_reduce_efficiency is not None:
+            change["half_reduce_efficiency"] = min(max(float(wire), 1e-6), 8.0)
+        devices[name] = device.model_copy(update=change).model_dump(mode="json")
+    return resources.replace(devices=devices)
+
+
+SPEC_ABLATIONS = {"both as before principled-1.11 (plain passes at the element-wise rate, fp16 credited with the bare wire)": before_1_11}
+"""Ablations that read more than constants: each rewrites a spec."""
+
+
 def ablation(pairs: list[Measured]) -> dict[str, dict[str, Any]]:
     """The scores with each refinement switched off, on the same trials and calibrations."""
     out = {}
-    for label, change in ABLATIONS.items():
+    changes = {**{label: _device_change(change) for label, change in ABLATIONS.items()}, **SPEC_ABLATIONS}
+    for label, rewrite in changes.items():
         adjusted: dict[str, ResourceSpec] = {}
         variant = []
         for pair in pairs:
@@ -540,14 +562,21 @@ def ablation(pairs: list[Measured]) -> dict[str, dict[str, Any]]:
             for trial in pair.trials:
                 key = str(trial.resources.id)
                 if key not in adjusted:
-                    devices = {k: d.model_copy(update=change) for k, d in trial.resources.devices.items()}
-                    adjusted[key] = trial.resources.replace(devices={k: d.model_dump(mode="json") for k, d in devices.items()})
+                    adjusted[key] = rewrite(trial.resources)
                 trials.append(Trial(adjusted[key], trial.strategy.replace(resources_id=adjusted[key].id), trial.median_s, trial.failure))
             variant.append(Measured(pair.model, pair.name, pair.graph, trials))
         predict(variant)
         report = accuracy_report(variant)
         out[label] = {"overall": report["overall"], "models": report["models"]}
     return out
+
+
+def _device_change(change: dict[str, Any]) -> Callable[[ResourceSpec], ResourceSpec]:
+    def rewrite(resources: ResourceSpec) -> ResourceSpec:
+        devices = {k: d.model_copy(update=change) for k, d in resources.devices.items()}
+        return resources.replace(devices={k: d.model_dump(mode="json") for k, d in devices.items()})
+
+    return rewrite
 
 
 # -- main ---------------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def _compress(
     wire[entries] = compression.wire_bytes(context.compression, compressor, param, var, div)
     kinds, kind = context.kinds, topo.kind.take(row)
     bandwidth = kinds.memory_bandwidth[kind]
-    rates = compression.Rates(byte=bandwidth * kinds.elementwise_efficiency[kind], cast=bandwidth * kinds.cast_efficiency[kind],
+    rates = compression.Rates(byte=bandwidth * kinds.stream_efficiency[kind], cast=bandwidth * kinds.cast_efficiency[kind],
                               select=bandwidth * kinds.select_efficiency[kind], lowrank=bandwidth * kinds.lowrank_efficiency[kind],
                               flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
     seconds = compression.compute_seconds(context.compression, compressor, param, var, div, rates)

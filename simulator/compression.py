@@ -24,9 +24,11 @@ fitted bandwidth, since calibration times buckets with their copies; a compresse
 carries a fraction of the bytes, so its copy back, at full size, is priced here (since
 `principled-1.9`; a vector under PowerSGD travels uncompressed with P and is covered by the link).
 
-Plain bytes go at the device's element-wise rate, casts at its `cast_efficiency`, selection at its
-`select_efficiency` and PowerSGD's passes at its `lowrank_efficiency` of memory bandwidth (on a CPU the
-last three are far below a copy's rate, which is what makes compression a loss there).
+Plain bytes go at the device's `stream_efficiency` (an add or a copy over a bucket, about a copy's
+speed), casts at its `cast_efficiency`, selection at its `select_efficiency` and PowerSGD's passes at
+its `lowrank_efficiency` of memory bandwidth (on a CPU the last three are far below a copy's rate,
+which is what makes compression a loss there). Before `principled-1.11` plain bytes went at the
+element-wise rate, an activation's (GELU), which on a CPU is under half a copy's.
 
 Each formula is `unit[kind, v] · scale` with scale = r or ρ for PowerSGD and top-k (1 otherwise), so
 the per-variable units are tabulated once per graph (`CompressionTables`) and a batch costs a gather.
@@ -68,7 +70,7 @@ class CompressionTables:
     unit: np.ndarray
     """[5, V] wire bytes per unit of the compressor's parameter (per variable for unscaled kinds)."""
     byte_passes: np.ndarray
-    """[5, V] bytes streamed through memory at the element-wise rate to compress and decompress."""
+    """[5, V] bytes streamed through memory by plain passes (the stream rate) to compress and decompress."""
     cast_bytes: np.ndarray
     """[5, V] bytes streamed through dtype conversions."""
     select_bytes: np.ndarray

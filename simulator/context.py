@@ -59,6 +59,8 @@ class DeviceKinds:
     """Normalizations' fraction of memory bandwidth (the spec's `norm_efficiency`, else `elementwise_efficiency`)."""
     optimizer_efficiency: np.ndarray
     """The optimizer update's fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    stream_efficiency: np.ndarray
+    """Plain streaming passes' fraction of memory bandwidth (else `elementwise_efficiency`)."""
     cast_efficiency: np.ndarray
     """Dtype conversions' fraction of memory bandwidth (else `elementwise_efficiency`)."""
     select_efficiency: np.ndarray
@@ -356,6 +358,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         conv_efficiency=np.array([s.conv_efficiency or s.matmul_efficiency for s in specs]),
         norm_efficiency=np.array([s.norm_efficiency or s.elementwise_efficiency for s in specs]),
         optimizer_efficiency=np.array([s.optimizer_efficiency or s.elementwise_efficiency for s in specs]),
+        stream_efficiency=np.array([s.stream_efficiency or s.elementwise_efficiency for s in specs]),
         cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
         select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
         lowrank_efficiency=np.array([s.lowrank_efficiency or s.elementwise_efficiency for s in specs]),

@@ -485,6 +485,16 @@ def test_a_half_precision_payload_moves_at_the_half_reduce_efficiency():
     assert extra == pytest.approx(nbytes / 2 / bandwidth, rel=1e-6)
 
 
+def test_compression_streams_its_plain_passes_at_the_stream_efficiency():
+    graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
+    nbytes = sum(v.nbytes for v in graph.trainable_variables)
+    # fp16: adding, scaling and subtracting the error (8 passes) and the copy back (2)
+    extra = _allreduce_busy(graph, 1, 1.0, stream_efficiency=0.05) - _allreduce_busy(graph, 1, 1.0)
+    assert extra == pytest.approx(10 * nbytes / (8e9 * 0.05) - 10 * nbytes / (8e9 * 0.5), rel=1e-6)
+    unset = _allreduce_busy(graph, 1, 1.0, stream_efficiency=None) - _allreduce_busy(graph, 1, 1.0, stream_efficiency=0.5)
+    assert unset == pytest.approx(0.0, abs=1e-12)
+
+
 def test_powersgd_streams_its_passes_at_the_lowrank_efficiency():
     graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 10))
     matrices = sum(v.nbytes for v in graph.trainable_variables if len(v.shape) == 2)

@@ -108,6 +108,8 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
     assert all(math.isfinite(x) and x > 0 for x in figures), figures
     assert 0 < device.reduce_efficiency <= 8 and 0 < device.broadcast_efficiency <= 8
     assert 0 < device.optimizer_tensor_s < 1e-2  # a few dozen microseconds per tensor on a CPU
+    assert 0 < device.stream_efficiency <= 1 and 0 < device.half_reduce_efficiency <= 8
+    assert 0 < spec.provenance["half_wire_efficiency"] <= 8  # the pre-1.11 definition, kept to score runs both ways
     assert device.lowrank_round_s is not None and 0 <= device.lowrank_round_s < 0.5
     assert spec.nodes[0].cpus == [0, 1] and spec.nodes[0].address == "127.0.0.1"
     assert spec.compute_devices == ["127.0.0.1:CPU:0", "127.0.0.1:CPU:1"]
@@ -143,6 +145,7 @@ def bucket_paths(rank: int, world: int, payload: dict) -> dict:
     out["pulled"] = [x.tolist() for x in g]
     out["efficiencies"] = [*calibrate.root_efficiencies(dist, torch, repeats=1), calibrate.scatter_efficiency(dist, torch, repeats=1)]
     out["lowrank_round_s"] = calibrate.lowrank_round_seconds(dist, torch, repeats=3)
+    out["half"] = calibrate.half_reduce_efficiencies(dist, torch, repeats=1)
     return out
 
 
@@ -154,5 +157,5 @@ def test_the_probes_run_each_bucket_the_way_its_runtime_executor_does():
         if rank == 0:
             assert result["pushed"] == [mean] * 16  # the server holds the average (gloo uses the others' buffers as scratch)
         assert result["pulled"] == [list(map(float, range(6))), list(map(float, range(6, 16)))]  # the server's kept version
-        assert all(0 < e < 10 for e in result["efficiencies"])
+        assert all(0 < e < 10 for e in [*result["efficiencies"], *result["half"]])
         assert 0 <= result["lowrank_round_s"] < 0.5  # two real gloo round trips, less the reducer's compute

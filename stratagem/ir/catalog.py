@@ -53,6 +53,11 @@ class DeviceSpec(Strict):
     """Fraction of memory bandwidth a dtype conversion (fp32 to fp16/bf16 and back, as fp16 compression
     does) reaches; a CPU without vector conversion units converts element by element. None means
     `elementwise_efficiency`."""
+    stream_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of memory bandwidth a plain streaming pass reaches (an add, a scale, a copy over a
+    bucket-sized tensor), as gradient compression makes around its casts and selections. It is near a
+    copy's speed, where `elementwise_efficiency` is an activation's (GELU computes an erf per element)
+    and on a CPU runs at half a copy's rate or less. None means `elementwise_efficiency`."""
     select_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth at which top-k selection consumes its input, counted as one pass (a
     CPU's partial sort costs tens of nanoseconds per element). None means `elementwise_efficiency`."""
@@ -78,9 +83,9 @@ class DeviceSpec(Strict):
     (a sparse gradient's touched rows, top-k's values and indices) gather that way, and gloo on CPU
     pays a copy into each rank's tensor and their fresh pages. None means 1."""
     half_reduce_efficiency: float | None = Field(default=None, gt=0, le=8)
-    """How fast a half-precision all-reduce moves its bytes relative to the fitted link: NCCL reduces
-    fp16 at full speed, while gloo on CPU converts every element to fp32 to add it, so fp16
-    compression halves the bytes but not the time. None means 1."""
+    """How fast a half-precision bucket moves its bytes relative to the fitted link (whose buckets
+    include their copies): NCCL reduces fp16 at full speed, while gloo on CPU converts every element
+    to fp32 to add it, so fp16 compression halves the bytes but not the time (about 0.5). None means 1."""
     reduce_efficiency: float | None = Field(default=None, gt=0, le=8)
     """How fast a reduce to one rank (a parameter server receiving and summing every worker's push)
     moves its bytes relative to the link bandwidth all-reduce buckets reach. That bandwidth is fitted
