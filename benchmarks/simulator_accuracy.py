@@ -555,20 +555,25 @@ def ablation(pairs: list[Measured]) -> dict[str, dict[str, Any]]:
     out = {}
     changes = {**{label: _device_change(change) for label, change in ABLATIONS.items()}, **SPEC_ABLATIONS}
     for label, rewrite in changes.items():
-        adjusted: dict[str, ResourceSpec] = {}
-        variant = []
-        for pair in pairs:
-            trials = []
-            for trial in pair.trials:
-                key = str(trial.resources.id)
-                if key not in adjusted:
-                    adjusted[key] = rewrite(trial.resources)
-                trials.append(Trial(adjusted[key], trial.strategy.replace(resources_id=adjusted[key].id), trial.median_s, trial.failure))
-            variant.append(Measured(pair.model, pair.name, pair.graph, trials))
+        variant = with_specs(pairs, rewrite)
         predict(variant)
         report = accuracy_report(variant)
         out[label] = {"overall": report["overall"], "models": report["models"]}
     return out
+
+
+def with_specs(pairs: list[Measured], rewrite: Callable[[ResourceSpec], ResourceSpec]) -> list[Measured]:
+    """The same trials, each calibrated spec passed through `rewrite` (once per spec), predictions unset."""
+    adjusted: dict[str, ResourceSpec] = {}
+
+    def trial_with(trial: Trial) -> Trial:
+        key = str(trial.resources.id)
+        if key not in adjusted:
+            adjusted[key] = rewrite(trial.resources)
+        spec = adjusted[key]
+        return replace(trial, resources=spec, strategy=trial.strategy.replace(resources_id=spec.id), predicted_s=None, breakdown={})
+
+    return [replace(pair, trials=[trial_with(t) for t in pair.trials]) for pair in pairs]
 
 
 def _device_change(change: dict[str, Any]) -> Callable[[ResourceSpec], ResourceSpec]:
@@ -595,6 +600,8 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as out:
             pairs, calibrations = measure(models, args, out)
+    if args.before_1_11:
+        pairs = with_specs(pairs, before_1_11)
     predict(pairs)
     report = {
         "benchmark": "simulator_accuracy",
@@ -690,6 +697,8 @@ def _arguments() -> argparse.Namespace:
                         help="calibrate before each model's block of trials in every round (default), or once")
     parser.add_argument("--from-records", help="score this records file (plain, .xz or .gz) instead of measuring")
     parser.add_argument("--ablation", action="store_true", help="also score with each CPU refinement switched off")
+    parser.add_argument("--before-1.11", dest="before_1_11", action="store_true",
+                        help="price every trial as principled-1.10 and earlier read its spec (`before_1_11`)")
     parser.add_argument("--mode", choices=("interleaved", "trials"), default="interleaved",
                         help="all of a model's strategies side by side in one process pair (default), or one trial each")
     parser.add_argument("--all-builders", action="store_true", help=f"also measure {', '.join(SAME_ON_ONE_NODE)}")

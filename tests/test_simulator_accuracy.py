@@ -612,3 +612,12 @@ def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
     sgd = graph.replace(optimizer={"kind": "sgd", "state_bytes_per_param": 0.0})
     update = [simulate(sgd, spec, [AllReduce().build(sgd, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)]
     assert update[0] - update[1] == pytest.approx(extra_per_pass, rel=1e-6)
+
+
+def test_before_1_11_prices_a_spec_as_earlier_versions_read_it(accuracy):
+    new = cpu_spec(stream_efficiency=0.9, half_reduce_efficiency=0.5).replace(provenance={"half_wire_efficiency": 0.93})
+    old = accuracy.before_1_11(new).device_spec("CPU")
+    assert old.stream_efficiency is None and old.half_reduce_efficiency == pytest.approx(0.93)
+    # a spec calibrated before 1.11 has no bare-wire figure: its own half_reduce_efficiency is already that
+    earlier = accuracy.before_1_11(cpu_spec(half_reduce_efficiency=0.93)).device_spec("CPU")
+    assert earlier.stream_efficiency is None and earlier.half_reduce_efficiency == pytest.approx(0.93)
