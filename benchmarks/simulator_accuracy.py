@@ -60,7 +60,7 @@ from benchmarks.interleaved import load_factors, measure_block
 from benchmarks.records_file import read_lines
 from examples import zoo
 from stratagem.builders import AllReduce, all_builders
-from stratagem.calibrate import DEVICE_KIND, reread
+from stratagem.calibrate import DEVICE_KIND, reread, spec_from_figures
 from stratagem.ir import Compressor, ModelGraph, Provenance, ResourceSpec, ShardedSynchronizer, Strategy, VariableConfig
 from stratagem.tracing import capture
 
@@ -533,17 +533,16 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 
 
 def before_1_11(resources: ResourceSpec) -> ResourceSpec:
-    """The spec as `principled-1.10` and earlier read it: compression's plain passes at the element-wise
-    rate, and the bare fp16 wire against an all-reduce bucket as `half_reduce_efficiency` (kept in the
-    provenance as `half_wire_efficiency`). A spec without that figure predates 1.11 and stays as it is."""
-    devices = {}
-    wire = (resources.provenance or {}).get("half_wire_efficiency")
-    for name, device in resources.devices.items():
-        change: dict[str, Any] = {"stream_efficiency": None}
-        if wire is not None and device.half_reduce_efficiency is not None:
-            change["half_reduce_efficiency"] = min(max(float(wire), 1e-6), 8.0)
-        devices[name] = device.model_copy(update=change).model_dump(mode="json")
-    return resources.replace(devices=devices)
+    """The spec that calibrations before `principled-1.11` built from the same figures: no stream rate
+    (compression's plain passes at the element-wise rate) and the bare fp16 wire (kept in the provenance
+    as `half_wire_efficiency`) as `half_reduce_efficiency`. A spec without that figure predates 1.11
+    and already reads that way."""
+    figures = dict(resources.provenance or {})
+    if "half_wire_efficiency" not in figures or not resources.nodes:
+        return resources
+    figures["half_reduce_efficiency"] = figures.pop("half_wire_efficiency")
+    figures.pop("stream_rate", None)
+    return spec_from_figures(figures, address=resources.nodes[0].address)
 
 
 SPEC_ABLATIONS = {"both as before principled-1.11 (plain passes at the element-wise rate, fp16 credited with the bare wire)": before_1_11}

@@ -564,9 +564,14 @@ def _copy_back(grads: list[Any], flat: Any) -> None:
         grad.copy_(value)
 
 
+def averaged_flat(dist: Any, torch: Any, grads: list[Any]) -> Any:
+    """What every all-reduce bucket does before its collective: flatten, divide by the ranks."""
+    return torch.cat(grads) / dist.get_world_size()
+
+
 def allreduce_bucket(dist: Any, torch: Any, grads: list[Any]) -> None:
     """An all-reduce bucket as the runtime runs it: flatten, divide by the ranks, all-reduce, copy back."""
-    flat = torch.cat(grads) / dist.get_world_size()
+    flat = averaged_flat(dist, torch, grads)
     dist.all_reduce(flat)
     _copy_back(grads, flat)
 
@@ -677,13 +682,12 @@ def half_reduce_efficiencies(dist: Any, torch: Any, *, repeats: int = 6) -> tupl
     the flatten and divide it also makes. Kept in the provenance so runs can be scored both ways."""
     grads = gradients(torch, 16 << 20)
     half = torch.ones(4 << 20, dtype=torch.float16)
-    world = dist.get_world_size()
 
     def reference() -> None:
         allreduce_bucket(dist, torch, grads)
 
     def half_bucket() -> None:
-        torch.cat(grads) / world
+        averaged_flat(dist, torch, grads)  # the casts that would turn it into `half` are priced apart
         dist.all_reduce(half)
 
     bucket = _ratio(dist, reference, half_bucket, repeats) / 2

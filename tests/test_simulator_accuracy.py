@@ -615,9 +615,16 @@ def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
 
 
 def test_before_1_11_prices_a_spec_as_earlier_versions_read_it(accuracy):
-    new = cpu_spec(stream_efficiency=0.9, half_reduce_efficiency=0.5).replace(provenance={"half_wire_efficiency": 0.93})
+    from stratagem.calibrate import spec_from_figures
+
+    figures = {"ranks": 2, "threads": 1, "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
+               "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2], "spare_cores": 0, "matmul_flops": 5e10,
+               "bf16_flops": 1e10, "conv_flops": 3e10, "copy_bandwidth": 1e10, "elementwise_rate": 5e9, "norm_rate": 3e9,
+               "layer_overhead_s": 1e-5, "optimizer_rate": 3e9, "overlap": 0.0, "half_reduce_efficiency": 0.5}
+    new = spec_from_figures({**figures, "stream_rate": 9e9, "half_wire_efficiency": 0.93})
+    assert new.device_spec("CPU").stream_efficiency == pytest.approx(0.9)
     old = accuracy.before_1_11(new).device_spec("CPU")
     assert old.stream_efficiency is None and old.half_reduce_efficiency == pytest.approx(0.93)
     # a spec calibrated before 1.11 has no bare-wire figure: its own half_reduce_efficiency is already that
-    earlier = accuracy.before_1_11(cpu_spec(half_reduce_efficiency=0.93)).device_spec("CPU")
-    assert earlier.stream_efficiency is None and earlier.half_reduce_efficiency == pytest.approx(0.93)
+    earlier = spec_from_figures(figures)
+    assert accuracy.before_1_11(earlier) is earlier
