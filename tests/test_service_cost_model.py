@@ -109,3 +109,28 @@ def test_promotion_needs_the_correction_not_worse_in_regret_nor_in_log_error() -
     assert not promotion({"simulator": simulator, "corrected": {"top1_regret": 0.02, "log_error": 0.30}})[0]
     assert not promotion({"simulator": simulator, "corrected": {"top1_regret": 0.10, "log_error": 0.15}})[0]
     assert promotion({})[0] and promotion({"simulator": simulator, "corrected": {"top1_regret": float("nan")}})[0]
+
+
+def test_a_version_committed_while_the_list_is_read_is_never_named_in_use_without_its_row(make_client, monkeypatch) -> None:
+    """The worker retrains beside the request: a version committed between the route's two reads must
+    not leave `in_use` naming a version the listing lacks (seen once on PostgreSQL)."""
+    from optimizer_service.core import cost_model as core
+
+    client: TestClient = make_client(workers=0, cost_model_trainer=MeanRatioTrainer())
+    _record_trials(client, [0.2, 0.4, 0.3])
+    client.post("/v1/cost-model/retrain")
+    reads = {"n": 0}
+
+    def then_retrain(read):
+        def wrapped(*args, **kwargs):
+            result = read(*args, **kwargs)
+            reads["n"] += 1
+            if reads["n"] == 1:
+                assert client.post("/v1/cost-model/retrain").status_code == 201
+            return result
+        return wrapped
+
+    monkeypatch.setattr(core, "list_versions", then_retrain(core.list_versions))
+    monkeypatch.setattr(core, "version_in_use", then_retrain(core.version_in_use))
+    listing = client.get("/v1/cost-model").json()
+    assert reads["n"] >= 2 and listing["in_use"] in {v["id"] for v in listing["data"]}

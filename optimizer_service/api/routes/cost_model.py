@@ -19,8 +19,10 @@ def version_public(row: CostModelVersion) -> CostModelVersionPublic:
 
 @router.get("")
 def cost_model(session: SessionDep, state: StateDep, limit: Limit = 50, offset: Offset = 0) -> CostModelPublic:
-    rows, count = core.list_versions(session, limit=limit, offset=offset)
+    """The version in use is read before the listing: a retraining that commits between the two reads
+    then adds a row to the listing rather than naming a version the listing lacks."""
     in_use = core.version_in_use(session)
+    rows, count = core.list_versions(session, limit=limit, offset=offset)
     return CostModelPublic(
         data=[version_public(row) for row in rows],
         count=count,
