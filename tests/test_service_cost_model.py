@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from models import CostModelVersion
+from optimizer_service.core import cost_model as core
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample, promotion
 from optimizer_service.db import make_engine, make_session_factory
 from stratagem.builders import AllReduce, DataParallel
@@ -114,15 +116,13 @@ def test_promotion_needs_the_correction_not_worse_in_regret_nor_in_log_error() -
 def test_a_version_committed_while_the_list_is_read_is_never_named_in_use_without_its_row(make_client, monkeypatch) -> None:
     """The worker retrains beside the request: a version committed between the route's two reads must
     not leave `in_use` naming a version the listing lacks (seen once on PostgreSQL)."""
-    from optimizer_service.core import cost_model as core
-
     client: TestClient = make_client(workers=0, cost_model_trainer=MeanRatioTrainer())
     _record_trials(client, [0.2, 0.4, 0.3])
     client.post("/v1/cost-model/retrain")
     reads = {"n": 0}
 
-    def then_retrain(read):
-        def wrapped(*args, **kwargs):
+    def then_retrain(read: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
             result = read(*args, **kwargs)
             reads["n"] += 1
             if reads["n"] == 1:
