@@ -1,4 +1,4 @@
-"""What three CPU-side choices of the runtime buy, each measured side by side in one run.
+"""What four CPU-side choices of the runtime buy, each measured side by side in one run.
 
 1. Top-k selection: `torch.topk` over a whole bucket against the runtime's `select_largest` (a
    sampled threshold, then `topk` among about 1.3·k candidates), on the same magnitudes, in turns.
@@ -9,10 +9,16 @@
 3. PowerSGD's products: the textbook order (P = MQ with Q stored cols x r, Q' = MᵀP) against the
    runtime's (Q stored transposed, P = M(Qᵀ)ᵀ, Q'ᵀ = PᵀM): the same numbers, in turns, on the matrix
    shapes of the accuracy benchmark's BERT and VGG.
+4. With `--block-jobs`, no mappings of their own for large requests (`MALLOC_MMAP_MAX_=0`): every
+   strategy of the named cost-model jobs (`benchmarks/cost_model.py`) trained in interleaved blocks
+   (`benchmarks/interleaved.py`) by ranks started with and without it, in alternating order. Only
+   whole blocks show it: the requests that cross glibc's 32 MiB threshold come from gloo's worker
+   thread, and how often they are mapped afresh depends on what else the rank's heap holds.
 
 Prints one JSON object: the medians in ms and the speed-ups (default over tuned).
 
     .venv/bin/python benchmarks/cpu_rank_settings.py [--bucket-mb 24] [--rounds 4] [--repeats 9]
+    .venv/bin/python benchmarks/cpu_rank_settings.py --block-jobs mlp-wide,vgg16-wide-fc,mlp-deep --rounds 2
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +149,71 @@ def allocator(bucket_mb: float, rounds: int, repeats: int) -> dict[str, Any]:
             "speedup": {k: round(medians["default"][k] / medians["tuned"][k], 2) for k in medians["default"]}}
 
 
+GLIBC_MMAP_MAX = "65536"
+"""glibc's own `MALLOC_MMAP_MAX_`: what ranks started with before `stratagem.rank_env` set it to 0."""
+
+
+@dataclass
+class BlockJob:
+    """A job measured in blocks: its graph, the trial runner's workload and the strategies side by side."""
+
+    graph: Any
+    workload: Any
+    strategies: dict[str, Any]
+    warmup: int = 4
+
+
+def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
+    """One interleaved block under `extra_env`: each strategy's measured and simulated step in ms."""
+    import simulator
+    from benchmarks.interleaved import measure_block
+
+    saved = dict(os.environ)
+    os.environ.update(extra_env)
+    try:
+        block = measure_block(job.workload, job.strategies, warmup=job.warmup, steps=steps, timeout=900)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if block.resources is None:
+        raise RuntimeError(f"the block failed: {block.failure}")
+    placed = [s.replace(resources_id=block.resources.id) for s in job.strategies.values()]
+    predictions = simulator.simulate(job.graph, block.resources, placed)
+    return {name: {"measured_ms": 1e3 * block.result(name, strategy)["median_s"], "simulated_ms": 1e3 * prediction.step_time_s}
+            for (name, strategy), prediction in zip(job.strategies.items(), predictions, strict=True)}
+
+
+def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int) -> dict[str, Any]:
+    """Per job and strategy: the median over rounds of its measured and simulated step under each
+    setting, and the speed-up of switching mappings off."""
+    settings = {"mapped": {"MALLOC_MMAP_MAX_": GLIBC_MMAP_MAX}, "tuned": {}}
+    runs: dict[str, dict[str, list[dict[str, dict[str, float]]]]] = {job: {label: [] for label in settings} for job in jobs}
+    for round_index in range(rounds):
+        order = list(settings.items()) if round_index % 2 == 0 else list(settings.items())[::-1]
+        for name, job in jobs.items():
+            for label, extra in order:
+                runs[name][label].append(_block_medians(job, steps=steps, extra_env=extra))
+    report: dict[str, Any] = {}
+    for job, per_setting in runs.items():
+        report[job] = {}
+        for name in jobs[job].strategies:
+            figures = {label: {key: round(statistics.median(block[name][key] for block in blocks), 1)
+                               for key in ("measured_ms", "simulated_ms")} for label, blocks in per_setting.items()}
+            report[job][name] = {**figures, "speedup": round(figures["mapped"]["measured_ms"] / figures["tuned"]["measured_ms"], 2)}
+    return {"settings": settings, "rounds": rounds, "steps": steps, "jobs": report}
+
+
+def _cost_model_jobs(names: list[str]) -> dict[str, BlockJob]:
+    from benchmarks.cost_model import _placeholder_spec, job_workload
+    from benchmarks.simulator_accuracy import strategies_for
+
+    jobs = {}
+    for name in names:
+        work = job_workload(name)
+        jobs[name] = BlockJob(work.graph, work.spec, strategies_for(work.graph, _placeholder_spec()), max(4, work.warmup))
+    return jobs
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         print(json.dumps(bucket_work(float(sys.argv[2]), int(sys.argv[3]))))
@@ -150,7 +222,14 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=24.0)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--block-jobs", default="", help="comma-separated cost-model jobs: measure comparison 4 only")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per block (comparison 4)")
     args = parser.parse_args()
+    if args.block_jobs:
+        jobs = _cost_model_jobs([name for name in args.block_jobs.split(",") if name])
+        report = {"benchmark": "cpu_rank_settings", "mappings_in_blocks": mappings_in_blocks(jobs, rounds=args.rounds, steps=args.steps)}
+        print(json.dumps(report, indent=2))
+        return
     report = {
         "benchmark": "cpu_rank_settings",
         "selection": selection(int(args.bucket_mb * 2**20 / 4), 0.01, args.repeats),

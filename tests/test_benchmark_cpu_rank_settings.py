@@ -37,3 +37,26 @@ def test_powersgd_product_orders_compute_the_same_numbers_and_report_a_speedup()
     for figures in report.values():
         assert figures["textbook_ms"] > 0 and figures["runtime_ms"] > 0 and figures["gradient_mb"] == pytest.approx(20.0, abs=0.1)
         assert figures["speedup"] == pytest.approx(figures["textbook_ms"] / figures["runtime_ms"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simulated() -> None:
+    from conftest import make_mlp_graph
+
+    from stratagem.ir import Node, ResourceSpec
+    from trial_runner import ReplayWorkload
+
+    bench = load_benchmark("cpu_rank_settings")
+    graph = make_mlp_graph(batch_size=8, widths=(64, 32, 10))
+    two_ranks = ResourceSpec(name="local", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
+    every = load_benchmark("simulator_accuracy").strategies_for(graph, two_ranks)
+    strategies = {name: every[name] for name in ("AllReduce", "Sharded")}
+    job = bench.BlockJob(graph, ReplayWorkload(graph), strategies, warmup=1)
+    report = bench.mappings_in_blocks({"tiny": job}, rounds=1, steps=2)
+
+    assert report["settings"] == {"mapped": {"MALLOC_MMAP_MAX_": bench.GLIBC_MMAP_MAX}, "tuned": {}}
+    assert set(report["jobs"]["tiny"]) == set(strategies)
+    for figures in report["jobs"]["tiny"].values():
+        for label in ("mapped", "tuned"):
+            assert figures[label]["measured_ms"] > 0 and figures[label]["simulated_ms"] > 0
+        assert figures["speedup"] == pytest.approx(figures["mapped"]["measured_ms"] / figures["tuned"]["measured_ms"], rel=0.05)
