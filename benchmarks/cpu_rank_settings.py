@@ -14,11 +14,14 @@
    (`benchmarks/interleaved.py`) by ranks started with and without it, in alternating order. Only
    whole blocks show it: the requests that cross glibc's 32 MiB threshold come from gloo's worker
    thread, and how often they are mapped afresh depends on what else the rank's heap holds.
+   `--strategies` keeps only the named strategies in each block (one alone is what a trial runs);
+   `--setting LABEL:NAME=VALUE` adds a setting to compare (the tuned settings plus those variables).
 
 Prints one JSON object: the medians in ms and the speed-ups (default over tuned).
 
     .venv/bin/python benchmarks/cpu_rank_settings.py [--bucket-mb 24] [--rounds 4] [--repeats 9]
     .venv/bin/python benchmarks/cpu_rank_settings.py --block-jobs mlp-wide,vgg16-wide-fc,mlp-deep --rounds 2
+    .venv/bin/python benchmarks/cpu_rank_settings.py --block-jobs mlp-wide --strategies Sharded --setting arena1:MALLOC_ARENA_MAX=1
 """
 
 from __future__ import annotations
@@ -183,10 +186,16 @@ def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> d
             for (name, strategy), prediction in zip(job.strategies.items(), predictions, strict=True)}
 
 
-def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int) -> dict[str, Any]:
+BASE_SETTINGS: dict[str, dict[str, str]] = {"mapped": {"MALLOC_MMAP_MAX_": GLIBC_MMAP_MAX}, "tuned": {}}
+"""Comparison 4's two settings: ranks as they started before and as they start now."""
+
+
+def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int,
+                       extra_settings: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
     """Per job and strategy: the median over rounds of its measured and simulated step under each
-    setting, and the speed-up of switching mappings off."""
-    settings = {"mapped": {"MALLOC_MMAP_MAX_": GLIBC_MMAP_MAX}, "tuned": {}}
+    setting, and each setting's speed-up over mapped (ranks rotate through the settings, the order
+    reversed every other round)."""
+    settings = {**BASE_SETTINGS, **(extra_settings or {})}
     runs: dict[str, dict[str, list[dict[str, dict[str, float]]]]] = {job: {label: [] for label in settings} for job in jobs}
     for round_index in range(rounds):
         order = list(settings.items()) if round_index % 2 == 0 else list(settings.items())[::-1]
@@ -199,18 +208,35 @@ def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int) ->
         for name in jobs[job].strategies:
             figures = {label: {key: round(statistics.median(block[name][key] for block in blocks), 1)
                                for key in ("measured_ms", "simulated_ms")} for label, blocks in per_setting.items()}
-            report[job][name] = {**figures, "speedup": round(figures["mapped"]["measured_ms"] / figures["tuned"]["measured_ms"], 2)}
+            mapped = figures["mapped"]["measured_ms"]
+            speedups = {label: round(mapped / f["measured_ms"], 2) for label, f in figures.items() if label != "mapped"}
+            report[job][name] = {**figures, "speedup": speedups["tuned"], "speedups": speedups}
     return {"settings": settings, "rounds": rounds, "steps": steps, "jobs": report}
 
 
-def _cost_model_jobs(names: list[str]) -> dict[str, BlockJob]:
+def parse_setting(text: str) -> tuple[str, dict[str, str]]:
+    """`LABEL:NAME=VALUE[,NAME=VALUE]` (the variables are added to the tuned settings)."""
+    label, sep, assignments = text.partition(":")
+    pairs = [item.partition("=") for item in assignments.split(",") if item]
+    if not sep or not label or any(not name or not eq for name, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(f"--setting {text!r}: expected LABEL:NAME=VALUE[,NAME=VALUE]")
+    return label, {name: value for name, _, value in pairs}
+
+
+def _cost_model_jobs(names: list[str], only: list[str]) -> dict[str, BlockJob]:
     from benchmarks.cost_model import _placeholder_spec, job_workload
     from benchmarks.simulator_accuracy import strategies_for
 
     jobs = {}
     for name in names:
         work = job_workload(name)
-        jobs[name] = BlockJob(work.graph, work.spec, strategies_for(work.graph, _placeholder_spec()), max(4, work.warmup))
+        strategies = strategies_for(work.graph, _placeholder_spec())
+        if only:
+            unknown = sorted(set(only) - set(strategies))
+            if unknown:
+                raise SystemExit(f"--strategies: {unknown} not among {sorted(strategies)}")
+            strategies = {key: strategies[key] for key in only}
+        jobs[name] = BlockJob(work.graph, work.spec, strategies, max(4, work.warmup))
     return jobs
 
 
@@ -224,10 +250,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--block-jobs", default="", help="comma-separated cost-model jobs: measure comparison 4 only")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per block (comparison 4)")
+    parser.add_argument("--strategies", default="", help="comma-separated strategy names: only these in each block (comparison 4)")
+    parser.add_argument("--setting", type=parse_setting, action="append", default=[],
+                        help="LABEL:NAME=VALUE[,NAME=VALUE]: one more setting beside mapped and tuned (comparison 4)")
     args = parser.parse_args()
     if args.block_jobs:
-        jobs = _cost_model_jobs([name for name in args.block_jobs.split(",") if name])
-        report = {"benchmark": "cpu_rank_settings", "mappings_in_blocks": mappings_in_blocks(jobs, rounds=args.rounds, steps=args.steps)}
+        jobs = _cost_model_jobs([n for n in args.block_jobs.split(",") if n], [n for n in args.strategies.split(",") if n])
+        blocks = mappings_in_blocks(jobs, rounds=args.rounds, steps=args.steps, extra_settings=dict(args.setting))
+        report = {"benchmark": "cpu_rank_settings", "mappings_in_blocks": blocks}
         print(json.dumps(report, indent=2))
         return
     report = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from conftest import load_benchmark
 
@@ -52,11 +54,21 @@ def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simu
     every = load_benchmark("simulator_accuracy").strategies_for(graph, two_ranks)
     strategies = {name: every[name] for name in ("AllReduce", "Sharded")}
     job = bench.BlockJob(graph, ReplayWorkload(graph), strategies, warmup=1)
-    report = bench.mappings_in_blocks({"tiny": job}, rounds=1, steps=2)
+    label, arena = bench.parse_setting("arena:MALLOC_ARENA_MAX=1")
+    report = bench.mappings_in_blocks({"tiny": job}, rounds=1, steps=2, extra_settings={label: arena})
 
-    assert report["settings"] == {"mapped": {"MALLOC_MMAP_MAX_": bench.GLIBC_MMAP_MAX}, "tuned": {}}
+    assert report["settings"] == {"mapped": {"MALLOC_MMAP_MAX_": bench.GLIBC_MMAP_MAX}, "tuned": {}, "arena": {"MALLOC_ARENA_MAX": "1"}}
     assert set(report["jobs"]["tiny"]) == set(strategies)
     for figures in report["jobs"]["tiny"].values():
-        for label in ("mapped", "tuned"):
+        for label in ("mapped", "tuned", "arena"):
             assert figures[label]["measured_ms"] > 0 and figures[label]["simulated_ms"] > 0
-        assert figures["speedup"] == pytest.approx(figures["mapped"]["measured_ms"] / figures["tuned"]["measured_ms"], rel=0.05)
+        mapped = figures["mapped"]["measured_ms"]
+        assert figures["speedup"] == figures["speedups"]["tuned"] == pytest.approx(mapped / figures["tuned"]["measured_ms"], rel=0.05)
+        assert figures["speedups"]["arena"] == pytest.approx(mapped / figures["arena"]["measured_ms"], rel=0.05)
+
+
+@pytest.mark.parametrize("text", ["arena", ":A=1", "arena:A", "arena:=1"])
+def test_a_malformed_setting_names_the_option_and_the_expected_form(text: str) -> None:
+    bench = load_benchmark("cpu_rank_settings")
+    with pytest.raises(argparse.ArgumentTypeError, match="LABEL:NAME=VALUE"):
+        bench.parse_setting(text)
