@@ -11,10 +11,10 @@
    shapes of the accuracy benchmark's BERT and VGG.
 4. With `--block-jobs`, no mappings of their own for large requests (`MALLOC_MMAP_MAX_=0`): every
    strategy of the named cost-model jobs (`benchmarks/cost_model.py`) trained in interleaved blocks
-   (`benchmarks/interleaved.py`) by ranks started with and without it, in alternating order. Only
-   whole blocks show it: the requests that cross glibc's 32 MiB threshold come from gloo's worker
-   thread, and how often they are mapped afresh depends on what else the rank's heap holds.
-   `--strategies` keeps only the named strategies in each block (one alone is what a trial runs);
+   (`benchmarks/interleaved.py`) by ranks started with and without it, in alternating order. The
+   requests that cross glibc's 32 MiB threshold come from gloo's worker thread inside a step, which
+   comparison 2's children never run. `--strategies` keeps only the named strategies in each block
+   (one alone is what a trial runs; with all of them, their buffers share one heap);
    `--setting LABEL:NAME=VALUE` adds a setting to compare (the tuned settings plus those variables).
 
 Prints one JSON object: the medians in ms and the speed-ups (default over tuned).
@@ -210,7 +210,7 @@ def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int,
                                for key in ("measured_ms", "simulated_ms")} for label, blocks in per_setting.items()}
             mapped = figures["mapped"]["measured_ms"]
             speedups = {label: round(mapped / f["measured_ms"], 2) for label, f in figures.items() if label != "mapped"}
-            report[job][name] = {**figures, "speedup": speedups["tuned"], "speedups": speedups}
+            report[job][name] = {**figures, "speedups": speedups}
     return {"settings": settings, "rounds": rounds, "steps": steps, "jobs": report}
 
 

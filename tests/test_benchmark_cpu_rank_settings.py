@@ -63,7 +63,7 @@ def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simu
         for label in ("mapped", "tuned", "arena"):
             assert figures[label]["measured_ms"] > 0 and figures[label]["simulated_ms"] > 0
         mapped = figures["mapped"]["measured_ms"]
-        assert figures["speedup"] == figures["speedups"]["tuned"] == pytest.approx(mapped / figures["tuned"]["measured_ms"], rel=0.05)
+        assert figures["speedups"]["tuned"] == pytest.approx(mapped / figures["tuned"]["measured_ms"], rel=0.05)
         assert figures["speedups"]["arena"] == pytest.approx(mapped / figures["arena"]["measured_ms"], rel=0.05)
 
 
