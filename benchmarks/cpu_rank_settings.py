@@ -171,13 +171,7 @@ def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> d
     import simulator
     from benchmarks.interleaved import measure_block
 
-    saved = dict(os.environ)
-    os.environ.update(extra_env)
-    try:
-        block = measure_block(job.workload, job.strategies, warmup=job.warmup, steps=steps, timeout=900)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    block = measure_block(job.workload, job.strategies, warmup=job.warmup, steps=steps, timeout=900, env=extra_env)
     if block.resources is None:
         raise RuntimeError(f"the block failed: {block.failure}")
     placed = [s.replace(resources_id=block.resources.id) for s in job.strategies.values()]
@@ -195,6 +189,9 @@ def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int,
     """Per job and strategy: the median over rounds of its measured and simulated step under each
     setting, and each setting's speed-up over mapped (ranks rotate through the settings, the order
     reversed every other round)."""
+    clashing = sorted(set(BASE_SETTINGS) & set(extra_settings or {}))
+    if clashing:
+        raise ValueError(f"extra settings: {clashing} would replace comparison 4's own; choose other labels")
     settings = {**BASE_SETTINGS, **(extra_settings or {})}
     runs: dict[str, dict[str, list[dict[str, dict[str, float]]]]] = {job: {label: [] for label in settings} for job in jobs}
     for round_index in range(rounds):

@@ -113,10 +113,11 @@ def sync_parts(stats: Any) -> dict[str, float]:
 
 
 def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int, steps: int, timeout: float,
-                  undistributed: bool = False, prime_optimizer: bool = True) -> Block:
+                  undistributed: bool = False, prime_optimizer: bool = True, env: dict[str, str] | None = None) -> Block:
     """Run one interleaved block of `workload` (a trial runner workload spec) under every strategy.
 
     `prime_optimizer` fills each copy's optimizer state first, as trials do (`TrialSpec.prime_optimizer`).
+    `env` overrides the ranks' environment (`benchmarks/cpu_rank_settings.py` compares allocator settings).
     """
     from stratagem.calibrate import SIZES, combine, spec_from_figures
 
@@ -129,7 +130,7 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
         job_path = Path(folder) / "job.json"
         job_path.write_text(json.dumps(job))
         outputs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
-        block.failure = _launch(job_path, outputs, timeout)
+        block.failure = _launch(job_path, outputs, timeout, env or {})
         if block.failure is None:
             block.reports = [json.loads(path.read_text()) for path in outputs]
     if block.reports:
@@ -141,10 +142,10 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
     return block
 
 
-def _launch(job: Path, outputs: list[Path], timeout: float) -> str | None:
+def _launch(job: Path, outputs: list[Path], timeout: float, extra_env: dict[str, str]) -> str | None:
     """Run the ranks of a block to the end; None, or why they failed."""
     port = free_port()
-    env = rank_environment(OMP_NUM_THREADS="1")
+    env = rank_environment(**{"OMP_NUM_THREADS": "1", **extra_env})
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for rank, path in enumerate(outputs)]

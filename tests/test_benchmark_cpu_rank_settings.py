@@ -72,3 +72,9 @@ def test_a_malformed_setting_names_the_option_and_the_expected_form(text: str) -
     bench = load_benchmark("cpu_rank_settings")
     with pytest.raises(argparse.ArgumentTypeError, match="LABEL:NAME=VALUE"):
         bench.parse_setting(text)
+
+
+def test_an_extra_setting_may_not_take_the_label_of_mapped_or_tuned() -> None:
+    bench = load_benchmark("cpu_rank_settings")
+    with pytest.raises(ValueError, match=r"\['tuned'\] would replace"):
+        bench.mappings_in_blocks({}, rounds=1, steps=1, extra_settings={"tuned": {"MALLOC_ARENA_MAX": "1"}})
