@@ -260,7 +260,7 @@ class TrialPlanner:
         return min(self._state.intervals[cid][1] for cid in self.candidates if cid not in self._state.failed)
 
     def _acquisition_cost(self, candidate_id: str, taken: set[str]) -> float:
-        """Lower is better. Candidates of a family already tried pay (1 + diversity) per earlier member."""
+        """Lower is better. Candidates of a family already tried pay 1 + diversity × (earlier members)."""
         family = self.candidates[candidate_id].family
         repeats = sum(1 for cid in taken if family is not None and self.candidates[cid].family == family)
         penalty = 1.0 + self.diversity * repeats

@@ -1,8 +1,9 @@
 """One record per measured trial: what the cost model learns from, as JSON.
 
-A record keeps summaries rather than the full documents, so a file of records can be shared between
-services (`stratagem trials export/import`) without shipping users' graphs, and stays small. A record
-whose `measured_step_time_s` is None is a query: a candidate the model is asked about.
+A record keeps summaries rather than the full documents, so a file of records can be shared without
+shipping users' graphs (`stratagem trials export/import` does ship them: it moves trials, not records),
+and stays small. A record whose `measured_step_time_s` is None is a query: a candidate the model is
+asked about.
 """
 
 from __future__ import annotations
