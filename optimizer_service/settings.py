@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MAX_WORKERS = 16
+
 TrialsBackend = Literal["ray", "local", "none"]
 
 
@@ -44,8 +46,10 @@ class Settings(BaseSettings):
     wait_max_s: float = Field(default=300.0, gt=0)
     """Longest `?wait=true` a request may hold a connection."""
 
-    workers: int = Field(default=1, ge=0)
-    """Worker threads claiming jobs in this process; 0 makes an API-only replica."""
+    workers: int = Field(default=1, ge=0, le=MAX_WORKERS)
+    """Worker threads claiming jobs in this process; 0 makes an API-only replica. Each holds a database
+    connection while it works, and the pool (20 connections, `db.make_engine`) must keep some for the API, so more
+    workers means more replicas (docs/deploy.md), not more threads in one."""
     poll_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     stale_after_s: float = Field(default=60.0, gt=0)

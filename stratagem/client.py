@@ -11,10 +11,12 @@ the tests run the SDK against the real app in-process.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+from urllib.parse import quote
 
 import httpx
 
@@ -29,6 +31,8 @@ from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+DETAIL_CHARS = 300
+"""How much of an error answer that is not the service's own (an HTML page) a message quotes."""
 
 
 def _raise_for_response(response: httpx.Response) -> None:
@@ -39,7 +43,10 @@ def _raise_for_response(response: httpx.Response) -> None:
     except ValueError:
         body = response.text
     detail = body.get("detail", body) if isinstance(body, dict) else body
-    message = f"{response.request.method} {response.request.url.path} -> {response.status_code}: {_words(detail)}"
+    words = " ".join(_words(detail).split())
+    if len(words) > DETAIL_CHARS:
+        words = words[:DETAIL_CHARS] + "..."
+    message = f"{response.request.method} {response.request.url.path} -> {response.status_code}: {words}"
     if response.status_code == 404:
         raise NotFoundError(message, status=404, detail=detail)
     if response.status_code == 429 or response.status_code >= 500:
@@ -61,6 +68,41 @@ def _words(detail: Any) -> str:
     return str(detail)
 
 
+def _segment(name: str, value: Any) -> str:
+    """An id as one URL path segment: quoted, so `a/b` or `../x` cannot reach another endpoint."""
+    if not isinstance(value, str):
+        raise RequestRejectedError(f"{name}: expected a string id, got {type(value).__name__}", detail=[name])
+    if value.strip() in ("", ".", ".."):
+        raise RequestRejectedError(f"{name}: expected an id, got {value!r}", detail=[name])
+    return quote(value, safe="")
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """Where the first NaN or infinity sits in a request body (JSON has neither), as a field path."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _field(body: Any, key: str, where: str) -> Any:
+    """`body[key]` of an answer that must be a JSON object; anything else is a ServiceError, not a KeyError."""
+    if not isinstance(body, dict) or key not in body:
+        raise ServiceError(f"{where}: the answer has no {key!r} field; is this a Stratagem service?", detail=body)
+    return body[key]
+
+
+def _object(body: Any, where: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ServiceError(f"{where}: expected a JSON object, got {type(body).__name__}; is this a Stratagem service?",
+                           detail=body)
+    return body
+
+
 @dataclass
 class Job:
     """A handle on an optimization job; `refresh()` re-reads it, `wait()` blocks until it ends."""
@@ -78,7 +120,7 @@ class Job:
         return self.status in TERMINAL_STATUSES
 
     def refresh(self) -> Job:
-        self.data = self.client._get_json(f"/v1/jobs/{self.id}")
+        self.data = _object(self.client._get_json(f"/v1/jobs/{_segment('job_id', self.id)}"), "GET /v1/jobs/{id}")
         return self
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 0.5, progress: TextIO | bool | None = None) -> Job:
@@ -86,6 +128,10 @@ class Job:
 
         `progress=True` (or a stream) draws a one-line progress bar, so a long search is visibly alive.
         """
+        if timeout is not None and not timeout >= 0:
+            raise StratagemError(f"wait(timeout=...): must be None or 0 or more seconds, got {timeout}")
+        if not poll_s > 0:
+            raise StratagemError(f"wait(poll_s=...): must be a positive number of seconds, got {poll_s}")
         stream = sys.stderr if progress is True else (progress or None)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.refresh().done:
@@ -102,14 +148,16 @@ class Job:
         return self
 
     def best(self) -> Strategy:
-        return Strategy.parse(self.client._get_json(f"/v1/jobs/{self.id}/best"))
+        return Strategy.parse(self.client._get_json(f"/v1/jobs/{_segment('job_id', self.id)}/best"))
 
     def strategies(self) -> list[dict[str, Any]]:
         """Ranked candidates: each has the strategy, its prediction and, when trialled, its measurement."""
-        return list(self.client._get_json(f"/v1/jobs/{self.id}/strategies")["data"])
+        body = self.client._get_json(f"/v1/jobs/{_segment('job_id', self.id)}/strategies")
+        return list(_field(body, "data", "GET /v1/jobs/{id}/strategies"))
 
     def cancel(self) -> Job:
-        self.data = self.client._post_json(f"/v1/jobs/{self.id}/cancel", None)
+        body = self.client._post_json(f"/v1/jobs/{_segment('job_id', self.id)}/cancel", None)
+        self.data = _object(body, "POST /v1/jobs/{id}/cancel")
         return self
 
 
@@ -136,8 +184,11 @@ class Client:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {_checked_key(api_key)}"} if api_key else {}
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise StratagemError(f"timeout: must be a positive number of seconds (or None), got {timeout!r}")
+        base_url = _checked_url(url)
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -151,6 +202,12 @@ class Client:
     # --- plumbing ------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if self._http.is_closed:
+            raise StratagemError(f"{method} {path}: this Client is closed; open a new one (or use it inside its `with` block)")
+        where = _non_finite(kwargs.get("json"), "body")
+        if where is not None:
+            raise RequestRejectedError(f"{method} {path}: {where}: must be a finite number (JSON has no NaN or infinity)",
+                                       detail=[where])
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as error:
@@ -162,31 +219,34 @@ class Client:
 
     def _get_json(self, path: str, **params: Any) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
-        return self._request("GET", path, params=clean).json()
+        return _json(self._request("GET", path, params=clean))
 
     def _post_json(self, path: str, body: Any, **params: Any) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
-        return self._request("POST", path, json=body, params=clean).json()
+        return _json(self._request("POST", path, json=body, params=clean))
 
     # --- documents -----------------------------------------------------------------------------
 
     def upload_graph(self, graph: ModelGraph) -> str:
-        return str(self._post_json("/v1/graphs", graph.model_dump(mode="json"))["id"])
+        body = _document("graph", graph, ModelGraph)
+        return str(_field(self._post_json("/v1/graphs", body), "id", "POST /v1/graphs"))
 
     def upload_resources(self, resources: ResourceSpec) -> str:
-        return str(self._post_json("/v1/resources", resources.model_dump(mode="json"))["id"])
+        body = _document("resources", resources, ResourceSpec)
+        return str(_field(self._post_json("/v1/resources", body), "id", "POST /v1/resources"))
 
     def graph(self, graph_id: str) -> ModelGraph:
-        return ModelGraph.parse(self._get_json(f"/v1/graphs/{graph_id}"))
+        return ModelGraph.parse(self._get_json(f"/v1/graphs/{_segment('graph_id', graph_id)}"))
 
     def resources(self, resource_id: str) -> ResourceSpec:
-        return ResourceSpec.parse(self._get_json(f"/v1/resources/{resource_id}"))
+        return ResourceSpec.parse(self._get_json(f"/v1/resources/{_segment('resource_id', resource_id)}"))
 
     def strategy(self, strategy_id: str) -> Strategy:
-        return Strategy.parse(self._get_json(f"/v1/strategies/{strategy_id}"))
+        return Strategy.parse(self._get_json(f"/v1/strategies/{_segment('strategy_id', strategy_id)}"))
 
     def strategy_autodist(self, strategy_id: str) -> str:
-        return self._request("GET", f"/v1/strategies/{strategy_id}", params={"format": "autodist"}).text
+        path = f"/v1/strategies/{_segment('strategy_id', strategy_id)}"
+        return self._request("GET", path, params={"format": "autodist"}).text
 
     # --- jobs ----------------------------------------------------------------------------------
 
@@ -204,8 +264,8 @@ class Client:
         nodes' GPU kind `device` names (the service's default, T4, when None). `max_trials=None`
         takes the service's default budget."""
         body: dict[str, Any] = {
-            "graph": graph.model_dump(mode="json"),
-            "resources": resources if isinstance(resources, str) else resources.model_dump(mode="json"),
+            "graph": _document("graph", graph, ModelGraph),
+            "resources": resources if isinstance(resources, str) else _document("resources", resources, ResourceSpec),
             "max_trials": max_trials,
             "objective": objective,
         }
@@ -213,14 +273,15 @@ class Client:
             body["search"] = search
         if device is not None:
             body["device"] = device
-        created = self._post_json("/v1/optimize", body)
-        return Job(self, str(created["id"]), created)
+        created = _object(self._post_json("/v1/optimize", body), "POST /v1/optimize")
+        return Job(self, str(_field(created, "id", "POST /v1/optimize")), created)
 
     def job(self, job_id: str) -> Job:
+        _segment("job_id", job_id)
         return Job(self, job_id).refresh()
 
     def jobs(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
-        return list(self._get_json("/v1/jobs", status=status, limit=limit, offset=offset)["data"])
+        return list(_field(self._get_json("/v1/jobs", status=status, limit=limit, offset=offset), "data", "GET /v1/jobs"))
 
     # --- trials and the cost model -------------------------------------------------------------
 
@@ -246,7 +307,7 @@ class Client:
         body = {
             "graph_id": graph_id,
             "resource_id": resource_id,
-            "strategy": strategy.model_dump(mode="json"),
+            "strategy": _document("strategy", strategy, Strategy),
             "step_times_s": step_times_s,
             "outcome": outcome,
             "job_id": job_id,
@@ -257,13 +318,60 @@ class Client:
         return dict(self._post_json("/v1/trials", body))
 
     def trials(self, *, job_id: str | None = None, graph_id: str | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-        return list(self._get_json("/v1/trials", job_id=job_id, graph_id=graph_id, limit=limit, offset=offset)["data"])
+        body = self._get_json("/v1/trials", job_id=job_id, graph_id=graph_id, limit=limit, offset=offset)
+        return list(_field(body, "data", "GET /v1/trials"))
 
     def cost_model(self) -> dict[str, Any]:
-        return dict(self._get_json("/v1/cost-model"))
+        return dict(_object(self._get_json("/v1/cost-model"), "GET /v1/cost-model"))
 
     def health(self) -> dict[str, Any]:
-        return dict(self._get_json("/healthz"))
+        return dict(_object(self._get_json("/healthz"), "GET /healthz"))
+
+
+def _json(response: httpx.Response) -> Any:
+    """A success's JSON body; a page that is not JSON (another server on that port) is a ServiceError."""
+    try:
+        return response.json()
+    except ValueError:
+        kind = response.headers.get("content-type", "no content type")
+        raise ServiceError(
+            f"{response.request.method} {response.request.url.path} -> {response.status_code}: the answer is not JSON "
+            f"({kind}); is {response.request.url.scheme}://{response.request.url.netloc.decode()} a Stratagem service?",
+            status=response.status_code, detail=response.text[:DETAIL_CHARS],
+        ) from None
+
+
+def _document(name: str, value: Any, kind: type[ModelGraph] | type[ResourceSpec] | type[Strategy]) -> dict[str, Any]:
+    """A document's JSON for a request body; any other type is named, not an AttributeError."""
+    if not isinstance(value, kind):
+        extra = " or AutoDist resource_spec.yml text" if kind is ResourceSpec else ""
+        raise StratagemError(f"{name}: expected a stratagem.{kind.__name__}{extra}, got {type(value).__name__} "
+                             f"(a dict parses with stratagem.{kind.__name__}.parse)")
+    return dict(value.model_dump(mode="json"))
+
+
+def _checked_url(url: Any) -> str:
+    """The service's base URL: http(s) with a host, else a StratagemError naming `url`."""
+    if not isinstance(url, str):
+        raise StratagemError(f"url: expected a string like {DEFAULT_URL}, got {type(url).__name__}")
+    try:
+        parsed = httpx.URL(url.rstrip("/"))
+    except (httpx.InvalidURL, ValueError, TypeError) as error:
+        raise StratagemError(f"url {url!r}: not a URL ({error})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise StratagemError(f"url {url!r}: expected http:// or https:// and a host, like {DEFAULT_URL}")
+    if parsed.port is not None and not 0 < parsed.port <= 65535:
+        raise StratagemError(f"url {url!r}: port must be between 1 and 65535, got {parsed.port}")
+    return str(parsed)
+
+
+def _checked_key(api_key: Any) -> str:
+    """An API key goes into a header: printable ASCII only."""
+    if not isinstance(api_key, str):
+        raise StratagemError(f"api_key: expected a string, got {type(api_key).__name__}")
+    if not api_key.isascii() or not api_key.isprintable():
+        raise StratagemError("api_key: must be printable ASCII (it is sent in the Authorization header)")
+    return api_key
 
 
 def optimize(

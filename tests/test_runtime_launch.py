@@ -49,14 +49,16 @@ def test_launch_runs_the_example_script_and_every_rank_ends_with_the_same_model(
 def test_launch_refuses_a_strategy_for_another_number_of_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     strategy = tmp_path / "s.json"
     strategy.write_text(json.dumps({"replicas": ["10.0.0.1:CPU:0", "10.0.0.2:CPU:0"], "variables": []}))
-    assert main(["--strategy", str(strategy), "--nproc-per-node", "3", "train.py"]) == 2
+    (tmp_path / "train.py").write_text("")
+    assert main(["--strategy", str(strategy), "--nproc-per-node", "3", str(tmp_path / "train.py")]) == 2
     assert "2 replicas but nnodes(1) * nproc_per_node(3) = 3" in capsys.readouterr().err
 
 
 def test_launch_reports_an_invalid_strategy_file_with_the_field_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     strategy = tmp_path / "s.json"
     strategy.write_text(json.dumps({"replicas": ["nowhere"], "variables": []}))
-    assert main(["--strategy", str(strategy), "--nproc-per-node", "1", "train.py"]) == 2
+    (tmp_path / "train.py").write_text("")
+    assert main(["--strategy", str(strategy), "--nproc-per-node", "1", str(tmp_path / "train.py")]) == 2
     assert "replicas[0]" in capsys.readouterr().err
 
 

@@ -36,7 +36,7 @@ def run_upgrade(args: argparse.Namespace) -> int:
     migrations, engine = _open(args.database_url)
     try:
         before = _guarded(lambda: migrations.current_revision(engine), engine)
-        _guarded(lambda: migrations.upgrade(engine, args.revision), engine)
+        _guarded(lambda: _upgrade(migrations, engine, args.revision), engine)
         after = _guarded(lambda: migrations.current_revision(engine), engine)
     finally:
         engine.dispose()
@@ -74,6 +74,16 @@ def _open(database_url: str | None) -> tuple[Any, Any]:
     except Exception as error:  # SQLAlchemy refuses bad URLs and missing drivers with several types
         raise StratagemError(f"--database-url {settings.database_url!r}: {type(error).__name__}: {error}") from None
     return migrations, engine
+
+
+def _upgrade(migrations: Any, engine: Any, revision: str) -> None:
+    """Alembic refuses an unknown or older --revision with a CommandError: one line naming the option."""
+    from alembic.util import CommandError
+
+    try:
+        migrations.upgrade(engine, revision)
+    except CommandError as error:
+        raise StratagemError(f"--revision {revision!r}: {error}") from None
 
 
 def _guarded(step: Callable[[], T], engine: Any) -> T:

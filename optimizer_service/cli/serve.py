@@ -16,6 +16,7 @@ from stratagem.errors import StratagemError
 
 SERVICE_EXTRAS_HINT = "install the service extras: pip install 'stratagem[service]'"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+MAX_PORT = 65535
 
 
 def register(subparsers: Any) -> None:
@@ -25,7 +26,7 @@ def register(subparsers: Any) -> None:
         description="Run the Stratagem service. Options not given come from STRATAGEM_* environment variables.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     parser.add_argument(
         "--workers", type=int, default=None,
         help="worker threads that run jobs in this process; 0 serves the API only (default: $STRATAGEM_WORKERS or 1)",
@@ -50,9 +51,30 @@ def run(args: argparse.Namespace) -> int:
         database_url=args.database_url, workers=args.workers, trials_backend=args.trials_backend,
         ray_address=args.ray_address,
     )
+    check_database(settings.database_url)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level, proxy_headers=True)
     return 0
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, so 70000 is a usage error rather than a trace from bind()."""
+    value = positive_int(text)
+    if value > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_PORT}, got {value}")
+    return value
+
+
+def check_database(database_url: str) -> None:
+    """Open the database once before starting uvicorn, so one that cannot be used (a folder that does not
+    exist, a file that is no database, a server that refuses) is a one-line error, not a startup trace."""
+    from optimizer_service.cli.db import _guarded, _open
+
+    migrations, engine = _open(database_url)
+    try:
+        _guarded(lambda: migrations.current_revision(engine), engine)
+    finally:
+        engine.dispose()
 
 
 def service_settings(**overrides: Any) -> Any:

@@ -58,7 +58,7 @@ def _service_command_missing(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; a StratagemError prints `error: <message>` and exits 2, without a traceback."""
+    """Run one command; a StratagemError (or OSError) prints `error: <message>` and exits 2, without a traceback."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     missing = _service_command_missing(argv)
@@ -72,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except StratagemError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as error:  # a file the handler did not check first: still one line, never a traceback
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

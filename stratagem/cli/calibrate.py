@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from stratagem.cli.files import check_output, write_text
+from stratagem.cli.jobs import positive_int
+from stratagem.errors import StratagemError
 
 
 def register(subparsers: Any) -> None:
@@ -15,8 +20,8 @@ def register(subparsers: Any) -> None:
         description="Measure matmul FLOP/s, memory bandwidth and gloo all-reduce latency/bandwidth between "
         "local ranks, and write a one-node ResourceSpec for predicting trials on this machine.",
     )
-    parser.add_argument("--ranks", type=int, default=2, help="gloo ranks (CPU devices) to describe (default 2)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank, as trials run them (default 1)")
+    parser.add_argument("--ranks", type=positive_int, default=2, help="gloo ranks (CPU devices) to describe (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads per rank, as trials run them (default 1)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
     parser.set_defaults(func=run)
 
@@ -24,6 +29,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from stratagem.calibrate import DEVICE_KIND, calibrate
 
+    check_machine(args.ranks, args.threads)
+    check_output(args.output, "--output")
     spec = calibrate(ranks=args.ranks, threads=args.threads)
     device = spec.devices[DEVICE_KIND]
     link = spec.intra_node
@@ -36,6 +43,16 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         print(spec.to_json())
     else:
-        spec.save(args.output)
+        write_text(args.output, spec.to_json() + "\n", "--output")
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
+
+
+def check_machine(ranks: int, threads: int) -> None:
+    """Refuse more ranks or threads than this machine has CPUs for (each rank is one CPU device of the spec),
+    before starting that many processes; two ranks are always allowed, as a collective needs them."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if ranks > max(2, cpus):
+        raise StratagemError(f"--ranks: this machine has {cpus} usable CPU(s), and each rank is one CPU device; got {ranks}")
+    if threads > cpus:
+        raise StratagemError(f"--threads: this machine has {cpus} usable CPU(s); got {threads} threads per rank")

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stratagem.cli.files import check_output, write_text
 from stratagem.errors import CaptureError, StratagemError
 
 ZOO_MODULE = "examples.zoo"
+DEFAULT_OPTIMIZER = "adam"
 
 
 def register(subparsers: Any) -> None:
@@ -36,25 +38,23 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from stratagem.tracing import capture
 
     if args.batch <= 0:
         raise CaptureError(f"--batch: must be a positive integer, got {args.batch}")
+    check_output(args.output, "--output")
     builder = resolve_builder(args.builder)
     kwargs = parse_overrides(args.overrides)
     if args.size is not None:
         kwargs["size"] = args.size
     module, make_batch = build_on_meta(builder, kwargs)
-    with torch.device("meta"):
-        batch = make_batch(args.batch)
-    graph = capture(module, batch, batch_size=args.batch, optimizer=args.optimizer, name=args.name)
+    batch = make_example(make_batch, args.batch)
+    graph = capture(module, batch, batch_size=args.batch, optimizer=optimizer_kind(args), name=args.name)
     if args.output is None:
         sys.stdout.write(graph.to_json() + "\n")
         print(graph.summary(), file=sys.stderr)
     else:
-        graph.save(args.output)
+        write_text(args.output, graph.to_json() + "\n", "--output")
         print(f"{graph.summary()} -> {args.output}")
     return 0
 
@@ -83,7 +83,10 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="builder keyword override, repeatable (--set layers=4)",
     )
-    parser.add_argument("--optimizer", default="adam", help="optimizer kind the model trains with (sgd, momentum, adam, adamw, ...)")
+    parser.add_argument(
+        "--optimizer", default=None,
+        help=f"optimizer kind the model trains with (sgd, momentum, adam, adamw, ...; default {DEFAULT_OPTIMIZER})",
+    )
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -114,7 +117,30 @@ def build_on_meta(builder: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[
     except StratagemError:
         raise
     except Exception as error:
-        raise CaptureError(f"builder {builder.__qualname__} failed: {type(error).__name__}: {error}") from error
+        raise CaptureError(f"builder {builder.__qualname__} failed: {type(error).__name__}: {first_line(error)}") from error
     if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module) and callable(built[1])):
         raise CaptureError(f"builder {builder.__qualname__} must return (module, make_batch), got {type(built).__name__}")
     return built
+
+
+def make_example(make_batch: Callable[[int], Any], batch: int) -> Any:
+    """The builder's example batch of `batch` samples, on meta; its failure names --batch."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return make_batch(batch)
+    except StratagemError:
+        raise
+    except Exception as error:
+        raise CaptureError(f"--batch {batch}: the builder's make_batch failed: {type(error).__name__}: {first_line(error)}") from None
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message without the C++ stack torch appends to some."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def optimizer_kind(args: argparse.Namespace) -> str:
+    return DEFAULT_OPTIMIZER if args.optimizer is None else str(args.optimizer)

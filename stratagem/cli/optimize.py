@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from stratagem.cli.capture import add_builder_arguments, build_on_meta, parse_overrides, resolve_builder
+from stratagem.cli.capture import (
+    DEFAULT_OPTIMIZER,
+    add_builder_arguments,
+    build_on_meta,
+    make_example,
+    optimizer_kind,
+    parse_overrides,
+    resolve_builder,
+)
+from stratagem.cli.files import check_output, parse_json, read_text, write_text
 from stratagem.cli.jobs import candidates_table, connect, connection_options, positive_int
 from stratagem.errors import CaptureError, InvalidResourceSpecError, Problem, StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec
 
 YAML_SUFFIXES = (".yml", ".yaml")
+DEFAULT_DEVICE = "T4"
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +47,7 @@ def register(subparsers: Any) -> None:
         "--resources", type=Path, required=True,
         help="the cluster: AutoDist resource_spec.yml, or a ResourceSpec JSON (e.g. from `stratagem calibrate`)",
     )
-    parser.add_argument("--device", default="T4", help="GPU kind of an AutoDist spec's nodes (default T4)")
+    parser.add_argument("--device", default=None, help=f"GPU kind of an AutoDist spec's nodes (default {DEFAULT_DEVICE})")
     parser.add_argument("--trials", type=int, default=None, help="real trials of the best candidates (0: simulator only)")
     parser.add_argument("--time-budget", type=float, default=None, help="search seconds (default: the service's)")
     parser.add_argument("--top-k", type=positive_int, default=None, help="candidates kept in the ranking")
@@ -49,6 +60,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_numbers(args)
+    check_output(args.output, "--output")
     graph = load_or_capture(args)
     resources = read_resources(args.resources, device=args.device)
     print(f"{graph.summary()}\non {resources.name}: {resources.num_devices} devices on {len(resources.nodes)} node(s)",
@@ -60,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         best = job.best()
         candidates = job.strategies()
     if args.output is not None:
-        best.save(args.output)
+        write_text(args.output, best.to_json() + "\n", "--output")
     print(candidates_table(candidates))
     print(answer_line(job.data, best.id, args.output))
     return 0
@@ -70,55 +82,59 @@ def check_numbers(args: argparse.Namespace) -> None:
     """Refuse what the service would refuse, before capturing a model for nothing."""
     if args.trials is not None and args.trials < 0:
         raise StratagemError(f"--trials: must be 0 or more, got {args.trials}")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise StratagemError(f"--time-budget: must be a positive number of seconds, got {args.time_budget}")
+    if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+        raise StratagemError(f"--time-budget: must be a positive, finite number of seconds, got {args.time_budget}")
     if args.seed is not None and args.seed < 0:
         raise StratagemError(f"--seed: must be 0 or more, got {args.seed}")
-    if args.timeout <= 0:
+    if not args.timeout > 0:  # NaN too: it would never expire
         raise StratagemError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
 
 
 def load_or_capture(args: argparse.Namespace) -> ModelGraph:
     """A `.json` path is a captured graph; anything else names a builder to capture."""
     if args.model.lower().endswith(".json"):
+        given = [option for option, value in (("--size", args.size), ("--set", args.overrides), ("--optimizer", args.optimizer))
+                 if value]
+        if given:
+            raise CaptureError(f"{given[0]}: configures a builder to capture, but {args.model} is a graph captured already; "
+                               "drop the option or name the builder")
         return load_graph(Path(args.model), batch=args.batch)
     if args.batch is None:
         raise CaptureError(f"--batch: needed to capture {args.model!r} (the per-replica batch size)")
-    return capture_model(args.model, batch=args.batch, size=args.size, overrides=args.overrides, optimizer=args.optimizer)
+    return capture_model(args.model, batch=args.batch, size=args.size, overrides=args.overrides, optimizer=optimizer_kind(args))
 
 
 def load_graph(path: Path, *, batch: int | None) -> ModelGraph:
-    if not path.is_file():
+    if not path.exists():
         raise CaptureError(f"{path}: no such graph file")
-    graph = ModelGraph.load(path)
+    graph = ModelGraph.parse(read_text(path, "model"))
     if batch is not None and batch != graph.batch_size:
         raise CaptureError(f"--batch: {path} was captured at batch {graph.batch_size}, not {batch}; recapture it to change")
     return graph
 
 
-def capture_model(spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str) -> ModelGraph:
-    import torch
-
+def capture_model(spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str = DEFAULT_OPTIMIZER) -> ModelGraph:
     from stratagem.tracing import capture
 
     kwargs = parse_overrides(overrides)
     if size is not None:
         kwargs["size"] = size
     module, make_batch = build_on_meta(resolve_builder(spec), kwargs)
-    with torch.device("meta"):
-        example = make_batch(batch)
-    return capture(module, example, batch_size=batch, optimizer=optimizer)
+    return capture(module, make_example(make_batch, batch), batch_size=batch, optimizer=optimizer)
 
 
-def read_resources(path: Path, *, device: str) -> ResourceSpec:
+def read_resources(path: Path, *, device: str | None) -> ResourceSpec:
     """AutoDist's YAML by suffix, else our JSON; a file that is neither says what was expected."""
-    if not path.is_file():
+    if not path.exists():
         raise InvalidResourceSpecError([Problem("--resources", f"{path}: no such file")])
+    text = read_text(path, "--resources")
     if path.suffix.lower() in YAML_SUFFIXES:
-        return ResourceSpec.from_autodist_yaml(path, device=device, name=path.stem)
-    text = path.read_text()
+        return ResourceSpec.from_autodist_yaml(text, device=device or DEFAULT_DEVICE, name=path.stem)
+    if device is not None:
+        raise StratagemError(f"--device: names the GPU kind of an AutoDist spec's nodes, but {path} is a ResourceSpec JSON, "
+                             "whose nodes name their device; drop --device")
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as error:
         raise InvalidResourceSpecError([Problem("--resources", (
             f"{path}: not JSON ({error.msg} at line {error.lineno}); "

@@ -24,8 +24,9 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
+from stratagem.cli.files import decode, parse_json, replace_atomically
 from stratagem.cli.jobs import connect, connection_options
 from stratagem.client import Client
 from stratagem.errors import InvalidDocumentError, StratagemError
@@ -63,7 +64,7 @@ def run_export(args: argparse.Namespace) -> int:
         if args.output is None:
             counts = export_trials(client, sys.stdout, job_id=args.job_id, graph_id=args.graph_id, source=args.url)
         else:
-            with args.output.open("w") as stream:
+            with replace_atomically(args.output, "--output") as stream:  # a failed export keeps the old file
                 counts = export_trials(client, stream, job_id=args.job_id, graph_id=args.graph_id, source=args.url)
     print(f"exported {_counted(counts)}", file=sys.stderr)
     return 0
@@ -117,11 +118,17 @@ def _write(stream: TextIO, line: dict[str, Any]) -> None:
 def run_import(args: argparse.Namespace) -> int:
     with connect(args) as client:
         if str(args.file) == "-":
-            counts = import_trials(client, sys.stdin, name="<stdin>")
+            counts = import_trials(client, sys.stdin.buffer, name="<stdin>")
         else:
+            if args.file.is_dir():
+                raise StratagemError(f"{args.file} is a directory, not a file written by `stratagem trials export`")
             if not args.file.is_file():
                 raise StratagemError(f"{args.file}: no such file")
-            with args.file.open() as stream:
+            try:
+                stream = args.file.open("rb")
+            except OSError as error:
+                raise StratagemError(f"{args.file}: cannot read it: {error.strerror or error}") from None
+            with stream:
                 counts = import_trials(client, stream, name=str(args.file))
     print(f"imported {counts['trial']} trial(s), skipped {counts['skipped']} already present; "
           f"uploaded {counts['graph']} graph(s), {counts['resources']} resource spec(s)", file=sys.stderr)
@@ -179,12 +186,15 @@ class _Importer:
         return self.present[graph_id]
 
 
-def import_trials(client: Client, stream: TextIO, *, name: str = "<file>") -> Counter[str]:
-    """Record every trial of an exported file on the service behind `client`; returns counts per kind."""
+def import_trials(client: Client, stream: IO[str] | IO[bytes], *, name: str = "<file>") -> Counter[str]:
+    """Record every trial of an exported file (text or bytes, read as UTF-8) on the service behind
+    `client`; returns counts per kind."""
     importer = _Importer(client)
     for number, line in _lines(stream, name):
         where = f"{name}:{number}"
         kind = line.get("kind")
+        if not isinstance(kind, str):
+            raise StratagemError(f"{where}: kind: expected one of header, graph, resources, strategy, trial; got {kind!r}")
         if kind in DOCUMENT_KINDS:
             importer.document(str(kind), line, where)
         elif kind == "trial":
@@ -194,14 +204,15 @@ def import_trials(client: Client, stream: TextIO, *, name: str = "<file>") -> Co
     return importer.counts
 
 
-def _lines(stream: TextIO, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _lines(stream: IO[str] | IO[bytes], name: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """Numbered JSON objects; the first must be this format's header, blank lines are allowed."""
     header_seen = False
-    for number, text in enumerate(stream, start=1):
+    for number, raw in enumerate(stream, start=1):
+        text = decode(raw, f"{name}:{number}") if isinstance(raw, bytes) else raw
         if not text.strip():
             continue
         try:
-            line = json.loads(text)
+            line = parse_json(text)
         except json.JSONDecodeError as error:
             raise StratagemError(f"{name}:{number}: not JSON: {error.msg} at column {error.colno}") from None
         if not isinstance(line, dict):

@@ -28,6 +28,7 @@ from stratagem.ir import Strategy, parse_device
 from stratagem.rank_env import rank_environment
 
 STRATEGY_ENV = "STRATAGEM_STRATEGY"
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What every rank would otherwise die of, each with a traceback of its own: one line naming the argument."""
+    if args.nproc_per_node < 1 or args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        return "need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes"
+    if args.master_port is not None and not 0 <= args.master_port <= MAX_PORT:
+        return f"--master-port: must be between 0 (any free port) and {MAX_PORT}, got {args.master_port}"
+    script = Path(args.script)
+    if not script.exists():
+        return f"script: {script}: no such file"
+    if script.is_dir() and not (script / "__main__.py").is_file():
+        return f"script: {script} is a directory without a __main__.py, not a Python script"
+    try:
+        Path(args.strategy).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"--strategy: {args.strategy}: not UTF-8 text (byte {error.start}: {error.reason})"
+    except OSError:
+        pass  # launch() reports a missing or unreadable strategy file itself
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.nproc_per_node < 1 or args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        print("stratagem.launch: error: need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < --nnodes", file=sys.stderr)
+    problem = _argument_problem(args)
+    if problem is not None:
+        print(f"stratagem.launch: error: {problem}", file=sys.stderr)
         return 2
     try:
         return launch(args.script, args.script_args, strategy=args.strategy, nproc_per_node=args.nproc_per_node,
