@@ -444,3 +444,17 @@ def test_serve_refuses_a_worker_count_the_database_pool_cannot_serve(workers: st
     assert done.returncode == 2
     assert f"workers: Input should be {reason}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--port", "70000"], {}, "argument --port: must be at most 65535, got 70000"),
+    ([], {"STRATAGEM_WORKERS": "99"}, "workers: Input should be less than or equal to 16"),
+])
+def test_the_service_entry_point_refuses_bad_settings_in_one_line(argv: list[str], env: dict[str, str], message: str,
+                                                                   tmp_path: Path) -> None:
+    environment = dict(os.environ, STRATAGEM_DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite'}", **env)
+    done = subprocess.run([sys.executable, "-m", "optimizer_service", "--port", "1", *argv], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
