@@ -70,3 +70,25 @@ def test_two_backward_passes_before_a_step_are_refused_clearly(one_rank) -> None
         torch.nn.functional.cross_entropy(model(images), y).backward()
     with pytest.raises(UnsupportedStrategyError, match="gradient accumulation"):
         optimizer.step()
+
+
+@pytest.mark.parametrize("case", ["mixed", "allreduce_hierarchical", "ps_local_replication"])
+def test_a_dropped_model_and_optimizer_free_the_runtime_and_its_process_groups(one_rank, case: str) -> None:
+    """Gradient hooks live in C++ where the garbage collector cannot look: if they held the runtime
+    strongly it would leak, process groups included, until the interpreter exits."""
+    import gc
+    import weakref
+
+    from stratagem.runtime.comm import Team
+
+    earlier = {id(o) for o in gc.get_objects() if type(o) is Team}
+    model = make_model("rec", sparse=True)
+    model, optimizer = distribute(model, make_optimizer("sgd", model.parameters()), make_strategy(case, model, 1))
+    train(model, optimizer, make_batches("rec", steps=2, batch=6))
+    teams = [weakref.ref(o) for o in gc.get_objects() if type(o) is Team and id(o) not in earlier]
+    parameters = [weakref.ref(p) for p in model.parameters()]
+    assert teams and parameters
+    del model, optimizer
+    gc.collect()
+    assert [ref for ref in teams if ref() is not None] == []
+    assert [ref for ref in parameters if ref() is not None] == []

@@ -10,7 +10,9 @@ graph runs on every rank), list order for anything still unlaunched at the step.
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from torch import nn
 
@@ -52,7 +54,9 @@ class GradReadiness:
         self._launched = [False] * len(executors)
         self._repeated: str | None = None
         params = {id(p): p for e in executors for p in e.params}
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_ready) for p in params.values()]
+        hook = _weak_hook(self)
+        self._handles = [p.register_post_accumulate_grad_hook(hook) for p in params.values()]
+        weakref.finalize(self, _remove_handles, self._handles)
 
     def _on_ready(self, param: nn.Parameter) -> None:
         for index in self._by_param.get(id(param), []):
@@ -82,5 +86,26 @@ class GradReadiness:
         self._launched = [False] * len(self.executors)
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        _remove_handles(self._handles)
+
+
+def _weak_hook(readiness: GradReadiness) -> Callable[[nn.Parameter], None]:
+    """A gradient hook that does not keep `readiness` alive.
+
+    A hook lives in the parameter's C++ autograd metadata, where the garbage collector cannot see it.
+    A bound method there closes a cycle (parameter -> hook -> executors -> parameter) that is never
+    collected: the runtime, its buffers and its process groups leak until the interpreter exits, and
+    gloo groups torn down that late can abort the process after a clean run."""
+    ref = weakref.ref(readiness)
+
+    def on_ready(param: nn.Parameter) -> None:
+        target = ref()
+        if target is not None:
+            target._on_ready(param)
+
+    return on_ready
+
+
+def _remove_handles(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
