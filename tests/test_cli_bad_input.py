@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
+from test_cli_service import run_cli
 from test_client_helpers import closed_port_url, free_port, served
 from test_service_helpers import QUICK_SEARCH
 
 import stratagem
-from stratagem.cli import main
 from stratagem.errors import NotFoundError, RequestRejectedError, ServiceError, StratagemError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,12 +34,6 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with served(f"sqlite:///{tmp_path_factory.mktemp('bad_input') / 'service.db'}") as address:
         yield address
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    streams = capsys.readouterr()
-    return code, streams.out, streams.err
 
 
 def assert_one_line_error(code: int, err: str, message: str) -> None:
