@@ -189,6 +189,9 @@ def test_autodist_yaml_with_unknown_keys_or_bad_shape_is_refused() -> None:
     assert "nodes: must be a list" in yaml_error("nodes: 3\n")
     assert "nodes[0]: must be a mapping" in yaml_error("nodes:\n  - 10.0.0.1\n")
     assert "not valid YAML" in yaml_error("nodes: [\n")
+    located = yaml_error("nodes:\n  - address: 10.0.0.1\n    gpus: [0, 1\n")
+    assert "line 4, column 1: expected ',' or ']'" in located and "at line 3, column 11" in located
+    assert "\n" not in located
 
 
 def test_content_id_is_stable_and_covers_the_cluster() -> None:

@@ -152,7 +152,7 @@ class ResourceSpec(Document):
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise InvalidResourceSpecError([Problem("", f"not valid YAML: {error}")]) from None
+            raise InvalidResourceSpecError([Problem("", f"not valid YAML: {_yaml_error(error)}")]) from None
         return cls.parse(autodist_to_dict(data, device=device, name=name))
 
     def to_autodist_yaml(self) -> str:
@@ -267,3 +267,14 @@ def resource_problems(spec: ResourceSpec) -> list[Problem]:
             known = sorted(set(CATALOG) | set(spec.devices))
             problems.append(Problem(f"nodes[{i}].device", f"unknown device kind {node.device!r}; known: {', '.join(known)}"))
     return problems
+
+
+def _yaml_error(error: yaml.YAMLError) -> str:
+    """PyYAML's message on one line, with 1-based positions: its own spans several and quotes the text."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return " ".join(str(error).split())
+    mark = error.problem_mark
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    if error.context and error.context_mark is not None:
+        text += f" ({error.context} at line {error.context_mark.line + 1}, column {error.context_mark.column + 1})"
+    return text
