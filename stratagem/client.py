@@ -362,6 +362,9 @@ def _checked_url(url: Any) -> str:
         raise StratagemError(f"url {url!r}: expected http:// or https:// and a host, like {DEFAULT_URL}")
     if parsed.port is not None and not 0 < parsed.port <= 65535:
         raise StratagemError(f"url {url!r}: port must be between 1 and 65535, got {parsed.port}")
+    if parsed.path.rstrip("/").endswith("/v1"):
+        root = str(parsed.copy_with(path=parsed.path.rstrip("/")[: -len("/v1")] or "/")).rstrip("/")
+        raise StratagemError(f"url {url!r}: give the service's root ({root}); the client adds /v1 to every call")
     return str(parsed)
 
 

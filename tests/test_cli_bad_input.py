@@ -266,6 +266,7 @@ def test_jobs_show_sends_the_id_as_one_path_segment(url: str, capsys: pytest.Cap
         ("http://[::1", "url 'http://[::1': not a URL"),
         ("127.0.0.1:8000", "url '127.0.0.1:8000': expected http:// or https:// and a host"),
         ("http://127.0.0.1:99999", "url 'http://127.0.0.1:99999': port must be between 1 and 65535"),
+        ("http://127.0.0.1:8000/v1/", "give the service's root (http://127.0.0.1:8000); the client adds /v1"),
     ],
 )
 def test_a_malformed_service_url_is_named(address: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
