@@ -49,16 +49,21 @@ def run_upgrade(args: argparse.Namespace) -> int:
 
 
 def run_current(args: argparse.Namespace) -> int:
-    migrations, engine = _open(args.database_url)
+    where, current, head = read_revision(args.database_url)
+    state = "up to date" if current == head else f"behind head {head}; run `stratagem db upgrade`"
+    print(f"{where}: {current or '(empty: no schema yet)'} ({state})")
+    return 0
+
+
+def read_revision(database_url: str | None) -> tuple[str, str | None, str]:
+    """(the URL without its password, the database's revision, the migrations' head); a database that
+    cannot be opened or read is a one-line StratagemError."""
+    migrations, engine = _open(database_url)
     try:
         current = _guarded(lambda: migrations.current_revision(engine), engine)
     finally:
         engine.dispose()
-    head = migrations.head_revision()
-    where = engine.url.render_as_string(hide_password=True)
-    state = "up to date" if current == head else f"behind head {head}; run `stratagem db upgrade`"
-    print(f"{where}: {current or '(empty: no schema yet)'} ({state})")
-    return 0
+    return engine.url.render_as_string(hide_password=True), current, migrations.head_revision()
 
 
 def _open(database_url: str | None) -> tuple[Any, Any]:

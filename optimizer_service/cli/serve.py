@@ -68,13 +68,9 @@ def port_number(text: str) -> int:
 def check_database(database_url: str) -> None:
     """Open the database once before starting uvicorn, so one that cannot be used (a folder that does not
     exist, a file that is no database, a server that refuses) is a one-line error, not a startup trace."""
-    from optimizer_service.cli.db import _guarded, _open
+    from optimizer_service.cli.db import read_revision
 
-    migrations, engine = _open(database_url)
-    try:
-        _guarded(lambda: migrations.current_revision(engine), engine)
-    finally:
-        engine.dispose()
+    read_revision(database_url)
 
 
 def service_settings(**overrides: Any) -> Any:
