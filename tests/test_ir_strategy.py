@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -276,3 +277,10 @@ def test_shards_split_near_evenly_with_the_first_ones_larger() -> None:
     assert shard_numel([7, 5], Partition(axis=0, shards=3)) == [15, 10, 10]
     assert shard_numel([4, 6], Partition(axis=1, shards=4)) == [8, 8, 4, 4]
     assert shard_numel([4, 6], None) == [24]
+
+
+def test_loading_a_file_that_is_not_utf8_is_the_documents_own_error(tmp_path: Path) -> None:
+    garbled = tmp_path / "strategy.json"
+    garbled.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(InvalidStrategyError, match="Invalid JSON"):
+        Strategy.load(garbled)

@@ -117,7 +117,8 @@ class Document(Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> Self:
-        return cls.parse(Path(path).read_text())
+        """Bytes go to the JSON parser, so a file that is not UTF-8 is this document's error, not a UnicodeDecodeError."""
+        return cls.parse(Path(path).read_bytes())
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
