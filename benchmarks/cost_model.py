@@ -347,14 +347,8 @@ def noise_floor(strategies: list[StrategyRounds]) -> dict[str, Any]:
         leave_one_out.append({"mape": float(np.mean(np.abs(one_a - rest_a) / rest_a)),
                               "kendall_tau": kendall_tau_within_groups(rest_a, one_a, groups),
                               "top1_regret": top1_regret(rest_a, one_a, groups)})
-    separable = total = 0
-    for members in by_job.values():
-        for i, a in enumerate(members):
-            for b in members[i + 1:]:
-                ma, mb = statistics.median(a.measured), statistics.median(b.measured)
-                gap = abs(ma - mb) / min(ma, mb)
-                total += 1
-                separable += gap > max(a.spread or 0.0, b.spread or 0.0)
+    total = sum(len(members) * (len(members) - 1) // 2 for members in by_job.values())
+    separable = len(separable_pairs(strategies))
     return {
         "strategies_with_rounds": len(spreads),
         "median_round_spread": _maybe(statistics.median, spreads),
@@ -364,6 +358,31 @@ def noise_floor(strategies: list[StrategyRounds]) -> dict[str, Any]:
         if leave_one_out else None,
         "separable_pairs": separable / total if total else None,
     }
+
+
+def separable_pairs(strategies: list[StrategyRounds]) -> list[tuple[int, int]]:
+    """Index pairs of one job's strategies whose medians differ by more than either one's spread: the
+    pairs whose order the measurements establish, so a predictor that orders them wrong is wrong."""
+    by_job: dict[str, list[int]] = defaultdict(list)
+    for index, s in enumerate(strategies):
+        by_job[s.job].append(index)
+    pairs = []
+    for members in by_job.values():
+        for position, i in enumerate(members):
+            for j in members[position + 1:]:
+                a, b = strategies[i], strategies[j]
+                ma, mb = statistics.median(a.measured), statistics.median(b.measured)
+                if abs(ma - mb) / min(ma, mb) > max(a.spread or 0.0, b.spread or 0.0):
+                    pairs.append((i, j))
+    return pairs
+
+
+def tau_on_pairs(measured: np.ndarray, predicted: np.ndarray, pairs: list[tuple[int, int]]) -> float:
+    """Kendall tau over the given pairs only (a pair predicted as a tie counts neither way)."""
+    if not pairs:
+        return math.nan
+    votes = [np.sign(measured[i] - measured[j]) * np.sign(predicted[i] - predicted[j]) for i, j in pairs]
+    return float(np.mean(votes))
 
 
 def job_spread(records: list[TrainingRecord]) -> dict[str, float]:
@@ -401,9 +420,10 @@ def _maybe(function: Any, values: list[float]) -> float | None:
 
 def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds: int,
                    params: dict[str, Any] | None = None, without: frozenset[str] = frozenset(),
-                   *, gate: bool = True) -> list[dict[str, Any]]:
+                   *, gate: bool = True, separable: list[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs.
     Features named in `without` are blanked (missing everywhere, so no tree can split on them).
+    With `separable` (`separable_pairs` of the records' strategies), also tau over those pairs alone.
 
     With `gate`, also what the service would serve (`served`): each fitted correction is
     cross-validated by job on its own training trials, and where `promotion` refuses it the simulator
@@ -411,7 +431,14 @@ def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds:
     matrix = build_features(records)
     matrix.X[:, [i for i, name in enumerate(matrix.names) if name in without]] = math.nan
     folds = list(GroupKFold(n_splits=min(5, len(set(matrix.groups)))).split(matrix.X, groups=matrix.groups))
-    simulator_scores = score(matrix.measured_s, matrix.simulated_s, matrix.groups).to_dict()
+
+    def scored(predicted: np.ndarray) -> dict[str, Any]:
+        scores = score(matrix.measured_s, predicted, matrix.groups).to_dict()
+        if separable:
+            scores["kendall_tau_separable"] = tau_on_pairs(matrix.measured_s, predicted, separable)
+        return scores
+
+    simulator_scores = scored(matrix.simulated_s)
     curve = []
     for size in sizes:
         corrected, served, used, promoted = [], [], [], []
@@ -427,9 +454,9 @@ def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds:
                     serves = _serves(make, training)
                     promoted.append(serves)
                     answered[test] = predicted[test] if serves else matrix.simulated_s[test]
-            corrected.append(score(matrix.measured_s, predicted, matrix.groups).to_dict())
+            corrected.append(scored(predicted))
             if gate:
-                served.append(score(matrix.measured_s, answered, matrix.groups).to_dict())
+                served.append(scored(answered))
         row = {"train_trials": size, "train_trials_used": float(np.mean(used)),
                "simulator": _curve_scores([simulator_scores]), "corrected": _curve_scores(corrected)}
         if gate:
@@ -439,11 +466,11 @@ def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds:
     return curve
 
 
-CURVE_KEYS = ("mape", "log_error", "kendall_tau", "top1_regret")
+CURVE_KEYS = ("mape", "log_error", "kendall_tau", "top1_regret", "kendall_tau_separable")
 
 
 def _curve_scores(per_seed: list[dict[str, Any]]) -> dict[str, float]:
-    return {key: float(np.nanmean([s[key] for s in per_seed])) for key in CURVE_KEYS}
+    return {key: float(np.nanmean([s[key] for s in per_seed])) for key in CURVE_KEYS if key in per_seed[0]}
 
 
 def _serves(make: Callable[[], CostModel], training: FeatureMatrix) -> bool:
@@ -482,6 +509,7 @@ def targets(curve: list[dict[str, Any]], noise: dict[str, Any]) -> dict[str, Any
         "top1_regret_at_20": cor["top1_regret"],
         "regret_target_met": cor["top1_regret"] < TARGETS["top1_regret_at_20"],
         "noise_ceiling": noise.get("one_round_vs_others"),
+        "kendall_tau_separable_at_20": {"simulator": sim.get("kendall_tau_separable"), "corrected": cor.get("kendall_tau_separable")},
     }
 
 
@@ -582,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         strategies, noise = adjusted, noise_adjusted
     records = [s.folded() for s in strategies]
     names = {str(r.strategy_id): s.name for s, r in zip(strategies, records, strict=True)}
-    curve = learning_curve(records, SIZES, args.seeds)
+    curve = learning_curve(records, SIZES, args.seeds, separable=separable_pairs(strategies))
     planner_noise = min(0.5, noise["median_round_spread"] or 0.05)
     result: dict[str, Any] = {
         "benchmark": "cost_model",

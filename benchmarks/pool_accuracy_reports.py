@@ -25,14 +25,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.simulator_accuracy import TARGETS, kendall_tau, mape, split_half_of
+from benchmarks.simulator_accuracy import TARGETS, Rounds, kendall_tau, mape, resolved_pairs, split_half_of
 
 PAIR_KEYS = ("model", "strategy", "round_medians_ms", "round_predicted_ms")
 
 
-def pooled_rounds(reports: list[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+def pooled_rounds(reports: list[dict[str, Any]]) -> Rounds:
     """Per model and strategy, every round's measured median and prediction (ms), over all reports."""
-    rounds: dict[str, dict[str, tuple[list[float], list[float]]]] = defaultdict(dict)
+    rounds: Rounds = defaultdict(dict)
     for report in reports:
         for pair in report["pairs"]:
             measured, predicted = rounds[pair["model"]].setdefault(pair["strategy"], ([], []))
@@ -94,7 +94,9 @@ def main() -> None:
         "targets": TARGETS,
         **pooled_scores(reports),
         "noise": {"kendall_tau_split_half_within": split_half_tau(reports)},
-        "runs": {str(path): r["overall"] for path, r in zip(args.reports, reports, strict=True)},
+        "resolved_pairs": resolved_pairs(pooled_rounds(reports)),
+        "runs": {str(path): {**r["overall"], "resolved_pairs": resolved_pairs(pooled_rounds([r]))["overall"]}
+                 for path, r in zip(args.reports, reports, strict=True)},
     }, indent=2))
 
 

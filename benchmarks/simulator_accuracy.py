@@ -22,7 +22,8 @@ Prints one JSON object: MAPE and Kendall tau overall and per model (tau within o
 strategies is the ranking the search relies on), the rounds' spread and the round-to-round tau (the
 ceiling noise puts on any predictor), the compute check (the undistributed step against the
 simulator's compute + update), the strategy pairs the simulator orders against the measurement with
-the share of rounds that agree (systematic misses against coin flips), each strategy's measured and
+the share of rounds that agree (systematic misses against coin flips), tau over only the pairs whose
+order the rounds establish (`resolved_pairs`), each strategy's measured and
 predicted step time with its predicted breakdown beside the runtime's own timings of the step, and
 the calibration figures; with `--ablation`, the scores with each CPU refinement reset
 to its default. Every strategy-round is also written as one JSON line {graph, resources, strategy,
@@ -287,6 +288,67 @@ def discordant_pairs(pairs: list[Measured]) -> list[dict[str, Any]]:
                 out.append({"model": model, "faster": faster.name, "slower": slower.name, "rounds_agreeing": _round(share, 2),
                             "systematic": share is not None and share >= SYSTEMATIC_SHARE})
     return sorted(out, key=lambda d: -(d["rounds_agreeing"] or 0.0))
+
+
+RESOLVED_ALPHA = 0.05
+"""A pair's measured order counts as established when a two-sided sign test over its rounds rejects a
+tie at this level (all 8 of 8 rounds agreeing; 36 or more of 56)."""
+
+Rounds = dict[str, dict[str, tuple[list[float | None], list[float | None]]]]
+"""Per model and strategy, each round's measured median and prediction (None where the round failed),
+rounds aligned by position across a model's strategies."""
+
+
+def sign_test_p(agreeing: int, rounds: int) -> float:
+    """Two-sided sign test: the chance that a true tie splits `rounds` at least this unevenly."""
+    fewer = min(agreeing, rounds - agreeing)
+    return min(1.0, 2 * sum(math.comb(rounds, k) for k in range(fewer + 1)) / 2**rounds) if rounds else 1.0
+
+
+def resolved_pairs(rounds: Rounds) -> dict[str, Any]:
+    """Kendall tau over only the pairs whose order the measurements establish (`RESOLVED_ALPHA`).
+
+    Tau over every pair charges the simulator for near-ties that the rounds themselves order at random;
+    this separates the misses a formula could fix from the coin flips: how many pairs the rounds
+    resolve, and how many of those the predicted medians order as the measured medians do (a pair
+    priced as a tie is ordered neither way)."""
+    models: dict[str, dict[str, Any]] = {}
+    for model, strategies in rounds.items():
+        names = list(strategies)
+        verdicts = [_resolved_order(strategies[a], strategies[b]) for i, a in enumerate(names) for b in names[i + 1:]]
+        models[model] = _resolved_summary(len(verdicts), verdicts.count(1), verdicts.count(-1), len(verdicts) - verdicts.count(None))
+    totals = [sum(m[key] for m in models.values()) for key in ("pairs", "ordered_right", "ordered_wrong", "resolved")]
+    return {"alpha": RESOLVED_ALPHA, "overall": _resolved_summary(*totals), "models": models}
+
+
+def _resolved_order(a: tuple[list[float | None], list[float | None]], b: tuple[list[float | None], list[float | None]]) -> int | None:
+    """None when the rounds do not establish which is faster; else 1 if the prediction orders the pair
+    as measured, -1 if against it, 0 if it prices the two the same."""
+    both = [(x, y) for x, y in zip(a[0], b[0], strict=False) if x is not None and y is not None and x != y]
+    if sign_test_p(sum(x < y for x, y in both), len(both)) >= RESOLVED_ALPHA:
+        return None
+    measured_a, measured_b, predicted_a, predicted_b = (_median(values) for values in (a[0], b[0], a[1], b[1]))
+    if predicted_a == predicted_b:
+        return 0
+    return 1 if (measured_a < measured_b) == (predicted_a < predicted_b) else -1
+
+
+def _median(values: list[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else math.nan
+
+
+def _resolved_summary(pairs: int, right: int, wrong: int, resolved: int) -> dict[str, Any]:
+    return {"pairs": pairs, "resolved": resolved, "ordered_right": right, "ordered_wrong": wrong,
+            "kendall_tau_resolved": _round((right - wrong) / resolved) if resolved else None}
+
+
+def measured_rounds(pairs: list[Measured]) -> Rounds:
+    """The per-round figures of `resolved_pairs` from this run's trials."""
+    rounds: Rounds = defaultdict(dict)
+    for pair in pairs:
+        rounds[pair.model][pair.name] = ([t.median_s for t in pair.trials], [t.predicted_s if t.median_s else None for t in pair.trials])
+    return rounds
 
 
 def split_half_tau(members: list[Measured]) -> float | None:
@@ -611,6 +673,7 @@ def main() -> None:
         "load_adjusted": load_adjusted_report(pairs),
         "compute_check": compute_check(pairs),
         "discordant_pairs": discordant_pairs(pairs),
+        "resolved_pairs": resolved_pairs(measured_rounds(pairs)),
         "ablation": ablation(pairs) if args.ablation else None,
         "pairs": [_pair_summary(p) for p in pairs],
         "calibrations": calibrations,

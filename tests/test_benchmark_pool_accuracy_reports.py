@@ -38,6 +38,15 @@ def test_pooling_takes_the_median_over_every_round_of_every_run(pool):
     assert pool.pooled_scores([run1])["models"]["m"]["kendall_tau"] == -1.0
 
 
+def test_pooled_rounds_resolve_pairs_that_no_single_run_can(pool):
+    # four rounds per run: a sign test at 0.05 needs 6 of 6 at least, so only the pool of both runs resolves a < b
+    runs = [report("v", {"a": ([1.0] * 4, [1.0] * 4), "b": ([2.0] * 4, [2.0] * 4)}) for _ in range(2)]
+    alone = pool.resolved_pairs(pool.pooled_rounds(runs[:1]))["overall"]
+    pooled = pool.resolved_pairs(pool.pooled_rounds(runs))["overall"]
+    assert alone["resolved"] == 0 and alone["kendall_tau_resolved"] is None
+    assert pooled == {"pairs": 1, "resolved": 1, "ordered_right": 1, "ordered_wrong": 0, "kendall_tau_resolved": 1.0}
+
+
 def test_split_half_compares_even_and_odd_rounds(pool):
     agree = report("v", {"a": ([1.0, 1.1, 1.0, 1.2], [1.0] * 4), "b": ([2.0, 2.1, 2.2, 2.0], [2.0] * 4)})
     flip = report("v", {"a": ([1.0, 3.0], [1.0] * 2), "b": ([2.0, 2.0], [2.0] * 2)})

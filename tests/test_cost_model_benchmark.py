@@ -4,9 +4,11 @@ across calibrations, and the noise floor is computed from the rounds (stand-in t
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import load_benchmark
 
@@ -89,6 +91,26 @@ def test_the_noise_floor_scores_one_round_against_the_others(bench, trials_file)
     errors = [abs(t[r] - statistics.median(t[:r] + t[r + 1:])) / statistics.median(t[:r] + t[r + 1:])
               for t in ROUNDS.values() for r in range(3)]
     assert ceiling["mape"] == pytest.approx(statistics.mean(errors))
+
+def test_separable_pairs_are_those_whose_gap_exceeds_both_spreads(bench, tmp_path):
+    # PS and PartitionedPS overlap (gap 1.2x, PartitionedPS's spread 1.5x); AllReduce is clear of both
+    path = write_trials(bench, tmp_path / "overlap.jsonl",
+                        {"PS": [0.30, 0.30, 0.30], "PartitionedPS": [0.20, 0.25, 0.50], "AllReduce": [0.10, 0.10, 0.10]})
+    strategies, _ = bench.load_trials([path])
+    names = [s.name for s in strategies]
+    pairs = {frozenset((names[i], names[j])) for i, j in bench.separable_pairs(strategies)}
+    assert pairs == {frozenset(("PS", "AllReduce")), frozenset(("PartitionedPS", "AllReduce"))}
+    assert bench.noise_floor(strategies)["separable_pairs"] == pytest.approx(2 / 3)
+
+    measured = np.array([s.folded().measured_step_time_s for s in strategies])
+    position = {name: i for i, name in enumerate(names)}
+    backwards = measured.copy()
+    backwards[position["AllReduce"]] = 1.0  # priced slowest: both separable pairs ordered wrong
+    listed = bench.separable_pairs(strategies)
+    assert bench.tau_on_pairs(measured, measured, listed) == 1.0
+    assert bench.tau_on_pairs(measured, backwards, listed) == -1.0
+    assert math.isnan(bench.tau_on_pairs(measured, measured, []))
+
 
 def test_a_record_that_is_not_a_trial_is_named_by_file_and_line(bench, tmp_path):
     path = tmp_path / "bad.jsonl"

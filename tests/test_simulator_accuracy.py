@@ -172,6 +172,30 @@ def test_discordant_pairs_tell_systematic_misses_from_coin_flips(accuracy):
     assert found[("x", "z")]["rounds_agreeing"] == 0.5 and not found[("x", "z")]["systematic"]
 
 
+def test_sign_test_matches_the_binomial_tails(accuracy):
+    assert accuracy.sign_test_p(8, 8) == pytest.approx(2 / 256)  # every round agreeing: p = 0.0078
+    assert accuracy.sign_test_p(1, 8) == pytest.approx(2 * 9 / 256)  # 7 of 8: p = 0.07, not resolved at 0.05
+    assert accuracy.sign_test_p(4, 8) == 1.0 and accuracy.sign_test_p(0, 0) == 1.0
+
+
+def test_resolved_pairs_score_only_the_order_the_rounds_establish(accuracy):
+    rounds = {"m": {
+        "fast": ([1.0] * 8, [1.5] * 8),
+        "slow": ([2.0] * 8, [2.0] * 8),
+        "tied": ([4.0, 4.0, None, 4.0, 4.0, 4.0, 4.0, 4.0], [2.0] * 8),  # priced as "slow": ordered neither way
+        "miss": ([1.5] * 8, [0.5] * 8),  # measured slower than "fast" in every round, priced faster
+        "coin": ([0.5, 3.0] * 4, [1.0] * 8),  # beats fast, slow and miss in half the rounds: unresolved
+    }}
+    # resolved: fast-slow, fast-tied, slow-miss, tied-miss, tied-coin (coin faster in 7 of 7) right;
+    # fast-miss wrong; slow-tied priced equal
+    report = accuracy.resolved_pairs(rounds)
+    assert report["models"]["m"] == {"pairs": 10, "resolved": 7, "ordered_right": 5, "ordered_wrong": 1,
+                                     "kendall_tau_resolved": pytest.approx(4 / 7, abs=1e-4)}
+    assert report["overall"]["resolved"] == 7 and report["alpha"] == 0.05
+    flat = ([1.0] * 8, [1.0] * 8)
+    assert accuracy.resolved_pairs({"m": {"a": flat, "b": flat}})["overall"]["kendall_tau_resolved"] is None
+
+
 # -- calibration figures ----------------------------------------------------------------------------------
 
 
