@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -265,7 +266,7 @@ class Client:
         takes the service's default budget."""
         body: dict[str, Any] = {
             "graph": _document("graph", graph, ModelGraph),
-            "resources": resources if isinstance(resources, str) else _document("resources", resources, ResourceSpec),
+            "resources": _resources_text(resources) if isinstance(resources, str) else _document("resources", resources, ResourceSpec),
             "max_trials": max_trials,
             "objective": objective,
         }
@@ -350,6 +351,17 @@ def _document(name: str, value: Any, kind: type[ModelGraph] | type[ResourceSpec]
     return dict(value.model_dump(mode="json"))
 
 
+def _resources_text(text: str) -> str:
+    """AutoDist YAML text passes as it is; a file name does not: sent as YAML it would come back as a 422
+    about a missing 'nodes' list, which hides that the file was never read."""
+    name = text.strip()
+    if "\n" not in name and name.endswith((".yml", ".yaml", ".json")):
+        loader = "load" if name.endswith(".json") else "from_autodist_yaml"
+        raise StratagemError(f"resources: {name!r} looks like a file name, but a string here is the text of an AutoDist "
+                             f"resource_spec.yml; pass stratagem.ResourceSpec.{loader}({name!r})")
+    return text
+
+
 def _checked_url(url: Any) -> str:
     """The service's base URL: http(s) with a host, else a StratagemError naming `url`."""
     if not isinstance(url, str):
@@ -384,6 +396,7 @@ def optimize(
     example_inputs: tuple[Any, ...] | None = None,
     batch_size: int | None = None,
     optimizer: str = "adam",
+    loss_fn: Callable[[Any], Any] | None = None,
     url: str = DEFAULT_URL,
     api_key: str | None = None,
     max_trials: int = 4,
@@ -395,17 +408,19 @@ def optimize(
     """The one-liner: capture the model, optimize it on the service, return the best strategy.
 
     `model` is a torch module (captured with `example_inputs` at `batch_size`, trained with the
-    `optimizer` kind) or a ModelGraph.
+    `optimizer` kind, scored by `loss_fn(output)` as `stratagem.capture` does: a model that returns
+    logits rather than its loss needs it to record the real loss) or a ModelGraph.
     """
-    graph = model if isinstance(model, ModelGraph) else _capture(model, example_inputs, batch_size, optimizer)
+    graph = model if isinstance(model, ModelGraph) else _capture(model, example_inputs, batch_size, optimizer, loss_fn)
     with Client(url, api_key=api_key) as client:
         job = client.optimize(graph, resources, max_trials=max_trials, search=search, device=device)
         return job.wait(timeout, progress=progress).best()
 
 
-def _capture(model: Any, example_inputs: tuple[Any, ...] | None, batch_size: int | None, optimizer: str) -> ModelGraph:
+def _capture(model: Any, example_inputs: tuple[Any, ...] | None, batch_size: int | None, optimizer: str,
+             loss_fn: Callable[[Any], Any] | None) -> ModelGraph:
     from stratagem.tracing import capture
 
     if example_inputs is None or batch_size is None:
         raise StratagemError("optimize(model, ...): a torch module needs example_inputs and batch_size to be captured")
-    return capture(model, example_inputs, batch_size=batch_size, optimizer=optimizer)
+    return capture(model, example_inputs, batch_size=batch_size, optimizer=optimizer, loss_fn=loss_fn)

@@ -168,6 +168,7 @@ def _trial_phase(
         return _TrialPhase()
     planner, by_id = plan
     state.phase, state.trials_budget = JobPhase.trials, planner.budget
+    _note_workload(trials, graph, state)
     progress(state)
     records: list[TrialRecord] = []
     while not planner.done():
@@ -191,6 +192,14 @@ def _trial_phase(
     if len(records) < planner.budget and planner.done() and not any("trials stopped" in n for n in state.notes):
         state.notes.append(f"trials stopped after {len(records)} of {planner.budget}: no other candidate could beat the fastest measured")
     return _TrialPhase(records=records, answer=_answer(planner), failed=set(planner.failed))
+
+
+def _note_workload(trials: TrialExecutor, graph: ModelGraph, state: Progress) -> None:
+    """What the trials train, when the executor can say (a replay stands in for a user's own model)."""
+    describe = getattr(trials, "workload_note", None)
+    note = describe(graph) if callable(describe) else None
+    if note:
+        state.notes.append(note)
 
 
 def _answer(planner: TrialPlanner) -> Answer:

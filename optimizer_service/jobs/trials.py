@@ -35,6 +35,14 @@ class TrialRunnerExecutor:
         if callable(close):
             close()
 
+    def workload_note(self, graph: ModelGraph) -> str | None:
+        """Said in the job's notes when trials train a replay: a user's own model is never imported, so
+        its "measured" answer comes from a stand-in, which the user should know when reading the times."""
+        if not isinstance(workload_for(graph), importlib.import_module("trial_runner.workloads").ReplayWorkload):
+            return None
+        return ("trials trained a replay of the graph (synthetic layers doing each layer's recorded work on its "
+                "variables), not the model's own code, which the service never imports")
+
     def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
         runner = importlib.import_module("trial_runner")
         result = runner.run_trial(

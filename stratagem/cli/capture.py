@@ -72,8 +72,18 @@ def resolve_builder(spec: str) -> Callable[..., Any]:
         raise CaptureError(f"builder {spec!r}: cannot import module {module_name!r}: {error}") from None
     builder = getattr(module, attribute, None)
     if not callable(builder):
+        if ":" not in spec:
+            raise CaptureError(_not_a_zoo_model(spec, module))
         raise CaptureError(f"builder {spec!r}: module {module_name!r} has no function {attribute!r}")
     return builder
+
+
+def _not_a_zoo_model(spec: str, zoo: Any) -> str:
+    """A bare name is read as a zoo model; a user who meant their own builder (`train.py` or `mymodels`
+    without `:function`) needs to hear the MODULE:FUNCTION form, not that the zoo lacks a function."""
+    names = ", ".join(sorted(getattr(zoo, "ZOO", {}))) or "none"
+    return (f"builder {spec!r}: not a zoo model (zoo models: {names}); "
+            "a builder of your own is MODULE:FUNCTION, e.g. my_pkg.models:build")
 
 
 def add_builder_arguments(parser: argparse.ArgumentParser) -> None:

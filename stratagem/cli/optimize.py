@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.output, best.to_json() + "\n", "--output")
     print(candidates_table(candidates))
     print(answer_line(job.data, best.id, args.output))
+    for note in (job.data.get("result") or {}).get("notes") or []:
+        print(f"note: {note}")
     return 0
 
 

@@ -113,7 +113,27 @@ class Document(Strict):
                 return cls.model_validate_json(data)
             return cls.model_validate(data)
         except ValidationError as error:
+            other = cls._other_kind(data)
+            if other is not None:
+                raise cls._error_type([other]) from None
             raise cls._error_type(problems_from_validation_error(error)) from None
+
+    @classmethod
+    def _other_kind(cls, data: dict[str, Any] | str | bytes) -> Problem | None:
+        """A whole document of another kind (a graph given where a strategy belongs, easy to do with
+        three JSON files on the command line) gets one sentence naming both kinds, instead of a field
+        error for every key of the wrong document."""
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except (ValueError, RecursionError):
+                return None
+        if not isinstance(data, dict) or _has_required(cls, data):
+            return None
+        for other in _document_kinds():
+            if other is not cls and _has_required(other, data):
+                return Problem("", f"this is a {other.__name__} document, not a {cls.__name__}")
+        return None
 
     @classmethod
     def load(cls, path: str | Path) -> Self:
@@ -122,6 +142,23 @@ class Document(Strict):
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
+
+
+def _document_kinds() -> list[type[Document]]:
+    """Every concrete document class (ModelGraph, ResourceSpec, Strategy), found by subclassing."""
+    found: list[type[Document]] = []
+    pending = list(Document.__subclasses__())
+    while pending:
+        kind = pending.pop()
+        found.append(kind)
+        pending.extend(kind.__subclasses__())
+    return found
+
+
+def _has_required(kind: type[Document], data: dict[str, Any]) -> bool:
+    """Whether `data` holds every field `kind` requires: the mark of a document of that kind."""
+    required = [name for name, field in kind.model_fields.items() if field.is_required()]
+    return bool(required) and all(name in data for name in required)
 
 
 def _non_finite_path(value: Any, path: str = "") -> str:

@@ -103,7 +103,8 @@ class OptimizerSpec(Strict):
     @classmethod
     def of(cls, kind: str, param_itemsize: int = 4) -> OptimizerSpec:
         if kind not in OPTIMIZER_STATE_SLOTS:
-            raise InvalidGraphError([Problem("optimizer.kind", f"unknown optimizer {kind!r}")])
+            known = ", ".join(OPTIMIZER_STATE_SLOTS)
+            raise InvalidGraphError([Problem("optimizer.kind", f"unknown optimizer {kind!r} (known: {known})")])
         return cls(kind=kind, state_bytes_per_param=OPTIMIZER_STATE_SLOTS[kind] * param_itemsize)  # type: ignore[arg-type]
 
 

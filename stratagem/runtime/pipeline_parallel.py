@@ -174,16 +174,30 @@ def stage_parameters(model: nn.Module, stages: list[list[str]]) -> list[dict[str
     (embedding and output head) is in both."""
     canonical = {id(p): name for name, p in model.named_parameters()}
     owners = [{name.split("/")[0].split("#")[0] for name in names} for names in stages]
+    named = set().union(*owners)
     out: list[dict[str, nn.Parameter]] = [{} for _ in stages]
     for name, param in model.named_parameters(remove_duplicate=False):
+        module = _owning_module(name, named)
         for s, modules in enumerate(owners):
-            if name.rpartition(".")[0] in modules:
+            if module in modules:
                 out[s][canonical[id(param)]] = param
     missing = [name for name in canonical.values() if not any(name in stage for stage in out)]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise InvalidStrategyError([Problem("pipeline.stages", f"no stage names the module of {missing[0]!r}{more}")])
     return out
+
+
+def _owning_module(parameter: str, named: set[str]) -> str:
+    """The module a parameter's stage is decided by: its own module when a layer names it, else the
+    nearest enclosing module that one does. A submodule whose weights its parent reads functionally is
+    never called, so no layer names it: nn.MultiheadAttention applies `out_proj.weight` inside its own
+    forward, and capture records those ops as the pseudo-layer `<attn>/ops0`."""
+    module = parameter.rpartition(".")[0]
+    candidate = module
+    while candidate and candidate not in named:
+        candidate = candidate.rpartition(".")[0]
+    return candidate or module
 
 
 class TracedPipelinedModel(nn.Module):
