@@ -1,0 +1,128 @@
+"""Whether compression's passes cost more per byte in a bucket holding one large tensor.
+
+The runtime's reducers (`stratagem.runtime.compression`) flatten a bucket's gradients into one buffer
+and make every pass (adding the error, casting, selecting, scattering) over that buffer, so what a pass
+costs per byte should depend on the bucket's size, not on the sizes of the tensors in it. Up to
+`principled-1.11` the simulator scaled each variable's passes by the optimizer's size law
+(`1 + bytes / optimizer_knee_bytes`), which priced a bucket holding VGG's 16 MB classifier about 17%
+dearer per byte than BERT's bucket of 1 MB layers; since `principled-1.12` a bucket's passes go at the
+rates the calibration probes measure on a 16 MB gradient, whatever its tensors.
+
+Measured in turns on one rank (one thread, a rank's allocator settings): the uncompressed bucket and
+the fp16 and top-k (1%) reducers with error feedback, on a one-rank team (every pass but the
+collective), over two gradient sets of the same bytes: one large tensor with small ones, and small
+tensors only. Prints one JSON object: per set and reducer the median milliseconds, each compressor's
+extra over the uncompressed bucket, and the ratio of the large set's extra to the small set's beside
+the ratio the 1.11 law priced (its knee from this run's optimizer probes) and 1.12's (1).
+
+    .venv/bin/python benchmarks/compression_passes.py [--repeats 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
+
+MIB = 1 << 20
+SETS = {"one_large": [16 * MIB] + [MIB] * 4, "small_only": [MIB] * 20}
+"""Bytes per tensor; both sets hold 20 MiB, about a zoo model's bucket in the accuracy benchmark."""
+
+
+def bucket_runs(torch: Any) -> dict[str, Callable[[], object]]:
+    from stratagem.runtime.comm import Team
+    from stratagem.runtime.compression import CastReducer, TopKReducer
+
+    runs: dict[str, Callable[[], object]] = {}
+    for set_name, sizes in SETS.items():
+        reducers = {
+            "plain": CastReducer(Team([0], [0], None), wire_dtype=None, error_feedback=False),
+            "fp16": CastReducer(Team([0], [0], None), wire_dtype=torch.float16, error_feedback=True),
+            "topk": TopKReducer(Team([0], [0], None), ratio=0.01, error_feedback=True),
+        }
+        for reducer_name, reducer in reducers.items():
+            grads = [torch.randn(size // 4) for size in sizes]
+            runs[f"{set_name}/{reducer_name}"] = _bucket_step(reducer, grads)
+    return runs
+
+
+def _bucket_step(reducer: Any, grads: list[Any]) -> Callable[[], None]:
+    """One step of a bucket as the runtime runs it: reduce, then copy the result into each gradient."""
+
+    def run() -> None:
+        reducer.start(grads)
+        for grad, result in zip(grads, reducer.finish(), strict=True):
+            grad.copy_(result)
+
+    return run
+
+
+def measure(repeats: int) -> dict[str, Any]:
+    import torch
+
+    from stratagem.calibrate import Stepper, optimizer_size_law, probes
+
+    torch.set_num_threads(1)
+    runs = bucket_runs(torch)
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
+        run()
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            samples[name].append(1e3 * (time.perf_counter() - started))
+    ms = {name: statistics.median(values) for name, values in samples.items()}
+    optimizer = probes(Stepper())
+    _, knee = optimizer_size_law(optimizer["optimizer_rate"](), optimizer["optimizer_large_rate"]())
+    return report(ms, knee)
+
+
+def report(ms: dict[str, float], knee: float | None) -> dict[str, Any]:
+    """Each compressor's extra over the uncompressed bucket per set, and the large set's extra over the
+    small set's: measured, as 1.11 priced it, and as 1.12 prices it."""
+    extra = {f"{s}/{c}": ms[f"{s}/{c}"] - ms[f"{s}/plain"] for s in SETS for c in ("fp16", "topk")}
+    law_1_11 = _law_ratio(knee)
+    return {
+        "ms": {name: round(value, 3) for name, value in ms.items()},
+        "extra_ms": {name: round(value, 3) for name, value in extra.items()},
+        "optimizer_knee_bytes": knee,
+        "large_over_small": {
+            compressor: {"measured": round(extra[f"one_large/{compressor}"] / extra[f"small_only/{compressor}"], 3),
+                         "priced_1_11": round(law_1_11, 3), "priced_1_12": 1.0}
+            for compressor in ("fp16", "topk")
+        },
+    }
+
+
+def _law_ratio(knee: float | None) -> float:
+    """How much dearer 1.11 priced the large set's passes than the small set's (equal bytes)."""
+    if not knee:
+        return 1.0
+    scaled = {name: sum(size * (1 + size / knee) for size in sizes) for name, sizes in SETS.items()}
+    return scaled["one_large"] / scaled["small_only"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=25)
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if any(name not in os.environ for name in MALLOC_SETTINGS):
+        os.execve(sys.executable, [sys.executable, *sys.argv], rank_environment())
+    print(json.dumps({"benchmark": "compression_passes", "repeats": args.repeats, **measure(args.repeats)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
