@@ -60,6 +60,7 @@ def test_concurrent_claimers_take_each_job_exactly_once(factory: sessionmaker[Se
     with factory() as session:
         rows = session.scalars(select(Job)).all()
     assert {row.status for row in rows} == {JobStatus.running}
+    assert {row.phase for row in rows} == {JobPhase.searching}  # a running job never reads "queued"
     assert {row.attempts for row in rows} == {1}
     owner = {job_id: name for name, jobs in claims.items() for job_id in jobs}
     assert all(row.worker_id == owner[row.id] for row in rows)

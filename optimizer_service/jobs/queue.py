@@ -49,7 +49,7 @@ def _claim_locked(session: Session, worker_id: str) -> Claim | None:
     if job is None:
         return None
     now = utcnow()
-    job.status, job.worker_id, job.started_at, job.heartbeat_at = JobStatus.running, worker_id, now, now
+    job.status, job.phase, job.worker_id, job.started_at, job.heartbeat_at = JobStatus.running, JobPhase.searching, worker_id, now, now
     job.attempts += 1
     return Claim(job.id, job.attempts)
 
@@ -63,7 +63,8 @@ def _claim_conditional(session: Session, worker_id: str) -> Claim | None:
         claimed = session.execute(
             update(Job)
             .where(Job.id == job_id, Job.status == JobStatus.queued)
-            .values(status=JobStatus.running, worker_id=worker_id, started_at=now, heartbeat_at=now, attempts=Job.attempts + 1)
+            .values(status=JobStatus.running, phase=JobPhase.searching, worker_id=worker_id, started_at=now, heartbeat_at=now,
+                    attempts=Job.attempts + 1)
         )
         if claimed.rowcount == 1:  # type: ignore[attr-defined]
             attempts = session.scalar(select(Job.attempts).where(Job.id == job_id))

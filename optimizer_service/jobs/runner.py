@@ -59,7 +59,7 @@ class _Reporter:
         self._last_phase: JobPhase | None = None
         self._cancel = False
         self._lost = False
-        self.latest = Progress(notes=list(self._history))
+        self.latest = Progress(phase=JobPhase.searching, notes=list(self._history))
 
     def progress(self, state: Progress) -> None:
         self.latest = replace(state, notes=[*self._history, *state.notes], timings_s=dict(state.timings_s))
