@@ -50,6 +50,15 @@ def test_unknown_and_missing_variables_are_named_with_their_path(model, sgd) -> 
     assert "'emb.weight'" in paths["variables"]
 
 
+def test_a_strategy_for_another_model_is_refused_in_one_sentence(model, sgd) -> None:
+    other = [{"var_name": f"encoder.{i}.weight", "synchronizer": {"kind": "allreduce"}} for i in range(26)]
+    with pytest.raises(InvalidStrategyError) as caught:
+        resolve_plan(model, sgd, _strategy(other), world_size=2, rank=0)
+    (problem,) = caught.value.problems
+    assert problem.path == "graph_id"
+    assert "made for another model: none of its 26 variables ('encoder.0.weight', 'encoder.1.weight', 'encoder.2.weight', ...)" in problem.reason
+
+
 def test_a_frozen_parameter_with_a_synchronizer_is_refused(model, sgd) -> None:
     model.fc2.bias.requires_grad_(False)
     with pytest.raises(InvalidStrategyError, match=r"variables\[5\].var_name: 'fc2.bias' does not require grad"):

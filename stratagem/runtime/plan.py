@@ -190,6 +190,9 @@ def check_coverage(strategy: Strategy, model: nn.Module) -> None:
 
 
 def _check_coverage(strategy: Strategy, params: dict[str, nn.Parameter], frozen: set[str]) -> None:
+    foreign = _foreign_strategy(strategy, params, frozen)
+    if foreign is not None:
+        raise InvalidStrategyError([foreign])
     problems: list[Problem] = []
     for i, config in enumerate(strategy.variables):
         where = f"variables[{i}]"
@@ -206,6 +209,17 @@ def _check_coverage(strategy: Strategy, params: dict[str, nn.Parameter], frozen:
         problems.append(Problem("variables", f"no synchronizer for trainable parameter(s) {shown}"))
     if problems:
         raise InvalidStrategyError(problems)
+
+
+def _foreign_strategy(strategy: Strategy, params: dict[str, nn.Parameter], frozen: set[str]) -> Problem | None:
+    """A strategy none of whose variables the model has was made for another model: one sentence saying
+    so reads better than a problem for every variable."""
+    if not strategy.variables or any(c.var_name in params or c.var_name in frozen for c in strategy.variables):
+        return None
+    sample = ", ".join(repr(c.var_name) for c in strategy.variables[:3]) + (", ..." if len(strategy.variables) > 3 else "")
+    graph = f" (graph {strategy.graph_id[:12]})" if strategy.graph_id else ""
+    return Problem("graph_id", f"this strategy was made for another model{graph}: none of its {len(strategy.variables)} "
+                               f"variables ({sample}) is a parameter of this one")
 
 
 def _partition_problems(where: str, config: VariableConfig, shape: tuple[int, ...]) -> list[Problem]:
