@@ -575,7 +575,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
     "optimizer_efficiency as elementwise": {"optimizer_efficiency": None},
-    "no optimizer_knee_bytes (update independent of tensor size)": {"optimizer_knee_bytes": None},
+    "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {"optimizer_knee_bytes": None},
     "stream_efficiency as elementwise (compression's plain passes at an activation's rate, as before principled-1.11)":
         {"stream_efficiency": None},
     "cast, select and lowrank efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None, "lowrank_efficiency": None,

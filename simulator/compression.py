@@ -30,14 +30,6 @@ its `lowrank_efficiency` of memory bandwidth (on a CPU the last three are far be
 which is what makes compression a loss there). Before `principled-1.11` plain bytes went at the
 element-wise rate, an activation's (GELU), which on a CPU is under half a copy's.
 
-The fp16 and top-k reducers make their passes over the bucket's one flat buffer, so a pass costs per
-byte what the calibration's probes on a 16 MB gradient measure, whatever the sizes of the tensors in
-the bucket (`benchmarks/compression_passes.py`: a bucket holding one 16 MiB tensor and one of 1 MiB
-tensors, 20 MiB each, cost the same within 3%). Until `principled-1.12` each variable's passes were
-scaled by the optimizer's size law, `1 + bytes / optimizer_knee_bytes`, which priced VGG's bucket
-17% dearer per byte than BERT's. PowerSGD works matrix by matrix, so its passes keep a size law of
-their own (`with_lowrank_scale`).
-
 Each formula is `unit[kind, v] · scale` with scale = r or ρ for PowerSGD and top-k (1 otherwise), so
 the per-variable units are tabulated once per graph (`CompressionTables`) and a batch costs a gather.
 Under tensor parallelism every figure is per slice (divided by the tensor degree).
@@ -92,6 +84,13 @@ class CompressionTables:
         """PowerSGD's passes over a matrix beyond the caches cost more per byte: [V] `scale` is the
         device's `1 + bytes / lowrank_knee_bytes`."""
         return replace(self, lowrank_bytes=self.lowrank_bytes * scale)
+
+    def with_streaming_scale(self, scale: np.ndarray) -> CompressionTables:
+        """Passes over a tensor larger than the caches cost more per byte, as the optimizer's do: [V]
+        `scale` (the device's `1 + bytes / optimizer_knee_bytes`) multiplies the streamed and cast bytes.
+        Selection keeps its rate (its probe already runs on a tensor beyond the caches); PowerSGD has a
+        law of its own (`with_lowrank_scale`)."""
+        return replace(self, byte_passes=self.byte_passes * scale, cast_bytes=self.cast_bytes * scale)
 
 
 def tables(var: VariableFigures) -> CompressionTables:

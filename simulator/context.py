@@ -275,7 +275,8 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     variables["var_update_bytes"] = (variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
                                      + variables["var_coalesce_work"] * _coalesce_in_update_bytes(kinds, graph.optimizer.kind))
     lowrank_knees = [spec.lowrank_knee_bytes for spec in kinds.specs if spec.lowrank_knee_bytes]
-    variables["compression"] = variables["compression"].with_lowrank_scale(_size_scale(lowrank_knees, variables["var_bytes"]))
+    variables["compression"] = (variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
+                                .with_lowrank_scale(_size_scale(lowrank_knees, variables["var_bytes"])))
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
     node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))

@@ -403,16 +403,17 @@ def test_a_sparse_table_updates_only_its_touched_rows_under_all_reduce_as_on_its
     assert expected < 0.1 * table.numel * per_param / rate  # far below a dense update of the table
 
 
-def test_compression_passes_keep_the_probes_rate_whatever_the_tensor_sizes_and_powersgd_has_its_own_law():
-    """The fp16 and top-k reducers stream one flat buffer per bucket, so the optimizer's per-tensor size
-    law does not reach them (`benchmarks/compression_passes.py`); PowerSGD works matrix by matrix."""
+def test_compression_passes_over_large_tensors_follow_the_same_size_law():
     graph = two_tensor_graph()
     small, large = graph.variables
     knee = 4e6
     flat, sized = (compile_context(graph, spec).compression for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
     scale = 1 + np.array([small.nbytes, large.nbytes]) / knee
-    for field in ("byte_passes", "cast_bytes", "select_bytes", "unit", "lowrank_bytes"):
-        np.testing.assert_array_equal(getattr(sized, field), getattr(flat, field))
+    np.testing.assert_allclose(sized.byte_passes, flat.byte_passes * scale)
+    np.testing.assert_allclose(sized.cast_bytes, flat.cast_bytes * scale)
+    np.testing.assert_array_equal(sized.select_bytes, flat.select_bytes)  # its probe already runs beyond the caches
+    np.testing.assert_array_equal(sized.unit, flat.unit)  # the wire does not change
+    np.testing.assert_array_equal(sized.lowrank_bytes, flat.lowrank_bytes)  # PowerSGD has a law of its own
     strided = compile_context(graph, cpu_spec(lowrank_knee_bytes=knee)).compression
     np.testing.assert_allclose(strided.lowrank_bytes, flat.lowrank_bytes * scale)
     np.testing.assert_array_equal(strided.byte_passes, flat.byte_passes)
