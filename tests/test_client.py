@@ -180,6 +180,10 @@ def test_render_progress_fills_the_bar_by_trials_done() -> None:
            "progress": {"trials_budget": 4, "trials_done": 2, "candidates_evaluated": 1234, "best_step_time_s": 0.0125}}
     assert render_progress(job, width=8) == "[####    ] running   trials     1234 candidates, trials 2/4 best 12.5 ms"
     assert render_progress({"status": "succeeded", "progress": {}}, width=4).startswith("[####] succeeded")
+    stopped_early = {"status": "succeeded", "phase": "done", "progress": {"trials_budget": 4, "trials_done": 2}}
+    assert render_progress(stopped_early, width=4).startswith("[####] succeeded")
+    searching = {"status": "running", "phase": "searching", "progress": {"trials_budget": 4, "candidates_evaluated": 900}}
+    assert render_progress(searching, width=4) == "[    ] running   searching  900 candidates, trials 0/4"
 
 
 def test_the_one_liner_captures_a_module_and_returns_the_best_strategy(url: str) -> None:

@@ -50,6 +50,13 @@ def test_without_trials_the_answer_is_the_top_prediction_and_progress_walks_the_
     assert steps == sorted(steps)
 
 
+def test_the_search_shows_the_trial_budget_to_come_and_a_job_without_trials_ends_at_none() -> None:
+    budgets: list[tuple[JobPhase, int]] = []
+    run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: budgets.append((p.phase, p.trials_budget)), lambda: False)
+    assert budgets[0] == (JobPhase.searching, OPTIONS.max_trials)
+    assert budgets[-1] == (JobPhase.finalizing, 0)  # no backend: nothing ran, and the job says 0/0 with a note
+
+
 def test_trials_decide_the_answer_and_each_is_reported() -> None:
     backend = TimedBackend()
     reported: list[TrialRecord] = []

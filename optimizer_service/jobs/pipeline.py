@@ -52,7 +52,7 @@ def run_pipeline(
     on_trial: Callable[[TrialRecord], None] | None = None,
     cost_model: LoadedCostModel | None = None,
 ) -> PipelineResult:
-    state = Progress(phase=JobPhase.searching)
+    state = Progress(phase=JobPhase.searching, trials_budget=max(options.max_trials, 0))
     clock = _PhaseClock()
     progress(state)
     outcome = _search(graph, resources, options, state, progress, cancelled, search)
@@ -144,6 +144,13 @@ def _rank_by_prediction(candidates: list[RankedCandidate]) -> None:
         candidate.rank = rank
 
 
+def _no_trials(state: Progress, reason: str) -> _TrialPhase:
+    """The search showed the requested budget as "trials 0/N"; a job that runs none says 0/0 and why."""
+    state.trials_budget = 0
+    state.notes.append(f"no trials ran: {reason}")
+    return _TrialPhase()
+
+
 def _trial_phase(
     graph: ModelGraph,
     resources: ResourceSpec,
@@ -157,15 +164,12 @@ def _trial_phase(
     on_trial: Callable[[TrialRecord], None] | None,
 ) -> _TrialPhase:
     if options.max_trials <= 0:
-        state.notes.append("no trials ran: the trial budget is 0")
-        return _TrialPhase()
+        return _no_trials(state, "the trial budget is 0")
     if trials is None:
-        state.notes.append("no trials ran: no trial backend is configured; the answer is the simulator's prediction")
-        return _TrialPhase()
+        return _no_trials(state, "no trial backend is configured; the answer is the simulator's prediction")
     plan = make_planner(candidates, options.max_trials, intervals=intervals)
     if plan is None:
-        state.notes.append("no trials ran: no candidate is predicted to fit in memory")
-        return _TrialPhase()
+        return _no_trials(state, "no candidate is predicted to fit in memory")
     planner, by_id = plan
     state.phase, state.trials_budget = JobPhase.trials, planner.budget
     _note_workload(trials, graph, state)
