@@ -262,9 +262,12 @@ def graph_pipeline_refusal(graph: ModelGraph) -> Refusal | None:
 
 
 def graph_pipeline_route(graph: ModelGraph) -> PipelineRoute | Refusal:
-    """`pipeline_route` for a captured graph: capture records the model's class (`provenance.model_class`) and its
-    inputs' shapes (`provenance.inputs`), and a model that returns its loss feeds a single number to `<loss>`."""
-    blocks = list(dict.fromkeys(b for b in (block_of(layer.name) for layer in graph.layers) if b is not None))
+    """`pipeline_route` for a captured graph: capture records the model's class (`provenance.model_class`), its
+    inputs' shapes (`provenance.inputs`) and its ModuleLists of blocks (`provenance.block_lists`), and a model that
+    returns its loss feeds a single number to `<loss>`."""
+    lists = _block_lists(graph)
+    blocks = list(dict.fromkeys(b for b in (block_of(layer.name) for layer in graph.layers)
+                                if b is not None and (lists is None or b.rpartition(".")[0] in lists)))
     return pipeline_route(_model_class(graph), returns_loss=_returns_loss(graph), blocks=blocks, input_rows=_input_rows(graph),
                           batch=graph.batch_size)
 
@@ -273,6 +276,13 @@ def graph_accumulation_refusal(graph: ModelGraph) -> Refusal | None:
     """`accumulation_refusal` for a captured graph (capture records its inputs' shapes in `provenance.inputs`)."""
     return accumulation_refusal(_model_class(graph), returns_loss=_returns_loss(graph), input_rows=_input_rows(graph),
                                 batch=graph.batch_size)
+
+
+def _block_lists(graph: ModelGraph) -> set[str] | None:
+    """The ModuleLists capture found under a `BLOCK_LISTS` name (None for a graph captured before it
+    recorded them, or built by hand: then every numbered block counts)."""
+    lists = graph.provenance.get("block_lists")
+    return {name for name in lists if isinstance(name, str)} if isinstance(lists, list) else None
 
 
 def _input_rows(graph: ModelGraph) -> list[int | None] | None:

@@ -109,6 +109,38 @@ def test_the_zoo_transformers_are_cut_between_blocks_and_the_rest_keeps_a_clear_
     assert "begins with 'final_norm', not inside a numbered block" in str(block_cuts([["embed"], ["final_norm"]]))
 
 
+class _LossBlocks(torch.nn.Module):
+    """Returns its own loss, its two blocks held in `container` under the name the runtime cuts at."""
+
+    def __init__(self, container: torch.nn.Module) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 8)
+        self.blocks = container
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        blocks = self.blocks.values() if isinstance(self.blocks, torch.nn.ModuleDict) else self.blocks
+        for block in blocks:
+            x = block(x)
+        return ((self.embed(x) - y) ** 2).mean()
+
+
+def test_blocks_the_runtime_cannot_cut_are_not_offered_a_pipeline() -> None:
+    """Layer names read `blocks.0.weight` whether a ModuleList or a ModuleDict holds the blocks; only
+    the capture can tell, and the runtime cuts only the ModuleList."""
+    from stratagem.tracing import capture
+
+    inputs = (torch.randn(4, 8), torch.randn(4, 8))
+    as_list = capture(_LossBlocks(torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])), inputs, batch_size=4)
+    as_dict = capture(_LossBlocks(torch.nn.ModuleDict({str(i): torch.nn.Linear(8, 8) for i in range(2)})), inputs, batch_size=4)
+    assert as_list.provenance["block_lists"] == ["blocks"] and as_dict.provenance["block_lists"] == []
+    assert [layer.name for layer in as_list.layers] == [layer.name for layer in as_dict.layers]
+    assert graph_pipeline_route(as_list) == "blocks"
+    refusal = graph_pipeline_route(as_dict)
+    assert isinstance(refusal, Refusal) and "no layer sits in a numbered block of a ModuleList named blocks" in str(refusal)
+    recorded_before = as_dict.model_copy(update={"provenance": {k: v for k, v in as_dict.provenance.items() if k != "block_lists"}})
+    assert graph_pipeline_route(recorded_before) == "blocks"  # a graph captured before capture recorded them: as before
+
+
 def test_a_traced_pipeline_refuses_tensor_splits_before_any_collective(graphs: dict[str, ModelGraph]) -> None:
     from stratagem.runtime.hybrid import _block_cuts
 

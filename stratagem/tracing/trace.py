@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from stratagem.errors import CaptureError, InvalidGraphError, Problem, StratagemError
 from stratagem.ir import ModelGraph, OptimizerSpec
+from stratagem.parallel_rules import BLOCK_LISTS
 from stratagem.tracing.assemble import build_graph
 from stratagem.tracing.fake import fake_inputs, fake_state
 from stratagem.tracing.modes import recording
@@ -70,12 +71,20 @@ def _provenance(model: nn.Module, example_inputs: Any, *, seconds: float) -> dic
         "torch": torch.__version__,
         "model_class": f"{model_class.__module__}.{model_class.__qualname__}",
         "inputs": _describe_inputs(example_inputs),
+        "block_lists": _block_lists(model),
         "capture_seconds": round(seconds, 3),
     }
     zoo = getattr(model, "zoo_spec", None)
     if isinstance(zoo, Mapping):
         provenance["zoo"] = dict(zoo)
     return provenance
+
+
+def _block_lists(model: nn.Module) -> list[str]:
+    """The ModuleLists where the runtime may cut pipeline stages between blocks: the graph's layer names
+    alone cannot tell a ModuleList from a ModuleDict or a plain module with numbered children."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in BLOCK_LISTS]
 
 
 def _check_arguments(model: object, batch_size: object, optimizer: str) -> None:
