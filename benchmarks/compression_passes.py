@@ -15,7 +15,8 @@ the fp16 and top-k (1%) reducers with error feedback, on a one-rank team (every 
 collective), over two gradient sets of the same bytes: one large tensor with small ones, and small
 tensors only. Prints one JSON object: per set and reducer the median milliseconds, each compressor's
 extra over the uncompressed bucket, and the ratio of the large set's extra to the small set's beside
-the ratio the size law prices (its knee from this run's optimizer probes) and a flat buffer's (1).
+the ratio the size law prices (its knee from this run's optimizer probes) and a flat buffer's (1);
+and, beside each measured extra, what the simulator's pass counts price it at this run's probe rates.
 
     .venv/bin/python benchmarks/compression_passes.py [--repeats 25]
 """
@@ -85,9 +86,35 @@ def measure(repeats: int) -> dict[str, Any]:
             run()
             samples[name].append(1e3 * (time.perf_counter() - started))
     ms = {name: statistics.median(values) for name, values in samples.items()}
-    optimizer = probes(Stepper())
-    _, knee = optimizer_size_law(optimizer["optimizer_rate"](), optimizer["optimizer_large_rate"]())
-    return report(ms, knee)
+    measured = probes(Stepper())
+    _, knee = optimizer_size_law(measured["optimizer_rate"](), measured["optimizer_large_rate"]())
+    rates = {name: measured[name]() for name in ("stream_rate", "cast_rate", "select_rate")}
+    return {**report(ms, knee), "rates": rates, "priced_extra_ms": priced_extra_ms(rates)}
+
+
+COMPRESSOR_ROWS = {"fp16": 1, "topk": 4}
+"""Each compressor's row in `simulator.compression.CompressionTables`."""
+
+
+def priced_extra_ms(rates: dict[str, float]) -> dict[str, float]:
+    """What the simulator's pass counts (`simulator.compression.tables`) at this run's probe rates price
+    each set's compressor beyond the uncompressed bucket, without the size law. The copy back is left
+    out: the uncompressed bucket in `_bucket_step` makes it too."""
+    import numpy as np
+
+    from simulator.compression import COPY_BACK_PASSES, VariableFigures, tables
+
+    priced = {}
+    for set_name, sizes in SETS.items():
+        nbytes = np.array(sizes, dtype=float)
+        ones = np.ones_like(nbytes)
+        t = tables(VariableFigures(nbytes=nbytes, numel=nbytes / 4, rows=nbytes / 4, cols=ones, itemsize=4 * ones))
+        for compressor, row in COMPRESSOR_ROWS.items():
+            streamed = t.byte_passes[row].sum() - COPY_BACK_PASSES * nbytes.sum()
+            seconds = (streamed / rates["stream_rate"] + t.cast_bytes[row].sum() / rates["cast_rate"]
+                       + t.select_bytes[row].sum() / rates["select_rate"])
+            priced[f"{set_name}/{compressor}"] = round(1e3 * seconds, 3)
+    return priced
 
 
 def report(ms: dict[str, float], knee: float | None) -> dict[str, Any]:

@@ -35,3 +35,12 @@ def test_both_sets_hold_the_same_bytes_and_every_bucket_runs_through_the_runtime
     assert set(runs) == {f"{s}/{r}" for s in passes.SETS for r in ("plain", "fp16", "topk")}
     for run in runs.values():
         run()
+
+
+def test_the_priced_extra_counts_the_simulators_passes_beyond_the_uncompressed_bucket(passes) -> None:
+    rates = {"stream_rate": 1e10, "cast_rate": 5e9, "select_rate": 1e9}
+    priced = passes.priced_extra_ms(rates)
+    b = 20 * (1 << 20)
+    assert priced["small_only/fp16"] == pytest.approx(1e3 * (8 * b / 1e10 + 4.5 * b / 5e9), abs=1e-3)
+    assert priced["small_only/topk"] == pytest.approx(1e3 * (10 * b / 1e10 + b / 1e9), abs=1e-3)
+    assert priced["one_large/fp16"] == priced["small_only/fp16"]  # no size law: the same bytes cost the same
