@@ -76,6 +76,15 @@ class Settings(BaseSettings):
     """Retrain after a job once this many successful trials arrived since the version in use; 0 never
     retrains on its own (`POST /v1/cost-model/retrain` still does)."""
 
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _blank_key_is_no_key(cls, key: object) -> object:
+        """docker-compose.yml passes `${STRATAGEM_API_KEY:-}`, an empty string when no key is chosen; read as a
+        key, it would lock every write behind a secret no client can send (HTTP Bearer has no empty token)."""
+        if isinstance(key, str) and not key.strip():
+            return None
+        return key
+
     @field_validator("database_url")
     @classmethod
     def _psycopg_driver(cls, url: str) -> str:

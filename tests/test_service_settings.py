@@ -43,3 +43,10 @@ def test_a_bad_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError) as error:
         Settings()
     assert "max_queue_length" in str(error.value)
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_api_key_means_no_key(monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
+    # docker-compose.yml sets STRATAGEM_API_KEY to "" when the operator picked none
+    monkeypatch.setenv("STRATAGEM_API_KEY", blank)
+    assert Settings().api_key is None
