@@ -114,3 +114,25 @@ def test_a_failed_submission_leaves_nothing_behind(make_client) -> None:
     assert refused.status_code == 429
     assert client.get(f"/v1/graphs/{other_graph.id}").status_code == 404
     assert client.get("/v1/resources").json()["count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "message"),
+    [
+        (b'{"graph_id": "ab', {"content-type": "application/json"},
+         "the body is not valid JSON: Unterminated string starting at line 1 column 14 (char 13)"),
+        (b'{\n  "max_trials": 4,\n  "device": }', {"content-type": "application/json"},
+         "the body is not valid JSON: Expecting value at line 3 column 13 (char 33)"),
+        (b"", {"content-type": "application/json"}, "the body is empty; expected a JSON object"),
+        (b'{"graph_id": "ab"}', {"content-type": "application/x-www-form-urlencoded"},
+         "the body was not read as JSON: send it with 'Content-Type: application/json'"),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_says_what_the_client_sent(
+    make_client, content: bytes, headers: dict[str, str], message: str
+) -> None:
+    # the parser's offset is no field path, and "Field required" / "a valid dictionary" describe the model, not the request
+    client: TestClient = make_client(workers=0)
+    response = client.post("/v1/optimize", content=content, headers=headers)
+    assert response.status_code == 422
+    assert response.json()["detail"] == [{"loc": ["body"], "msg": message}]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -37,7 +38,7 @@ def error_response(request: Request, status: int, detail: Any, headers: dict[str
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
-def validation_problems(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def validation_problems(errors: list[dict[str, Any]], body: Any = None) -> list[dict[str, Any]]:
     """pydantic's errors as `{loc, msg}`, with union tags dropped and document problems expanded."""
     problems = []
     for item in errors:
@@ -48,15 +49,43 @@ def validation_problems(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         if item.get("type") == "json_invalid":
-            message = f"the body is not valid JSON: {(item.get('ctx') or {}).get('error', message)}"
+            loc, message = ["body"], _json_problem(item, loc, body)
+        elif loc == ["body"]:
+            message = _whole_body_problem(item, message)
         problems.append({"loc": loc, "msg": message})
     return problems
+
+
+def _json_problem(item: dict[str, Any], loc: list[Any], body: Any) -> str:
+    """FastAPI puts the parser's character offset in `loc`, where clients expect a field path, and keeps
+    only the parser's message, which ends in a dangling "at" ("Unterminated string starting at"); the
+    offset goes into the words instead, as line and column when the body is at hand."""
+    reason = str((item.get("ctx") or {}).get("error", "JSON decode error"))
+    position = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if position is None:
+        return f"the body is not valid JSON: {reason}"
+    if isinstance(body, str):
+        where = str(json.JSONDecodeError("", body, position)).removeprefix(": ")
+    else:
+        where = f"char {position}"
+    return f"the body is not valid JSON: {reason.removesuffix(' at')} at {where}"
+
+
+def _whole_body_problem(item: dict[str, Any], message: str) -> str:
+    """pydantic's words for these two ("Field required", "Input should be a valid dictionary") describe
+    the model, not what the client did: sent nothing, or sent JSON under another content type, which
+    FastAPI then hands over as raw bytes."""
+    if item.get("type") == "missing":
+        return "the body is empty; expected a JSON object"
+    if isinstance(item.get("input"), bytes | bytearray):
+        return "the body was not read as JSON: send it with 'Content-Type: application/json'"
+    return message
 
 
 async def _on_validation(request: Request, error: Exception) -> JSONResponse:
     if not isinstance(error, RequestValidationError):
         raise error
-    return error_response(request, 422, validation_problems(list(error.errors())))
+    return error_response(request, 422, validation_problems(list(error.errors()), error.body))
 
 
 async def _on_service_error(request: Request, error: Exception) -> JSONResponse:

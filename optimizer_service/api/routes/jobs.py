@@ -72,7 +72,7 @@ async def optimize(
     settings: SettingsDep,
     _: WriteAuthDep,
     wait: Annotated[bool, Query(description="Hold the request until the job ends or `timeout` passes")] = False,
-    timeout: Annotated[float, Query(ge=0, le=3600, description="Seconds to wait (capped by the service)")] = 30.0,
+    timeout: Annotated[float, Query(ge=0, le=3600, allow_inf_nan=False, description="Seconds to wait (capped by the service)")] = 30.0,
 ) -> JSONResponse:
     job = await anyio.to_thread.run_sync(_submit, state, body)
     if state.workers is not None:
