@@ -51,6 +51,7 @@ def assert_one_line_error(code: int, err: str, message: str) -> None:
         ("cluster.json", NOT_UTF8, "--resources: {path}: not UTF-8 text (byte 0"),
         ("cluster.yml", NOT_UTF8, "--resources: {path}: not UTF-8 text (byte 0"),
         ("cluster.json", DEEP.encode(), "--resources: {path}: not JSON (nested too deeply"),
+        ("cluster.json", b'{"name": "trunc', "--resources: {path}: not JSON (Unterminated string starting at line 1);"),
         ("cluster.yml", None, "--resources: {path} is a directory, not a file"),
     ],
 )
@@ -186,6 +187,7 @@ def test_calibrate_refuses_ranks_and_threads_the_machine_cannot_run(
         ((HEADER + '{"kind": ["graph"]}\n').encode(), ":2: kind: expected one of header, graph, resources, strategy, trial; got ['graph']"),
         (HEADER.encode() + NOT_UTF8, ":2: not UTF-8 text (byte 0"),
         ((HEADER + DEEP + "\n").encode(), ":2: not JSON: nested too deeply"),
+        ((HEADER + '{"kind": "gra').encode(), ":2: not JSON: Unterminated string starting at column 10"),
     ],
 )
 def test_trials_import_refuses_lines_it_cannot_read_naming_the_line(

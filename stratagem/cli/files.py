@@ -44,6 +44,12 @@ def parse_json(text: str | bytes) -> Any:
         raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None
 
 
+def json_reason(error: json.JSONDecodeError) -> str:
+    """The parser's reason without the "at" some of its messages end in ("Unterminated string starting at"),
+    which Python completes with the position; callers add their own position after it."""
+    return error.msg.removesuffix(" at")
+
+
 def check_output(path: Path | None, option: str) -> None:
     """Refuse an output path that cannot be written: a folder, a missing folder, no permission."""
     if path is None:

@@ -23,7 +23,7 @@ from stratagem.cli.capture import (
     parse_overrides,
     resolve_builder,
 )
-from stratagem.cli.files import check_output, parse_json, read_text, write_text
+from stratagem.cli.files import check_output, json_reason, parse_json, read_text, write_text
 from stratagem.cli.jobs import candidates_table, connect, connection_options, positive_int
 from stratagem.errors import CaptureError, InvalidResourceSpecError, Problem, StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec
@@ -139,7 +139,7 @@ def read_resources(path: Path, *, device: str | None) -> ResourceSpec:
         data = parse_json(text)
     except json.JSONDecodeError as error:
         raise InvalidResourceSpecError([Problem("--resources", (
-            f"{path}: not JSON ({error.msg} at line {error.lineno}); "
+            f"{path}: not JSON ({json_reason(error)} at line {error.lineno}); "
             f"an AutoDist resource spec must end in {' or '.join(YAML_SUFFIXES)}"))]) from None
     return ResourceSpec.parse(data)
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from stratagem.cli.files import decode, parse_json, replace_atomically
+from stratagem.cli.files import decode, json_reason, parse_json, replace_atomically
 from stratagem.cli.jobs import connect, connection_options
 from stratagem.client import Client
 from stratagem.errors import InvalidDocumentError, StratagemError
@@ -214,7 +214,7 @@ def _lines(stream: IO[str] | IO[bytes], name: str) -> Iterator[tuple[int, dict[s
         try:
             line = parse_json(text)
         except json.JSONDecodeError as error:
-            raise StratagemError(f"{name}:{number}: not JSON: {error.msg} at column {error.colno}") from None
+            raise StratagemError(f"{name}:{number}: not JSON: {json_reason(error)} at column {error.colno}") from None
         if not isinstance(line, dict):
             raise StratagemError(f"{name}:{number}: expected a JSON object, got {type(line).__name__}")
         if not header_seen:
