@@ -10,6 +10,7 @@ from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from test_service_helpers import QUICK_SEARCH, optimize_body, slow_search, wait_for
 
+from stratagem.client import render_progress
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 pytest_plugins = ["service_fixtures"]
@@ -64,6 +65,24 @@ def test_wait_that_runs_out_answers_202(make_client) -> None:
     assert 0.3 <= time.monotonic() - started < 10
 
 
+def test_a_wait_timeout_that_is_not_a_number_says_so_and_queues_nothing(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    response = client.post("/v1/optimize", params={"wait": True, "timeout": "nan"}, json=optimize_body())
+    assert response.status_code == 422
+    assert response.json()["detail"] == [{"loc": ["query", "timeout"], "msg": "Input should be a finite number"}]
+    assert client.get("/v1/jobs").json()["count"] == 0
+
+
+def test_a_queued_job_already_shows_its_trial_budget(make_client) -> None:
+    # 'trials 0/0' while waiting for a worker read as if no trial would run
+    client: TestClient = make_client(workers=0)
+    url = client.post("/v1/optimize", json=optimize_body(max_trials=3)).json()["url"]
+    job = client.get(url).json()
+    assert job["status"] == "queued"
+    assert (job["progress"]["trials_done"], job["progress"]["trials_budget"]) == (0, 3)
+    assert render_progress(job).endswith("trials 0/3")
+
+
 def test_jobs_list_filters_by_status_and_pages(make_client) -> None:
     client: TestClient = make_client(workers=0)
     ids = [client.post("/v1/optimize", json=optimize_body(make_mlp_graph(batch_size=b))).json()["id"] for b in (4, 8, 16)]
@@ -80,10 +99,13 @@ def test_jobs_list_filters_by_status_and_pages(make_client) -> None:
 def test_cancelling_a_queued_job_is_immediate(make_client) -> None:
     client: TestClient = make_client(workers=0)
     job_id = client.post("/v1/optimize", json=optimize_body()).json()["id"]
+    assert "has no answer yet (it is queued)" in client.get(f"/v1/jobs/{job_id}/best").json()["detail"]
     cancelled = client.post(f"/v1/jobs/{job_id}/cancel").json()
     assert cancelled["status"] == "cancelled"
     assert cancelled["finished_at"] is not None
-    assert client.get(f"/v1/jobs/{job_id}/best").status_code == 409
+    best = client.get(f"/v1/jobs/{job_id}/best")
+    assert best.status_code == 409
+    assert "has no answer and will get none (it is cancelled" in best.json()["detail"]  # not "yet": it has ended
 
 
 def test_cancelling_a_running_job_stops_it_at_its_next_check(make_client) -> None:

@@ -45,13 +45,14 @@ def submit_job(session: Session, request: OptimizeRequest, settings: Settings) -
         raise queue_full(queued, settings.max_queue_length, settings.retry_after_s)
     graph_id = _graph_id(session, request)
     resource_id = _resource_id(session, request)
+    options = resolve_options(request, settings)
     job = Job(
         id=uuid.uuid4(),
         graph_id=graph_id,
         resource_id=resource_id,
-        options=resolve_options(request, settings),
+        options=options,
         status=JobStatus.queued,
-        progress={},
+        progress={"trials_budget": options["max_trials"]},  # a waiting job shows 'trials 0/4', as the search will
         created_at=utcnow(),
     )
     session.add(job)
@@ -144,7 +145,9 @@ def best_strategy(session: Session, job_id: uuid.UUID) -> Strategy:
     job = get_job(session, job_id)
     if job.status != JobStatus.succeeded or job.best_strategy_id is None:
         state = f"{job.status.value}" + (f": {job.error}" if job.error else "")
-        raise rejected(f"job {job_id} has no answer yet (it is {state})", status=409)
+        # "yet" only while one may still come: a failed or cancelled job will never have one
+        pending = job.status in (JobStatus.queued, JobStatus.running)
+        raise rejected(f"job {job_id} has no answer {'yet' if pending else 'and will get none'} (it is {state})", status=409)
     for candidate, row in job_candidates(session, job_id):
         if row.id == job.best_strategy_id:
             return _with_notes(annotated_strategy(candidate, row), job)
