@@ -16,6 +16,7 @@ from optimizer_service.core import cost_model as core
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample, promotion
 from optimizer_service.db import make_engine, make_session_factory
 from stratagem.builders import AllReduce, DataParallel
+from stratagem.ir import ResourceSpec
 
 pytest_plugins = ["service_fixtures"]
 
@@ -40,8 +41,8 @@ class MeanRatioTrainer:
         )
 
 
-def _record_trials(client: TestClient, times: list[float]) -> None:
-    graph, resources = make_mlp_graph(), make_t4_cluster(2)
+def _record_trials(client: TestClient, times: list[float], *, resources: ResourceSpec | None = None) -> None:
+    graph, resources = make_mlp_graph(), resources or make_t4_cluster(2)
     graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
     resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
     strategies = [DataParallel().build(graph, resources), AllReduce().build(graph, resources)]
@@ -81,13 +82,25 @@ def test_retraining_stores_a_json_version_and_puts_it_in_use(make_client, databa
     listing = client.get("/v1/cost-model").json()
     assert listing["count"] == 2 and listing["in_use"] == second["id"]
     assert [v["in_use"] for v in listing["data"]] == [True, False]
-    assert listing["data"][0]["metrics"] == {"mape": 0.1, "groups": 4, "promotion": {
+    assert listing["data"][0]["metrics"] == {"mape": 0.1, "groups": 1, "promotion": {
         "in_use": True, "why": "no cross-validated metrics (fewer than two jobs): serves"}}
     engine = make_engine(database_url)
     with make_session_factory(engine)() as session:
         stored = session.scalars(select(CostModelVersion).order_by(CostModelVersion.id)).all()
     engine.dispose()
     assert json.loads(stored[-1].booster)["kind"] == "mean-log-ratio"
+
+
+def test_trials_are_grouped_by_problem_so_a_repeated_or_imported_problem_never_straddles_a_fold(make_client) -> None:
+    """Imported trials arrive without their job, and a problem optimized twice measures the same
+    strategies twice: grouped by job (or by trial), one strategy's times would sit on both sides."""
+    trainer = MeanRatioTrainer()
+    client: TestClient = make_client(workers=0, cost_model_trainer=trainer)
+    _record_trials(client, [0.2, 0.4, 0.3])
+    _record_trials(client, [0.25], resources=make_t4_cluster(4))
+    assert client.post("/v1/cost-model/retrain").status_code == 201
+    groups = [s.group for s in trainer.seen]
+    assert len(set(groups[:3])) == 1 and groups[3] != groups[0]
 
 
 def test_a_version_worse_than_the_simulator_alone_is_kept_but_not_put_in_use(make_client) -> None:

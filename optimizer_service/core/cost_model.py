@@ -25,6 +25,7 @@ from optimizer_service.jobs.correction import LoadedCostModel
 from optimizer_service.jobs.queue import json_safe
 from optimizer_service.settings import Settings
 from simulator.learned import CostModel, Trainer, promotion, retrain_needed
+from simulator.learned.records import default_group_id
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
@@ -41,7 +42,10 @@ class TrialSample:
     measured_step_time_s: float
     predicted_step_time_s: float | None
     group: str
-    """Job id (or the trial's own id for trials recorded outside a job): the cross-validation group."""
+    """The cross-validation group: the problem (graph @ resources, `default_group_id`), not the job, so
+    that a problem optimized twice, trials recorded outside a job and trials imported from another
+    deployment (which arrive without their job) never put one strategy's measurements on both sides of
+    a fold."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ def training_samples(session: Session) -> list[TrialSample]:
                 strategy=Strategy.parse(strategy_row.json),
                 measured_step_time_s=float(trial.median_s or 0.0),
                 predicted_step_time_s=trial.predicted_step_time_s,
-                group=str(trial.job_id or trial.id),
+                group=default_group_id(graph, resources),
             )
         )
     return samples
