@@ -76,6 +76,7 @@ def test_a_failed_trial_is_recorded_and_never_chosen() -> None:
     assert result.trials[0].outcome == "crash" and result.trials[0].error == "rank 1 raised"
     assert result.best.strategy.id != backend.ran[0]
     assert len(result.trials) == 2 and result.summary["trials_ok"] == 1
+    assert "1 of 2 trials failed and were not considered for the answer (first: crash: rank 1 raised)" in result.summary["notes"]
 
 
 def test_a_broken_backend_ends_the_trials_with_a_note_not_the_job() -> None:

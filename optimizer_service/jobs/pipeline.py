@@ -195,7 +195,20 @@ def _trial_phase(
         progress(state)
     if len(records) < planner.budget and planner.done() and not any("trials stopped" in n for n in state.notes):
         state.notes.append(f"trials stopped after {len(records)} of {planner.budget}: no other candidate could beat the fastest measured")
+    failures = _failure_note(records)
+    if failures:
+        state.notes.append(failures)
     return _TrialPhase(records=records, answer=_answer(planner), failed=set(planner.failed))
+
+
+def _failure_note(records: list[TrialRecord]) -> str | None:
+    """Failed trials are never the answer; the note says so where the user reads the job, with the first reason."""
+    failed = [r for r in records if not r.ok]
+    if not failed:
+        return None
+    first = failed[0]
+    reason = f"{first.outcome}: {first.error}" if first.error else first.outcome
+    return f"{len(failed)} of {len(records)} trials failed and were not considered for the answer (first: {reason[:300]})"
 
 
 def _note_workload(trials: TrialExecutor, graph: ModelGraph, state: Progress) -> None:
