@@ -234,6 +234,13 @@ def test_trials_export_of_one_job_writes_only_its_trials(tmp_path: Path, capsys:
     assert ModelGraph.parse(graph_line["document"]).id == graph_line["id"] == trials[0]["graph_id"]
 
 
+def test_trials_export_of_an_unknown_job_writes_nothing_and_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unknown = "00000000-0000-4000-8000-000000000000"
+    with served(f"sqlite:///{tmp_path / 'a.db'}") as source:
+        code, out, err = run_cli(["trials", "export", "--url", source, "--job-id", unknown], capsys)
+    assert code != 0 and out == "" and unknown in err and "job_id" in err
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -266,7 +273,7 @@ def test_db_upgrade_and_current_on_sqlite(tmp_path: Path, capsys: pytest.Capture
     database = f"sqlite:///{tmp_path / 'ops.db'}"
     head = migrations.head_revision()
     code, out, _ = run_cli(["db", "current", "--database-url", database], capsys)
-    assert code == 0 and "(empty: no schema yet)" in out and f"behind head {head}" in out
+    assert code == 1 and "(empty: no schema yet)" in out and f"behind head {head}" in out  # a script can gate on it
     code, out, _ = run_cli(["db", "upgrade", "--database-url", database], capsys)
     assert code == 0 and out.strip().endswith(f"upgraded (empty) -> {head}")
     code, out, _ = run_cli(["db", "upgrade", "--database-url", database], capsys)

@@ -69,6 +69,16 @@ def test_a_trial_is_checked_against_its_graph_and_cluster(make_client) -> None:
     assert no_times.status_code == 422 and "needs its step times" in no_times.json()["detail"][0]["msg"]
 
 
+def test_a_trial_filter_naming_nothing_stored_is_404_not_an_empty_page(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    graph_id, _ = _upload(client, make_mlp_graph(), make_t4_cluster(1))
+    assert client.get("/v1/trials", params={"graph_id": graph_id}).json()["count"] == 0  # stored, no trials yet: empty
+    for params, loc in (({"job_id": "00000000-0000-4000-8000-000000000000"}, ["query", "job_id"]),
+                        ({"graph_id": "e" * 64}, ["query", "graph_id"])):
+        response = client.get("/v1/trials", params=params)
+        assert response.status_code == 404 and response.json()["detail"][0]["loc"] == loc, response.text
+
+
 def fake_executor(step_time: Any) -> TrialRunnerExecutor:
     """The service's real executor around trial_runner's FakeBackend (answers from a function, no processes)."""
     return TrialRunnerExecutor(FakeBackend(step_time), name="fake", warmup=1, steps=3, timeout_s=30)

@@ -1,7 +1,8 @@
 """`stratagem db upgrade [--database-url URL] [--revision head]` and `stratagem db current`.
 
 The service migrates its database at start-up; these commands let an operator do it ahead of a
-rollout (or with `STRATAGEM_RUN_MIGRATIONS=false` replicas) and check where a database stands.
+rollout (or with `STRATAGEM_RUN_MIGRATIONS=false` replicas) and check where a database stands:
+`current` exits 1 when the schema is behind, so a deploy script can gate on it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def register(subparsers: Any) -> None:
     upgrade = actions.add_parser("upgrade", help="migrate to the newest schema (or --revision)")
     upgrade.add_argument("--revision", default="head", help="target revision (default head)")
     upgrade.set_defaults(func=run_upgrade)
-    current = actions.add_parser("current", help="the database's revision, and whether it is the newest")
+    current = actions.add_parser("current", help="the database's revision, and whether it is the newest (exit 1 when behind)")
     current.set_defaults(func=run_current)
     for action in (upgrade, current):
         action.add_argument("--database-url", default=None, help="SQLAlchemy URL (default: $DATABASE_URL or sqlite:///./stratagem.db)")
@@ -52,7 +53,7 @@ def run_current(args: argparse.Namespace) -> int:
     where, current, head = read_revision(args.database_url)
     state = "up to date" if current == head else f"behind head {head}; run `stratagem db upgrade`"
     print(f"{where}: {current or '(empty: no schema yet)'} ({state})")
-    return 0
+    return 0 if current == head else 1
 
 
 def read_revision(database_url: str | None) -> tuple[str, str | None, str]:

@@ -75,9 +75,21 @@ def _record(body: TrialCreate, strategy: Strategy, *, global_batch: int) -> Tria
     )
 
 
+def _check_filters(session: Session, job_id: uuid.UUID | None, graph_id: str | None) -> None:
+    """A filter naming nothing stored is a typo far more often than a question: 404, not an empty page."""
+    if job_id is not None:
+        try:
+            get_job(session, job_id)
+        except NotFoundError:
+            raise not_found("job", job_id, loc=["query", "job_id"]) from None
+    if graph_id is not None:
+        get_graph_row(session, graph_id, loc=["query", "graph_id"])
+
+
 def list_trials(
     session: Session, *, job_id: uuid.UUID | None, graph_id: str | None, limit: int, offset: int
 ) -> tuple[list[Trial], int]:
+    _check_filters(session, job_id, graph_id)
     query = select(Trial)
     count_query = select(func.count()).select_from(Trial)
     if job_id is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import sys
 from collections import Counter
@@ -72,12 +73,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 def export_trials(client: Client, stream: TextIO, *, job_id: str | None = None, graph_id: str | None = None,
                   source: str = "") -> Counter[str]:
-    """Write the header, then every matching trial after the documents it needs; returns lines per kind."""
+    """Write the header, then every matching trial after the documents it needs; returns lines per kind.
+    The first page is fetched before the header, so a refused filter (an unknown job) writes nothing."""
     exported_at = datetime.datetime.now(datetime.UTC).isoformat()
+    trials = _all_trials(client, job_id=job_id, graph_id=graph_id)
+    first = next(trials, None)
     _write(stream, {"kind": "header", "format": FORMAT, "version": VERSION, "source": source, "exported_at": exported_at})
     written: set[tuple[str, str]] = set()
     counts: Counter[str] = Counter()
-    for trial in _all_trials(client, job_id=job_id, graph_id=graph_id):
+    for trial in itertools.chain([first] if first is not None else [], trials):
         for kind, key in (("graph", "graph_id"), ("resources", "resource_id"), ("strategy", "strategy_id")):
             if (kind, trial[key]) not in written:
                 _write(stream, {"kind": kind, "id": trial[key], "document": _fetch(client, kind, trial[key])})
