@@ -127,6 +127,11 @@ def test_the_strategy_page_lists_each_variable_under_its_layer(make_client) -> N
     assert formatting.nbytes(graph.variable("embedding.weight").nbytes / 2) in page
     assert formatting.seconds(ps["predicted"]["step_time_s"]) in page
     assert 'id="figure-destinations"' in page and 'id="figure-breakdown"' in page
+    assert "does not rank this strategy" not in page
+    stranger = "00000000-0000-4000-8000-000000000000"
+    alone = _html(client, f"/strategies/{ps['strategy_id']}?job={stranger}")
+    assert f"job {stranger} does not rank this strategy, so it is shown on its own" in alone
+    assert f"/jobs/{stranger}" not in alone and "10.0.0.2:CPU:0" in alone
 
 
 def test_trials_filter_by_job_and_outcome_and_sort_by_any_column(make_client) -> None:

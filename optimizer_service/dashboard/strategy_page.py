@@ -36,6 +36,8 @@ def strategy_context(session: Session, strategy_id: str, job_id: uuid.UUID | Non
         "graph_name": graph_row.name if graph_row else None,
         "graph_note": graph_note,
         "job_id": job_id if candidate is not None else None,
+        "job_note": (f"job {job_id} does not rank this strategy, so it is shown on its own"
+                     if job_id is not None and candidate is None else None),
         "source": candidate.source if candidate else strategy.provenance.builder or ("search" if strategy.provenance.search else None),
         "predicted": predicted,
         "measured": measured,
