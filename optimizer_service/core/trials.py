@@ -30,10 +30,7 @@ def record_trial(session: Session, body: TrialCreate) -> Trial:
     graph = load_graph(get_graph_row(session, body.graph_id, loc=["body", "graph_id"]))
     resources = load_resources(get_resources_row(session, body.resource_id, loc=["body", "resource_id"]))
     if body.job_id is not None:
-        try:
-            get_job(session, body.job_id)
-        except NotFoundError:
-            raise not_found("job", body.job_id, loc=["body", "job_id"]) from None
+        _require_job(session, body.job_id, loc=["body", "job_id"])
     strategy = _strategy(session, body)
     try:
         strategy.validate_for(graph, resources)
@@ -78,12 +75,17 @@ def _record(body: TrialCreate, strategy: Strategy, *, global_batch: int) -> Tria
 def _check_filters(session: Session, job_id: uuid.UUID | None, graph_id: str | None) -> None:
     """A filter naming nothing stored is a typo far more often than a question: 404, not an empty page."""
     if job_id is not None:
-        try:
-            get_job(session, job_id)
-        except NotFoundError:
-            raise not_found("job", job_id, loc=["query", "job_id"]) from None
+        _require_job(session, job_id, loc=["query", "job_id"])
     if graph_id is not None:
         get_graph_row(session, graph_id, loc=["query", "graph_id"])
+
+
+def _require_job(session: Session, job_id: uuid.UUID, *, loc: list[str | int]) -> None:
+    """A 404 that names where the client gave the job id (`get_job`'s own names no field)."""
+    try:
+        get_job(session, job_id)
+    except NotFoundError:
+        raise not_found("job", job_id, loc=loc) from None
 
 
 def list_trials(
