@@ -165,6 +165,18 @@ def test_sparse_embedding_bags_record_lookups_per_step() -> None:
     assert all(not v.sparse and v.lookups_per_step is None for v in graph.variables if v.name.startswith("top"))
 
 
+@pytest.mark.parametrize("bag", [False, True])
+def test_an_embedding_lookup_moves_the_rows_it_reads_not_its_table(bag: bool) -> None:
+    def traffic(rows: int) -> float:
+        table = nn.EmbeddingBag(rows, 16, mode="sum", sparse=True) if bag else nn.Embedding(rows, 16)
+        graph = capture(nn.Sequential(table), (torch.randint(0, 64, (8, 3)),), batch_size=8)
+        return graph.layer("0").bytes_moved
+
+    looked_up = 8 * 3 * 16 * 4
+    assert traffic(100_000) == traffic(64)  # a 6 MiB table costs its lookups, as a 4 KiB one does
+    assert looked_up < traffic(64) < 4 * looked_up  # rows read, indices, output written
+
+
 def test_capture_leaves_a_real_model_untouched() -> None:
     model = ConvNet().eval()
     before = {name: p.detach().clone() for name, p in model.state_dict().items()}
