@@ -7,7 +7,11 @@ at its `conv_efficiency` (the same unless calibration measured otherwise), other
 `elementwise_efficiency`; the memory term uses `elementwise_efficiency` of the
 memory bandwidth (what streaming kernels reach), `norm_efficiency` for normalization layers. Backward reads and
 writes about twice what forward does (input and weight gradients), so its memory term uses
-2 x `bytes_moved`. Tensor parallelism divides the work of split layers, and of element-wise layers on
+2 x `bytes_moved`. An embedding lookup is a gather: it reads the rows looked up (what capture counts,
+not the table) and writes them out, at the kind's `stream_efficiency`, a copy's rate; its backward
+has no input gradient, only the rows' gradient, so it moves 1 x `bytes_moved`. A table with dense
+gradients also writes a table-sized gradient in backward (zeros, then the rows added in), at the same
+rate, in every micro-batch whatever its size. Tensor parallelism divides the work of split layers, and of element-wise layers on
 sharded activations (a GELU between a column- and a row-parallel matmul), by the tensor degree
 (launches stay); a micro-batch does 1/m of the work and pays every launch again.
 """
@@ -32,12 +36,15 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
     efficiency = np.where(context.layer_matmul, k.matmul_efficiency[kind], k.elementwise_efficiency[kind])
     efficiency = np.where(context.layer_conv, k.conv_efficiency[kind], efficiency)
     flop_rate = k.peak_flops[kind] * efficiency
+    stream_rate = k.memory_bandwidth[kind] * k.stream_efficiency[kind]
     byte_rate = k.memory_bandwidth[kind] * np.where(context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind])
+    byte_rate = np.where(context.layer_embedding, stream_rate, byte_rate)
     share = np.where(context.layer_tensor_split | context.layer_sharded_input, 1.0 / tensor, 1.0) / micro_batches
     launch = k.launch_overhead_s[kind]
     fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate) + launch
-    bwd_bytes = BACKWARD_BYTES_FACTOR * context.bytes_moved * share / byte_rate
-    bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + launch
+    bwd_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR) * context.bytes_moved * share / byte_rate
+    fill = context.layer_grad_fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
+    bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + fill + launch
     result = (fwd, bwd)
     context._layer_time_cache[key] = result
     return result

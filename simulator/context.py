@@ -15,7 +15,7 @@ from simulator import collectives
 from simulator.compression import CompressionTables, VariableFigures, tables
 from simulator.tensor_plan import tensor_plan
 from stratagem.errors import InvalidResourceSpecError, Problem
-from stratagem.ir import DeviceSpec, LayerKind, ModelGraph, Node, ResourceSpec, TensorParallelLayer
+from stratagem.ir import DeviceSpec, Layer, LayerKind, ModelGraph, Node, ResourceSpec, TensorParallelLayer, Variable
 
 MATMUL_KINDS = frozenset({LayerKind.matmul, LayerKind.conv, LayerKind.attention})
 """Layers whose arithmetic runs at the device's matmul efficiency."""
@@ -185,6 +185,8 @@ class SimContext:
     """Convolution layers (they compute at the kind's `conv_efficiency`)."""
     layer_norm: np.ndarray
     """Normalization layers (they stream memory at the kind's `norm_efficiency`)."""
+    layer_embedding: np.ndarray
+    """Embedding lookups: a gather, which copies rows (at the kind's `stream_efficiency`)."""
     layer_tensor_split: np.ndarray
     layer_tp_allreduce: np.ndarray
     """Matmul layers that end a Megatron column/row pair: they all-reduce their output in each pass."""
@@ -202,6 +204,10 @@ class SimContext:
     the saved activations of any layer outside the blocks."""
     layer_frozen_bytes: np.ndarray
     """Bytes of non-trainable variables per layer (memory only)."""
+    layer_grad_fill_bytes: np.ndarray
+    """[L] bytes of the dense gradients an embedding layer's backward materialises: autograd writes a
+    table-sized gradient of zeros, then adds the looked-up rows into it (trainable tables without sparse
+    gradients; 0 elsewhere)."""
     batch_size: int
     state_bytes_per_param: float
     update_per_variable: bool
@@ -402,7 +408,7 @@ def _layer_arrays(graph: ModelGraph) -> dict:
     for i, layer in enumerate(layers):
         frozen[i] = sum(by_name[n].nbytes for n in layer.variables if not by_name[n].trainable)
     row_parallel = _row_parallel(graph, index, matmul)
-    split = np.array([layer.kind in TENSOR_SPLIT_KINDS for layer in layers], dtype=bool)
+    split = np.array([_splits(layer, by_name) for layer in layers], dtype=bool)
     units = [layer_unit(layer.name) for layer in layers]
     recomputed = np.array([_numbered(unit) for unit in _carried(units)], dtype=bool)
     starts = _unit_starts(units)
@@ -422,6 +428,7 @@ def _layer_arrays(graph: ModelGraph) -> dict:
         "layer_matmul": matmul,
         "layer_conv": np.array([layer.kind == LayerKind.conv for layer in layers], dtype=bool),
         "layer_norm": np.array([layer.kind == LayerKind.norm for layer in layers], dtype=bool),
+        "layer_embedding": np.array([layer.kind == LayerKind.embedding for layer in layers], dtype=bool),
         "layer_tensor_split": split,
         "layer_tp_allreduce": row_parallel,
         "layer_sharded_input": _sharded_inputs(graph, index, split & matmul & ~row_parallel, row_parallel),
@@ -429,7 +436,28 @@ def _layer_arrays(graph: ModelGraph) -> dict:
         "unit_starts": starts,
         "recompute_kept": kept,
         "layer_frozen_bytes": frozen,
+        "layer_grad_fill_bytes": np.array([_grad_fill_bytes(layer, by_name) for layer in layers], dtype=float),
     }
+
+
+def _dense_tables(layer: Layer, variables: dict[str, Variable]) -> list[Variable]:
+    """An embedding layer's trainable tables whose gradients are dense (no `sparse` lookups)."""
+    if layer.kind != LayerKind.embedding:
+        return []
+    return [variables[n] for n in layer.variables if variables[n].trainable and not variables[n].sparse]
+
+
+def _splits(layer: Layer, variables: dict[str, Variable]) -> bool:
+    """Whether tensor parallelism divides the layer. Embeddings split by vocabulary only where every
+    table is trainable with dense gradients, as the runtime's plan splits them (`simulator.tensor_plan`):
+    a frozen table (fixed positions) or a sparse one stays whole on every rank."""
+    if layer.kind != LayerKind.embedding:
+        return layer.kind in TENSOR_SPLIT_KINDS
+    return bool(layer.variables) and len(_dense_tables(layer, variables)) == len(layer.variables)
+
+
+def _grad_fill_bytes(layer: Layer, variables: dict[str, Variable]) -> float:
+    return float(sum(v.nbytes for v in _dense_tables(layer, variables)))
 
 
 def _row_parallel(graph: ModelGraph, index: dict[str, int], matmul: np.ndarray) -> np.ndarray:
@@ -542,7 +570,8 @@ def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
     itemsize = np.array([v.dtype.itemsize for v in trainable], dtype=float)
     rows = np.array([v.shape[0] if v.shape else 1 for v in trainable], dtype=float)
     ps_bytes = np.array([min(v.nbytes, (v.lookups_per_step or 0) * v.row_bytes) if v.sparse else v.nbytes for v in trainable], dtype=float)
-    split = np.array([bool(graph.layers) and graph.layers[int(li)].kind in TENSOR_SPLIT_KINDS for li in layer_of], dtype=bool)
+    by_name = {v.name: v for v in graph.variables}
+    split = np.array([bool(graph.layers) and _splits(graph.layers[int(li)], by_name) for li in layer_of], dtype=bool)
     state = numel * graph.optimizer.state_bytes_per_param
     sparse = np.array([v.sparse for v in trainable], dtype=bool)
     # Backward runs layers in reverse; a stable sort on -layer keeps graph order among a layer's variables.

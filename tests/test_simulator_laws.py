@@ -293,6 +293,43 @@ def test_sparse_variables_move_only_the_rows_looked_up():
     assert sparse.ps_bytes["10.0.0.1"] < dense.ps_bytes["10.0.0.1"] / 10
 
 
+def embedding_graph(rows: int, *, sparse: bool, trainable: bool = True, lookups: int = 4096, width: int = 64) -> ModelGraph:
+    """One table whose lookups feed a matmul; the embedding layer's bytes are its rows read and written."""
+    moved = 2.0 * 4 * lookups * width
+    table = Variable(name="emb.weight", shape=[rows, width], sparse=sparse, trainable=trainable, lookups_per_step=lookups)
+    head = Variable(name="fc.weight", shape=[width, width])
+    flops = 2.0 * lookups * width * width
+    return ModelGraph(name="emb", batch_size=lookups, variables=[table, head], layers=[
+        Layer(name="emb", type="Embedding", kind="embedding", bytes_moved=moved, output_bytes=moved / 2, variables=["emb.weight"]),
+        Layer(name="fc", type="Linear", kind="matmul", fwd_flops=flops, bwd_flops=2 * flops, bytes_moved=moved,
+              output_bytes=moved / 2, inputs=["emb"], variables=["fc.weight"])])
+
+
+def test_a_sparse_tables_compute_does_not_grow_with_the_table_and_a_dense_one_writes_its_gradient_once():
+    spec = cluster(nodes=1, gpus=1)
+    device = spec.device_spec("T4")
+
+    def compute(rows: int, *, sparse: bool, trainable: bool = True) -> float:
+        graph = embedding_graph(rows, sparse=sparse, trainable=trainable)
+        strategy = Strategy(replicas=spec.compute_devices, variables=[VariableConfig(var_name=v.name, synchronizer=AllReduceSynchronizer())
+                                                                      for v in graph.trainable_variables])
+        return simulate(graph, spec, [strategy])[0].breakdown["compute"]
+
+    assert compute(10_000_000, sparse=True) == compute(1_000, sparse=True)
+    table = 10_000_000 * 64 * 4.0
+    grown = compute(10_000_000, sparse=False) - compute(1_000, sparse=False)
+    assert grown == pytest.approx((table - 1_000 * 64 * 4.0) / (device.memory_bandwidth * (device.stream_efficiency or device.elementwise_efficiency)))
+    assert compute(10_000_000, sparse=False, trainable=False) == compute(1_000, sparse=True)  # a frozen table has no gradient
+
+
+def test_tensor_parallelism_splits_only_the_tables_the_runtime_splits():
+    spec = cluster(nodes=1, gpus=4)
+    for sparse, trainable, split in ((False, True, True), (True, True, False), (False, False, False)):
+        context = compile_context(embedding_graph(1_000_000, sparse=sparse, trainable=trainable), spec)
+        assert bool(context.layer_tensor_split[context.layer_index["emb"]]) is split, (sparse, trainable)
+        assert context.var_tensor_split.tolist() == ([split] if trainable else []) + [True]  # then fc.weight
+
+
 def test_local_replication_sends_one_push_per_node():
     graph, spec = mlp(), cluster(nodes=3, gpus=4)
     plain = simulate(graph, spec, [ps(graph, spec, "10.0.0.1:CPU:0")])[0]
