@@ -11,9 +11,10 @@ writes about twice what forward does (input and weight gradients), so its memory
 not the table) and writes them out, at the kind's `stream_efficiency`, a copy's rate; its backward
 has no input gradient, only the rows' gradient, so it moves 1 x `bytes_moved`. A table with dense
 gradients also writes a table-sized gradient in backward (zeros, then the rows added in), at the same
-rate, in every micro-batch whatever its size. Tensor parallelism divides the work of split layers, and of element-wise layers on
-sharded activations (a GELU between a column- and a row-parallel matmul), by the tensor degree
-(launches stay); a micro-batch does 1/m of the work and pays every launch again.
+rate, in every micro-batch whatever its size. Tensor parallelism divides the work of split layers,
+and of element-wise layers on sharded activations (a GELU between a column- and a row-parallel
+matmul), by the tensor degree (launches stay); a micro-batch does 1/m of the work and pays every
+launch again.
 """
 
 from __future__ import annotations

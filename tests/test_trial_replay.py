@@ -97,6 +97,14 @@ def test_activation_bytes_are_held_until_backward():
     assert work.activation is None
 
 
+def test_a_lookup_layer_burns_its_recorded_bytes_less_what_its_real_lookups_moved():
+    graph = ModelGraph(batch_size=16, layers=[{"name": "emb", "kind": "embedding", "bytes_moved": 1e6, "variables": ["emb.weight"]}],
+                       variables=[{"name": "emb.weight", "shape": [5000, 32], "sparse": True, "lookups_per_step": 64}])
+    output = ReplayModel(graph)(*replay_batch_maker(graph)(16))
+    indices, rows = 16 * 4 * 8, 16 * 4 * 32 * 4  # four int64 lookups per sample, each a row of 32 floats
+    assert output.grad_fn.cost.bytes_moved == 1e6 - (indices + 2 * rows)
+
+
 def test_variable_names_torch_cannot_hold_are_refused_with_their_path():
     graph = ModelGraph(batch_size=1, layers=[{"name": "l", "variables": ["a", "a.b"]}],
                        variables=[{"name": "a", "shape": [2]}, {"name": "a.b", "shape": [2]}])

@@ -5,7 +5,7 @@ back exactly the graph's variable names and a strategy written for the graph app
 Each layer, in forward order, first folds its variables into a small hidden state (dense ones by a
 mean, sparse ones by a real `F.embedding(..., sparse=True)` lookup of the recorded number of rows)
 and then burns the recorded work: a matrix multiply sized to the layer's FLOPs, element-wise traffic
-sized to its bytes, and an activation tensor of the recorded size held until backward. Its backward
+sized to its bytes less what its real lookups moved, and an activation tensor of the recorded size held until backward. Its backward
 burns the recorded backward FLOPs before the gradient reaches the layer's variables, so gradients
 become ready in the graph's backward order, one layer's compute after the next.
 """
@@ -66,8 +66,9 @@ class ReplayModel(nn.Module):
         scale = x.shape[0] / self.graph_batch_size
         hidden = x.detach().float().requires_grad_(True)
         for layer in self._plan:
-            hidden = hidden + self._touch(layer, indices)
-            cost = _Cost(layer.fwd_flops * scale, layer.bwd_flops * scale, layer.bytes_moved * scale,
+            touched, looked_up = self._touch(layer, indices)
+            hidden = hidden + touched
+            cost = _Cost(layer.fwd_flops * scale, layer.bwd_flops * scale, max(0.0, layer.bytes_moved * scale - looked_up),
                          layer.activation_bytes * scale, self.compute_dtype)
             hidden = _Work.apply(hidden, cost)
         return hidden
@@ -77,14 +78,18 @@ class ReplayModel(nn.Module):
         module, leaf = self._homes[name]
         return module._parameters[leaf]  # type: ignore[return-value]
 
-    def _touch(self, layer: _LayerPlan, indices: tuple[torch.Tensor, ...]) -> torch.Tensor | float:
+    def _touch(self, layer: _LayerPlan, indices: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | float, float]:
+        """The layer's variables folded into the hidden state, and the bytes its real lookups moved as
+        capture counts a lookup (indices, rows read, rows written): work the layer's burn leaves out."""
         total: torch.Tensor | float = 0.0
+        looked_up = 0.0
         for name in layer.dense:
             total = total + self._parameter(name).float().mean()
         for name, position in layer.sparse:
             rows = F.embedding(indices[position], self._parameter(name), sparse=True)
             total = total + rows.float().mean()
-        return total * TOUCH_SCALE
+            looked_up += indices[position].numel() * indices[position].element_size() + 2 * rows.numel() * rows.element_size()
+        return total * TOUCH_SCALE, looked_up
 
 
 def replay_batch_maker(graph: ModelGraph) -> Any:

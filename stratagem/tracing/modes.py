@@ -69,8 +69,8 @@ class OpRecorder(TorchDispatchMode):
 
 def _traffic(name: str, args: tuple[Any, ...], inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:
     """Bytes an op streams: its inputs and outputs, except that an embedding lookup reads the rows it
-    looks up, not its table. Counting the table priced a DLRM with a 244 MiB table at 80 ms of traffic
-    per step where its lookups take 0.3 ms (`benchmarks/embedding_lookups.py`)."""
+    looks up, not its table. Counting the table priced a 244 MiB table's lookups at 112 ms a step
+    where they take 0.4 ms (`benchmarks/embedding_lookups.py`)."""
     def size(t: torch.Tensor) -> int:
         return t.numel() * t.element_size()
 
