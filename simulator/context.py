@@ -408,7 +408,7 @@ def _layer_arrays(graph: ModelGraph) -> dict:
     for i, layer in enumerate(layers):
         frozen[i] = sum(by_name[n].nbytes for n in layer.variables if not by_name[n].trainable)
     row_parallel = _row_parallel(graph, index, matmul)
-    split = np.array([_splits(layer, by_name) for layer in layers], dtype=bool)
+    split = np.array([_splits(layer, graph) for layer in layers], dtype=bool)
     units = [layer_unit(layer.name) for layer in layers]
     recomputed = np.array([_numbered(unit) for unit in _carried(units)], dtype=bool)
     starts = _unit_starts(units)
@@ -436,28 +436,29 @@ def _layer_arrays(graph: ModelGraph) -> dict:
         "unit_starts": starts,
         "recompute_kept": kept,
         "layer_frozen_bytes": frozen,
-        "layer_grad_fill_bytes": np.array([_grad_fill_bytes(layer, by_name) for layer in layers], dtype=float),
+        "layer_grad_fill_bytes": np.array([_grad_fill_bytes(layer, graph) for layer in layers], dtype=float),
     }
 
 
-def _dense_tables(layer: Layer, variables: dict[str, Variable]) -> list[Variable]:
+def _dense_tables(layer: Layer, graph: ModelGraph) -> list[Variable]:
     """An embedding layer's trainable tables whose gradients are dense (no `sparse` lookups)."""
     if layer.kind != LayerKind.embedding:
         return []
-    return [variables[n] for n in layer.variables if variables[n].trainable and not variables[n].sparse]
+    tables = [graph.variable(n) for n in layer.variables]
+    return [v for v in tables if v.trainable and not v.sparse]
 
 
-def _splits(layer: Layer, variables: dict[str, Variable]) -> bool:
+def _splits(layer: Layer, graph: ModelGraph) -> bool:
     """Whether tensor parallelism divides the layer. Embeddings split by vocabulary only where every
     table is trainable with dense gradients, as the runtime's plan splits them (`simulator.tensor_plan`):
     a frozen table (fixed positions) or a sparse one stays whole on every rank."""
     if layer.kind != LayerKind.embedding:
         return layer.kind in TENSOR_SPLIT_KINDS
-    return bool(layer.variables) and len(_dense_tables(layer, variables)) == len(layer.variables)
+    return bool(layer.variables) and len(_dense_tables(layer, graph)) == len(layer.variables)
 
 
-def _grad_fill_bytes(layer: Layer, variables: dict[str, Variable]) -> float:
-    return float(sum(v.nbytes for v in _dense_tables(layer, variables)))
+def _grad_fill_bytes(layer: Layer, graph: ModelGraph) -> float:
+    return float(sum(v.nbytes for v in _dense_tables(layer, graph)))
 
 
 def _row_parallel(graph: ModelGraph, index: dict[str, int], matmul: np.ndarray) -> np.ndarray:
@@ -570,8 +571,7 @@ def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
     itemsize = np.array([v.dtype.itemsize for v in trainable], dtype=float)
     rows = np.array([v.shape[0] if v.shape else 1 for v in trainable], dtype=float)
     ps_bytes = np.array([min(v.nbytes, (v.lookups_per_step or 0) * v.row_bytes) if v.sparse else v.nbytes for v in trainable], dtype=float)
-    by_name = {v.name: v for v in graph.variables}
-    split = np.array([bool(graph.layers) and _splits(graph.layers[int(li)], by_name) for li in layer_of], dtype=bool)
+    split = np.array([bool(graph.layers) and _splits(graph.layers[int(li)], graph) for li in layer_of], dtype=bool)
     state = numel * graph.optimizer.state_bytes_per_param
     sparse = np.array([v.sparse for v in trainable], dtype=bool)
     # Backward runs layers in reverse; a stable sort on -layer keeps graph order among a layer's variables.
