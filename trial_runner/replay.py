@@ -5,9 +5,10 @@ back exactly the graph's variable names and a strategy written for the graph app
 Each layer, in forward order, first folds its variables into a small hidden state (dense ones by a
 mean, sparse ones by a real `F.embedding(..., sparse=True)` lookup of the recorded number of rows)
 and then burns the recorded work: a matrix multiply sized to the layer's FLOPs, element-wise traffic
-sized to its bytes less what its real lookups moved, and an activation tensor of the recorded size held until backward. Its backward
-burns the recorded backward FLOPs before the gradient reaches the layer's variables, so gradients
-become ready in the graph's backward order, one layer's compute after the next.
+sized to its bytes less what its real lookups moved, and an activation tensor of the recorded size
+held until backward. Its backward burns the recorded backward FLOPs before the gradient reaches the
+layer's variables, so gradients become ready in the graph's backward order, one layer's compute
+after the next.
 """
 
 from __future__ import annotations
