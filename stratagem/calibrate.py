@@ -564,14 +564,24 @@ def _copy_back(grads: list[Any], flat: Any) -> None:
         grad.copy_(value)
 
 
-def averaged_flat(dist: Any, torch: Any, grads: list[Any]) -> Any:
-    """What every all-reduce bucket does before its collective: flatten, divide by the ranks."""
-    return torch.cat(grads) / dist.get_world_size()
+def averaged_flat(dist: Any, torch: Any, grads: list[Any], scratch: tuple[Any, Any] | None = None) -> Any:
+    """What every all-reduce bucket does before its collective: flatten, divide by the ranks (into
+    `scratch`, a flat buffer and an average buffer, when given)."""
+    if scratch is None:
+        return torch.cat(grads) / dist.get_world_size()
+    flat, averaged = scratch
+    return torch.div(torch.cat(grads, out=flat), dist.get_world_size(), out=averaged)
 
 
-def allreduce_bucket(dist: Any, torch: Any, grads: list[Any]) -> None:
+def bucket_scratch(torch: Any, grads: list[Any]) -> tuple[Any, Any]:
+    """The two bucket-sized buffers `averaged_flat` writes, made once and reused."""
+    numel = sum(g.numel() for g in grads)
+    return torch.empty(numel, dtype=torch.float32), torch.empty(numel, dtype=torch.float32)
+
+
+def allreduce_bucket(dist: Any, torch: Any, grads: list[Any], scratch: tuple[Any, Any] | None = None) -> None:
     """An all-reduce bucket as the runtime runs it: flatten, divide by the ranks, all-reduce, copy back."""
-    flat = averaged_flat(dist, torch, grads)
+    flat = averaged_flat(dist, torch, grads, scratch)
     dist.all_reduce(flat)
     _copy_back(grads, flat)
 
@@ -610,16 +620,25 @@ def ps_pull(dist: Any, torch: Any, grads: list[Any], kept: Any) -> None:
 
 def allreduce_seconds(dist: Any, torch: Any) -> list[float]:
     """Median seconds of an all-reduce bucket (`allreduce_bucket`) per size in SIZES, each timed from a
-    barrier. The copies are what a bucket costs beyond the wire, so the fitted link includes them."""
+    barrier. The copies are what a bucket costs beyond the wire, so the fitted link includes them.
+
+    The copies go to buffers reused over the repeats, as a training step's buckets reuse the memory
+    they freed the step before. Fresh ones faulted their pages in whenever the heap had grown around
+    other work: in an interleaved block (`benchmarks/interleaved.py`) of the deep replayed MLP's 8
+    strategies, one 32 MiB bucket in six faulted in every page of its divide's output and the block's
+    first rounds took 118-197 ms; reused, 38-47 ms from the first round. Session 25's run AD had put
+    the 32 MiB bucket at 75-83 ms in that job's blocks against 51-63 in the others', so the fitted link
+    priced the MLP's all-reduce 1.6 times too dear."""
     medians = []
     for size in SIZES:
         grads = gradients(torch, size)
+        scratch = bucket_scratch(torch, grads)
         repeats = 10 if size <= 65536 else 4
         samples = []
         for i in range(repeats + 2):
             dist.barrier()
             start = time.perf_counter()
-            allreduce_bucket(dist, torch, grads)
+            allreduce_bucket(dist, torch, grads, scratch)
             if i >= 2:
                 samples.append(time.perf_counter() - start)
         medians.append(statistics.median(samples))
