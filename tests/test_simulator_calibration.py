@@ -150,9 +150,10 @@ def bucket_paths(rank: int, world: int, payload: dict) -> dict:
     g = grads()
     calibrate.ps_pull(dist, torch, g, torch.arange(16, dtype=torch.float32))
     out["pulled"] = [x.tolist() for x in g]
-    out["efficiencies"] = [*calibrate.root_efficiencies(dist, torch, repeats=1), calibrate.scatter_efficiency(dist, torch, repeats=1)]
+    # three repeats: the median rides out one stall of a busy machine, which a single timing cannot
+    out["efficiencies"] = [*calibrate.root_efficiencies(dist, torch, repeats=3), calibrate.scatter_efficiency(dist, torch, repeats=3)]
     out["lowrank_round_s"] = calibrate.lowrank_round_seconds(dist, torch, repeats=3)
-    out["half"] = calibrate.half_reduce_efficiencies(dist, torch, repeats=1)
+    out["half"] = calibrate.half_reduce_efficiencies(dist, torch, repeats=3)
     return out
 
 
