@@ -55,6 +55,8 @@ class CollectivePhase:
     """[N] seconds of the sharded groups' parameter all-gather after the update."""
     allreduce_bytes: np.ndarray
     """[N] wire bytes all-reduced per step (after compression)."""
+    latency_busy: np.ndarray
+    """[N] the part of the channel's busy time (both kinds) that is collectives' latency, not bytes."""
 
 
 def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase) -> CollectivePhase:
@@ -84,11 +86,16 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     nbytes = group_bytes.take(groups)
     last_member = row * V + context.order.take(position)
     algorithm = batch.algorithm.ravel().take(last_member)
-    ar_time = _group_seconds(topo, batch, row, algorithm, batch.compressor.ravel().take(last_member), nbytes)
+    compressor = batch.compressor.ravel().take(last_member)
+    ar_time = _group_seconds(topo, batch, row, algorithm, compressor, nbytes)
+    ar_latency = _group_seconds(topo, batch, row, algorithm, compressor, np.zeros_like(nbytes))
     lowrank = np.flatnonzero(_lowrank_groups(context, batch, compressed, key, n * slots).take(groups)) if compressed.size else compressed
     if lowrank.size:
-        ar_time[lowrank] += _second_round(context, topo, row.take(lowrank), algorithm.take(lowrank))
+        second = _second_round(context, topo, row.take(lowrank), algorithm.take(lowrank))
+        ar_time[lowrank] += second
+        ar_latency[lowrank] += second
     rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
+    latency = np.where(sharded, topo.reduce_scatter[0].take(row), ar_latency)
     duration = np.where(sharded, rs_time, ar_time)
     if squeeze is not None:
         duration += squeeze.take(groups)
@@ -96,16 +103,18 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     service.ravel()[row * V + position] = duration
     ag_time = collectives.cost((topo.all_gather[0].take(row), topo.all_gather[1].take(row)), nbytes) * sharded
     busy, wire_total = _per_row(row, duration * ~sharded, n), _per_row(row, nbytes * ~sharded, n)
+    latency_busy = _per_row(row, latency, n)
     if sparse is not None:
-        rows_seconds, rows_bytes = _sparse_rows(context, batch, topo, sparse)
+        rows_seconds, rows_bytes, rows_latency = _sparse_rows(context, batch, topo, sparse)
         service[:, V - 1] += rows_seconds
-        busy, wire_total = busy + rows_seconds, wire_total + rows_bytes
+        busy, wire_total, latency_busy = busy + rows_seconds, wire_total + rows_bytes, latency_busy + rows_latency
     return CollectivePhase(
         finish=_stream_finish(context, batch, compute, service),
         allreduce_busy=busy,
         sharded_busy=_per_row(row, duration * sharded, n),
         all_gather=_per_row(row, ag_time, n),
         allreduce_bytes=wire_total,
+        latency_busy=latency_busy,
     )
 
 
@@ -117,8 +126,9 @@ def _sparse_allreduce(context: SimContext, batch: CandidateBatch) -> np.ndarray 
     return (batch.kind == SyncKind.ALLREDUCE) & context.var_sparse[None, :]
 
 
-def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, sparse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[N] seconds and wire bytes of the sparse variables' row exchanges. As the runtime runs them, at
+def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, sparse: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N] seconds, wire bytes and latency seconds of the sparse variables' row exchanges. As the runtime runs them, at
     the optimizer step each rank coalesces its gradients, all-gathers every table's row count in one
     collective, then each table's int64 indices and values, so every rank receives its p - 1 peers'
     rows, and coalesces the p row sets into one sum."""
@@ -131,8 +141,9 @@ def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, spa
     coalesce_rate = kinds.memory_bandwidth[topo.kind] * kinds.coalesce_efficiency[topo.kind]
     coalesced = work * (1.0 + batch.data)
     calls = 1 + SPARSE_ALLREDUCE_COLLECTIVES * count
-    seconds = np.where(count > 0, calls * latency + gathered * per_byte + coalesced / coalesce_rate, 0.0)
-    return seconds, per_row * np.maximum(batch.data - 1, 0)
+    latencies = np.where(count > 0, calls * latency, 0.0)
+    seconds = np.where(count > 0, latencies + gathered * per_byte + coalesced / coalesce_rate, 0.0)
+    return seconds, per_row * np.maximum(batch.data - 1, 0), latencies
 
 
 def _stream_finish(context: SimContext, batch: CandidateBatch, compute: ComputePhase, service: np.ndarray) -> np.ndarray:

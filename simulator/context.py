@@ -85,6 +85,8 @@ class DeviceKinds:
     """A PowerSGD bucket's two dependent all-reduces beyond their bytes, seconds (else 0: two link latencies)."""
     comm_overlap: np.ndarray
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
+    comm_latency_contention: np.ndarray
+    """Latencies a collective running during compute takes from it beyond that share (0 on GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +379,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
+        comm_latency_contention=np.array([s.comm_latency_contention for s in specs]),
     )
 
 

@@ -17,7 +17,12 @@ staleness bound s (in steps), but the busiest PS NIC must still carry a step's t
 
 Where compute and communication share cores (a CPU rank under gloo; `DeviceSpec.comm_overlap` < 1),
 the part of each channel's transfers that ran during compute slows compute by (1 - overlap) of it,
-and every completion above moves by that much (`_stolen`); on GPUs (overlap 1) nothing moves.
+and every completion above moves by that much (`_stolen`); on GPUs (overlap 1) nothing moves. On such
+cores each collective that runs during compute also takes `comm_latency_contention` times its latency
+from it (its hand-offs wait for a core the compute holds), so many small collectives launched in
+backward cost more than one large one carrying the same bytes:
+
+    stolen = (1 - overlap) · hidden + contention · hidden · latency / busy
 
 The breakdown splits the step into components that add up to it exactly (see BREAKDOWN_KEYS).
 """
@@ -95,7 +100,8 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
     update = update_seconds(context, topo.kind, update_bytes(context, batch, compute, sums), update_tensors(context, batch, compute, sums))
-    step, breakdown = _compose(batch, compute, coll, ps, update, context.kinds.comm_overlap[topo.kind])
+    kinds = context.kinds
+    step, breakdown = _compose(batch, compute, coll, ps, update, kinds.comm_overlap[topo.kind], kinds.comm_latency_contention[topo.kind])
     global_batch = context.batch_size * batch.data.astype(np.float64)
     samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)
     extra = _detail(ps, coll, memory) if detail else {}
@@ -103,12 +109,14 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
 
 
 def _compose(
-    batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase, ps: PSPhase, update: np.ndarray, overlap: np.ndarray
+    batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase, ps: PSPhase, update: np.ndarray, overlap: np.ndarray,
+    contention: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     end = compute.end
     busy = coll.allreduce_busy + coll.sharded_busy
-    stolen_c = _stolen(end, coll.finish, busy, overlap)
-    stolen_p = _stolen(end, ps.finish, ps.throughput + ps.last_pull, overlap)
+    latency_share = np.divide(coll.latency_busy, busy, out=np.zeros_like(busy), where=busy > 0)
+    stolen_c = _stolen(end, coll.finish, busy, overlap, contention * latency_share)
+    stolen_p = _stolen(end, ps.finish, ps.throughput + ps.last_pull, overlap, np.zeros_like(overlap))
     collectives_done = np.maximum(end, coll.finish) + stolen_c + stolen_p
     local = collectives_done + update + coll.all_gather
     bsp = np.maximum(collectives_done, ps.finish + stolen_c + stolen_p) + update + coll.all_gather
@@ -133,15 +141,17 @@ def _compose(
     return step, np.stack([columns[k] for k in BREAKDOWN_KEYS], axis=1)
 
 
-def _stolen(end: np.ndarray, finish: np.ndarray, busy: np.ndarray, overlap: np.ndarray) -> np.ndarray:
+def _stolen(end: np.ndarray, finish: np.ndarray, busy: np.ndarray, overlap: np.ndarray, contention: np.ndarray) -> np.ndarray:
     """Seconds a channel's transfers take from compute they overlap on the same cores.
 
     Every transfer is ready by `end`, so the channel works without a gap from `end` to `finish`; the
     rest of its `busy` time ran during compute. Of that, the share the device cannot overlap
-    (1 - `comm_overlap`: all of it when compute and communication take turns on the same CPU cores,
-    none on a GPU) delays compute, and everything after it, by as much."""
+    (1 - `comm_overlap`: most of it when compute and communication take turns on the same CPU cores,
+    none on a GPU) delays compute, and everything after it, by as much; `contention` (latency
+    contention times the channel's latency share of `busy`) adds what the hidden collectives' hand-offs
+    take on cores the compute holds."""
     hidden = np.maximum(busy - np.maximum(finish - end, 0.0), 0.0)
-    return (1.0 - overlap) * hidden
+    return (1.0 - overlap + contention) * hidden
 
 
 def _detail(ps: PSPhase, coll: CollectivePhase, memory: MemoryPhase) -> dict[str, np.ndarray]:

@@ -48,8 +48,9 @@ size of the last-level cache first, untimed). In about 15-30 seconds:
   from the smallest (`fit_ring`), so the link is described as a bucket sees it, copies included;
 - overlap: all-reduces launched while the rank computes; the share of their time that hides behind
   the compute (1: all of it, 0: they take turns on the cores) -> `comm_overlap`. Only measured when
-  the machine has cores beyond the ranks' compute threads: without one, communication can only run by
-  taking turns with compute, so the overlap is 0 (and a measurement would only see the neighbours).
+  the machine has cores beyond the ranks' compute threads. Without one a probe would only see the
+  neighbours, and the spec takes the shared-core figures instead (`SHARED_CORE_OVERLAP`,
+  `SHARED_CORE_LATENCY_CONTENTION`): fitted to real steps, not measured here.
 
 The spec has one node at 127.0.0.1 whose `ranks` CPUs are the devices, of kind `CPU-calibrated`
 (also registered under `CPU`, so every consumer asking for the node's kind gets the measured figures).
@@ -91,6 +92,19 @@ RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementw
          "lowrank_large_rate", "coalesce_rate", "scatter_efficiency",
          "gather_efficiency", "half_reduce_efficiency", "half_wire_efficiency", "reduce_efficiency", "broadcast_efficiency", "overlap")
 """Figures where a higher value is better: the slowest rank's is the smallest."""
+
+
+SHARED_CORE_OVERLAP = 0.2
+"""`comm_overlap` of ranks with no core to spare for gloo's threads. Communication and compute take
+turns on the cores, but not strictly: a bucket's copies fill moments a rank's compute leaves idle (a
+wait on its peer). Fitted, with the contention below, on accuracy runs S to Y (a grid of 0.1-0.3 and
+1-2; the best within-model tau there, then MAPE); runs AA to AG, left out of the fit, check it
+(docs/simulator.md, "Shared cores")."""
+SHARED_CORE_LATENCY_CONTENTION = 1.5
+"""`comm_latency_contention` of the same ranks: a collective that runs while the compute threads hold
+the cores takes about one and a half of its latencies from that compute (its launch and its thread's
+wake-ups each wait for, and preempt, a busy core), which is why one all-reduce per variable launched
+in backward measures slower than one fused bucket launched at its end."""
 
 
 class CalibrationError(StratagemError):
@@ -193,9 +207,17 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         reduce_efficiency=_bounded(figures["reduce_efficiency"], 8.0) if "reduce_efficiency" in figures else None,
         broadcast_efficiency=_bounded(figures["broadcast_efficiency"], 8.0) if "broadcast_efficiency" in figures else None,
         lowrank_round_s=min(figures["lowrank_round_s"], 1.0) if "lowrank_round_s" in figures else None,
-        comm_overlap=min(max(figures["overlap"], 0.0), 1.0),
+        **_sharing(figures),
         is_gpu=False,
     )
+
+
+def _sharing(figures: dict[str, Any]) -> dict[str, float]:
+    """`comm_overlap` and `comm_latency_contention`: measured where a core was spare for communication,
+    the shared-core figures where none was (a calibration that did not record it measured its overlap)."""
+    if figures.get("spare_cores", 1) <= 0:
+        return {"comm_overlap": SHARED_CORE_OVERLAP, "comm_latency_contention": SHARED_CORE_LATENCY_CONTENTION}
+    return {"comm_overlap": min(max(figures["overlap"], 0.0), 1.0), "comm_latency_contention": 0.0}
 
 
 OPTIMIZER_TENSOR_BYTES = (2 << 20, 32 << 20)

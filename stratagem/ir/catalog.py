@@ -103,6 +103,11 @@ class DeviceSpec(Strict):
     """Fraction of communication time that can run alongside this device's compute without slowing it:
     1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
     (CPU ranks under gloo), as calibration measures."""
+    comm_latency_contention: float = Field(default=0.0, ge=0, le=8)
+    """Latencies a collective that runs during compute takes from that compute, beyond the share of its
+    time `comm_overlap` leaves: 0 where communication has engines of its own (GPUs); above 0 on CPU ranks
+    whose cores the compute threads hold, where every hand-off of a collective (its launch, each
+    wake-up of gloo's thread) waits for a core and preempts the compute to get one."""
     is_gpu: bool = True
 
     def flops_for(self, dtype: str) -> float:
