@@ -70,7 +70,8 @@ class BatchResult:
     """[N, len(BREAKDOWN_KEYS)] seconds, columns in BREAKDOWN_KEYS order."""
     server_over: np.ndarray
     detail: dict[str, np.ndarray] = field(default_factory=dict)
-    """With detail=True: per-node PS seconds and bytes, all-reduce bytes, server memory (for explanations)."""
+    """With detail=True: per-node PS seconds and bytes, all-reduce bytes and busy time, the collectives'
+    latency seconds, server memory (for explanations and tests)."""
 
     def __len__(self) -> int:
         return int(self.step_time.shape[0])
@@ -161,4 +162,5 @@ def _detail(ps: PSPhase, coll: CollectivePhase, memory: MemoryPhase) -> dict[str
         "ps_held": ps.held,
         "allreduce_bytes": coll.allreduce_bytes,
         "allreduce_busy": coll.allreduce_busy,
+        "collective_latency": coll.latency_busy,
     }

@@ -21,6 +21,8 @@ from stratagem.calibrate import (
     DEVICE_KIND,
     LOWRANK_MATRIX_BYTES,
     OPTIMIZER_TENSOR_BYTES,
+    SHARED_CORE_LATENCY_CONTENTION,
+    SHARED_CORE_OVERLAP,
     combine,
     device_spec,
     optimizer_size_law,
@@ -216,6 +218,17 @@ def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
     assert device.launch_overhead_s == pytest.approx(30e-6)
 
 
+def test_ranks_without_a_spare_core_take_the_shared_core_figures_instead_of_a_measured_overlap():
+    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9, "elementwise_rate": 2e9,
+               "norm_rate": 1e9, "optimizer_rate": 4e9, "layer_overhead_s": 30e-6, "overlap": 0.4}
+    shared = device_spec({**figures, "spare_cores": 0}, memory_bytes=4e9)
+    assert (shared.comm_overlap, shared.comm_latency_contention) == (SHARED_CORE_OVERLAP, SHARED_CORE_LATENCY_CONTENTION)
+    spare = device_spec({**figures, "spare_cores": 2}, memory_bytes=4e9)
+    assert (spare.comm_overlap, spare.comm_latency_contention) == (pytest.approx(0.4), 0.0)
+    unrecorded = device_spec(figures, memory_bytes=4e9)  # an old calibration measured whatever it recorded
+    assert (unrecorded.comm_overlap, unrecorded.comm_latency_contention) == (pytest.approx(0.4), 0.0)
+
+
 def test_root_collectives_may_beat_the_all_reduce_bandwidth_and_tensor_costs_pass_through():
     figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9, "elementwise_rate": 2e9,
                "norm_rate": 1e9, "optimizer_rate": 4e9, "layer_overhead_s": 30e-6, "overlap": 0.0,
@@ -255,6 +268,29 @@ def test_ranks_that_cannot_overlap_pay_for_the_communication_hidden_behind_backw
     for result in (full, none, half):
         assert float(result.breakdown[0].sum()) == pytest.approx(float(result.step_time[0]))
     assert float(none.component("allreduce")[0]) == pytest.approx(exposed + hidden)
+
+
+def test_each_collective_hidden_behind_backward_also_takes_its_latency_times_the_contention():
+    graph = make_mlp_graph(batch_size=256, widths=(1024, 1024, 1024, 1024, 10))
+    full = _allreduce_detail(cpu_spec(comm_overlap=1.0), graph)
+    busy, latency = float(full.detail["allreduce_busy"][0]), float(full.detail["collective_latency"][0])
+    hidden = busy - float(full.component("allreduce")[0])
+    assert 0 < latency < busy and hidden > 0
+    plain, contended = (_allreduce_detail(cpu_spec(comm_overlap=0.2, comm_latency_contention=c), graph) for c in (0.0, 1.5))
+    assert float(plain.step_time[0]) == pytest.approx(float(full.step_time[0]) + 0.8 * hidden)
+    assert float(contended.step_time[0]) == pytest.approx(float(plain.step_time[0]) + 1.5 * hidden * latency / busy)
+    assert float(contended.breakdown[0].sum()) == pytest.approx(float(contended.step_time[0]))
+
+
+def test_latency_contention_leaves_a_bucket_launched_after_backward_alone():
+    graph = make_mlp_graph(batch_size=256, widths=(1024, 1024, 1024, 1024, 10))
+    fused = [AllReduce().build(graph, cpu_spec())]  # one group, ready when the last gradient is
+
+    def step(**device: float) -> float:
+        resources = cpu_spec(**device)
+        return simulate(graph, resources, [s.replace(resources_id=resources.id) for s in fused])[0].step_time_s
+
+    assert step(comm_overlap=0.2, comm_latency_contention=2.0) == pytest.approx(step(comm_overlap=0.2))
 
 
 def test_full_overlap_is_the_default_and_changes_nothing():
