@@ -18,9 +18,10 @@ staleness bound s (in steps), but the busiest PS NIC must still carry a step's t
 Where compute and communication share cores (a CPU rank under gloo; `DeviceSpec.comm_overlap` < 1),
 the part of each channel's transfers that ran during compute slows compute by (1 - overlap) of it,
 and every completion above moves by that much (`_stolen`); on GPUs (overlap 1) nothing moves. On such
-cores each collective that runs during compute also takes `comm_latency_contention` times its latency
-from it (its hand-offs wait for a core the compute holds), so many small collectives launched in
-backward cost more than one large one carrying the same bytes:
+cores each collective on the collective stream that runs during compute also takes
+`comm_latency_contention` times its latency from it (its hand-offs wait for a core the compute holds),
+so many small collectives launched in backward cost more than one large one carrying the same bytes
+(a PS node's traffic pays the overlap share only):
 
     stolen = (1 - overlap) · hidden + contention · hidden · latency / busy
 

@@ -98,8 +98,8 @@ SHARED_CORE_OVERLAP = 0.2
 """`comm_overlap` of ranks with no core to spare for gloo's threads. Communication and compute take
 turns on the cores, but not strictly: a bucket's copies fill moments a rank's compute leaves idle (a
 wait on its peer). Fitted, with the contention below, on accuracy runs S to Y (a grid of 0.1-0.3 and
-1-2; the best within-model tau there, then MAPE); runs AA to AG, left out of the fit, check it
-(docs/simulator.md, "Shared cores")."""
+1-2; the best within-model tau there, then MAPE). On runs AA to AI, which the fit never saw, the
+within-model tau is what `principled-1.13` scored without them (docs/simulator.md, "Shared cores")."""
 SHARED_CORE_LATENCY_CONTENTION = 1.5
 """`comm_latency_contention` of the same ranks: a collective that runs while the compute threads hold
 the cores takes about one and a half of its latencies from that compute (its launch and its thread's
