@@ -588,8 +588,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "optimizer_tensor_s 0 (an update costs its bytes only)": {"optimizer_tensor_s": None},
     "half_reduce_efficiency 1 (fp16 all-reduce as fast per byte as fp32)": {"half_reduce_efficiency": None},
     "lowrank_round_s unset (a PowerSGD bucket's rounds at two link latencies)": {"lowrank_round_s": None},
-    "comm_overlap 1 (as on GPUs)": {"comm_overlap": 1.0},
-    "none of them": {**dict.fromkeys(CPU_FIGURES), "comm_overlap": 1.0},
+    "comm_overlap 1 and no latency contention (as on GPUs)": {"comm_overlap": 1.0, "comm_latency_contention": 0.0},
+    "none of them": {**dict.fromkeys(CPU_FIGURES), "comm_overlap": 1.0, "comm_latency_contention": 0.0},
 }
 """Device figures reset to their defaults, one CPU refinement at a time, to show what each contributes."""
 
