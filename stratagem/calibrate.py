@@ -70,6 +70,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -378,11 +379,11 @@ class CacheEvictor:
     rates cold than hot, and calibrated hot the simulator priced the zoo models' steps 25-33% fast
     (docs/simulator.md, "Cold caches")."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, device: str = "cpu") -> None:
         import torch
 
         self.nbytes = nbytes
-        self._buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+        self._buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
 
     @classmethod
     def for_this_machine(cls) -> CacheEvictor:
@@ -396,10 +397,11 @@ class Stepper:
     """Times work the way a synchronous step runs it: every rank runs it, then all ranks agree (one tiny
     all-reduce) whether to go on, so a sample lasts until the slowest rank is done, as a step waits for
     its slowest rank. The agreement's own latency, timed alone, is taken off. Alone (`agree` the
-    identity) it is a plain median timer. `budget_scale` shortens (or lengthens) every probe's time
-    budget, for probes interleaved with other work. With `evict` (a `CacheEvictor`), every run starts
-    with cold caches, as a step's layers do; the eviction is not timed, and the ranks agree once more
-    after it so that no rank's sample includes another's eviction."""
+    identity) it is a plain median timer; on an accelerator `agree` also waits for the device, whose
+    kernels run after the host has queued them. `budget_scale` shortens (or lengthens) every probe's
+    time budget, for probes interleaved with other work. With `evict` (a `CacheEvictor`), every run
+    starts with cold caches, as a step's layers do; the eviction is not timed, and the ranks agree once
+    more after it so that no rank's sample includes another's eviction."""
 
     def __init__(self, agree: Callable[[bool], bool] = lambda go: go, *, budget_scale: float = 1.0,
                  evict: Callable[[], object] | None = None) -> None:
@@ -414,6 +416,7 @@ class Stepper:
         """Median seconds of `run` over repeats filling about `budget_s` of wall time, evictions
         included (after one untimed warm-up)."""
         run()
+        self.agree(True)
         samples: list[float] = []
         deadline = time.perf_counter() + budget_s * self.budget_scale
         go = True
@@ -428,6 +431,29 @@ class Stepper:
         return max(statistics.median(samples) - self.floor, 1e-9)
 
 
+@dataclass(frozen=True)
+class ProbeShapes:
+    """The sizes the compute probes run at. A CPU's (the defaults) take milliseconds per repeat there; an
+    accelerator runs them in microseconds, where a kernel's launch and not its rate would be timed, so
+    it gets its own (`GPU_PROBES`, `stratagem.calibrate_gpu`)."""
+
+    linear: tuple[int, int] = (1024, 512)
+    """Tokens and width of the Linear layer timed for the matmul rate."""
+    bf16_side: int = 512
+    images: tuple[int, int, int, int] = (16, 32, 32, 32)
+    """Batch, channels, height and width of the convolution's and BatchNorm's input."""
+    tokens: tuple[int, int] = (2048, 512)
+    """Tokens and width of GELU's and LayerNorm's input."""
+    copy_elements: int = 16 << 20
+    gradient_elements: int = 4 << 20
+    optimizer_bytes: int = 32 << 20
+    """Parameter bytes of the optimizer probes (in tensors of `OPTIMIZER_TENSOR_BYTES`)."""
+    lowrank: tuple[tuple[int, int], tuple[int, int]] = ((16, 512), (1, 2048))
+    """(matrices, side) of the two PowerSGD probes: `LOWRANK_MATRIX_BYTES` per matrix."""
+    lookups: tuple[int, int] = (16384, 20000)
+    """Lookups and table rows of the coalescing probe."""
+
+
 def _train_pass(module: Any, x: Any) -> Callable[[], None]:
     def run() -> None:
         module(x).sum().backward()
@@ -435,57 +461,60 @@ def _train_pass(module: Any, x: Any) -> Callable[[], None]:
     return run
 
 
-def compute_figures(stepper: Stepper) -> dict[str, float]:
+def compute_figures(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = "cpu") -> dict[str, float]:
     """This rank's compute, memory, per-layer and optimizer figures, every probe run by all ranks at once."""
-    return {name: probe() for name, probe in probes(stepper).items()}
+    return {name: probe() for name, probe in probes(stepper, shapes, device).items()}
 
 
-def probes(stepper: Stepper) -> dict[str, Callable[[], float]]:
+def probes(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = "cpu") -> dict[str, Callable[[], float]]:
     """The compute figures' probes by name, each a measurement run on call (by all ranks at once)."""
     import torch
     from torch import nn
 
     from stratagem.runtime.compression import select_largest
 
-    tokens, width = 1024, 512
-    x = torch.randn(tokens, width, requires_grad=True)
-    a, b = torch.randn(512, 512, dtype=torch.bfloat16), torch.randn(512, 512, dtype=torch.bfloat16)
-    images = torch.randn(16, 32, 32, 32, requires_grad=True)
-    src = torch.ones(16 << 20, dtype=torch.float32)
+    tokens, width = shapes.linear
+    side = shapes.bf16_side
+    x = torch.randn(tokens, width, requires_grad=True, device=device)
+    a, b = (torch.randn(side, side, dtype=torch.bfloat16, device=device) for _ in range(2))
+    channels = shapes.images[1]
+    images = torch.randn(*shapes.images, requires_grad=True, device=device)
+    src = torch.ones(shapes.copy_elements, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    grad = torch.randn(4 << 20)
+    grad = torch.randn(shapes.gradient_elements, device=device)
     half, magnitudes = torch.empty_like(grad, dtype=torch.float16), grad.abs()
     other, total = torch.randn_like(grad), torch.empty_like(grad)
+    (small, small_side), (large, large_side) = shapes.lowrank
     return {
         "matmul_flops": lambda: 3 * 2.0 * tokens * width * width / stepper.median(
-            _train_pass(nn.Linear(width, width, bias=False), x), budget_s=1.0),
-        "bf16_flops": lambda: 2.0 * 512**3 / stepper.median(lambda: torch.mm(a, b), budget_s=0.5),
-        "conv_flops": lambda: 3 * 2.0 * 9 * 32 * images.numel() / stepper.median(
-            _train_pass(nn.Conv2d(32, 32, 3, padding=1, bias=False), images), budget_s=1.0),
+            _train_pass(nn.Linear(width, width, bias=False, device=device), x), budget_s=1.0),
+        "bf16_flops": lambda: 2.0 * side**3 / stepper.median(lambda: torch.mm(a, b), budget_s=0.5),
+        "conv_flops": lambda: 3 * 2.0 * 9 * channels * images.numel() / stepper.median(
+            _train_pass(nn.Conv2d(channels, channels, 3, padding=1, bias=False, device=device), images), budget_s=1.0),
         "copy_bandwidth": lambda: 2.0 * src.nbytes / stepper.median(lambda: dst.copy_(src), budget_s=0.5),
-        "elementwise_rate": lambda: _memory_bound_rate(stepper, norms=False),
-        "norm_rate": lambda: _memory_bound_rate(stepper, norms=True),
-        "layer_overhead_s": lambda: _layer_overhead(stepper),
-        "optimizer_rate": _optimizer_probe(stepper),
-        "optimizer_large_rate": _optimizer_probe(stepper, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1]),
-        "optimizer_tensor_s": _optimizer_tensor_probe(stepper),
+        "elementwise_rate": lambda: _memory_bound_rate(stepper, shapes, device, norms=False),
+        "norm_rate": lambda: _memory_bound_rate(stepper, shapes, device, norms=True),
+        "layer_overhead_s": lambda: _layer_overhead(stepper, device),
+        "optimizer_rate": _optimizer_probe(stepper, device, total_bytes=shapes.optimizer_bytes),
+        "optimizer_large_rate": _optimizer_probe(stepper, device, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1], total_bytes=shapes.optimizer_bytes),
+        "optimizer_tensor_s": _optimizer_tensor_probe(stepper, device),
         "stream_rate": lambda: 3 * grad.nbytes / stepper.median(lambda: torch.add(grad, other, out=total), budget_s=0.5),
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
             lambda: select_largest(magnitudes, grad.numel() // 100), budget_s=0.5),
-        "lowrank_rate": _lowrank_probe(stepper, matrices=16, side=512),
-        "lowrank_large_rate": _lowrank_probe(stepper, matrices=1, side=2048),
-        "coalesce_rate": _coalesce_probe(stepper),
+        "lowrank_rate": _lowrank_probe(stepper, device, matrices=small, side=small_side),
+        "lowrank_large_rate": _lowrank_probe(stepper, device, matrices=large, side=large_side),
+        "coalesce_rate": _coalesce_probe(stepper, device, lookups=shapes.lookups[0], rows=shapes.lookups[1]),
     }
 
 
-def _coalesce_probe(stepper: Stepper, *, lookups: int = 16384, rows: int = 20000, dim: int = 32) -> Callable[[], float]:
-    """Coalescing a fresh embedding gradient (16384 lookups of 32-float rows in a 20000-row table), on the
-    bytes the simulator counts: each lookup's values and int64 index."""
+def _coalesce_probe(stepper: Stepper, device: str, *, lookups: int, rows: int, dim: int = 32) -> Callable[[], float]:
+    """Coalescing a fresh embedding gradient (on a CPU, 16384 lookups of 32-float rows in a 20000-row
+    table), on the bytes the simulator counts: each lookup's values and int64 index."""
     import torch
 
-    index = torch.randint(0, rows, (1, lookups))
-    values = torch.randn(lookups, dim)
+    index = torch.randint(0, rows, (1, lookups), device=device)
+    values = torch.randn(lookups, dim, device=device)
 
     def run() -> None:
         torch.sparse_coo_tensor(index, values, (rows, dim), check_invariants=False).coalesce()
@@ -497,20 +526,20 @@ LOWRANK_PASSES = 9
 """Passes over a gradient the simulator counts for PowerSGD (three for the rank-r products, six for
 adding and keeping the error)."""
 LOWRANK_MATRIX_BYTES = (1 << 20, 16 << 20)
-"""Bytes per matrix of the two PowerSGD probes: 16 matrices of 512 x 512, one of 2048 x 2048."""
+"""Bytes per matrix of the two PowerSGD probes on a CPU: 16 matrices of 512 x 512, one of 2048 x 2048."""
 
 
-def _lowrank_probe(stepper: Stepper, *, matrices: int, side: int, rank: int = 4) -> Callable[[], float]:
-    """PowerSGD rank 4 on 16 MB of square gradients, as the runtime's reducer runs it on a one-rank
-    team (no collective), priced on the passes the simulator counts: its skinny products, QR and error
-    feedback stream the gradient far below a copy's rate on a CPU, and the transposed product of a
-    matrix beyond the caches reads it with a stride (several times slower per byte: the size law)."""
+def _lowrank_probe(stepper: Stepper, device: str, *, matrices: int, side: int, rank: int = 4) -> Callable[[], float]:
+    """PowerSGD rank 4 on square gradients (16 MB on a CPU), as the runtime's reducer runs it on a
+    one-rank team (no collective), priced on the passes the simulator counts: its skinny products, QR
+    and error feedback stream the gradient far below a copy's rate on a CPU, and the transposed product
+    of a matrix beyond the caches reads it with a stride (several times slower per byte: the size law)."""
     import torch
 
     from stratagem.runtime.comm import Team
     from stratagem.runtime.compression import PowerSGDReducer
 
-    grads = [torch.randn(side, side) for _ in range(matrices)]
+    grads = [torch.randn(side, side, device=device) for _ in range(matrices)]
     reducer = PowerSGDReducer(Team([0], [0], None), rank=rank, error_feedback=True, seed=0)
 
     def run() -> None:
@@ -520,15 +549,15 @@ def _lowrank_probe(stepper: Stepper, *, matrices: int, side: int, rank: int = 4)
     return lambda: LOWRANK_PASSES * sum(g.nbytes for g in grads) / stepper.median(run, budget_s=0.5)
 
 
-def _memory_bound_rate(stepper: Stepper, *, norms: bool) -> float:
+def _memory_bound_rate(stepper: Stepper, shapes: ProbeShapes, device: str, *, norms: bool) -> float:
     """Bytes/s of activations (GELU, ReLU) or normalizations (LayerNorm, BatchNorm), on the bytes the
     simulator counts: forward reads and writes each tensor once per op, backward twice the forward."""
     import torch
     from torch import nn
 
-    tokens = torch.randn(2048, 512, requires_grad=True)
-    images = torch.randn(16, 32, 32, 32, requires_grad=True)
-    layer_norm, batch_norm = nn.LayerNorm(512), nn.BatchNorm2d(32)
+    tokens = torch.randn(*shapes.tokens, requires_grad=True, device=device)
+    images = torch.randn(*shapes.images, requires_grad=True, device=device)
+    layer_norm, batch_norm = nn.LayerNorm(shapes.tokens[1], device=device), nn.BatchNorm2d(shapes.images[1], device=device)
     first, second = (layer_norm, batch_norm) if norms else (nn.functional.gelu, torch.relu)
 
     def run() -> None:
@@ -538,25 +567,27 @@ def _memory_bound_rate(stepper: Stepper, *, norms: bool) -> float:
     return 3 * forward_bytes / stepper.median(run, budget_s=1.0)
 
 
-def _layer_overhead(stepper: Stepper) -> float:
+def _layer_overhead(stepper: Stepper, device: str = "cpu") -> float:
     """Seconds per layer and pass beyond arithmetic: (long chain - short chain) / (2 passes x extra layers)."""
     import torch
     from torch import nn
 
-    x = torch.randn(1, 4)
-    long_chain, short_chain = nn.Sequential(*[nn.Linear(4, 4) for _ in range(64)]), nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)])
+    x = torch.randn(1, 4, device=device)
+    long_chain = nn.Sequential(*[nn.Linear(4, 4) for _ in range(64)]).to(device)
+    short_chain = nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)]).to(device)
     long = stepper.median(_train_pass(long_chain, x), budget_s=0.5, least=5)
     short = stepper.median(_train_pass(short_chain, x), budget_s=0.3, least=5)
     return (long - short) / (2 * (64 - 8))
 
 
-def _optimizer_probe(stepper: Stepper, *, tensor_bytes: int = OPTIMIZER_TENSOR_BYTES[0], total_bytes: int = 32 << 20) -> Callable[[], float]:
+def _optimizer_probe(stepper: Stepper, device: str, *, tensor_bytes: int = OPTIMIZER_TENSOR_BYTES[0],
+                     total_bytes: int = 32 << 20) -> Callable[[], float]:
     """Bytes/s of an Adam step over `total_bytes` of parameters in tensors of `tensor_bytes` (with
-    gradients and state, four times that: beyond the caches), on the bytes the simulator counts. The
-    parameters and state are made once, so repeated probes time the step, not the allocation."""
+    gradients and state, four times that: beyond a CPU's caches), on the bytes the simulator counts.
+    The parameters and state are made once, so repeated probes time the step, not the allocation."""
     import torch
 
-    params = [torch.zeros(tensor_bytes // 4, requires_grad=True) for _ in range(max(1, total_bytes // tensor_bytes))]
+    params = [torch.zeros(tensor_bytes // 4, requires_grad=True, device=device) for _ in range(max(1, total_bytes // tensor_bytes))]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.Adam(params)
@@ -564,12 +595,12 @@ def _optimizer_probe(stepper: Stepper, *, tensor_bytes: int = OPTIMIZER_TENSOR_B
     return lambda: UPDATE_BYTES_PER_PARAM * count / stepper.median(optimizer.step, budget_s=1.0)
 
 
-def _optimizer_tensor_probe(stepper: Stepper, *, tensors: int = 256, elements: int = 64) -> Callable[[], float]:
+def _optimizer_tensor_probe(stepper: Stepper, device: str, *, tensors: int = 256, elements: int = 64) -> Callable[[], float]:
     """Seconds per tensor of an Adam step over many tiny tensors, whose bytes cost nothing next to
     the per-tensor operations it launches."""
     import torch
 
-    params = [torch.zeros(elements, requires_grad=True) for _ in range(tensors)]
+    params = [torch.zeros(elements, requires_grad=True, device=device) for _ in range(tensors)]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.Adam(params)

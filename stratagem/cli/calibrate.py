@@ -1,4 +1,4 @@
-"""`stratagem calibrate [-o spec.json] [--ranks 2] [--threads 1]`: measure this machine into a ResourceSpec."""
+"""`stratagem calibrate [-o spec.json] [--ranks 2] [--threads 1] [--gpu [N]]`: measure this machine into a ResourceSpec."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from stratagem.cli.files import check_output, write_text
 from stratagem.cli.jobs import positive_int
 from stratagem.errors import StratagemError
+from stratagem.ir import ResourceSpec
 
 
 def register(subparsers: Any) -> None:
@@ -22,24 +23,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--ranks", type=positive_int, default=2, help="gloo ranks (CPU devices) to describe (default 2)")
     parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads per rank, as trials run them (default 1)")
+    parser.add_argument("--gpu", type=device_index, nargs="?", const=0, default=None, metavar="N",
+                        help="measure CUDA device N (default 0) instead of CPU ranks; links stay the catalog's")
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratagem.calibrate import DEVICE_KIND, calibrate
-
-    check_machine(args.ranks, args.threads)
     check_output(args.output, "--output")
-    spec = calibrate(ranks=args.ranks, threads=args.threads)
-    device = spec.devices[DEVICE_KIND]
-    link = spec.intra_node
-    print(
-        f"{DEVICE_KIND}: {device.peak_flops['float32'] / 1e9:.1f} GFLOP/s fp32, "
-        f"{device.memory_bandwidth / 1e9:.1f} GB/s memory, {device.launch_overhead_s * 1e6:.1f} us per layer; "
-        f"gloo loopback: {link.latency_us:.1f} us, {link.bandwidth_gbps:.2f} Gbit/s" if link else "",
-        file=sys.stderr,
-    )
+    spec = measure_gpu(args.gpu) if args.gpu is not None else measure_cpus(args.ranks, args.threads)
     if args.output is None:
         print(spec.to_json())
     else:
@@ -48,6 +40,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_cpus(ranks: int, threads: int) -> ResourceSpec:
+    from stratagem.calibrate import DEVICE_KIND, calibrate
+
+    check_machine(ranks, threads)
+    spec = calibrate(ranks=ranks, threads=threads)
+    device = spec.devices[DEVICE_KIND]
+    link = spec.intra_node
+    print(
+        f"{DEVICE_KIND}: {device.peak_flops['float32'] / 1e9:.1f} GFLOP/s fp32, "
+        f"{device.memory_bandwidth / 1e9:.1f} GB/s memory, {device.launch_overhead_s * 1e6:.1f} us per layer; "
+        f"gloo loopback: {link.latency_us:.1f} us, {link.bandwidth_gbps:.2f} Gbit/s" if link else "",
+        file=sys.stderr,
+    )
+    return spec
+
+
+def measure_gpu(index: int) -> ResourceSpec:
+    from stratagem.calibrate_gpu import calibrate_gpu
+
+    spec = calibrate_gpu(index)
+    kind = spec.nodes[0].device
+    device = spec.devices[kind]
+    print(
+        f"{kind} ({len(spec.nodes[0].gpus)} on this node): {device.peak_flops['float32'] / 1e12:.1f} TFLOP/s fp32, "
+        f"{device.peak_flops['bfloat16'] / 1e12:.1f} bf16, {device.memory_bandwidth / 1e9:.0f} GB/s memory, "
+        f"{device.launch_overhead_s * 1e6:.1f} us per layer; links from the catalog",
+        file=sys.stderr,
+    )
+    return spec
 def check_machine(ranks: int, threads: int) -> None:
     """Refuse more ranks or threads than this machine has CPUs for (each rank is one CPU device of the spec),
     before starting that many processes; two ranks are always allowed, as a collective needs them."""
@@ -56,3 +77,14 @@ def check_machine(ranks: int, threads: int) -> None:
         raise StratagemError(f"--ranks: this machine has {cpus} usable CPU(s), and each rank is one CPU device; got {ranks}")
     if threads > cpus:
         raise StratagemError(f"--threads: this machine has {cpus} usable CPU(s); got {threads} threads per rank")
+
+
+def device_index(text: str) -> int:
+    """An argparse type for `--gpu`, so a bad value is a usage error naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a CUDA device index, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value

@@ -1,0 +1,133 @@
+"""Measure a CUDA device into a ResourceSpec, so steps on it are priced with its own figures.
+
+The catalog's GPU kinds (`stratagem/ir/catalog.py`) are data-sheet peaks with guessed efficiencies
+and a 5 µs launch overhead per layer pass. Eager PyTorch pays far more than that per layer on the host,
+and without TF32 an fp32 matmul runs at the fp32 peak, not the TF32 one the catalog quotes: with the
+catalog's figures the simulator priced one-rank H100 steps of small zoo models 2.7-61x too fast
+(docs/simulator.md, "A first GPU check").
+
+This runs the CPU calibration's compute probes (`stratagem.calibrate.probes`) on the device, at sizes
+that keep it busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished
+(`Stepper` with an `agree` that synchronizes). One process, one device: the figures describe every
+device of the node that has the same name. Links are not measured: with one GPU there is no peer to
+measure NCCL against, so the node's link is the catalog's for the matching kind (recorded as such in
+the provenance). A measured rate is what the kernels reach, so matmul efficiency is 1.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from stratagem.calibrate import CacheEvictor, ProbeShapes, Stepper, compute_figures
+from stratagem.errors import InvalidResourceSpecError, Problem
+from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
+from stratagem.ir.catalog import CATALOG
+from stratagem.ir.resources import DEFAULT_INTRA_NODE
+
+GPU_PROBES = ProbeShapes(
+    linear=(16384, 4096),
+    bf16_side=8192,
+    images=(64, 128, 56, 56),
+    tokens=(32768, 4096),
+    copy_elements=256 << 20,
+    gradient_elements=64 << 20,
+    optimizer_bytes=1 << 30,
+    lowrank=((16, 2048), (1, 8192)),
+    lookups=(262144, 320000),
+)
+"""Sizes at which each probe's kernels take hundreds of microseconds or more on a data-centre GPU (and
+its tensors, about 1 GB at most, are far beyond its L2 cache), so their rate and not their launch is
+timed."""
+
+
+def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> ResourceSpec:
+    """A one-node ResourceSpec whose GPUs are this machine's devices named like `device_index`, with
+    the figures measured on that one."""
+    import torch
+
+    if not torch.cuda.is_available() or device_index >= torch.cuda.device_count():
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise InvalidResourceSpecError([Problem("device", f"no CUDA device {device_index}: torch sees {count}")])
+    device = f"cuda:{device_index}"
+    properties = torch.cuda.get_device_properties(device_index)
+    figures = measure_gpu(device)
+    provenance = {
+        "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "accelerator": properties.name,
+        "torch": torch.__version__,
+        "links": "catalog",
+        **figures,
+    }
+    same = [i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_name(i) == properties.name]
+    return gpu_spec(provenance, name=properties.name, memory_bytes=float(properties.total_memory), gpus=same, address=address)
+
+
+def measure_gpu(device: str) -> dict[str, float]:
+    """The compute figures of one CUDA device, every repeat from a cold L2 cache."""
+    import torch
+
+    def finished(go: bool) -> bool:
+        torch.cuda.synchronize(device)
+        return go
+
+    l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
+    stepper = Stepper(finished, evict=CacheEvictor(2 * l2_bytes, device=device))
+    return compute_figures(stepper, GPU_PROBES, device)
+
+
+def catalog_kind(name: str, memory_bytes: float) -> str | None:
+    """The catalog's kind for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100"): the longest kind
+    named in it, A100s told apart by memory."""
+    upper = name.upper()
+    kinds = [kind for kind, spec in CATALOG.items() if spec.is_gpu and kind.split("-")[0] in upper]
+    if not kinds:
+        return None
+    return min(kinds, key=lambda kind: (-len(kind.split("-")[0]), abs(CATALOG[kind].memory_bytes - memory_bytes)))
+
+
+def gpu_spec(provenance: dict[str, Any], *, name: str, memory_bytes: float, gpus: list[int], address: str = "127.0.0.1") -> ResourceSpec:
+    """The ResourceSpec a GPU calibration's figures describe: one node, its `gpus` of the calibrated kind."""
+    base = catalog_kind(name, memory_bytes)
+    kind = f"{base or 'GPU'}-calibrated"
+    link = DEFAULT_INTRA_NODE.get(base or "", Link(kind="pcie", bandwidth_gbps=128, latency_us=8, efficiency=0.8))
+    return ResourceSpec(
+        name=f"calibrated-{socket.gethostname()}-gpu",
+        nodes=[Node(address=address, chief=True, gpus=gpus, device=kind)],
+        intra_node=link,
+        devices={kind: gpu_device_spec(provenance, kind=kind, memory_bytes=memory_bytes)},
+        provenance=provenance,
+    )
+
+
+def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) -> DeviceSpec:
+    """The measured rates as a GPU kind: the fp32 peak is the faster of matmul and convolution (cuDNN
+    convolves in TF32 by default where PyTorch's matmul does not), efficiencies are relative to it and
+    to the copy bandwidth, clamped into (0, 1]. Without size laws (its probes all stream from device memory) and
+    with the catalog's communication figures (NCCL's copy engines: full overlap, no contention)."""
+    matmul, conv, bandwidth = figures["matmul_flops"], figures["conv_flops"], figures["copy_bandwidth"]
+    peak = max(matmul, conv)
+
+    def share(key: str) -> float:
+        return min(max(figures[key] / bandwidth, 1e-3), 1.0)
+
+    return DeviceSpec(
+        name=kind,
+        peak_flops={"float32": peak, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]},
+        memory_bytes=memory_bytes,
+        memory_bandwidth=bandwidth,
+        matmul_efficiency=matmul / peak,
+        conv_efficiency=conv / peak,
+        elementwise_efficiency=share("elementwise_rate"),
+        norm_efficiency=share("norm_rate"),
+        launch_overhead_s=max(figures["layer_overhead_s"], 0.0),
+        optimizer_efficiency=share("optimizer_rate"),
+        optimizer_tensor_s=max(figures["optimizer_tensor_s"], 0.0),
+        stream_efficiency=share("stream_rate"),
+        cast_efficiency=share("cast_rate"),
+        select_efficiency=share("select_rate"),
+        lowrank_efficiency=share("lowrank_rate"),
+        coalesce_efficiency=share("coalesce_rate"),
+        is_gpu=True,
+    )

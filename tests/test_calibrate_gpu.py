@@ -1,0 +1,86 @@
+"""`stratagem calibrate --gpu`: a CUDA device measured into a spec the simulator prices with. The probes
+run here on the CPU at small sizes (the device plumbing is the same); the measurement on a real GPU is
+in tests/test_trial_cuda.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_mlp_graph
+from test_cli_bad_input import assert_one_line_error
+from test_cli_service import run_cli
+
+from simulator import simulate
+from stratagem.builders import DataParallel
+from stratagem.calibrate import ProbeShapes, Stepper, compute_figures
+from stratagem.calibrate_gpu import GPU_PROBES, catalog_kind, gpu_spec
+from stratagem.ir import Node, ResourceSpec
+from stratagem.ir.catalog import CATALOG
+from stratagem.ir.resources import DEFAULT_INTRA_NODE
+
+TINY = ProbeShapes(linear=(64, 64), bf16_side=64, images=(2, 4, 8, 8), tokens=(64, 64), copy_elements=1 << 12,
+                   gradient_elements=1 << 14, optimizer_bytes=4 << 20, lowrank=((2, 64), (1, 128)), lookups=(256, 512))
+
+FIGURES = {
+    "matmul_flops": 50e12, "conv_flops": 120e12, "bf16_flops": 700e12, "copy_bandwidth": 4e12, "elementwise_rate": 2e12,
+    "norm_rate": 1e12, "layer_overhead_s": 60e-6, "optimizer_rate": 1e12, "optimizer_large_rate": 1e12,
+    "optimizer_tensor_s": 2e-6, "stream_rate": 3e12, "cast_rate": 2.5e12, "select_rate": 1e11, "lowrank_rate": 4e11,
+    "lowrank_large_rate": 5e11, "coalesce_rate": 5e10,
+}
+
+
+@pytest.mark.parametrize(("name", "memory_gb", "kind"), [
+    ("NVIDIA H100 80GB HBM3", 80, "H100"),
+    ("NVIDIA H200", 141, "H200"),
+    ("NVIDIA A100-SXM4-80GB", 80, "A100-80GB"),
+    ("NVIDIA A100-PCIE-40GB", 40, "A100-40GB"),
+    ("Tesla V100-SXM2-16GB", 16, "V100-16GB"),
+    ("Tesla T4", 16, "T4"),
+    ("NVIDIA GeForce RTX 4090", 24, None),
+])
+def test_a_cuda_device_name_maps_to_its_catalog_kind(name: str, memory_gb: float, kind: str | None):
+    assert catalog_kind(name, memory_gb * 1e9) == kind
+
+
+def test_the_spec_prices_convolutions_at_their_own_rate_and_keeps_the_catalog_link():
+    spec = gpu_spec(FIGURES, name="NVIDIA H200", memory_bytes=141e9, gpus=[0, 1])
+    node = spec.nodes[0]
+    device = spec.devices[node.device]
+    assert node.device == "H200-calibrated" and node.gpus == [0, 1] and device.is_gpu
+    # cuDNN's TF32 convolutions outrun the fp32 matmul: the peak is theirs, the matmul a share of it
+    assert device.peak_flops["float32"] == 120e12 and device.matmul_efficiency == pytest.approx(50 / 120)
+    assert device.conv_efficiency == 1.0 and device.peak_flops["bfloat16"] == 700e12
+    assert device.elementwise_efficiency == pytest.approx(0.5) and device.launch_overhead_s == 60e-6
+    assert device.comm_overlap == 1.0 and device.comm_latency_contention == 0.0
+    assert device.optimizer_knee_bytes is None and device.scatter_efficiency is None
+    assert spec.intra_node == DEFAULT_INTRA_NODE["H200"]
+    assert ResourceSpec.model_validate_json(spec.to_json()) == spec
+
+
+def test_a_measured_launch_overhead_prices_a_small_model_slower_than_the_catalog():
+    """The catalog's 5 µs per layer pass is what made one-rank H100 steps priced 2.7-61x too fast."""
+    graph = make_mlp_graph(batch_size=8, widths=(256, 256, 10))
+    catalog = ResourceSpec(name="one", nodes=[Node(address="127.0.0.1", chief=True, gpus=[0], device="H200")])
+    calibrated = gpu_spec(FIGURES, name="NVIDIA H200", memory_bytes=141e9, gpus=[0])
+    priced = [simulate(graph, spec, [DataParallel().build(graph, spec)])[0] for spec in (catalog, calibrated)]
+    assert all(p.feasible for p in priced)
+    layer_passes = 2 * len(graph.layers)
+    assert priced[1].breakdown["compute"] >= layer_passes * 60e-6 > priced[0].breakdown["compute"]
+    assert CATALOG["H200"].launch_overhead_s < 60e-6
+
+
+def test_the_probes_take_a_device_and_their_sizes():
+    figures = compute_figures(Stepper(), TINY, "cpu")
+    assert set(figures) == set(FIGURES)
+    assert all(math.isfinite(v) and v > 0 for k, v in figures.items() if k != "layer_overhead_s"), figures
+    assert GPU_PROBES.linear[0] * GPU_PROBES.linear[1] > 100 * ProbeShapes().linear[0] * ProbeShapes().linear[1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a CUDA device here")
+def test_calibrating_a_gpu_where_there_is_none_is_one_clear_error(capsys: pytest.CaptureFixture[str]):
+    code, _, err = run_cli(["calibrate", "--gpu"], capsys)
+    assert_one_line_error(code, err, "device: no CUDA device 0: torch sees 0")
+    code, _, err = run_cli(["calibrate", "--gpu", "-1"], capsys)
+    assert code == 2 and "argument --gpu: must be 0 or more, got -1" in err and "Traceback" not in err
