@@ -3,12 +3,16 @@ checks has one GPU, so every trial has one rank; skipped where torch sees no CUD
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import make_mlp_graph
 
 from stratagem.builders import AllReduce, all_builders
+from stratagem.calibrate_gpu import calibrate_gpu
 from stratagem.ir import Compressor, Node, ResourceSpec, Strategy
+from stratagem.ir.catalog import CATALOG
 from stratagem.runtime.comm import Team
 from stratagem.runtime.compression import CastReducer, PowerSGDReducer, TopKReducer
 from trial_runner import LocalBackend, Outcome, ReplayWorkload, run_trial
@@ -60,3 +64,37 @@ def test_a_reducer_on_cuda_returns_cuda_gradients_of_the_right_shape(reducer):
     out = team.finish()
     assert [g.device.type for g in out] == ["cuda", "cuda"] and [g.shape for g in out] == [g.shape for g in grads]
     torch.testing.assert_close(out[0], grads[0], rtol=1e-2, atol=1e-2)  # lossless at this size, up to fp16 rounding
+
+
+def test_a_real_gpu_calibrates_into_figures_near_its_kind():
+    spec = calibrate_gpu(0)
+    device = spec.devices[spec.nodes[0].device]
+    catalog = CATALOG.get(spec.nodes[0].device.removesuffix("-calibrated"))
+    assert device.is_gpu and 0 < device.launch_overhead_s < 1e-3
+    assert all(math.isfinite(v) and v > 0 for v in (*device.peak_flops.values(), device.memory_bandwidth))
+    if catalog is not None:  # a kernel reaches a share of the data sheet, never more than it
+        assert 0.2 * catalog.memory_bandwidth < device.memory_bandwidth < 1.1 * catalog.memory_bandwidth
+        assert 0.2 * catalog.peak_flops["bfloat16"] < device.peak_flops["bfloat16"] < 1.1 * catalog.peak_flops["bfloat16"]
+
+
+def test_step_stats_on_cuda_leave_the_host_free_to_queue_ahead():
+    """The recorder marks its boundaries with stream events: the host returns from a step long before the
+    device has run it, and the spans it reports afterwards are the device's."""
+    import time
+
+    from stratagem.runtime.stats import StatsRecorder
+
+    recorder = StatsRecorder(torch.device("cuda"))
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    recorder.begin_step()
+    with recorder.waiting("allreduce"):
+        for _ in range(200):
+            a = torch.tanh(a @ a)
+    recorder.end_step()
+    host = time.perf_counter() - started
+    stats = recorder.last
+    assert stats is not None and stats.step == 1
+    assert host < 0.5 * stats.step_s, (host, stats.step_s)
+    assert 0.9 * stats.step_s < stats.wait_s["allreduce"] <= stats.step_s

@@ -3,8 +3,8 @@
 Trials need to know where a step's time goes: `compute_s` is the wall time between two optimizer
 steps (data, forward, backward, including the launch of collectives that overlap backward), and
 `wait_s` is the time the step spent blocked on communication that had not finished (all-reduce
-handles, parameter-server round trips, ZeRO gathers). On CUDA the device is synchronized at each
-boundary, so the figures are honest at the cost of a little overlap.
+handles, parameter-server round trips, ZeRO gathers). On CUDA the boundaries are stream events, so
+the figures are the stream's time and cost the step nothing (`StatsRecorder`).
 """
 
 from __future__ import annotations
@@ -42,32 +42,69 @@ class SyncStats:
         return {**asdict(self), "sync_wait_s": self.sync_wait_s}
 
 
+Mark = float | torch.cuda.Event
+"""A point in time: `perf_counter` seconds on a CPU, an event recorded on the current stream on CUDA."""
+
+
 class StatsRecorder:
-    """Accumulates one step's SyncStats; `last` is the most recently completed step."""
+    """Accumulates one step's SyncStats; `last` is the most recently completed step.
+
+    On CUDA every boundary is an event recorded on the current stream, not a device synchronization:
+    synchronizing there would stop the host from queuing kernels ahead of the device, and on one H200
+    that cost 1.4-5.5 ms per step of small zoo models (docs/simulator.md, "GPU steps"). A span is then the
+    time the stream took between its events (for a wait, how long the compute stream stood behind the
+    communication), read when `last` is asked for, after the step's kernels are done."""
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
         self.current = SyncStats()
-        self.last: SyncStats | None = None
+        self._last = SyncStats()
+        self._has_last = False
+        self._spans: list[tuple[str, str | None, Mark, Mark]] = []
+        self._last_spans: list[tuple[str, str | None, Mark, Mark]] = []
         self._steps = 0
-        self._step_ended = time.perf_counter()
-        self._step_started = 0.0
+        self._step_ended: Mark = self._now()
+        self._step_started: Mark = 0.0
 
-    def _now(self) -> float:
+    @property
+    def last(self) -> SyncStats | None:
+        if not self._has_last:
+            return None
+        for field_name, kind, start, end in self._last_spans:
+            seconds = self._seconds(start, end)
+            if kind is None:
+                setattr(self._last, field_name, getattr(self._last, field_name) + seconds)
+            else:
+                spent = getattr(self._last, field_name)
+                spent[kind] = spent.get(kind, 0.0) + seconds
+        self._last_spans = []
+        return self._last
+
+    def _now(self) -> Mark:
         if self._cuda:
-            torch.cuda.synchronize()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return time.perf_counter()
+
+    @staticmethod
+    def _seconds(start: Mark, end: Mark) -> float:
+        if isinstance(start, float) and isinstance(end, float):
+            return end - start
+        end.synchronize()  # type: ignore[union-attr]
+        return start.elapsed_time(end) / 1e3  # type: ignore[union-attr, arg-type]
 
     def begin_step(self) -> None:
         self._step_started = self._now()
-        self.current.compute_s = self._step_started - self._step_ended
+        self._spans.append(("compute_s", None, self._step_ended, self._step_started))
 
     def end_step(self) -> None:
         self._step_ended = self._now()
         self._steps += 1
         self.current.step = self._steps
-        self.current.step_s = self._step_ended - self._step_started
-        self.last, self.current = self.current, SyncStats()
+        self._spans.append(("step_s", None, self._step_started, self._step_ended))
+        self._last, self.current, self._has_last = self.current, SyncStats(), True
+        self._last_spans, self._spans = self._spans, []
 
     @contextmanager
     def waiting(self, kind: str) -> Iterator[None]:
@@ -75,7 +112,7 @@ class StatsRecorder:
         try:
             yield
         finally:
-            self.current.wait_s[kind] = self.current.wait_s.get(kind, 0.0) + self._now() - start
+            self._spans.append(("wait_s", kind, start, self._now()))
 
     @contextmanager
     def updating(self) -> Iterator[None]:
@@ -83,7 +120,7 @@ class StatsRecorder:
         try:
             yield
         finally:
-            self.current.update_s += self._now() - start
+            self._spans.append(("update_s", None, start, self._now()))
 
     @contextmanager
     def launching(self) -> Iterator[None]:
