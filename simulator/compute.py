@@ -15,6 +15,13 @@ rate, in every micro-batch whatever its size. Tensor parallelism divides the wor
 and of element-wise layers on sharded activations (a GELU between a column- and a row-parallel
 matmul), by the tensor degree (launches stay); a micro-batch does 1/m of the work and pays every
 launch again.
+
+On a GPU the host only queues kernels, and the device runs them while the host queues the next
+layer's: a layer's kernels start once the host has issued them and the device has finished the layers
+before. A step is the two-stage pipeline of the forward layers, then the backward layers in reverse,
+each a host stage (`launch`) and a device stage (the roofline): a model of small layers is bound by
+its launches, one of large layers by its arithmetic, and neither pays both (`queued_ahead`). On a
+CPU the same cores dispatch and compute, so the two add.
 """
 
 from __future__ import annotations
@@ -42,13 +49,26 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
     byte_rate = np.where(context.layer_embedding, stream_rate, byte_rate)
     share = np.where(context.layer_tensor_split | context.layer_sharded_input, 1.0 / tensor, 1.0) / micro_batches
     launch = k.launch_overhead_s[kind]
-    fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate) + launch
+    fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate)
     bwd_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR) * context.bytes_moved * share / byte_rate
     fill = context.layer_grad_fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
-    bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + fill + launch
-    result = (fwd, bwd)
+    bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + fill
+    result = queued_ahead(fwd, bwd, launch) if k.specs[kind].is_gpu else (fwd + launch, bwd + launch)
     context._layer_time_cache[key] = result
     return result
+
+
+def queued_ahead(fwd: np.ndarray, bwd: np.ndarray, launch: float) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of each layer when a host issuing each layer's kernels in `launch`
+    seconds runs ahead of the device that runs them (`fwd`, `bwd`): each layer's share of the time
+    until its kernels are done. The device finishes the i-th pass of the sequence (forward in order,
+    backward in reverse) at `max over j <= i of (issued_j + device work of passes j..i)`."""
+    device = np.concatenate([fwd, bwd[::-1]])
+    issued = launch * np.arange(1, device.size + 1)
+    work = np.cumsum(device)
+    done = np.maximum.accumulate(issued - (work - device)) + work
+    each = np.diff(done, prepend=0.0)
+    return each[: fwd.size], each[fwd.size :][::-1]
 
 
 def update_seconds(context: SimContext, kind: np.ndarray, update_bytes: np.ndarray, tensors: np.ndarray) -> np.ndarray:

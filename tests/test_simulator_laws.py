@@ -25,6 +25,7 @@ from stratagem.ir import (
     AllReduceSynchronizer,
     Compressor,
     Consistency,
+    DeviceSpec,
     Layer,
     Link,
     ModelGraph,
@@ -39,6 +40,7 @@ from stratagem.ir import (
 )
 
 # --- local documents -----------------------------------------------------------------------------
+from stratagem.ir.catalog import lookup
 
 
 def mlp(batch: int = 32, hidden: int = 1024, depth: int = 4, *, sparse_rows: int = 0) -> ModelGraph:
@@ -399,3 +401,38 @@ def test_ps_state_lives_on_the_server_and_must_fit_there():
     # The GPU server holds parameters and Adam state on top of its own worker copy; workers of a
     # CPU-served PS hold no optimizer state at all.
     assert on_gpu.memory_per_device_bytes > plain.memory_per_device_bytes > on_cpu.memory_per_device_bytes
+
+
+def test_a_gpu_host_queues_ahead_so_a_step_pays_the_larger_of_its_launches_and_its_kernels():
+    from simulator.compute import queued_ahead
+
+    fwd, bwd = np.array([1.0, 1.0, 1.0]), np.array([2.0, 2.0, 2.0])
+    f, b = queued_ahead(fwd, bwd, 0.1)  # the device is the bottleneck: only the first launch shows
+    assert f.sum() + b.sum() == pytest.approx(9.1)
+    f, b = queued_ahead(fwd / 100, np.array([0.03, 0.02, 0.02]), 0.5)  # the host is: the last kernel (layer 0's backward) shows
+    assert f.sum() + b.sum() == pytest.approx(6 * 0.5 + 0.03)
+    assert f[0] == pytest.approx(0.5 + 0.01) and b[0] == pytest.approx(0.5 + 0.03 - 0.02)  # each pass waits for its launch
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        fwd, bwd, launch = rng.exponential(1.0, 7), rng.exponential(2.0, 7), float(rng.exponential(0.5))
+        f, b = queued_ahead(fwd, bwd, launch)
+        total = f.sum() + b.sum()
+        assert np.all(f >= 0) and np.all(b >= 0)
+        assert max(14 * launch, fwd.sum() + bwd.sum()) - 1e-9 <= total <= 14 * launch + fwd.sum() + bwd.sum() + 1e-9
+
+
+def test_launches_and_kernels_add_on_a_cpu_and_overlap_on_a_gpu():
+    graph = mlp(batch=64, hidden=256)
+    passes = 2 * len(graph.layers)
+
+    def compute(device: str, launch: float) -> float:
+        on_gpu = device != "CPU"
+        kind = DeviceSpec(**{**lookup(device).model_dump(), "name": f"{device}-probe", "launch_overhead_s": launch})
+        spec = ResourceSpec(name="one", nodes=[Node(address="a", chief=True, gpus=[0] if on_gpu else [], cpus=[] if on_gpu else [0],
+                                                    device=kind.name)], devices={kind.name: kind})
+        return simulate(graph, spec, [allreduce(graph, spec)])[0].breakdown["compute"]
+
+    assert compute("CPU", 1e-3) - compute("CPU", 0.0) == pytest.approx(passes * 1e-3)
+    kernels = compute("T4", 0.0)
+    assert 0 < kernels < 1e-3  # tiny next to a millisecond's launch: the launches decide
+    assert passes * 1e-3 < compute("T4", 1e-3) <= passes * 1e-3 + kernels
