@@ -145,6 +145,8 @@ def coalesced_rows(grad: torch.Tensor | None, start: int, length: int, row_shape
         return touched, rows.index_select(0, touched)
     grad = grad.coalesce()
     idx, vals = grad.indices()[0], grad.values()
+    if start == 0 and length == grad.shape[0]:  # the whole table: a mask would wait on the device to size its result
+        return idx, vals
     keep = (idx >= start) & (idx < start + length)
     return idx[keep] - start, vals[keep]
 
@@ -157,7 +159,10 @@ def _padded(idx: torch.Tensor, vals: torch.Tensor, longest: int) -> tuple[torch.
 
 
 def _counts(team: Team, ns: list[int], device: torch.device) -> list[list[int]]:
-    """Every member's row counts, `[member][set]`, in one all-gather however many sets there are."""
+    """Every member's row counts, `[member][set]`, in one all-gather however many sets there are. A team
+    of one knows them without reading the device (which would wait for every queued kernel)."""
+    if team.size == 1:
+        return [list(ns)]
     counts, work = team.all_gather(torch.tensor(ns, dtype=torch.long, device=device))
     wait(work)
     return [[int(n) for n in c.tolist()] for c in counts]
@@ -215,7 +220,10 @@ def broadcast_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, src: in
 
 
 def sum_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, row_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add row sets together, coalescing repeated indices."""
+    """Add row sets together, coalescing repeated indices. Each set is coalesced already (as
+    `coalesced_rows` returns it), so one set is its own sum."""
+    if len(parts) == 1:
+        return parts[0]
     idx = torch.cat([i for i, _ in parts])
     vals = torch.cat([v for _, v in parts])
     merged = torch.sparse_coo_tensor(idx.unsqueeze(0), vals, (rows, *row_shape), check_invariants=False).coalesce()
