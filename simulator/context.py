@@ -276,7 +276,7 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     devices = resources.all_devices
     node_of = {node.address: j for j, node in enumerate(resources.nodes)}
     kind_names, device_kind = _device_kinds(resources, devices)
-    kinds = _kinds_table(resources, kind_names, graph.dtype.value)
+    kinds = _kinds_table(resources, kind_names, graph.dtype.value, sparse=any(v.sparse for v in graph.variables))
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
     variables["var_coalesce_work"] = _coalesce_work(variables["var_coalesce_bytes"], variables["var_bytes"] / variables["var_rows"], kinds)
@@ -337,6 +337,12 @@ def _device_kind_name(resources: ResourceSpec, node: Node, device: str) -> str:
     return "CPU"
 
 
+def _tensor_seconds(spec: DeviceSpec, sparse: bool) -> float:
+    if sparse and spec.optimizer_loop_tensor_s is not None:
+        return spec.optimizer_loop_tensor_s
+    return spec.optimizer_tensor_s or 0.0
+
+
 def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str], np.ndarray]:
     names: list[str] = []
     kind = np.zeros(len(devices), dtype=np.intp)
@@ -348,7 +354,10 @@ def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str
     return names, kind
 
 
-def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> DeviceKinds:
+def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, sparse: bool = False) -> DeviceKinds:
+    """The kinds' figures as arrays. A graph with a sparse gradient updates every tensor through the
+    optimizer's per-tensor loop (PyTorch's multi-tensor optimizers fall back to it for a parameter group
+    holding a sparse gradient), so its per-tensor cost is the kind's loop figure where one was measured."""
     specs = []
     for i, name in enumerate(names):
         try:
@@ -374,7 +383,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str) -> Devic
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
         gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
         half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
-        optimizer_tensor_s=np.array([s.optimizer_tensor_s or 0.0 for s in specs]),
+        optimizer_tensor_s=np.array([_tensor_seconds(s, sparse) for s in specs]),
         reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),

@@ -497,7 +497,7 @@ def probes(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = 
         "layer_overhead_s": lambda: _layer_overhead(stepper, device),
         "optimizer_rate": _optimizer_probe(stepper, device, total_bytes=shapes.optimizer_bytes),
         "optimizer_large_rate": _optimizer_probe(stepper, device, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1], total_bytes=shapes.optimizer_bytes),
-        "optimizer_tensor_s": _optimizer_tensor_probe(stepper, device),
+        "optimizer_tensor_s": optimizer_tensor_probe(stepper, device),
         "stream_rate": lambda: 3 * grad.nbytes / stepper.median(lambda: torch.add(grad, other, out=total), budget_s=0.5),
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
@@ -595,15 +595,16 @@ def _optimizer_probe(stepper: Stepper, device: str, *, tensor_bytes: int = OPTIM
     return lambda: UPDATE_BYTES_PER_PARAM * count / stepper.median(optimizer.step, budget_s=1.0)
 
 
-def _optimizer_tensor_probe(stepper: Stepper, device: str, *, tensors: int = 256, elements: int = 64) -> Callable[[], float]:
+def optimizer_tensor_probe(stepper: Stepper, device: str, *, tensors: int = 256, elements: int = 64,
+                            foreach: bool | None = None) -> Callable[[], float]:
     """Seconds per tensor of an Adam step over many tiny tensors, whose bytes cost nothing next to
-    the per-tensor operations it launches."""
+    the per-tensor operations it launches (`foreach` False: the per-tensor loop even on CUDA)."""
     import torch
 
     params = [torch.zeros(elements, requires_grad=True, device=device) for _ in range(tensors)]
     for p in params:
         p.grad = torch.randn_like(p)
-    optimizer = torch.optim.Adam(params)
+    optimizer = torch.optim.Adam(params, foreach=foreach)
     return lambda: stepper.median(optimizer.step, budget_s=0.3) / tensors
 
 

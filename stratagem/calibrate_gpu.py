@@ -8,7 +8,8 @@ catalog's figures the simulator priced one-rank H100 steps of small zoo models 2
 
 This runs the CPU calibration's compute probes (`stratagem.calibrate.probes`) on the device, at sizes
 that keep it busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished
-(`Stepper` with an `agree` that synchronizes). One process, one device: the figures describe every
+(`Stepper` with an `agree` that synchronizes), and Adam's per-tensor loop besides its default
+multi-tensor step (`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through). One process, one device: the figures describe every
 device of the node that has the same name. Links are not measured: with one GPU there is no peer to
 measure NCCL against, so the node's link is the catalog's for the matching kind (recorded as such in
 the provenance). A measured rate is what the kernels reach, so matmul efficiency is 1.
@@ -20,7 +21,7 @@ import socket
 import time
 from typing import Any
 
-from stratagem.calibrate import CacheEvictor, ProbeShapes, Stepper, compute_figures
+from stratagem.calibrate import CacheEvictor, ProbeShapes, Stepper, compute_figures, optimizer_tensor_probe
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
 from stratagem.ir.catalog import CATALOG
@@ -74,7 +75,9 @@ def measure_gpu(device: str) -> dict[str, float]:
 
     l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
     stepper = Stepper(finished, evict=CacheEvictor(2 * l2_bytes, device=device))
-    return compute_figures(stepper, GPU_PROBES, device)
+    figures = compute_figures(stepper, GPU_PROBES, device)
+    figures["optimizer_loop_tensor_s"] = optimizer_tensor_probe(stepper, device, foreach=False)()
+    return figures
 
 
 def catalog_kind(name: str, memory_bytes: float) -> str | None:
@@ -124,6 +127,7 @@ def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) 
         launch_overhead_s=max(figures["layer_overhead_s"], 0.0),
         optimizer_efficiency=share("optimizer_rate"),
         optimizer_tensor_s=max(figures["optimizer_tensor_s"], 0.0),
+        optimizer_loop_tensor_s=max(figures["optimizer_loop_tensor_s"], 0.0) if "optimizer_loop_tensor_s" in figures else None,
         stream_efficiency=share("stream_rate"),
         cast_efficiency=share("cast_rate"),
         select_efficiency=share("select_rate"),
