@@ -65,6 +65,8 @@ class DeviceKinds:
     """Dtype conversions' fraction of memory bandwidth (else `elementwise_efficiency`)."""
     select_efficiency: np.ndarray
     """Top-k selection's fraction of memory bandwidth, per pass over its input (else `elementwise_efficiency`)."""
+    full_select_efficiency: np.ndarray
+    """The same where the runtime selects in one full `topk` (else `select_efficiency`)."""
     lowrank_efficiency: np.ndarray
     """PowerSGD's passes' fraction of memory bandwidth (else `elementwise_efficiency`)."""
     coalesce_efficiency: np.ndarray
@@ -378,6 +380,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, spars
         stream_efficiency=np.array([s.stream_efficiency or s.elementwise_efficiency for s in specs]),
         cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
         select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
+        full_select_efficiency=np.array([s.full_select_efficiency or s.select_efficiency or s.elementwise_efficiency for s in specs]),
         lowrank_efficiency=np.array([s.lowrank_efficiency or s.elementwise_efficiency for s in specs]),
         coalesce_efficiency=np.array([s.coalesce_efficiency or s.elementwise_efficiency for s in specs]),
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),

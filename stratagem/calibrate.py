@@ -26,7 +26,8 @@ size of the last-level cache first, untimed). In about 15-30 seconds:
   bytes), as gradient compression makes around its casts and selections -> `stream_efficiency`;
 - what gradient compression costs beyond streaming: fp32 -> fp16 -> fp32 casts of a 16 MB gradient
   (each cast counted as its fp32 bytes x 1.5) -> `cast_efficiency`, and the runtime's top-1% selection
-  over it (`select_largest`, counted as one pass) -> `select_efficiency`;
+  over it (`select_largest`, counted as one pass) -> `select_efficiency`, and the same over its first
+  128K entries, which the runtime selects in one full `topk` -> `full_select_efficiency`;
 - PowerSGD rank 4 on 16 MB of gradients, run by the runtime's own reducer (counted as the simulator's
   nine passes), once as 16 matrices of 1 MB and once as one of 16 MB -> `lowrank_efficiency` and
   `lowrank_knee_bytes` (`size_law`);
@@ -199,6 +200,7 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         stream_efficiency=_fraction(figures["stream_rate"] / bandwidth) if "stream_rate" in figures else None,
         cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
         select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
+        full_select_efficiency=_fraction(figures["full_select_rate"] / bandwidth) if "full_select_rate" in figures else None,
         lowrank_efficiency=_fraction(lowrank_rate / bandwidth) if lowrank_rate else None,
         lowrank_knee_bytes=lowrank_knee,
         coalesce_efficiency=_fraction(figures["coalesce_rate"] / bandwidth) if "coalesce_rate" in figures else None,
@@ -454,6 +456,11 @@ class ProbeShapes:
     """Lookups and table rows of the coalescing probe."""
 
 
+FULL_SELECTION_ENTRIES = 1 << 17
+"""Entries of the full-selection probe: at 1% the runtime selects them in one `topk`, as it does a
+DLRM's 85,000 dense gradients (`stratagem.topk_selection.full_selection`)."""
+
+
 def _train_pass(module: Any, x: Any) -> Callable[[], None]:
     def run() -> None:
         module(x).sum().backward()
@@ -502,6 +509,8 @@ def probes(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = 
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
         "select_rate": lambda: grad.nbytes / stepper.median(
             lambda: select_largest(magnitudes, grad.numel() // 100), budget_s=0.5),
+        "full_select_rate": lambda: FULL_SELECTION_ENTRIES * 4 / stepper.median(
+            lambda: select_largest(magnitudes[:FULL_SELECTION_ENTRIES], FULL_SELECTION_ENTRIES // 100), budget_s=0.3),
         "lowrank_rate": _lowrank_probe(stepper, device, matrices=small, side=small_side),
         "lowrank_large_rate": _lowrank_probe(stepper, device, matrices=large, side=large_side),
         "coalesce_rate": _coalesce_probe(stepper, device, lookups=shapes.lookups[0], rows=shapes.lookups[1]),

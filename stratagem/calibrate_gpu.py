@@ -131,6 +131,7 @@ def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) 
         stream_efficiency=share("stream_rate"),
         cast_efficiency=share("cast_rate"),
         select_efficiency=share("select_rate"),
+        full_select_efficiency=share("full_select_rate") if "full_select_rate" in figures else None,
         lowrank_efficiency=share("lowrank_rate"),
         coalesce_efficiency=share("coalesce_rate"),
         is_gpu=True,

@@ -28,6 +28,7 @@ FIGURES = {
     "norm_rate": 1e12, "layer_overhead_s": 60e-6, "optimizer_rate": 1e12, "optimizer_large_rate": 1e12,
     "optimizer_tensor_s": 2e-6, "stream_rate": 3e12, "cast_rate": 2.5e12, "select_rate": 1e11, "lowrank_rate": 4e11,
     "lowrank_large_rate": 5e11, "coalesce_rate": 5e10, "optimizer_loop_tensor_s": 40e-6,
+    "full_select_rate": 5e10,
 }
 
 

@@ -436,3 +436,29 @@ def test_launches_and_kernels_add_on_a_cpu_and_overlap_on_a_gpu():
     kernels = compute("T4", 0.0)
     assert 0 < kernels < 1e-3  # tiny next to a millisecond's launch: the launches decide
     assert passes * 1e-3 < compute("T4", 1e-3) <= passes * 1e-3 + kernels
+
+
+def test_the_topk_selection_path_is_the_runtimes_branch():
+    from stratagem.topk_selection import full_selection
+
+    assert full_selection(85_000, 850)  # a DLRM's dense bucket: one full topk
+    assert full_selection(65_536, 65_536 // 2)
+    assert not full_selection(50_000_000, 500_000) and not full_selection(1_000_000, 10_000)
+    assert full_selection(1_000_000, 1_000)  # few kept: the sample would be a quarter of the bucket
+    assert full_selection(np.array([85_000, 1_000_000]), np.array([850, 10_000])).tolist() == [True, False]
+
+
+def test_a_bucket_selected_in_one_full_topk_pays_the_full_selection_rate():
+    """Small top-k buckets cost the full-selection rate; a fused bucket of the same variables is large
+    enough for the sampled path, so the path is the bucket's, not each variable's."""
+    graph = mlp(batch=8, hidden=200, depth=8)  # eight 200 x 200 weights of 40,000 entries: small one by one
+    topk = Compressor(kind="topk", ratio=0.01)
+
+    def priced(full_select: float, *, fused: bool) -> float:
+        kind = DeviceSpec(**{**lookup("CPU").model_dump(), "name": "CPU-probe", "select_efficiency": 0.1,
+                             "full_select_efficiency": full_select})
+        spec = ResourceSpec(name="two", nodes=[Node(address="a", chief=True, cpus=[0, 1], device=kind.name)], devices={kind.name: kind})
+        return simulate(graph, spec, [allreduce(graph, spec, compressor=topk, fused=fused)])[0].breakdown["allreduce"]
+
+    assert priced(0.01, fused=False) > priced(0.1, fused=False)
+    assert priced(0.01, fused=True) == pytest.approx(priced(0.1, fused=True))

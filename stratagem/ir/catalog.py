@@ -65,6 +65,10 @@ class DeviceSpec(Strict):
     select_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth at which top-k selection consumes its input, counted as one pass (a
     CPU's partial sort costs tens of nanoseconds per element). None means `elementwise_efficiency`."""
+    full_select_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """The same for a bucket the runtime selects from in one full `topk` (small buckets, few entries
+    kept: `stratagem.topk_selection.full_selection`), which on a CPU sorts every entry where the
+    sampled path of large buckets streams them once. None means `select_efficiency`."""
     lowrank_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth at which PowerSGD's passes (rank-r products, QR, error feedback)
     stream the gradient; skinny matrix products run far below a copy's rate on a CPU. None means

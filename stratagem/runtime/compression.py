@@ -16,22 +16,13 @@ import torch
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import Compressor
 from stratagem.runtime.comm import Team, Work, flatten, unflatten, wait
+from stratagem.topk_selection import CANDIDATE_MARGIN, SMALL_SELECTION, full_selection, sample_size
 
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 INT32_LIMIT = 2**31 - 1
 """Top-k indices travel as int32 (4 bytes, not 8) while a bucket's positions fit in one."""
-SAMPLE_WINNERS = 512
-"""Entries of the sample above its threshold: the candidate count's relative spread is about 1/sqrt of it."""
-CANDIDATE_MARGIN = 1.3
-"""Candidates aimed for, as a multiple of k, so that too few (and a full selection) are rare."""
 TIED_CANDIDATES = 4
 """More candidates than this many times k mean the sampled threshold sits on a tie, not in a tail."""
-SMALL_SELECTION = 1 << 16
-"""Below this many entries one full `topk` is as fast as sampling first."""
-SAMPLE_SHARE_LIMIT = 4
-"""A sample of more than 1/this of the entries costs more than one full `topk`: the sample's own
-selection is a fixed cost (about 51,200 entries at 1%), which a DLRM's 85,000 dense gradients paid
-twice over (1.35 ms sampled, 0.69 ms in one `topk`)."""
 
 
 def select_largest(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
@@ -43,9 +34,9 @@ def select_largest(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     same set; a sample that set the threshold too high falls back to the full selection.
     """
     n = magnitudes.numel()
-    size = min(n, math.ceil(SAMPLE_WINNERS * n / k))
-    if n <= SMALL_SELECTION or k * CANDIDATE_MARGIN >= n / 4 or size * SAMPLE_SHARE_LIMIT >= n:
+    if full_selection(n, k):
         return magnitudes.topk(k, sorted=False).indices
+    size = sample_size(n, k)
     picks = torch.randint(n, (size,), generator=torch.Generator().manual_seed(k)).to(magnitudes.device)
     sample = magnitudes[picks]
     winners = min(size, math.ceil(CANDIDATE_MARGIN * k * size / n))
