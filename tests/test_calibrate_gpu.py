@@ -84,7 +84,7 @@ def test_calibrating_a_gpu_where_there_is_none_is_one_clear_error(capsys: pytest
     code, _, err = run_cli(["calibrate", "--gpu"], capsys)
     assert_one_line_error(code, err, "device: no CUDA device 0: torch sees 0")
     code, _, err = run_cli(["calibrate", "--gpu", "-1"], capsys)
-    assert code == 2 and "argument --gpu: must be 0 or more, got -1" in err and "Traceback" not in err
+    assert code == 2 and "argument --gpu: must be at least 0, got -1" in err and "Traceback" not in err
 
 
 def test_a_sparse_model_updates_every_tensor_at_the_loop_figure():

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stratagem.cli.files import check_output, write_text
-from stratagem.cli.jobs import positive_int
+from stratagem.cli.jobs import int_at_least, positive_int
 from stratagem.errors import StratagemError
 from stratagem.ir import ResourceSpec
 
@@ -81,10 +81,4 @@ def check_machine(ranks: int, threads: int) -> None:
 
 def device_index(text: str) -> int:
     """An argparse type for `--gpu`, so a bad value is a usage error naming the option."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a CUDA device index, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return int_at_least(text, 0, "a CUDA device index")

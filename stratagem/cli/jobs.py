@@ -57,12 +57,17 @@ def connection_options(*, suppress_defaults: bool = False) -> argparse.ArgumentP
 
 def positive_int(text: str) -> int:
     """An argparse type, so a bad value is a usage error naming the option."""
+    return int_at_least(text, 1)
+
+
+def int_at_least(text: str, least: int, expected: str = "an integer") -> int:
+    """`text` as an int of at least `least`, or the argparse error that names what was expected."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
 
 
