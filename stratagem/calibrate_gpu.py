@@ -17,6 +17,7 @@ the provenance). A measured rate is what the kernels reach, so matmul efficiency
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from typing import Any
@@ -82,9 +83,9 @@ def measure_gpu(device: str) -> dict[str, float]:
 
 def catalog_kind(name: str, memory_bytes: float) -> str | None:
     """The catalog's kind for a CUDA device name ("NVIDIA H100 80GB HBM3" -> "H100"): the longest kind
-    named in it, A100s told apart by memory."""
+    named in it as a word of its own (a T400 is no T4), A100s told apart by memory."""
     upper = name.upper()
-    kinds = [kind for kind, spec in CATALOG.items() if spec.is_gpu and kind.split("-")[0] in upper]
+    kinds = [kind for kind, spec in CATALOG.items() if spec.is_gpu and re.search(rf"\b{kind.split('-')[0]}\b", upper)]
     if not kinds:
         return None
     return min(kinds, key=lambda kind: (-len(kind.split("-")[0]), abs(CATALOG[kind].memory_bytes - memory_bytes)))

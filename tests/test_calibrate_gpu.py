@@ -40,6 +40,7 @@ FIGURES = {
     ("Tesla V100-SXM2-16GB", 16, "V100-16GB"),
     ("Tesla T4", 16, "T4"),
     ("NVIDIA GeForce RTX 4090", 24, None),
+    ("NVIDIA T400", 4, None),
 ])
 def test_a_cuda_device_name_maps_to_its_catalog_kind(name: str, memory_gb: float, kind: str | None):
     assert catalog_kind(name, memory_gb * 1e9) == kind
