@@ -6,7 +6,9 @@ replaces them with measured figures for a machine.
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any, ClassVar
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from stratagem.ir.document import Strict
 
@@ -117,6 +119,18 @@ class DeviceSpec(Strict):
     whose cores the compute threads hold, where every hand-off of a collective (its launch, each
     wake-up of gloo's thread) waits for a core and preempts the compute to get one."""
     is_gpu: bool = True
+
+    UNSET_IS_UNWRITTEN: ClassVar[frozenset[str]] = frozenset({"optimizer_loop_tensor_s", "full_select_efficiency"})
+    """Fields added after documents holding device kinds were stored (session 29): left unset, they are
+    not written, so a stored spec's content id (a hash of what it writes) still matches it."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_late_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.UNSET_IS_UNWRITTEN:
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     def flops_for(self, dtype: str) -> float:
         if dtype in self.peak_flops:
