@@ -97,20 +97,3 @@ def test_a_sparse_model_updates_every_tensor_at_the_loop_figure():
         tensors = sum(v.trainable for v in graph.variables)
         update = simulate(graph, spec, [DataParallel().build(graph, spec)])[0].breakdown["optimizer_update"]
         assert tensors * per_tensor <= update < tensors * per_tensor + 2e-5
-
-
-def test_a_spec_stored_before_the_late_device_fields_still_loads_with_its_id():
-    """Session 28's records hold calibrated device kinds and their content ids; the fields added since
-    are not written while unset, so those ids still match (`DeviceSpec.UNSET_IS_UNWRITTEN`)."""
-    import json
-    import lzma
-    from pathlib import Path
-
-    records = Path(__file__).resolve().parents[1] / "benchmarks/results/2026-11-26-principled-1.14-session-28/accuracy-run-ai.jsonl.xz"
-    with lzma.open(records, "rt") as lines:
-        stored = json.loads(next(lines))["resources"]
-    assert "full_select_efficiency" not in json.dumps(stored)
-    assert ResourceSpec.parse(stored).id == stored["id"]
-    spec = gpu_spec(FIGURES, name="NVIDIA H200", memory_bytes=141e9, gpus=[0])
-    assert spec.devices["H200-calibrated"].full_select_efficiency is not None  # set: written and hashed
-    assert ResourceSpec.parse(json.loads(spec.to_json())).id == spec.id

@@ -6,9 +6,9 @@ replaces them with measured figures for a machine.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
 from stratagem.ir.document import Strict
 
@@ -120,24 +120,24 @@ class DeviceSpec(Strict):
     wake-up of gloo's thread) waits for a core and preempts the compute to get one."""
     is_gpu: bool = True
 
-    UNSET_IS_UNWRITTEN: ClassVar[frozenset[str]] = frozenset({"optimizer_loop_tensor_s", "full_select_efficiency"})
-    """Fields added after documents holding device kinds were stored (session 29): left unset, they are
-    not written, so a stored spec's content id (a hash of what it writes) still matches it."""
-
-    @model_serializer(mode="wrap")
-    def _omit_unset_late_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        for name in self.UNSET_IS_UNWRITTEN:
-            if data.get(name, 0) is None:
-                del data[name]
-        return data
-
     def flops_for(self, dtype: str) -> float:
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
         if dtype == "bfloat16" and "float16" in self.peak_flops:
             return self.peak_flops["float16"]
         return self.peak_flops["float32"]
+
+
+DEVICE_FIELDS_ADDED: dict[str, Any] = {
+    "lowrank_round_s": None,  # principled-1.9
+    "stream_efficiency": None,  # 1.11
+    "comm_latency_contention": 0.0,  # 1.14
+    "optimizer_loop_tensor_s": None,  # 1.15
+    "full_select_efficiency": None,  # 1.16
+}
+"""DeviceSpec fields added after resource specs holding device kinds were first stored, in the order
+they were added, with the default that leaves them out of the spec's content id
+(`ResourceSpec.compute_id`); a spec stored in between wrote the earlier ones (`legacy_ids`)."""
 
 
 def _gpu(name: str, fp32: float, fp16: float, memory_gb: float, bandwidth_gbs: float, tf32: float | None = None) -> DeviceSpec:

@@ -25,6 +25,11 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def content_hash(content: Any) -> str:
+    """A document's content id: sha256 hex of its canonical JSON."""
+    return hashlib.sha256(canonical_json(content).encode()).hexdigest()
+
+
 class Strict(BaseModel):
     """Sub-objects of documents: unknown fields are an error, not silently dropped."""
 
@@ -66,12 +71,19 @@ class Document(Strict):
             content = self.model_dump(mode="python", exclude=set(self._id_excluded))
             raise ValueError(f"{_non_finite_path(content)}: must be a finite number") from None
         if self.id is not None and self.id != expected:
+            if self.id in self.legacy_ids():
+                return self
             raise ValueError(
                 f"id: {self.id!r} does not match the content (expected {expected!r}); "
                 "remove the id after editing a document"
             )
         object.__setattr__(self, "id", expected)
         return self
+
+    def legacy_ids(self) -> tuple[str, ...]:
+        """Ids an earlier release computed for this same content (a document stored then keeps its id,
+        so whatever refers to it still does)."""
+        return ()
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Assigning a field the id covers re-derives the id; a refused assignment leaves the document as it was.
@@ -92,8 +104,7 @@ class Document(Strict):
             raise self._error_type(problems_from_validation_error(error)) from None
 
     def compute_id(self) -> str:
-        content = self.model_dump(mode="json", exclude=set(self._id_excluded))
-        return hashlib.sha256(canonical_json(content).encode()).hexdigest()
+        return content_hash(self.model_dump(mode="json", exclude=set(self._id_excluded)))
 
     def replace(self, **changes: Any) -> Self:
         """A validated copy with some fields changed (and a fresh id)."""

@@ -15,8 +15,8 @@ import yaml
 from pydantic import Field, model_validator
 
 from stratagem.errors import InvalidResourceSpecError, Problem
-from stratagem.ir.catalog import CATALOG, DeviceSpec, lookup
-from stratagem.ir.document import Document, Strict, as_value_error
+from stratagem.ir.catalog import CATALOG, DEVICE_FIELDS_ADDED, DeviceSpec, lookup
+from stratagem.ir.document import Document, Strict, as_value_error, content_hash
 
 LinkKind = Literal["pcie", "nvlink", "ethernet", "infiniband", "loopback", "shared-memory"]
 
@@ -94,6 +94,25 @@ class ResourceSpec(Document):
     def _check_cluster(self) -> Self:
         as_value_error(resource_problems(self))
         return self
+
+    def compute_id(self) -> str:
+        """Device-kind fields added after specs holding device kinds were first stored are left out
+        while they hold their default (`DEVICE_FIELDS_ADDED`), so those specs keep their ids."""
+        return self._hash(kept=0)
+
+    def legacy_ids(self) -> tuple[str, ...]:
+        """A spec stored between two additions wrote the fields that existed then, defaults included."""
+        return tuple(self._hash(kept=n) for n in range(1, len(DEVICE_FIELDS_ADDED) + 1)) if self.devices else ()
+
+    def _hash(self, *, kept: int) -> str:
+        """The content id with the first `kept` added device fields written as they are."""
+        content = self.model_dump(mode="json", exclude=set(self._id_excluded))
+        dropped = list(DEVICE_FIELDS_ADDED.items())[kept:]
+        for device in content.get("devices", {}).values():
+            for name, default in dropped:
+                if device.get(name) == default:
+                    device.pop(name, None)
+        return content_hash(content)
 
     # --- queries -------------------------------------------------------------------------------
 

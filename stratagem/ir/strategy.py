@@ -8,14 +8,13 @@ same strategy keeps its id after a trial measures it.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
 from stratagem.errors import InvalidStrategyError, Problem
-from stratagem.ir.document import Document, Strict, as_value_error, canonical_json, check
+from stratagem.ir.document import Document, Strict, as_value_error, check, content_hash
 from stratagem.ir.graph import ModelGraph
 from stratagem.ir.resources import ResourceSpec, device_address, parse_device
 
@@ -253,7 +252,7 @@ class Strategy(Document):
         for name, default in ADDED_FIELDS.items():
             if content.get(name) == default:
                 content.pop(name, None)
-        return hashlib.sha256(canonical_json(content).encode()).hexdigest()
+        return content_hash(content)
 
     def config_of(self, var_name: str) -> VariableConfig:
         for config in self.variables:
