@@ -45,11 +45,16 @@ def optimizer_for(name: str) -> str:
     return "adagrad" if name == "dlrm" else "adam"
 
 
-def plain_training(name: str, batch: int, overrides: dict[str, Any]) -> Callable[[], None]:
-    """One training step of the zoo model on CUDA in plain PyTorch, as a user's own loop runs it."""
+def plain_model(name: str, batch: int, overrides: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer, tuple[Any, ...]]:
+    """The zoo model on CUDA with its optimizer and one batch, in plain PyTorch (no Stratagem runtime)."""
     module, make_batch = zoo.build(name, "small", device="cuda", **overrides)
     optimizer = (torch.optim.Adagrad if optimizer_for(name) == "adagrad" else torch.optim.Adam)(module.parameters())
-    inputs = make_batch(batch)
+    return module, optimizer, make_batch(batch)
+
+
+def plain_training(name: str, batch: int, overrides: dict[str, Any]) -> Callable[[], None]:
+    """One training step of the zoo model on CUDA in plain PyTorch, as a user's own loop runs it."""
+    module, optimizer, inputs = plain_model(name, batch, overrides)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

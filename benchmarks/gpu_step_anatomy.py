@@ -28,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
-from benchmarks.gpu_one_rank import CASES, optimizer_for, plain_training
-from examples import zoo
+from benchmarks.gpu_one_rank import CASES, plain_model, plain_training
 
 STEPS = 15
 
@@ -44,9 +43,7 @@ def _synced(run: Callable[[], object]) -> float:
 
 def phases(name: str, batch: int, overrides: dict[str, Any]) -> dict[str, Any]:
     """Median milliseconds of each phase timed alone, of the plain step, and the host's share."""
-    module, make_batch = zoo.build(name, "small", device="cuda", **overrides)
-    optimizer = (torch.optim.Adagrad if optimizer_for(name) == "adagrad" else torch.optim.Adam)(module.parameters())
-    inputs = make_batch(batch)
+    module, optimizer, inputs = plain_model(name, batch, overrides)
     held: dict[str, Any] = {}
 
     def forward() -> None:

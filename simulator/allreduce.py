@@ -192,14 +192,16 @@ def _compress(
                               select=bandwidth * kinds.select_efficiency[kind], lowrank=bandwidth * kinds.lowrank_efficiency[kind],
                               flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
     seconds = compression.compute_seconds(context.compression, compressor, param, var, div, rates)
+    slot = key.take(entries)
     topk = compressor == CompressorKind.TOPK
     if topk.any():
-        seconds = seconds + _full_selection_seconds(context, kind, var, div, param, key[entries], topk, slots)
-    return np.bincount(key[entries], weights=seconds, minlength=slots)
+        full_rate = bandwidth * kinds.full_select_efficiency[kind]
+        seconds = seconds + _full_selection_seconds(context, var, div, param, slot, topk, slots, 1.0 / full_rate - 1.0 / rates.select)
+    return np.bincount(slot, weights=seconds, minlength=slots)
 
 
-def _full_selection_seconds(context: SimContext, kind: np.ndarray, var: np.ndarray, div: np.ndarray, ratio: np.ndarray,
-                            slot: np.ndarray, topk: np.ndarray, slots: int) -> np.ndarray:
+def _full_selection_seconds(context: SimContext, var: np.ndarray, div: np.ndarray, ratio: np.ndarray, slot: np.ndarray,
+                            topk: np.ndarray, slots: int, extra_per_byte: np.ndarray) -> np.ndarray:
     """What each top-k entry's selection costs beyond the sampled rate where its bucket is selected in one
     full `topk` (a bucket of few entries, or few kept: `stratagem.topk_selection.full_selection`). The
     runtime selects over a bucket, so the path is the bucket's, from its entries and its ratio."""
@@ -207,10 +209,7 @@ def _full_selection_seconds(context: SimContext, kind: np.ndarray, var: np.ndarr
     bucket = np.bincount(slot, weights=numel, minlength=slots)
     entries = bucket.take(slot)
     full = topk & full_selection(np.round(entries).astype(np.int64), np.ceil(ratio * entries).astype(np.int64))
-    kinds = context.kinds
-    bandwidth = kinds.memory_bandwidth[kind]
-    extra = 1.0 / (bandwidth * kinds.full_select_efficiency[kind]) - 1.0 / (bandwidth * kinds.select_efficiency[kind])
-    return np.where(full, numel * context.var_itemsize.take(var) * extra, 0.0)
+    return np.where(full, numel * context.var_itemsize.take(var) * extra_per_byte, 0.0)
 
 
 def _lowrank_groups(context: SimContext, batch: CandidateBatch, entries: np.ndarray, key: np.ndarray, slots: int) -> np.ndarray:

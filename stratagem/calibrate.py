@@ -190,20 +190,20 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         memory_bytes=memory_bytes,
         memory_bandwidth=bandwidth,
         matmul_efficiency=1.0,
-        elementwise_efficiency=_fraction(figures["elementwise_rate"] / bandwidth),
-        norm_efficiency=_fraction(figures["norm_rate"] / bandwidth),
+        elementwise_efficiency=fraction(figures["elementwise_rate"] / bandwidth),
+        norm_efficiency=fraction(figures["norm_rate"] / bandwidth),
         launch_overhead_s=max(figures["layer_overhead_s"], 0.0),
-        conv_efficiency=_fraction(figures["conv_flops"] / matmul),
-        optimizer_efficiency=_fraction(small_tensor_rate / bandwidth),
+        conv_efficiency=fraction(figures["conv_flops"] / matmul),
+        optimizer_efficiency=fraction(small_tensor_rate / bandwidth),
         optimizer_knee_bytes=knee,
         optimizer_tensor_s=figures.get("optimizer_tensor_s"),
-        stream_efficiency=_fraction(figures["stream_rate"] / bandwidth) if "stream_rate" in figures else None,
-        cast_efficiency=_fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
-        select_efficiency=_fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
-        full_select_efficiency=_fraction(figures["full_select_rate"] / bandwidth) if "full_select_rate" in figures else None,
-        lowrank_efficiency=_fraction(lowrank_rate / bandwidth) if lowrank_rate else None,
+        stream_efficiency=fraction(figures["stream_rate"] / bandwidth) if "stream_rate" in figures else None,
+        cast_efficiency=fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
+        select_efficiency=fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
+        full_select_efficiency=fraction(figures["full_select_rate"] / bandwidth) if "full_select_rate" in figures else None,
+        lowrank_efficiency=fraction(lowrank_rate / bandwidth) if lowrank_rate else None,
         lowrank_knee_bytes=lowrank_knee,
-        coalesce_efficiency=_fraction(figures["coalesce_rate"] / bandwidth) if "coalesce_rate" in figures else None,
+        coalesce_efficiency=fraction(figures["coalesce_rate"] / bandwidth) if "coalesce_rate" in figures else None,
         scatter_efficiency=_bounded(figures["scatter_efficiency"], 8.0) if "scatter_efficiency" in figures else None,
         gather_efficiency=_bounded(figures["gather_efficiency"], 8.0) if "gather_efficiency" in figures else None,
         half_reduce_efficiency=_bounded(figures["half_reduce_efficiency"], 8.0) if "half_reduce_efficiency" in figures else None,
@@ -245,7 +245,7 @@ def size_law(rate: float, large_rate: float | None, sizes: tuple[int, int]) -> t
     return rate * (1.0 + small / knee), knee
 
 
-def _fraction(value: float) -> float:
+def fraction(value: float) -> float:
     return _bounded(value, 1.0)
 
 

@@ -22,7 +22,7 @@ import socket
 import time
 from typing import Any
 
-from stratagem.calibrate import CacheEvictor, ProbeShapes, Stepper, compute_figures, optimizer_tensor_probe
+from stratagem.calibrate import CacheEvictor, ProbeShapes, Stepper, compute_figures, fraction, optimizer_tensor_probe
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
 from stratagem.ir.catalog import CATALOG
@@ -114,7 +114,7 @@ def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) 
     peak = max(matmul, conv)
 
     def share(key: str) -> float:
-        return min(max(figures[key] / bandwidth, 1e-3), 1.0)
+        return fraction(figures[key] / bandwidth)
 
     return DeviceSpec(
         name=kind,

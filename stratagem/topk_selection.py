@@ -19,14 +19,13 @@ selection is a fixed cost (about 51,200 entries at 1%), which a DLRM's 85,000 de
 twice over (1.35 ms sampled, 0.69 ms in one `topk`)."""
 
 
-def sample_size(n: int, k: int) -> int:
-    """Entries the sampled path draws to set its threshold."""
-    return min(n, -(-SAMPLE_WINNERS * n // k))
+def sample_size(n: np.ndarray | int, k: np.ndarray | int) -> np.ndarray | int:
+    """Entries the sampled path draws to set its threshold (elementwise over arrays)."""
+    return np.minimum(n, -(-SAMPLE_WINNERS * np.asarray(n, dtype=np.int64) // np.maximum(k, 1)))
 
 
 def full_selection(n: np.ndarray | int, k: np.ndarray | int) -> np.ndarray | bool:
     """Whether selecting the k largest of n entries runs one full `topk` (elementwise over arrays)."""
     n, k = np.asarray(n, dtype=np.int64), np.maximum(np.asarray(k, dtype=np.int64), 1)
-    size = np.minimum(n, -(-SAMPLE_WINNERS * n // k))
-    full = (n <= SMALL_SELECTION) | (k * CANDIDATE_MARGIN >= n / 4) | (size * SAMPLE_SHARE_LIMIT >= n)
+    full = (n <= SMALL_SELECTION) | (k * CANDIDATE_MARGIN >= n / 4) | (sample_size(n, k) * SAMPLE_SHARE_LIMIT >= n)
     return bool(full) if full.ndim == 0 else full

@@ -75,6 +75,14 @@ class Node(Strict):
         return self.device if self.gpus else "CPU"
 
 
+
+def _id_keeping(content: dict[str, Any], *, kept: int) -> str:
+    """The content id of a dumped spec with only the first `kept` added device fields written at their default."""
+    dropped = dict(list(DEVICE_FIELDS_ADDED.items())[kept:])
+    devices = {kind: {name: value for name, value in device.items() if not (name in dropped and value == dropped[name])}
+               for kind, device in content.get("devices", {}).items()}
+    return content_hash({**content, "devices": devices} if devices else content)
+
 class ResourceSpec(Document):
     _error_type: ClassVar = InvalidResourceSpecError
 
@@ -98,21 +106,14 @@ class ResourceSpec(Document):
     def compute_id(self) -> str:
         """Device-kind fields added after specs holding device kinds were first stored are left out
         while they hold their default (`DEVICE_FIELDS_ADDED`), so those specs keep their ids."""
-        return self._hash(kept=0)
+        return _id_keeping(self.model_dump(mode="json", exclude=set(self._id_excluded)), kept=0)
 
     def legacy_ids(self) -> tuple[str, ...]:
         """A spec stored between two additions wrote the fields that existed then, defaults included."""
-        return tuple(self._hash(kept=n) for n in range(1, len(DEVICE_FIELDS_ADDED) + 1)) if self.devices else ()
-
-    def _hash(self, *, kept: int) -> str:
-        """The content id with the first `kept` added device fields written as they are."""
+        if not self.devices:
+            return ()
         content = self.model_dump(mode="json", exclude=set(self._id_excluded))
-        dropped = list(DEVICE_FIELDS_ADDED.items())[kept:]
-        for device in content.get("devices", {}).values():
-            for name, default in dropped:
-                if device.get(name) == default:
-                    device.pop(name, None)
-        return content_hash(content)
+        return tuple(_id_keeping(content, kept=n) for n in range(1, len(DEVICE_FIELDS_ADDED) + 1))
 
     # --- queries -------------------------------------------------------------------------------
 

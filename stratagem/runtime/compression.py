@@ -36,7 +36,7 @@ def select_largest(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     n = magnitudes.numel()
     if full_selection(n, k):
         return magnitudes.topk(k, sorted=False).indices
-    size = sample_size(n, k)
+    size = int(sample_size(n, k))
     picks = torch.randint(n, (size,), generator=torch.Generator().manual_seed(k)).to(magnitudes.device)
     sample = magnitudes[picks]
     winners = min(size, math.ceil(CANDIDATE_MARGIN * k * size / n))
