@@ -1,12 +1,14 @@
 """Step time of the runtime's executors next to torch DDP, on gloo ranks of this machine.
 
-Each strategy trains a 6-layer 512-wide MLP (1.6 M parameters) for warm-up and timed steps on
-`--ranks` CPU processes; rank 0 reports the median step time (forward, backward, optimizer step),
-the median time the step spent waiting on synchronization (`optimizer.sync_stats`) and the bytes
-this rank handed to collectives per step. DDP (one bucket per 25 MB, its default) is the baseline
-the all-reduce executor should stay close to.
+Each strategy trains a 6-layer MLP (`--width` 512: 1.6 M parameters; 1024: 6.3 M, a 25 MB bucket)
+for warm-up and timed steps on `--ranks` CPU processes; rank 0 reports the median step time (forward,
+backward, optimizer step), the median time the step spent waiting on synchronization
+(`optimizer.sync_stats`), the bytes this rank handed to collectives per step and the page faults a
+step took (memory the step touched for the first time: a bucket allocated afresh every step faults
+in its pages, which on a virtual machine costs more than the copy). DDP (one bucket per 25 MB, its
+default, kept across steps) is the baseline the all-reduce executor should stay close to.
 
-Usage: python benchmarks/runtime_step.py [--ranks 2] [--steps 20]   (prints one JSON object)
+Usage: python benchmarks/runtime_step.py [--ranks 2] [--steps 20] [--width 512]   (prints one JSON object)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -27,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without
 
 from stratagem.rank_env import rank_environment
 
-WIDTH, LAYERS, BATCH = 512, 6, 64
+LAYERS, BATCH = 6, 64
 
 
 def _strategies(names: list[str], world: int) -> dict[str, dict[str, Any] | None]:
@@ -53,18 +56,22 @@ def _strategies(names: list[str], world: int) -> dict[str, dict[str, Any] | None
     }
 
 
-def _model():
+def _model(width: int):
     import torch
     from torch import nn
 
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(LAYERS):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(WIDTH, 10))
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
-def _child(out: Path, steps: int, warmup: int) -> None:
+def _page_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _child(out: Path, steps: int, warmup: int, width: int) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -75,19 +82,20 @@ def _child(out: Path, steps: int, warmup: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    names = [n for n, _ in _model().named_parameters()]
-    x, y = torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
+    names = [n for n, _ in _model(width).named_parameters()]
+    x, y = torch.randn(BATCH, width), torch.randint(0, 10, (BATCH,))
     results: dict[str, Any] = {}
     for label, strategy in _strategies(names, world).items():
-        model = _model()
+        model = _model(width)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if strategy is None:
             model = torch.nn.parallel.DistributedDataParallel(model)
         else:
             model, optimizer = distribute(model, optimizer, Strategy.parse(strategy))
-        times, waits, sent = [], [], []
+        times, waits, sent, faults = [], [], [], []
         for step in range(warmup + steps):
             dist.barrier()
+            faulted = _page_faults()
             start = time.perf_counter()
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
@@ -95,13 +103,15 @@ def _child(out: Path, steps: int, warmup: int) -> None:
             elapsed = time.perf_counter() - start
             if step >= warmup:
                 times.append(elapsed)
+                faults.append(_page_faults() - faulted)
                 stats = getattr(optimizer, "sync_stats", None)
                 if stats is not None:  # DDP has no such measurement
                     waits.append(stats.sync_wait_s)
                     sent.append(sum(stats.wire_bytes.values()))
         results[label] = {"step_ms": round(statistics.median(times) * 1e3, 2),
                           "sync_wait_ms": round(statistics.median(waits) * 1e3, 2) if waits else None,
-                          "bytes_per_step": statistics.median(sent) if sent else None}
+                          "bytes_per_step": statistics.median(sent) if sent else None,
+                          "page_faults_per_step": statistics.median(faults)}
     if rank == 0:
         out.write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -112,10 +122,11 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--width", type=int, default=512, help="the MLP's width (1024 makes one 25 MB bucket)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(Path(args.child), args.steps, args.warmup)
+        _child(Path(args.child), args.steps, args.warmup, args.width)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,13 +134,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         env = rank_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1")
-        command = [sys.executable, __file__, "--child", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        command = [sys.executable, __file__, "--child", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--width", str(args.width)]
         procs = [subprocess.Popen(command, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
         codes = [p.wait(timeout=900) for p in procs]
         if any(codes):
             raise SystemExit(f"a rank failed: exit codes {codes}")
         results = json.loads(out.read_text())
-    params = sum(p.numel() for p in _model().parameters())
+    params = sum(p.numel() for p in _model(args.width).parameters())
     ddp = results["ddp"]["step_ms"]
     print(json.dumps({"ranks": args.ranks, "parameters": params, "batch_per_rank": BATCH, "steps": args.steps,
                       "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),

@@ -13,6 +13,7 @@ from runtime_helpers import make_batches, make_model, make_optimizer, make_strat
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.runtime import DistributedOptimizer, distribute
+from stratagem.runtime.comm import FlatBuffer
 
 CASES = ["allreduce_groups", "ps_single", "ps_partitioned", "sharded", "mixed", "ps_local_replication", "allreduce_hierarchical"]
 
@@ -92,3 +93,33 @@ def test_a_dropped_model_and_optimizer_free_the_runtime_and_its_process_groups(o
     gc.collect()
     assert [ref for ref in teams if ref() is not None] == []
     assert [ref for ref in parameters if ref() is not None] == []
+
+
+def _kept_buffers(executor) -> list:
+    """Every FlatBuffer an executor (or its reducer) keeps."""
+    owners = [executor, getattr(executor, "reducer", None)]
+    return [value for owner in owners if owner is not None for value in vars(owner).values() if isinstance(value, FlatBuffer)]
+
+
+@pytest.mark.parametrize("case", ["allreduce_groups", "ps_single", "sharded", "allreduce_hierarchical"])
+def test_dense_buckets_keep_their_flat_buffers_from_step_to_step(one_rank, case: str) -> None:
+    """A bucket allocated afresh every step faulted its pages in every step (docs/runtime.md)."""
+    model = make_model("cnn")
+    model, optimizer = distribute(model, make_optimizer("adam", model.parameters()), make_strategy(case, model, 1))
+    batches = make_batches("cnn", steps=3, batch=6)
+    train(model, optimizer, batches[:1])
+    buffers = [b for e in optimizer._readiness.executors for b in _kept_buffers(e)]
+    first = [b._tensor.data_ptr() for b in buffers if b._tensor is not None]
+    assert first, "no dense bucket filled a kept buffer"
+    train(model, optimizer, batches[1:])
+    assert [b._tensor.data_ptr() for b in buffers if b._tensor is not None] == first
+
+
+def test_a_flat_buffer_is_reused_until_its_layout_changes() -> None:
+    buffer = FlatBuffer()
+    a = buffer.flatten([torch.ones(2, 3), torch.zeros(4)])
+    assert a.tolist() == [1.0] * 6 + [0.0] * 4
+    b = buffer.flatten([torch.full((5,), 2.0), torch.full((5,), 3.0)])
+    assert b.data_ptr() == a.data_ptr() and b.tolist() == [2.0] * 5 + [3.0] * 5
+    assert buffer.flatten([torch.ones(3)]).data_ptr() != a.data_ptr()
+    assert buffer.empty(3, torch.ones(1, dtype=torch.float64)).dtype == torch.float64

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from stratagem.ir import AllReduceSynchronizer
-from stratagem.runtime.comm import Comm, Work, all_gather_rows, coalesced_rows, flatten, sum_rows, unflatten, wait
+from stratagem.runtime.comm import Comm, FlatBuffer, Work, all_gather_rows, coalesced_rows, sum_rows, unflatten, wait
 from stratagem.runtime.compression import Reducer, apply_compression
 from stratagem.runtime.executor import Executor
 from stratagem.runtime.plan import Piece
@@ -52,6 +52,7 @@ class HierarchicalBucket(Executor):
     def __init__(self, pieces: list[Piece], comm: Comm) -> None:
         self.pieces = pieces
         self.comm = comm
+        self.buffer = FlatBuffer()
         self._pending: tuple[torch.Tensor, Work] | None = None
 
     @property
@@ -59,7 +60,7 @@ class HierarchicalBucket(Executor):
         return _unique_params(self.pieces)
 
     def launch(self, stats: StatsRecorder) -> None:
-        flat = flatten([piece.grad() for piece in self.pieces])
+        flat = self.buffer.flatten([piece.grad() for piece in self.pieces])
         node = self.comm.node_team(self.comm.rank)
         self._pending = (flat, node.reduce(flat, self.comm.leader_of(self.comm.rank), async_op=True))
         stats.add_bytes(self.kind, flat.numel() * flat.element_size())

@@ -15,7 +15,7 @@ import torch
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import Compressor
-from stratagem.runtime.comm import Team, Work, flatten, unflatten, wait
+from stratagem.runtime.comm import FlatBuffer, Team, Work, flatten, unflatten, wait
 from stratagem.topk_selection import CANDIDATE_MARGIN, SMALL_SELECTION, full_selection, sample_size
 
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -92,16 +92,18 @@ class CastReducer(Reducer):
         self.wire_dtype = wire_dtype
         self.error_feedback = error_feedback and wire_dtype is not None
         self.error: torch.Tensor | None = None
+        self.buffer = FlatBuffer()
         self._pending: tuple[torch.Tensor, Work, torch.dtype, list[torch.Size]] | None = None
 
     def start(self, grads: list[torch.Tensor]) -> None:
-        flat = flatten(grads)
+        flat = self.buffer.flatten(grads)
         if self.error is not None:
-            flat = flat + self.error
+            flat.add_(self.error)
         # Dividing first keeps a narrow sum from overflowing.
-        payload = flat / self.team.size
-        if self.wire_dtype is not None:
-            payload = payload.to(self.wire_dtype)
+        if self.wire_dtype is None:
+            payload = flat.div_(self.team.size)
+        else:
+            payload = (flat / self.team.size).to(self.wire_dtype)
             if self.error_feedback:
                 self.error = flat - payload.to(flat.dtype) * self.team.size
         self._wire_bytes = payload.numel() * payload.element_size()

@@ -28,12 +28,12 @@ from torch import nn
 from stratagem.ir import PSSynchronizer
 from stratagem.runtime.comm import (
     Comm,
+    FlatBuffer,
     Rows,
     Team,
     Work,
     broadcast_rows,
     coalesced_rows,
-    flatten,
     gather_rows,
     sum_rows,
     unflatten,
@@ -90,6 +90,7 @@ class DensePSBucket(Executor):
         self.shapes = [p.shape for p in pieces]
         self.updater = _updater(optimizer, pieces, flat=True) if self.route.is_server else None
         self.versions: deque[torch.Tensor] = deque([self._version()]) if self.updater else deque()
+        self.pushed, self.pulled = FlatBuffer(), FlatBuffer()
         self._pending: tuple[torch.Tensor, Work, list[torch.Tensor] | None] | None = None
 
     @property
@@ -98,7 +99,7 @@ class DensePSBucket(Executor):
 
     def launch(self, stats: StatsRecorder) -> None:
         route = self.route
-        flat = flatten([piece.grad() for piece in self.pieces])
+        flat = self.pushed.flatten([piece.grad() for piece in self.pieces])
         stats.add_bytes(self.kind, flat.numel() * flat.element_size())
         if route.replicate:
             self._pending = (flat, route.node.reduce(flat, route.leader, async_op=True), None)
@@ -155,8 +156,7 @@ class DensePSBucket(Executor):
             # A broadcast's root only reads its buffer; a server that also receives one would overwrite a kept version.
             values = self.versions[0] if route.leader == route.me else self.versions[0].clone()
         else:
-            like = self.pieces[0].param
-            values = torch.empty(sum(p.numel for p in self.pieces), dtype=like.dtype, device=like.device)
+            values = self.pulled.empty(sum(p.numel for p in self.pieces), self.pieces[0].param)
         if route.in_upper:
             wait(route.upper.broadcast(values, route.server))
         if route.replicate:

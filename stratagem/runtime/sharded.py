@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from stratagem.ir import ShardedSynchronizer
-from stratagem.runtime.comm import Comm, Work, flatten, unflatten, wait
+from stratagem.runtime.comm import Comm, FlatBuffer, Work, flatten, unflatten, wait
 from stratagem.runtime.executor import Executor
 from stratagem.runtime.plan import Piece
 from stratagem.runtime.stats import StatsRecorder
@@ -35,6 +35,7 @@ class ZeroBucket(Executor):
         start = comm.rank * self.chunk
         own = self._padded(flatten([p.value() for p in pieces]))[start:start + self.chunk]
         self.updater = MasterUpdater(optimizer, [pieces[0].group_index], [own])
+        self.padded, self.mine, self.gathered = FlatBuffer(), FlatBuffer(), FlatBuffer()
         self._pending: tuple[torch.Tensor, Work] | None = None
 
     @property
@@ -46,8 +47,11 @@ class ZeroBucket(Executor):
         return torch.cat([flat, flat.new_zeros(extra)]) if extra else flat
 
     def launch(self, stats: StatsRecorder) -> None:
-        flat = self._padded(flatten([piece.grad() for piece in self.pieces]))
-        mine = flat.new_empty(self.chunk)
+        grads = [piece.grad() for piece in self.pieces]
+        flat = self.padded.empty(self.chunk * self.comm.world_size, grads[0])
+        torch.cat([g.reshape(-1) for g in grads], out=flat[:self.total])
+        flat[self.total:].zero_()
+        mine = self.mine.empty(self.chunk, flat)
         stats.add_bytes(self.kind, flat.numel() * flat.element_size())
         self._pending = (mine, self.comm.world.reduce_scatter(mine, flat, async_op=True))
 
@@ -58,9 +62,9 @@ class ZeroBucket(Executor):
         with stats.waiting(self.kind):
             wait(work)
         with stats.updating():
-            self.updater.step([mine / self.comm.world_size])
+            self.updater.step([mine.div_(self.comm.world_size)])
         master = self.updater.masters[0]
-        gathered = master.new_empty(self.chunk * self.comm.world_size)
+        gathered = self.gathered.empty(self.chunk * self.comm.world_size, master)
         stats.add_bytes(self.kind, master.numel() * master.element_size())
         with stats.waiting(self.kind):
             self.comm.world.all_gather_flat(gathered, master)
