@@ -35,9 +35,20 @@ def store_graph(session: Session, graph: ModelGraph) -> tuple[GraphRow, bool]:
 
 
 def store_resources(session: Session, resources: ResourceSpec) -> tuple[ResourceSpecRow, bool]:
+    """The spec's row, inserted unless this content is stored already: under its id, or under the id an
+    earlier release computed for it (`ResourceSpec.legacy_ids`), which the stored row keeps."""
+    if session.get(ResourceSpecRow, resources.id) is None and (earlier := _stored_under_legacy_id(session, resources)) is not None:
+        return earlier, False
     values = {"id": resources.id, "name": column_text(resources.name, 200), "json": resources.model_dump(mode="json"), "created_at": utcnow()}
     created = insert_if_absent(session, ResourceSpecRow, values)
     return _get(session, ResourceSpecRow, str(resources.id), "resource spec"), created
+
+
+def _stored_under_legacy_id(session: Session, resources: ResourceSpec) -> ResourceSpecRow | None:
+    legacy = [i for i in resources.legacy_ids() if i != resources.id]
+    if not legacy:
+        return None
+    return session.scalars(select(ResourceSpecRow).where(ResourceSpecRow.id.in_(legacy)).order_by(ResourceSpecRow.created_at)).first()
 
 
 def store_strategy(session: Session, strategy: Strategy, *, graph_id: str | None, resource_id: str | None) -> StrategyRow:
