@@ -627,22 +627,20 @@ def _copy_back(grads: list[Any], flat: Any) -> None:
         grad.copy_(value)
 
 
-def averaged_flat(dist: Any, torch: Any, grads: list[Any], scratch: tuple[Any, Any] | None = None) -> Any:
-    """What every all-reduce bucket does before its collective: flatten, divide by the ranks (into
-    `scratch`, a flat buffer and an average buffer, when given)."""
-    if scratch is None:
-        return torch.cat(grads) / dist.get_world_size()
-    flat, averaged = scratch
-    return torch.div(torch.cat(grads, out=flat), dist.get_world_size(), out=averaged)
+def averaged_flat(dist: Any, torch: Any, grads: list[Any], scratch: Any | None = None) -> Any:
+    """What every all-reduce bucket does before its collective: flatten (into `scratch`, the bucket's
+    kept buffer, when given) and divide by the ranks in place. Until session 30 the runtime divided into
+    a second buffer, and so did this probe."""
+    flat = torch.cat(grads) if scratch is None else torch.cat(grads, out=scratch)
+    return flat.div_(dist.get_world_size())
 
 
-def bucket_scratch(torch: Any, grads: list[Any]) -> tuple[Any, Any]:
-    """The two bucket-sized buffers `averaged_flat` writes, made once and reused."""
-    numel = sum(g.numel() for g in grads)
-    return torch.empty(numel, dtype=torch.float32), torch.empty(numel, dtype=torch.float32)
+def bucket_scratch(torch: Any, grads: list[Any]) -> Any:
+    """The bucket-sized buffer `averaged_flat` writes, made once and reused (`runtime.comm.FlatBuffer`)."""
+    return torch.empty(sum(g.numel() for g in grads), dtype=torch.float32)
 
 
-def allreduce_bucket(dist: Any, torch: Any, grads: list[Any], scratch: tuple[Any, Any] | None = None) -> None:
+def allreduce_bucket(dist: Any, torch: Any, grads: list[Any], scratch: Any | None = None) -> None:
     """An all-reduce bucket as the runtime runs it: flatten, divide by the ranks, all-reduce, copy back."""
     flat = averaged_flat(dist, torch, grads, scratch)
     dist.all_reduce(flat)
