@@ -88,8 +88,7 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     last_member = row * V + context.order.take(position)
     algorithm = batch.algorithm.ravel().take(last_member)
     compressor = batch.compressor.ravel().take(last_member)
-    ar_time = _group_seconds(topo, batch, row, algorithm, compressor, nbytes)
-    ar_latency = _group_seconds(topo, batch, row, algorithm, compressor, np.zeros_like(nbytes))
+    ar_time, ar_latency = _group_seconds(topo, batch, row, algorithm, compressor, nbytes)
     lowrank = np.flatnonzero(_lowrank_groups(context, batch, compressed, key, n * slots).take(groups)) if compressed.size else compressed
     if lowrank.size:
         second = _second_round(context, topo, row.take(lowrank), algorithm.take(lowrank))
@@ -223,31 +222,35 @@ def _lowrank_groups(context: SimContext, batch: CandidateBatch, entries: np.ndar
 def _second_round(context: SimContext, topo: Topology, row: np.ndarray, algorithm: np.ndarray) -> np.ndarray:
     """Seconds a PowerSGD group's rounds add to its one-collective time (which holds one latency): the
     calibrated `lowrank_round_s` of both rounds less that latency, at least one more latency."""
-    latency = _allreduce_seconds(topo, row, algorithm, np.zeros(row.size))
+    latency = _allreduce_cost(topo, row, algorithm, np.zeros(row.size))[0]
     rounds = context.kinds.lowrank_round_s[topo.kind.take(row)]
     return np.maximum(rounds - latency, (POWERSGD_COLLECTIVES - 1) * latency)
 
 
 def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algorithm: np.ndarray, compressor: np.ndarray,
-                   nbytes: np.ndarray) -> np.ndarray:
-    """Seconds of each all-reduce group's collectives. A half-precision payload moves at the device's
-    `half_reduce_efficiency`; top-k's values and indices are not summed on the wire but all-gathered
-    (`TOPK_COLLECTIVES`), every rank receiving its p - 1 peers' entries."""
+                   nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each all-reduce group's collectives, and the latency part of them. A half-precision
+    payload moves at the device's `half_reduce_efficiency`; top-k's values and indices are not summed on
+    the wire but all-gathered (`TOPK_COLLECTIVES`), every rank receiving its p - 1 peers' entries."""
     half = (compressor == CompressorKind.FP16) | (compressor == CompressorKind.BF16)
-    seconds = _allreduce_seconds(topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes))
+    seconds, latency = _allreduce_cost(topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes))
     topk = compressor == CompressorKind.TOPK
     if topk.any():
-        latency, per_byte = topo.row_gather[0].take(row), topo.row_gather[1].take(row)
-        gathered = TOPK_COLLECTIVES * latency + nbytes * batch.data.take(row) * per_byte
-        seconds = np.where(topk, gathered, seconds)
-    return seconds
+        gather_latency = TOPK_COLLECTIVES * topo.row_gather[0].take(row)
+        gathered = gather_latency + nbytes * batch.data.take(row) * topo.row_gather[1].take(row)
+        seconds, latency = np.where(topk, gathered, seconds), np.where(topk, gather_latency, latency)
+    return seconds, latency
 
 
-def _allreduce_seconds(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    ring = collectives.cost((topo.ring[0].take(row), topo.ring[1].take(row)), nbytes)
-    tree = collectives.cost((topo.tree[0].take(row), topo.tree[1].take(row)), nbytes)
-    hier = collectives.cost((topo.hierarchical[0].take(row), topo.hierarchical[1].take(row)), nbytes)
-    auto = np.minimum(np.minimum(ring, tree), hier)
-    out = np.where(algorithm == Algorithm.RING, ring, auto)
-    out = np.where(algorithm == Algorithm.TREE, tree, out)
-    return np.where(algorithm == Algorithm.HIERARCHICAL, hier, out)
+def _allreduce_cost(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of one all-reduce of `nbytes` per group under its algorithm (`auto`: whichever of ring,
+    tree and hierarchical is cheapest for those bytes), and that algorithm's latency. Until
+    `principled-1.17` the latency was taken as the cheapest algorithm's at zero bytes, which in a
+    multi-node cluster can be another algorithm than the one priced."""
+    coefficients = [(t[0].take(row), t[1].take(row)) for t in (topo.ring, topo.tree, topo.hierarchical)]
+    seconds = np.stack([collectives.cost(c, nbytes) for c in coefficients])
+    latencies = np.stack([np.broadcast_to(c[0], nbytes.shape) for c in coefficients])
+    chosen = np.select([algorithm == Algorithm.RING, algorithm == Algorithm.TREE, algorithm == Algorithm.HIERARCHICAL],
+                       [0, 1, 2], default=seconds.argmin(axis=0))
+    columns = np.arange(nbytes.size)
+    return seconds[chosen, columns], latencies[chosen, columns]

@@ -178,6 +178,8 @@ class PowerSGDReducer(Reducer):
         self.qts: dict[int, torch.Tensor] = {}
         """Per matrix, Qᵀ (r x cols) of the last step: the warm start."""
         self.errors: dict[int, torch.Tensor] = {}
+        """Per matrix, what compression dropped last step; one buffer kept across steps, which holds
+        gradient + error from `start` until `finish` subtracts the approximation."""
         self._pending: dict | None = None
 
     def _compressible(self, g: torch.Tensor) -> bool:
@@ -198,7 +200,7 @@ class PowerSGDReducer(Reducer):
         for i in matrices:
             m = grads[i].reshape(grads[i].shape[0], -1)
             if i in self.errors:
-                m = m + self.errors[i]
+                m = self.errors[i].add_(m)
             r = min(self.rank, m.shape[0], m.shape[1])
             if i not in self.qts:
                 self.qts[i] = self._initial_qt(i, m.shape[1], r, m)
@@ -239,7 +241,8 @@ class PowerSGDReducer(Reducer):
         for i, p, qt in zip(indices, ps, unflatten(qt_flat, [qt.shape for qt in qts]), strict=True):
             approx = p @ qt
             if self.error_feedback:
-                self.errors[i] = pending["ms"][i] - approx
+                m = pending["ms"][i]
+                self.errors[i] = m.sub_(approx) if m is self.errors.get(i) else m - approx
             self.qts[i] = qt.clone()
             out[i] = approx.view(pending["shapes"][i])
 
