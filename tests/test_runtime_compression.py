@@ -20,7 +20,7 @@ def _steps(reducer, grads_per_step: list[list[torch.Tensor]]) -> list[list[torch
     outs = []
     for grads in grads_per_step:
         reducer.start(grads)
-        outs.append(reducer.finish())
+        outs.append([out.clone() for out in reducer.finish()])  # valid until the next start
     return outs
 
 

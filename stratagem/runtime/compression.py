@@ -74,7 +74,9 @@ class Reducer(ABC):
     def start(self, grads: list[torch.Tensor]) -> None: ...
 
     @abstractmethod
-    def finish(self) -> list[torch.Tensor]: ...
+    def finish(self) -> list[torch.Tensor]:
+        """The averaged gradients, valid until the next `start`: they may be views of buffers the
+        reducer keeps across steps, so a caller copies them out (a bucket writes them into `.grad`)."""
 
     @property
     def wire_bytes(self) -> int:
@@ -158,6 +160,20 @@ class TopKReducer(Reducer):
         return unflatten(out / self.team.size, shapes)
 
 
+class KeptTensors:
+    """One tensor per key, kept across steps while its shape, dtype and device stay the same (see
+    `comm.FlatBuffer`: under glibc's defaults a fresh one faults its pages in every step)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def empty_like(self, key: int, like: torch.Tensor) -> torch.Tensor:
+        kept = self._kept.get(key)
+        if kept is None or kept.shape != like.shape or kept.dtype != like.dtype or kept.device != like.device:
+            kept = self._kept[key] = torch.empty_like(like)
+        return kept
+
+
 class PowerSGDReducer(Reducer):
     """Vogels et al. 2019: each matrix M travels as P = MQ and Q' = MᵀP̂ (rank r), Q warm-started across steps.
 
@@ -180,6 +196,8 @@ class PowerSGDReducer(Reducer):
         self.errors: dict[int, torch.Tensor] = {}
         """Per matrix, what compression dropped last step; one buffer kept across steps, which holds
         gradient + error from `start` until `finish` subtracts the approximation."""
+        self.approximations = KeptTensors()
+        """Per matrix, the buffer P·Qᵀ is written into (the bucket copies it out within the step)."""
         self._pending: dict | None = None
 
     def _compressible(self, g: torch.Tensor) -> bool:
@@ -239,7 +257,7 @@ class PowerSGDReducer(Reducer):
         self._wire_bytes += qt_flat.numel() * qt_flat.element_size()
         qt_flat /= self.team.size
         for i, p, qt in zip(indices, ps, unflatten(qt_flat, [qt.shape for qt in qts]), strict=True):
-            approx = p @ qt
+            approx = torch.matmul(p, qt, out=self.approximations.empty_like(i, pending["ms"][i]))
             if self.error_feedback:
                 m = pending["ms"][i]
                 self.errors[i] = m.sub_(approx) if m is self.errors.get(i) else m - approx
