@@ -160,20 +160,6 @@ class TopKReducer(Reducer):
         return unflatten(out / self.team.size, shapes)
 
 
-class KeptTensors:
-    """One tensor per key, kept across steps while its shape, dtype and device stay the same (see
-    `comm.FlatBuffer`: under glibc's defaults a fresh one faults its pages in every step)."""
-
-    def __init__(self) -> None:
-        self._kept: dict[int, torch.Tensor] = {}
-
-    def empty_like(self, key: int, like: torch.Tensor) -> torch.Tensor:
-        kept = self._kept.get(key)
-        if kept is None or kept.shape != like.shape or kept.dtype != like.dtype or kept.device != like.device:
-            kept = self._kept[key] = torch.empty_like(like)
-        return kept
-
-
 class PowerSGDReducer(Reducer):
     """Vogels et al. 2019: each matrix M travels as P = MQ and Q' = MᵀP̂ (rank r), Q warm-started across steps.
 
@@ -196,7 +182,7 @@ class PowerSGDReducer(Reducer):
         self.errors: dict[int, torch.Tensor] = {}
         """Per matrix, what compression dropped last step; one buffer kept across steps, which holds
         gradient + error from `start` until `finish` subtracts the approximation."""
-        self.approximations = KeptTensors()
+        self.approximations: dict[int, FlatBuffer] = {}
         """Per matrix, the buffer P·Qᵀ is written into (the bucket copies it out within the step)."""
         self._pending: dict | None = None
 
@@ -257,9 +243,10 @@ class PowerSGDReducer(Reducer):
         self._wire_bytes += qt_flat.numel() * qt_flat.element_size()
         qt_flat /= self.team.size
         for i, p, qt in zip(indices, ps, unflatten(qt_flat, [qt.shape for qt in qts]), strict=True):
-            approx = torch.matmul(p, qt, out=self.approximations.empty_like(i, pending["ms"][i]))
+            m = pending["ms"][i]
+            kept = self.approximations.setdefault(i, FlatBuffer()).empty(m.numel(), m).view(m.shape)
+            approx = torch.matmul(p, qt, out=kept)
             if self.error_feedback:
-                m = pending["ms"][i]
                 self.errors[i] = m.sub_(approx) if m is self.errors.get(i) else m - approx
             self.qts[i] = qt.clone()
             out[i] = approx.view(pending["shapes"][i])
