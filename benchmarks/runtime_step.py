@@ -67,7 +67,8 @@ def _model(width: int):
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
-def _page_faults() -> int:
+def page_faults() -> int:
+    """Minor page faults this process has taken so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -95,7 +96,7 @@ def _child(out: Path, steps: int, warmup: int, width: int) -> None:
         times, waits, sent, faults = [], [], [], []
         for step in range(warmup + steps):
             dist.barrier()
-            faulted = _page_faults()
+            faulted = page_faults()
             start = time.perf_counter()
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
@@ -103,7 +104,7 @@ def _child(out: Path, steps: int, warmup: int, width: int) -> None:
             elapsed = time.perf_counter() - start
             if step >= warmup:
                 times.append(elapsed)
-                faults.append(_page_faults() - faulted)
+                faults.append(page_faults() - faulted)
                 stats = getattr(optimizer, "sync_stats", None)
                 if stats is not None:  # DDP has no such measurement
                     waits.append(stats.sync_wait_s)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,14 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.runtime_step import page_faults
 from stratagem.calibrate import free_port, wait_for_ranks
 from stratagem.rank_env import rank_environment
 
 RANKS = 2
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _child(model: str, strategy_name: str, steps: int, warmup: int, port: int, rank: int, out: Path) -> None:
@@ -73,13 +69,13 @@ def _child(model: str, strategy_name: str, steps: int, warmup: int, port: int, r
             spec, net, opt = copies[name]
             batch = batch_for(spec, seed=0, rank=rank, step=step, device=torch.device("cpu"))
             dist.barrier()
-            before, start = _faults(), time.perf_counter()
+            before, start = page_faults(), time.perf_counter()
             opt.zero_grad(set_to_none=True)
             spec.loss(net(*batch)).backward()
             opt.step()
             if step >= warmup:
                 times[name].append(time.perf_counter() - start)
-                faults[name].append(_faults() - before)
+                faults[name].append(page_faults() - before)
     out.write_text(json.dumps({"times": times, "faults": faults}))
     dist.barrier()
     os._exit(0)

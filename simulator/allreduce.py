@@ -249,7 +249,7 @@ def _allreduce_cost(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbyt
     multi-node cluster can be another algorithm than the one priced."""
     coefficients = [(t[0].take(row), t[1].take(row)) for t in (topo.ring, topo.tree, topo.hierarchical)]
     seconds = np.stack([collectives.cost(c, nbytes) for c in coefficients])
-    latencies = np.stack([np.broadcast_to(c[0], nbytes.shape) for c in coefficients])
+    latencies = np.stack([c[0] for c in coefficients])
     chosen = np.select([algorithm == Algorithm.RING, algorithm == Algorithm.TREE, algorithm == Algorithm.HIERARCHICAL],
                        [0, 1, 2], default=seconds.argmin(axis=0))
     columns = np.arange(nbytes.size)

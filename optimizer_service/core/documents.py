@@ -37,7 +37,7 @@ def store_graph(session: Session, graph: ModelGraph) -> tuple[GraphRow, bool]:
 def store_resources(session: Session, resources: ResourceSpec) -> tuple[ResourceSpecRow, bool]:
     """The spec's row, inserted unless this content is stored already: under its id, or under the id an
     earlier release computed for it (`ResourceSpec.legacy_ids`), which the stored row keeps."""
-    if session.get(ResourceSpecRow, resources.id) is None and (earlier := _stored_under_legacy_id(session, resources)) is not None:
+    if (earlier := _stored_under_legacy_id(session, resources)) is not None:
         return earlier, False
     values = {"id": resources.id, "name": column_text(resources.name, 200), "json": resources.model_dump(mode="json"), "created_at": utcnow()}
     created = insert_if_absent(session, ResourceSpecRow, values)
@@ -45,10 +45,13 @@ def store_resources(session: Session, resources: ResourceSpec) -> tuple[Resource
 
 
 def _stored_under_legacy_id(session: Session, resources: ResourceSpec) -> ResourceSpecRow | None:
+    """The earliest row of this content under a legacy id, unless one exists under its own id (one query)."""
     legacy = [i for i in resources.legacy_ids() if i != resources.id]
     if not legacy:
         return None
-    return session.scalars(select(ResourceSpecRow).where(ResourceSpecRow.id.in_(legacy)).order_by(ResourceSpecRow.created_at)).first()
+    rows = session.scalars(select(ResourceSpecRow).where(ResourceSpecRow.id.in_([resources.id, *legacy]))
+                           .order_by(ResourceSpecRow.created_at)).all()
+    return None if any(row.id == resources.id for row in rows) else next(iter(rows), None)
 
 
 def store_strategy(session: Session, strategy: Strategy, *, graph_id: str | None, resource_id: str | None) -> StrategyRow:

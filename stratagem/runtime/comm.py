@@ -41,10 +41,13 @@ class FlatBuffer:
             kept = self._tensor = torch.empty(numel, dtype=like.dtype, device=like.device)
         return kept
 
-    def flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """`flatten(tensors)`, written into the kept buffer."""
-        out = self.empty(sum(t.numel() for t in tensors), tensors[0])
-        return torch.cat([t.reshape(-1) for t in tensors], out=out)
+    def flatten(self, tensors: list[torch.Tensor], *, numel: int | None = None) -> torch.Tensor:
+        """`flatten(tensors)`, written into the kept buffer, padded with zeros to `numel` entries if given."""
+        total = sum(t.numel() for t in tensors)
+        out = self.empty(total if numel is None else numel, tensors[0])
+        torch.cat([t.reshape(-1) for t in tensors], out=out[:total])
+        out[total:].zero_()
+        return out
 
 
 def unflatten(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:

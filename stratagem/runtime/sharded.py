@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from stratagem.ir import ShardedSynchronizer
-from stratagem.runtime.comm import Comm, FlatBuffer, Work, flatten, unflatten, wait
+from stratagem.runtime.comm import Comm, FlatBuffer, Work, unflatten, wait
 from stratagem.runtime.executor import Executor
 from stratagem.runtime.plan import Piece
 from stratagem.runtime.stats import StatsRecorder
@@ -33,7 +33,7 @@ class ZeroBucket(Executor):
         self.total = sum(p.numel for p in pieces)
         self.chunk = math.ceil(self.total / comm.world_size)
         start = comm.rank * self.chunk
-        own = self._padded(flatten([p.value() for p in pieces]))[start:start + self.chunk]
+        own = FlatBuffer().flatten([p.value() for p in pieces], numel=self.chunk * comm.world_size)[start:start + self.chunk]
         self.updater = MasterUpdater(optimizer, [pieces[0].group_index], [own])
         self.padded, self.mine, self.gathered = FlatBuffer(), FlatBuffer(), FlatBuffer()
         self._pending: tuple[torch.Tensor, Work] | None = None
@@ -42,15 +42,8 @@ class ZeroBucket(Executor):
     def params(self) -> list[nn.Parameter]:
         return list({id(p.param): p.param for p in self.pieces}.values())
 
-    def _padded(self, flat: torch.Tensor) -> torch.Tensor:
-        extra = self.chunk * self.comm.world_size - flat.numel()
-        return torch.cat([flat, flat.new_zeros(extra)]) if extra else flat
-
     def launch(self, stats: StatsRecorder) -> None:
-        grads = [piece.grad() for piece in self.pieces]
-        flat = self.padded.empty(self.chunk * self.comm.world_size, grads[0])
-        torch.cat([g.reshape(-1) for g in grads], out=flat[:self.total])
-        flat[self.total:].zero_()
+        flat = self.padded.flatten([piece.grad() for piece in self.pieces], numel=self.chunk * self.comm.world_size)
         mine = self.mine.empty(self.chunk, flat)
         stats.add_bytes(self.kind, flat.numel() * flat.element_size())
         self._pending = (mine, self.comm.world.reduce_scatter(mine, flat, async_op=True))
