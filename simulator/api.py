@@ -12,7 +12,7 @@ from simulator.prediction import Prediction, predictions
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-SIMULATOR_VERSION = "principled-1.17"
+SIMULATOR_VERSION = "principled-1.18"
 """Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,12 @@ CPU pulls about twice as fast as it pushes): the node's, for the whole push and 
 Push and pull volumes are equal, so one direction (the slower) of a full-duplex NIC decides: a node's
 PS time per step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
 That total per node is the PS *throughput* bound. For synchronous training the busiest node's NIC is
-also run as a FIFO timeline (pushes queued in gradient-ready order, each followed by its update);
-other nodes carry less by construction and are not timed one by one. A pull can only leave once its
+also run as a FIFO timeline; other nodes carry less by construction and are not timed one by one. A
+dense bucket is queued (its push, then its update) when its last member's gradient is ready, since the
+runtime launches it from that gradient's hook: one server's bucket of every variable leaves after
+backward and overlaps none of it (until `principled-1.18` each variable was queued at its own
+gradient, as if pushed alone). A sparse shard, exchanged at the optimizer step, is queued with the last
+PS gradient to be ready. A pull can only leave once its
 bucket's update is done, so the pulls of dense buckets overlap later buckets' pushes (launched in
 backward) except the last one's, which is exposed after the queue drains: with X dense buckets on the
 busiest node, their pull is priced as 1/X of their transfer time (one bucket: the whole pull waits for
@@ -134,13 +138,17 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
     total_e = push_share.take(e) * totals.take(weight_row.take(e))
     transfer = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d))
-    service = (outbound + np.bincount(e, weights=transfer, minlength=flat.size)) * entry_push
+    launch = buckets.launch
+    pair_outbound = (outbound / count).take(entry)
+    launched = launch.take(on_busy)
+    service = (np.bincount(launch, weights=pair_outbound * entry_push.take(entry), minlength=flat.size)
+               + np.bincount(launched, weights=transfer * entry_push.take(e), minlength=flat.size))
     seconds = update.take(e) * price.inv_rate.take(d) + price.tensor_s.take(d)
     exchanges_on_busy = np.zeros(0)
     if sparse is not None:
         exchanges_on_busy = sparse.take(on_busy).astype(np.float64)
         seconds += exchanges.take(on_busy) * price.latency.take(d) + coalesced.take(on_busy) * price.inv_coalesce.take(d)
-    service += np.bincount(e, weights=seconds, minlength=flat.size)
+    service += np.bincount(launched, weights=seconds, minlength=flat.size)
     on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
     service += np.bincount(buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)),
                            minlength=flat.size)
@@ -200,6 +208,10 @@ class DenseBuckets:
     """[B] the bucket's last PS entry to be ready: its round trip leaves after that gradient..."""
     device: np.ndarray
     """...[B] and its server device."""
+    launch: np.ndarray
+    """[P] per (entry, shard) pair, in `entry` order (shard 0 of every entry, then the further shards): the
+    entry whose gradient launches its push: its bucket's last-ready member, or for a sparse pair (exchanged
+    at the optimizer step) the candidate's last PS entry."""
 
 
 def _dense_buckets(
@@ -215,14 +227,25 @@ def _dense_buckets(
     if tail.size:
         rank = np.concatenate([rank, tail * K + tail_shard])
         key = np.concatenate([key, ((row.take(tail) * D + tail_server) * 2 + lr.take(tail)) * slots.size + dtype_slot.take(var.take(tail))])
+    launch = rank // K
     if sparse is not None:
-        dense = np.flatnonzero(~sparse)
-        rank, key = rank.take(dense), key.take(dense)
+        launch[sparse] = _last_of_row(row).take(row.take(launch[sparse]))
+    dense = np.flatnonzero(~sparse) if sparse is not None else np.arange(rank.size)
+    rank, key = rank.take(dense), key.take(dense)
     last = np.full(n * D * S, -1, dtype=np.int64)
     np.maximum.at(last, key, rank)
+    launch[dense] = last.take(key) // K
     bucket = np.flatnonzero(last >= 0)
     per_device = np.bincount(bucket // S, minlength=n * D).reshape(n, D).astype(np.float64)
-    return DenseBuckets(per_device, last.take(bucket) // K, (bucket // S) % D)
+    return DenseBuckets(per_device, last.take(bucket) // K, (bucket // S) % D, launch)
+
+
+def _last_of_row(row: np.ndarray) -> np.ndarray:
+    """[N] each candidate's last PS entry (entries run in (candidate, ready position) order); -1 for none."""
+    last = np.full(int(row[-1]) + 1, -1, dtype=np.int64)
+    ends = np.r_[np.flatnonzero(row[1:] != row[:-1]), row.size - 1]
+    last[row.take(ends)] = ends
+    return last
 
 
 def _shard_slots(batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
