@@ -138,11 +138,9 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
     total_e = push_share.take(e) * totals.take(weight_row.take(e))
     transfer = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d))
-    launch = buckets.launch
-    pair_outbound = (outbound / count).take(entry)
-    launched = launch.take(on_busy)
-    service = (np.bincount(launch, weights=pair_outbound * entry_push.take(entry), minlength=flat.size)
-               + np.bincount(launched, weights=transfer * entry_push.take(e), minlength=flat.size))
+    launched = buckets.launch.take(on_busy)
+    service = (np.bincount(buckets.launch, weights=(outbound / count).take(entry), minlength=flat.size)
+               + np.bincount(launched, weights=transfer, minlength=flat.size)) * entry_push
     seconds = update.take(e) * price.inv_rate.take(d) + price.tensor_s.take(d)
     exchanges_on_busy = np.zeros(0)
     if sparse is not None:
@@ -228,10 +226,11 @@ def _dense_buckets(
         rank = np.concatenate([rank, tail * K + tail_shard])
         key = np.concatenate([key, ((row.take(tail) * D + tail_server) * 2 + lr.take(tail)) * slots.size + dtype_slot.take(var.take(tail))])
     launch = rank // K
+    dense: np.ndarray | slice = slice(None)
     if sparse is not None:
         launch[sparse] = _last_of_row(row).take(row.take(launch[sparse]))
-    dense = np.flatnonzero(~sparse) if sparse is not None else np.arange(rank.size)
-    rank, key = rank.take(dense), key.take(dense)
+        dense = np.flatnonzero(~sparse)
+        rank, key = rank.take(dense), key.take(dense)
     last = np.full(n * D * S, -1, dtype=np.int64)
     np.maximum.at(last, key, rank)
     launch[dense] = last.take(key) // K
