@@ -53,9 +53,7 @@ print(json.dumps({{
 
 def run_case(model: str, size: str, batch: int) -> dict[str, object]:
     code = CHILD.format(root=str(ROOT), model=model, size=size, batch=batch)
-    completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
-    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
     if completed.returncode != 0:
         return {"model": model, "size": size, "batch": batch, "error": completed.stderr.strip()[-2000:]}
     result = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -74,11 +72,16 @@ def run_case(model: str, size: str, batch: int) -> dict[str, object]:
 
 def main() -> None:
     results = [run_case(**case) for case in CASES]
-    print(json.dumps({
-        "benchmark": "capture",
-        "targets": {"capture_seconds_below": TARGET_SECONDS, "peak_rss_gib_below": TARGET_RSS_BYTES / 1024**3},
-        "cases": results,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "capture",
+                "targets": {"capture_seconds_below": TARGET_SECONDS, "peak_rss_gib_below": TARGET_RSS_BYTES / 1024**3},
+                "cases": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -111,8 +111,11 @@ def priced_extra_ms(rates: dict[str, float]) -> dict[str, float]:
         t = tables(VariableFigures(nbytes=nbytes, numel=nbytes / 4, rows=nbytes / 4, cols=ones, itemsize=4 * ones))
         for compressor, row in COMPRESSOR_ROWS.items():
             streamed = t.byte_passes[row].sum() - COPY_BACK_PASSES * nbytes.sum()
-            seconds = (streamed / rates["stream_rate"] + t.cast_bytes[row].sum() / rates["cast_rate"]
-                       + t.select_bytes[row].sum() / rates["select_rate"])
+            seconds = (
+                streamed / rates["stream_rate"]
+                + t.cast_bytes[row].sum() / rates["cast_rate"]
+                + t.select_bytes[row].sum() / rates["select_rate"]
+            )
             priced[f"{set_name}/{compressor}"] = round(1e3 * seconds, 3)
     return priced
 
@@ -127,8 +130,11 @@ def report(ms: dict[str, float], knee: float | None) -> dict[str, Any]:
         "extra_ms": {name: round(value, 3) for name, value in extra.items()},
         "optimizer_knee_bytes": knee,
         "large_over_small": {
-            compressor: {"measured": round(extra[f"one_large/{compressor}"] / extra[f"small_only/{compressor}"], 3),
-                         "priced_by_size_law": round(law, 3), "flat_buffer": 1.0}
+            compressor: {
+                "measured": round(extra[f"one_large/{compressor}"] / extra[f"small_only/{compressor}"], 3),
+                "priced_by_size_law": round(law, 3),
+                "flat_buffer": 1.0,
+            }
             for compressor in ("fp16", "topk")
         },
     }

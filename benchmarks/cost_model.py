@@ -95,7 +95,10 @@ COMM_JOBS: dict[str, tuple[int, int, int, int]] = {
 """Replayed models (`trial_runner.ReplayWorkload`): the graph's FLOPs and bytes, burnt for real."""
 
 ZOO_JOBS: dict[str, tuple[str, Case]] = {
-    "bert_large-h384": ("bert_large", Case(2, {"hidden": 384, "ffn": 1536, "layers": 2, "seq": 32, "vocab": 8192}, min_warmup=30)),
+    "bert_large-h384": (
+        "bert_large",
+        Case(2, {"hidden": 384, "ffn": 1536, "layers": 2, "seq": 32, "vocab": 8192}, min_warmup=30),
+    ),
     "gpt-h256": ("gpt", Case(8, {"hidden": 256, "ffn": 1024, "layers": 2, "seq": 32, "vocab": 8192}, min_warmup=14)),
     "vgg16-wide-fc": ("vgg16", Case(8, {"width": 8, "hidden": 3072})),
     "dlrm-dim64": ("dlrm", Case(512, {"dim": 64, "bottom": "256,128", "top": "256,128"}, optimizer="adagrad")),
@@ -108,25 +111,57 @@ at step 12 and about 106 from step 30 on, so it warms up 30 steps (5 had timed t
 JOBS = (*ZOO_JOBS, *COMM_JOBS)
 
 
-
 def comm_graph(name: str, layers: int, width: int, batch: int, rows: int) -> ModelGraph:
     """A model whose gradients are large next to its compute, replayed for real by the trial runner."""
     act = float(batch * width * 4)
     graph_layers: list[dict[str, Any]] = []
     variables: list[dict[str, Any]] = []
     if rows:
-        variables.append({"name": "embedding.weight", "shape": [rows, width], "sparse": True,
-                          "lookups_per_step": batch * 16, "consumer": "embedding"})
-        graph_layers.append({"name": "embedding", "kind": "embedding", "bytes_moved": act * 16,
-                             "activation_bytes": act, "output_bytes": act, "variables": ["embedding.weight"]})
+        variables.append(
+            {
+                "name": "embedding.weight",
+                "shape": [rows, width],
+                "sparse": True,
+                "lookups_per_step": batch * 16,
+                "consumer": "embedding",
+            }
+        )
+        graph_layers.append(
+            {
+                "name": "embedding",
+                "kind": "embedding",
+                "bytes_moved": act * 16,
+                "activation_bytes": act,
+                "output_bytes": act,
+                "variables": ["embedding.weight"],
+            }
+        )
     for i in range(layers):
         flops = 2.0 * batch * width * width
         variables.append({"name": f"layers.{i}.weight", "shape": [width, width], "consumer": f"layers.{i}"})
-        graph_layers.append({"name": f"layers.{i}", "kind": "matmul", "fwd_flops": flops, "bwd_flops": 2 * flops,
-                             "bytes_moved": 4.0 * width * width + 2 * act, "activation_bytes": act, "output_bytes": act,
-                             "inputs": [graph_layers[-1]["name"]] if graph_layers else [], "variables": [f"layers.{i}.weight"]})
-    return ModelGraph.parse({"name": name, "batch_size": batch, "optimizer": {"kind": "sgd", "state_bytes_per_param": 0},
-                             "layers": graph_layers, "variables": variables, "provenance": {"source": "benchmarks/cost_model.py"}})
+        graph_layers.append(
+            {
+                "name": f"layers.{i}",
+                "kind": "matmul",
+                "fwd_flops": flops,
+                "bwd_flops": 2 * flops,
+                "bytes_moved": 4.0 * width * width + 2 * act,
+                "activation_bytes": act,
+                "output_bytes": act,
+                "inputs": [graph_layers[-1]["name"]] if graph_layers else [],
+                "variables": [f"layers.{i}.weight"],
+            }
+        )
+    return ModelGraph.parse(
+        {
+            "name": name,
+            "batch_size": batch,
+            "optimizer": {"kind": "sgd", "state_bytes_per_param": 0},
+            "layers": graph_layers,
+            "variables": variables,
+            "provenance": {"source": "benchmarks/cost_model.py"},
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -171,9 +206,19 @@ def measure(path: Path, jobs: list[str], *, rounds: int, steps: int, warmup: int
                 for label, strategy in chosen.items():
                     strategy = strategy.replace(resources_id=resources.id)
                     result = block.result(label, strategy)
-                    out.write(json.dumps({"job": name, "round": round_index + 1, "graph": work.graph.model_dump(mode="json"),
-                                          "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
-                                          "result": result}) + "\n")
+                    out.write(
+                        json.dumps(
+                            {
+                                "job": name,
+                                "round": round_index + 1,
+                                "graph": work.graph.model_dump(mode="json"),
+                                "resources": resources.model_dump(mode="json"),
+                                "strategy": strategy.model_dump(mode="json"),
+                                "result": result,
+                            }
+                        )
+                        + "\n"
+                    )
                     shown = f"{result['median_s'] * 1e3:8.1f} ms" if result["median_s"] else result["outcome"]
                     log(f"round {round_index + 1} {name:16s} {label:20s} {shown}")
                 out.flush()
@@ -225,14 +270,20 @@ def load_adjusted(strategies: list[StrategyRounds]) -> list[StrategyRounds]:
         by_job[s.job].append(s)
     out = []
     for members in by_job.values():
-        factor = load_factors({s.name: {r.resources_id: float(r.measured_step_time_s) for r in s.records}  # type: ignore[arg-type]
-                               for s in members})
+        factor = load_factors(
+            {
+                s.name: {r.resources_id: float(r.measured_step_time_s) for r in s.records}  # type: ignore[arg-type]
+                for s in members
+            }
+        )
         if not factor:
             out.extend(members)
             continue
         for s in members:
-            adjusted = [r.model_copy(update={"measured_step_time_s": float(r.measured_step_time_s) / factor[r.resources_id]})  # type: ignore[arg-type]
-                        for r in s.records]
+            adjusted = [
+                r.model_copy(update={"measured_step_time_s": float(r.measured_step_time_s) / factor[r.resources_id]})  # type: ignore[arg-type]
+                for r in s.records
+            ]
             out.append(StrategyRounds(s.job, s.name, adjusted))
     return out
 
@@ -296,16 +347,26 @@ def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]
             documents[key] = (graph, resources)
             by_spec[key].append((strategy, float(result["median_s"]), strategy_name(strategy)))
     if len(primed) > 1:
-        raise SystemExit("the records mix trials timed over primed and over empty optimizer state "
-                         "(TrialSpec.prime_optimizer): score each protocol's records on their own")
+        raise SystemExit(
+            "the records mix trials timed over primed and over empty optimizer state "
+            "(TrialSpec.prime_optimizer): score each protocol's records on their own"
+        )
     strategies: dict[tuple[str, str], StrategyRounds] = {}
     version = getattr(simulator, "SIMULATOR_VERSION", None)
     for key, trials in by_spec.items():
         graph, resources = documents[key]
         predictions = simulator.simulate(graph, resources, [s for s, _, _ in trials])
         for (strategy, measured, name), prediction in zip(trials, predictions, strict=True):
-            record = make_record(graph, resources, strategy, prediction, measured_step_time_s=measured, group_id=key[0],
-                                 simulator_version=version, source="benchmarks")
+            record = make_record(
+                graph,
+                resources,
+                strategy,
+                prediction,
+                measured_step_time_s=measured,
+                group_id=key[0],
+                simulator_version=version,
+                source="benchmarks",
+            )
             entry = strategies.setdefault((key[0], strategy_key(strategy)), StrategyRounds(key[0], name))
             entry.records.append(record)
     members = list(strategies.values())
@@ -313,10 +374,16 @@ def load_trials(paths: list[Path]) -> tuple[list[StrategyRounds], dict[str, Any]
     per_job: dict[str, int] = defaultdict(int)
     for s in members:
         per_job[s.job] += 1
-    stats = {"lines": sum(outcomes.values()), "outcomes": dict(outcomes), "trials_ok": sum(rounds), "strategies": len(members),
-             "optimizer_primed": primed.pop() if primed else None,
-             "jobs": len(per_job), "strategies_per_job": dict(sorted(per_job.items())),
-             "rounds_per_strategy": {str(k): rounds.count(k) for k in sorted(set(rounds))}}
+    stats = {
+        "lines": sum(outcomes.values()),
+        "outcomes": dict(outcomes),
+        "trials_ok": sum(rounds),
+        "strategies": len(members),
+        "optimizer_primed": primed.pop() if primed else None,
+        "jobs": len(per_job),
+        "strategies_per_job": dict(sorted(per_job.items())),
+        "rounds_per_strategy": {str(k): rounds.count(k) for k in sorted(set(rounds))},
+    }
     return members, stats
 
 
@@ -341,12 +408,16 @@ def noise_floor(strategies: list[StrategyRounds]) -> dict[str, Any]:
         for s in strategies:
             times = s.measured
             one.append(times[held])
-            rest.append(statistics.median(times[:held] + times[held + 1:]))
+            rest.append(statistics.median(times[:held] + times[held + 1 :]))
             groups.append(s.job)
         rest_a, one_a = np.array(rest), np.array(one)
-        leave_one_out.append({"mape": float(np.mean(np.abs(one_a - rest_a) / rest_a)),
-                              "kendall_tau": kendall_tau_within_groups(rest_a, one_a, groups),
-                              "top1_regret": top1_regret(rest_a, one_a, groups)})
+        leave_one_out.append(
+            {
+                "mape": float(np.mean(np.abs(one_a - rest_a) / rest_a)),
+                "kendall_tau": kendall_tau_within_groups(rest_a, one_a, groups),
+                "top1_regret": top1_regret(rest_a, one_a, groups),
+            }
+        )
     total = sum(len(members) * (len(members) - 1) // 2 for members in by_job.values())
     separable = len(separable_pairs(strategies))
     return {
@@ -354,8 +425,11 @@ def noise_floor(strategies: list[StrategyRounds]) -> dict[str, Any]:
         "median_round_spread": _maybe(statistics.median, spreads),
         "mean_round_spread": _maybe(statistics.mean, spreads),
         "max_round_spread": _maybe(max, spreads),
-        "one_round_vs_others": {k: float(np.nanmean([x[k] for x in leave_one_out])) for k in ("mape", "kendall_tau", "top1_regret")}
-        if leave_one_out else None,
+        "one_round_vs_others": {
+            k: float(np.nanmean([x[k] for x in leave_one_out])) for k in ("mape", "kendall_tau", "top1_regret")
+        }
+        if leave_one_out
+        else None,
         "separable_pairs": separable / total if total else None,
     }
 
@@ -369,7 +443,7 @@ def separable_pairs(strategies: list[StrategyRounds]) -> list[tuple[int, int]]:
     pairs = []
     for members in by_job.values():
         for position, i in enumerate(members):
-            for j in members[position + 1:]:
+            for j in members[position + 1 :]:
                 a, b = strategies[i], strategies[j]
                 ma, mb = statistics.median(a.measured), statistics.median(b.measured)
                 if abs(ma - mb) / min(ma, mb) > max(a.spread or 0.0, b.spread or 0.0):
@@ -405,9 +479,14 @@ def per_job(strategies: list[StrategyRounds]) -> dict[str, list[dict[str, Any]]]
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in strategies:
         folded = s.folded()
-        out[s.job].append({"strategy": s.name, "measured_ms": round(1e3 * float(folded.measured_step_time_s), 1),  # type: ignore[arg-type]
-                           "rounds_ms": [round(1e3 * t, 1) for t in s.measured],
-                           "simulated_ms": round(1e3 * folded.simulated_step_time_s, 1)})
+        out[s.job].append(
+            {
+                "strategy": s.name,
+                "measured_ms": round(1e3 * float(folded.measured_step_time_s), 1),  # type: ignore[arg-type]
+                "rounds_ms": [round(1e3 * t, 1) for t in s.measured],
+                "simulated_ms": round(1e3 * folded.simulated_step_time_s, 1),
+            }
+        )
     return {job: sorted(rows, key=lambda row: row["measured_ms"]) for job, rows in sorted(out.items())}
 
 
@@ -418,9 +497,16 @@ def _maybe(function: Any, values: list[float]) -> float | None:
 # -- the learning curve ------------------------------------------------------------------------------
 
 
-def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds: int,
-                   params: dict[str, Any] | None = None, without: frozenset[str] = frozenset(),
-                   *, gate: bool = True, separable: list[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
+def learning_curve(
+    records: list[TrainingRecord],
+    sizes: tuple[int, ...],
+    seeds: int,
+    params: dict[str, Any] | None = None,
+    without: frozenset[str] = frozenset(),
+    *,
+    gate: bool = True,
+    separable: list[tuple[int, int]] | None = None,
+) -> list[dict[str, Any]]:
     """Out-of-fold scores for each training-set size, sampling that many trials from the other jobs.
     Features named in `without` are blanked (missing everywhere, so no tree can split on them).
     With `separable` (`separable_pairs` of the records' strategies), also tau over those pairs alone.
@@ -457,12 +543,19 @@ def learning_curve(records: list[TrainingRecord], sizes: tuple[int, ...], seeds:
             corrected.append(scored(predicted))
             if gate:
                 served.append(scored(answered))
-        row = {"train_trials": size, "train_trials_used": float(np.mean(used)),
-               "simulator": _curve_scores([simulator_scores]), "corrected": _curve_scores(corrected)}
+        row = {
+            "train_trials": size,
+            "train_trials_used": float(np.mean(used)),
+            "simulator": _curve_scores([simulator_scores]),
+            "corrected": _curve_scores(corrected),
+        }
         if gate:
             row.update(served=_curve_scores(served), served_share=float(np.mean(promoted)))
         curve.append(row)
-        log(f"n={size} {params or ''}: {row['corrected']}" + (f" served {row['served']} ({row['served_share']:.0%})" if gate else ""))
+        log(
+            f"n={size} {params or ''}: {row['corrected']}"
+            + (f" served {row['served']} ({row['served_share']:.0%})" if gate else "")
+        )
     return curve
 
 
@@ -481,8 +574,10 @@ def _serves(make: Callable[[], CostModel], training: FeatureMatrix) -> bool:
     return promotion(cross_validate(make, training).to_dict())[0]
 
 
-SCALE_FREE_FEATURES = frozenset({f"exposed_{kind}_share" for kind in ("allreduce", "ps", "sharded", "tensor", "pipeline")}
-                                | {"strategy_groups_per_variable", "strategy_shards_per_variable"})
+SCALE_FREE_FEATURES = frozenset(
+    {f"exposed_{kind}_share" for kind in ("allreduce", "ps", "sharded", "tensor", "pipeline")}
+    | {"strategy_groups_per_variable", "strategy_shards_per_variable"}
+)
 
 VARIANTS: dict[str, tuple[dict[str, Any], frozenset[str]]] = {
     "monotone": ({"monotone": True}, frozenset()),
@@ -509,7 +604,10 @@ def targets(curve: list[dict[str, Any]], noise: dict[str, Any]) -> dict[str, Any
         "top1_regret_at_20": cor["top1_regret"],
         "regret_target_met": cor["top1_regret"] < TARGETS["top1_regret_at_20"],
         "noise_ceiling": noise.get("one_round_vs_others"),
-        "kendall_tau_separable_at_20": {"simulator": sim.get("kendall_tau_separable"), "corrected": cor.get("kendall_tau_separable")},
+        "kendall_tau_separable_at_20": {
+            "simulator": sim.get("kendall_tau_separable"),
+            "corrected": cor.get("kendall_tau_separable"),
+        },
     }
 
 
@@ -523,11 +621,24 @@ LOWSHOT_MODES = {
 """mode: (train on the other jobs' trials first, refit the cost model after each of this job's trials).
 Without a refit, the default update scales every prediction by the job's shared measured/predicted bias."""
 
-BASELINE_BUILDERS = frozenset({"PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "AllReduce", "PartitionedAR",
-                               "RandomAxisPartitionAR", "Parallax", "DataParallel"})
+BASELINE_BUILDERS = frozenset(
+    {
+        "PS",
+        "PSLoadBalancing",
+        "PartitionedPS",
+        "UnevenPartitionedPS",
+        "AllReduce",
+        "PartitionedAR",
+        "RandomAxisPartitionAR",
+        "Parallax",
+        "DataParallel",
+    }
+)
 
 
-def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, mode: str, noise: float) -> dict[str, Any]:
+def lowshot(
+    records: list[TrainingRecord], names: dict[str, str], budget: int, mode: str, noise: float
+) -> dict[str, Any]:
     """Leave one job out: plan its trials with a model of the other jobs; replay its median measurements.
 
     `noise` is the planner's relative measurement noise (the median round spread): a measurement is
@@ -554,8 +665,15 @@ def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, m
         regrets.append(regret)
         trials_used.append(len(planner.trial_order))
         sources[answer.source] += 1
-        per_job.append({"job": job, "trials": [names.get(cid, cid) for cid in planner.trial_order], "answer": names.get(answer.candidate_id),
-                        "fastest": names.get(min(truth, key=truth.__getitem__)), "regret": round(regret, 4)})
+        per_job.append(
+            {
+                "job": job,
+                "trials": [names.get(cid, cid) for cid in planner.trial_order],
+                "answer": names.get(answer.candidate_id),
+                "fastest": names.get(min(truth, key=truth.__getitem__)),
+                "regret": round(regret, 4),
+            }
+        )
     return {
         "mode": mode,
         "measurement_noise": noise,
@@ -578,8 +696,16 @@ def lowshot(records: list[TrainingRecord], names: dict[str, str], budget: int, m
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--trials", type=Path, nargs="*", default=[], help="JSON Lines of {graph, resources, strategy, result} (plain, .xz or .gz)")
-    parser.add_argument("--measure", type=Path, metavar="OUT", help="first measure `--jobs` for real, append to OUT, and use OUT")
+    parser.add_argument(
+        "--trials",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="JSON Lines of {graph, resources, strategy, result} (plain, .xz or .gz)",
+    )
+    parser.add_argument(
+        "--measure", type=Path, metavar="OUT", help="first measure `--jobs` for real, append to OUT, and use OUT"
+    )
     parser.add_argument("--jobs", nargs="*", choices=JOBS, default=list(JOBS), help="jobs for --measure")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --measure")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per trial for --measure")
@@ -587,8 +713,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--seeds", type=int, default=5, help="random draws of the training trials per size")
     parser.add_argument("--budget", type=int, default=4)
-    parser.add_argument("--truth", choices=("median", "load-adjusted"), default="median",
-                        help="a strategy's time: the median over its rounds, or that median with each block's shared load divided out")
+    parser.add_argument(
+        "--truth",
+        choices=("median", "load-adjusted"),
+        default="median",
+        help="a strategy's time: the median over its rounds, or that median with each block's shared load divided out",
+    )
     parser.add_argument("--variants", action="store_true", help=f"also the learning curve of {sorted(VARIANTS)}")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.seeds < 1 or args.budget < 1:
@@ -626,8 +756,10 @@ def main(argv: list[str] | None = None) -> int:
         "lowshot": [lowshot(records, names, args.budget, mode, planner_noise) for mode in LOWSHOT_MODES],
     }
     if args.variants:
-        result["variants"] = {label: learning_curve(records, SIZES, args.seeds, params, without, gate=False)
-                              for label, (params, without) in VARIANTS.items()}
+        result["variants"] = {
+            label: learning_curve(records, SIZES, args.seeds, params, without, gate=False)
+            for label, (params, without) in VARIANTS.items()
+        }
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=2))
     return 0

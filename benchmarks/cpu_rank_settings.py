@@ -67,8 +67,13 @@ def selection(entries: int, ratio: float, repeats: int) -> dict[str, Any]:
         full.append(_median_ms(lambda: magnitudes.topk(k, sorted=False), 1))
         sampled.append(_median_ms(lambda: select_largest(magnitudes, k), 1))
     torch_ms, runtime_ms = statistics.median(full), statistics.median(sampled)
-    return {"entries": entries, "k": k, "torch_topk_ms": round(torch_ms, 2), "select_largest_ms": round(runtime_ms, 2),
-            "speedup": round(torch_ms / runtime_ms, 2)}
+    return {
+        "entries": entries,
+        "k": k,
+        "torch_topk_ms": round(torch_ms, 2),
+        "select_largest_ms": round(runtime_ms, 2),
+        "speedup": round(torch_ms / runtime_ms, 2),
+    }
 
 
 POWERSGD_SHAPES: dict[str, list[tuple[int, int]]] = {
@@ -104,9 +109,11 @@ def powersgd_products(repeats: int, rank: int = 4) -> dict[str, Any]:
             samples["textbook_ms"].append(_median_ms(functools.partial(textbook_products, ms, qs), 1))
             samples["runtime_ms"].append(_median_ms(functools.partial(runtime_products, ms, qts), 1))
         medians = {name: statistics.median(values) for name, values in samples.items()}
-        out[model] = {**{name: round(value, 2) for name, value in medians.items()},
-                      "gradient_mb": round(sum(m.nbytes for m in ms) / 2**20, 1),
-                      "speedup": round(medians["textbook_ms"] / medians["runtime_ms"], 2)}
+        out[model] = {
+            **{name: round(value, 2) for name, value in medians.items()},
+            "gradient_mb": round(sum(m.nbytes for m in ms) / 2**20, 1),
+            "speedup": round(medians["textbook_ms"] / medians["runtime_ms"], 2),
+        }
     return out
 
 
@@ -134,8 +141,13 @@ def bucket_work(bucket_mb: float, repeats: int) -> dict[str, float]:
 
 
 def _child(env: dict[str, str], bucket_mb: float, repeats: int) -> dict[str, float]:
-    done = subprocess.run([sys.executable, __file__, "--child", str(bucket_mb), str(repeats)], env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(bucket_mb), str(repeats)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -147,9 +159,16 @@ def allocator(bucket_mb: float, rounds: int, repeats: int) -> dict[str, Any]:
     for _ in range(rounds):
         runs["default"].append(_child(default_env, bucket_mb, repeats))
         runs["tuned"].append(_child(tuned_env, bucket_mb, repeats))
-    medians = {label: {k: round(statistics.median(r[k] for r in results), 2) for k in results[0]} for label, results in runs.items()}
-    return {"bucket_mb": bucket_mb, "settings": MALLOC_SETTINGS, **medians,
-            "speedup": {k: round(medians["default"][k] / medians["tuned"][k], 2) for k in medians["default"]}}
+    medians = {
+        label: {k: round(statistics.median(r[k] for r in results), 2) for k in results[0]}
+        for label, results in runs.items()
+    }
+    return {
+        "bucket_mb": bucket_mb,
+        "settings": MALLOC_SETTINGS,
+        **medians,
+        "speedup": {k: round(medians["default"][k] / medians["tuned"][k], 2) for k in medians["default"]},
+    }
 
 
 GLIBC_MMAP_MAX = "65536"
@@ -176,16 +195,22 @@ def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> d
         raise RuntimeError(f"the block failed: {block.failure}")
     placed = [s.replace(resources_id=block.resources.id) for s in job.strategies.values()]
     predictions = simulator.simulate(job.graph, block.resources, placed)
-    return {name: {"measured_ms": 1e3 * block.result(name, strategy)["median_s"], "simulated_ms": 1e3 * prediction.step_time_s}
-            for (name, strategy), prediction in zip(job.strategies.items(), predictions, strict=True)}
+    return {
+        name: {
+            "measured_ms": 1e3 * block.result(name, strategy)["median_s"],
+            "simulated_ms": 1e3 * prediction.step_time_s,
+        }
+        for (name, strategy), prediction in zip(job.strategies.items(), predictions, strict=True)
+    }
 
 
 BASE_SETTINGS: dict[str, dict[str, str]] = {"mapped": {"MALLOC_MMAP_MAX_": GLIBC_MMAP_MAX}, "tuned": {}}
 """Comparison 4's two settings: ranks as they started before and as they start now."""
 
 
-def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int,
-                       extra_settings: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+def mappings_in_blocks(
+    jobs: dict[str, BlockJob], *, rounds: int, steps: int, extra_settings: dict[str, dict[str, str]] | None = None
+) -> dict[str, Any]:
     """Per job and strategy: the median over rounds of its measured and simulated step under each
     setting, and each setting's speed-up over mapped (ranks rotate through the settings, the order
     reversed every other round)."""
@@ -193,7 +218,9 @@ def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int,
     if clashing:
         raise ValueError(f"extra settings: {clashing} would replace comparison 4's own; choose other labels")
     settings = {**BASE_SETTINGS, **(extra_settings or {})}
-    runs: dict[str, dict[str, list[dict[str, dict[str, float]]]]] = {job: {label: [] for label in settings} for job in jobs}
+    runs: dict[str, dict[str, list[dict[str, dict[str, float]]]]] = {
+        job: {label: [] for label in settings} for job in jobs
+    }
     for round_index in range(rounds):
         order = list(settings.items()) if round_index % 2 == 0 else list(settings.items())[::-1]
         for name, job in jobs.items():
@@ -203,8 +230,13 @@ def mappings_in_blocks(jobs: dict[str, BlockJob], *, rounds: int, steps: int,
     for job, per_setting in runs.items():
         report[job] = {}
         for name in jobs[job].strategies:
-            figures = {label: {key: round(statistics.median(block[name][key] for block in blocks), 1)
-                               for key in ("measured_ms", "simulated_ms")} for label, blocks in per_setting.items()}
+            figures = {
+                label: {
+                    key: round(statistics.median(block[name][key] for block in blocks), 1)
+                    for key in ("measured_ms", "simulated_ms")
+                }
+                for label, blocks in per_setting.items()
+            }
             mapped = figures["mapped"]["measured_ms"]
             speedups = {label: round(mapped / f["measured_ms"], 2) for label, f in figures.items() if label != "mapped"}
             report[job][name] = {**figures, "speedups": speedups}
@@ -247,12 +279,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--block-jobs", default="", help="comma-separated cost-model jobs: measure comparison 4 only")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per block (comparison 4)")
-    parser.add_argument("--strategies", default="", help="comma-separated strategy names: only these in each block (comparison 4)")
-    parser.add_argument("--setting", type=parse_setting, action="append", default=[],
-                        help="LABEL:NAME=VALUE[,NAME=VALUE]: one more setting beside mapped and tuned (comparison 4)")
+    parser.add_argument(
+        "--strategies", default="", help="comma-separated strategy names: only these in each block (comparison 4)"
+    )
+    parser.add_argument(
+        "--setting",
+        type=parse_setting,
+        action="append",
+        default=[],
+        help="LABEL:NAME=VALUE[,NAME=VALUE]: one more setting beside mapped and tuned (comparison 4)",
+    )
     args = parser.parse_args()
     if args.block_jobs:
-        jobs = _cost_model_jobs([n for n in args.block_jobs.split(",") if n], [n for n in args.strategies.split(",") if n])
+        jobs = _cost_model_jobs(
+            [n for n in args.block_jobs.split(",") if n], [n for n in args.strategies.split(",") if n]
+        )
         blocks = mappings_in_blocks(jobs, rounds=args.rounds, steps=args.steps, extra_settings=dict(args.setting))
         report = {"benchmark": "cpu_rank_settings", "mappings_in_blocks": blocks}
         print(json.dumps(report, indent=2))

@@ -71,8 +71,13 @@ def one_device_spec() -> Any:
 
     device = device_spec({**compute_figures(Stepper()), "overlap": 0.0}, memory_bytes=float(8 << 30))
     link = Link(kind="loopback", bandwidth_gbps=10.0, latency_us=10.0)
-    return ResourceSpec(name="one-rank", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0], device=DEVICE_KIND)],
-                        network=link, intra_node=link, devices={DEVICE_KIND: device})
+    return ResourceSpec(
+        name="one-rank",
+        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0], device=DEVICE_KIND)],
+        network=link,
+        intra_node=link,
+        devices={DEVICE_KIND: device},
+    )
 
 
 def priced_seconds(model: Any, indices: Any, spec: Any) -> float:
@@ -97,10 +102,18 @@ def measure(repeats: int) -> dict[str, Any]:
             model, indices = one_table(rows, width, lookups, sparse=sparse)
             forward, backward = timed_steps(model, indices, repeats)
             priced = priced_seconds(model, indices, spec)
-            rows_out.append({"rows": rows, "width": width, "lookups": lookups, "sparse": sparse,
-                             "table_mib": round(rows * width * 4 / 2**20, 2),
-                             "measured_ms": {"forward": round(1e3 * forward, 3), "backward": round(1e3 * backward, 3)},
-                             "priced_ms": round(1e3 * priced, 3), "priced_over_measured": round(priced / (forward + backward), 3)})
+            rows_out.append(
+                {
+                    "rows": rows,
+                    "width": width,
+                    "lookups": lookups,
+                    "sparse": sparse,
+                    "table_mib": round(rows * width * 4 / 2**20, 2),
+                    "measured_ms": {"forward": round(1e3 * forward, 3), "backward": round(1e3 * backward, 3)},
+                    "priced_ms": round(1e3 * priced, 3),
+                    "priced_over_measured": round(priced / (forward + backward), 3),
+                }
+            )
     return {"simulator_version": simulator.SIMULATOR_VERSION, "tables": rows_out}
 
 

@@ -45,7 +45,9 @@ def optimizer_for(name: str) -> str:
     return "adagrad" if name == "dlrm" else "adam"
 
 
-def plain_model(name: str, batch: int, overrides: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer, tuple[Any, ...]]:
+def plain_model(
+    name: str, batch: int, overrides: dict[str, Any]
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, tuple[Any, ...]]:
     """The zoo model on CUDA with its optimizer and one batch, in plain PyTorch (no Stratagem runtime)."""
     module, make_batch = zoo.build(name, "small", device="cuda", **overrides)
     optimizer = (torch.optim.Adagrad if optimizer_for(name) == "adagrad" else torch.optim.Adam)(module.parameters())
@@ -77,21 +79,31 @@ def plain_step_ms(name: str, batch: int, overrides: dict[str, Any], *, warmup: i
     return round(statistics.median(times) * 1e3, 3)
 
 
-def measure_case(name: str, batch: int, overrides: dict[str, Any], catalog: ResourceSpec, calibrated: ResourceSpec) -> dict[str, Any]:
+def measure_case(
+    name: str, batch: int, overrides: dict[str, Any], catalog: ResourceSpec, calibrated: ResourceSpec
+) -> dict[str, Any]:
     optimizer = optimizer_for(name)
     module, make_batch = zoo.build(name, "small", **overrides)
     graph = capture(module, make_batch(batch), batch_size=batch, optimizer=optimizer)
-    priced = {label: simulate(graph, spec, [DataParallel().build(graph, spec)])[0]
-              for label, spec in (("catalog", catalog), ("calibrated", calibrated))}
+    priced = {
+        label: simulate(graph, spec, [DataParallel().build(graph, spec)])[0]
+        for label, spec in (("catalog", catalog), ("calibrated", calibrated))
+    }
     strategy = DataParallel().build(graph, calibrated)
     workload = ZooWorkload(name, size="small", batch_size=batch, overrides=overrides, optimizer=optimizer)
     result = run_trial(workload, calibrated, strategy, warmup=10, steps=20, timeout=300, backend=LocalBackend())
     measured = result.median_s
     return {
-        "model": name, "batch": batch, "parameters": graph.parameter_bytes // 4, "outcome": str(result.outcome), "error": result.error,
+        "model": name,
+        "batch": batch,
+        "parameters": graph.parameter_bytes // 4,
+        "outcome": str(result.outcome),
+        "error": result.error,
         "measured_ms": round(measured * 1e3, 3) if measured else None,
         "plain_pytorch_ms": plain_step_ms(name, batch, overrides),
-        "runtime_wait_ms": {kind: round(s * 1e3, 3) for kind, s in result.ranks[0].wait_by_kind_s.items()} if result.ranks else None,
+        "runtime_wait_ms": {kind: round(s * 1e3, 3) for kind, s in result.ranks[0].wait_by_kind_s.items()}
+        if result.ranks
+        else None,
         **{f"{label}_ms": round(p.step_time_s * 1e3, 3) for label, p in priced.items()},
         **{f"{label}_ratio": round(p.step_time_s / measured, 3) if measured else None for label, p in priced.items()},
         "calibrated_breakdown_ms": {k: round(v * 1e3, 3) for k, v in priced["calibrated"].breakdown.items() if v},
@@ -116,11 +128,21 @@ def main() -> None:
     calibrated = calibrated.model_copy(update={"nodes": [calibrated.nodes[0].model_copy(update={"gpus": [0]})]})
     kind = calibrated.nodes[0].device
     cases = [measure_case(name, batch, overrides, catalog, calibrated) for name, batch, overrides in CASES]
-    print(json.dumps({"benchmark": "gpu_one_rank", "device": args.device, "calibrated_kind": kind,
-                      "calibration_s": round(calibration_s, 1),
-                      "mape": {"catalog": mape(cases, "catalog"), "calibrated": mape(cases, "calibrated")},
-                      "cases": cases, "calibrated_device": calibrated.devices[kind].model_dump(exclude_none=True),
-                      "figures": calibrated.provenance}, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "gpu_one_rank",
+                "device": args.device,
+                "calibrated_kind": kind,
+                "calibration_s": round(calibration_s, 1),
+                "mape": {"catalog": mape(cases, "catalog"), "calibrated": mape(cases, "calibrated")},
+                "cases": cases,
+                "calibrated_device": calibrated.devices[kind].model_dump(exclude_none=True),
+                "figures": calibrated.provenance,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -115,8 +115,15 @@ def profile(name: str) -> list[dict[str, Any]]:
     with torch.profiler.profile(activities=activities) as prof:
         _synced(step)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:20]
-    return [{"op": e.key, "calls": e.count, "self_cpu_us": round(e.self_cpu_time_total, 1),
-             "device_us": round(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), 1)} for e in events]
+    return [
+        {
+            "op": e.key,
+            "calls": e.count,
+            "self_cpu_us": round(e.self_cpu_time_total, 1),
+            "device_us": round(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), 1),
+        }
+        for e in events
+    ]
 
 
 def main() -> None:
@@ -126,7 +133,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_step_anatomy needs a CUDA device")
     report = {
-        "benchmark": "gpu_step_anatomy", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "benchmark": "gpu_step_anatomy",
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
         "layer_pass_us": layer_kinds(),
         "models": [phases(name, batch, overrides) for name, batch, overrides in CASES],
         "profiles": {name: profile(name) for name in args.profile},

@@ -69,39 +69,85 @@ FP16, MASK = 2, 1
 # --- the analytic GPT graph ---------------------------------------------------------------------------
 
 
-def _layer(name: str, kind: str, *, fwd: float = 0.0, moved: float = 0.0, saved: float = 0.0, out: float = 0.0,
-           inputs: list[str] | None = None, variables: list[str] | None = None, type_: str = "Module") -> dict[str, Any]:
-    return {"name": name, "type": type_, "kind": kind, "fwd_flops": fwd, "bwd_flops": 2 * fwd, "bytes_moved": moved,
-            "activation_bytes": saved, "output_bytes": out, "inputs": inputs or [], "variables": variables or []}
+def _layer(
+    name: str,
+    kind: str,
+    *,
+    fwd: float = 0.0,
+    moved: float = 0.0,
+    saved: float = 0.0,
+    out: float = 0.0,
+    inputs: list[str] | None = None,
+    variables: list[str] | None = None,
+    type_: str = "Module",
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": type_,
+        "kind": kind,
+        "fwd_flops": fwd,
+        "bwd_flops": 2 * fwd,
+        "bytes_moved": moved,
+        "activation_bytes": saved,
+        "output_bytes": out,
+        "inputs": inputs or [],
+        "variables": variables or [],
+    }
 
 
-def _linear(name: str, tokens: int, fan_in: int, fan_out: int, source: str, saved_input: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _linear(
+    name: str, tokens: int, fan_in: int, fan_out: int, source: str, saved_input: bool = True
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     weight = {"name": f"{name}.weight", "shape": [fan_out, fan_in], "dtype": "float16"}
     bias = {"name": f"{name}.bias", "shape": [fan_out], "dtype": "float16"}
     moved = FP16 * (tokens * (fan_in + fan_out) + fan_in * fan_out)
-    layer = _layer(name, "matmul", fwd=2.0 * tokens * fan_in * fan_out, moved=moved, saved=FP16 * tokens * fan_in if saved_input else 0.0,
-                   out=FP16 * tokens * fan_out, inputs=[source], variables=[weight["name"], bias["name"]], type_="Linear")
+    layer = _layer(
+        name,
+        "matmul",
+        fwd=2.0 * tokens * fan_in * fan_out,
+        moved=moved,
+        saved=FP16 * tokens * fan_in if saved_input else 0.0,
+        out=FP16 * tokens * fan_out,
+        inputs=[source],
+        variables=[weight["name"], bias["name"]],
+        type_="Linear",
+    )
     return layer, [weight, bias]
 
 
 def _norm(name: str, tokens: int, hidden: int, source: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     params = [{"name": f"{name}.{p}", "shape": [hidden], "dtype": "float16"} for p in ("weight", "bias")]
-    layer = _layer(name, "norm", fwd=5.0 * tokens * hidden, moved=2.0 * FP16 * tokens * hidden, saved=FP16 * tokens * hidden,
-                   out=FP16 * tokens * hidden, inputs=[source], variables=[p["name"] for p in params], type_="LayerNorm")
+    layer = _layer(
+        name,
+        "norm",
+        fwd=5.0 * tokens * hidden,
+        moved=2.0 * FP16 * tokens * hidden,
+        saved=FP16 * tokens * hidden,
+        out=FP16 * tokens * hidden,
+        inputs=[source],
+        variables=[p["name"] for p in params],
+        type_="LayerNorm",
+    )
     return layer, params
 
 
-def gpt_graph(hidden: int, layers: int, heads: int, batch: int, *, seq: int = SEQ, vocab: int = VOCAB, name: str = "gpt") -> ModelGraph:
+def gpt_graph(
+    hidden: int, layers: int, heads: int, batch: int, *, seq: int = SEQ, vocab: int = VOCAB, name: str = "gpt"
+) -> ModelGraph:
     """A Megatron GPT (pre-norm, fused qkv, GELU MLP of 4h, learned positions, tied head) at per-replica batch `batch`."""
     t, h, a, s = batch * seq, hidden, heads, seq
     act = FP16 * t * h
     out: list[dict[str, Any]] = [
-        _layer("embed", "embedding", moved=2 * act, saved=8.0 * t, out=act, variables=["embed.weight"], type_="Embedding"),
+        _layer(
+            "embed", "embedding", moved=2 * act, saved=8.0 * t, out=act, variables=["embed.weight"], type_="Embedding"
+        ),
         _layer("positions", "embedding", moved=2 * act, out=act, variables=["positions.weight"], type_="Embedding"),
         _layer("<root>/ops0", "elementwise", fwd=t * h, moved=3 * act, out=act, inputs=["embed", "positions"]),
     ]
-    variables: list[dict[str, Any]] = [{"name": "embed.weight", "shape": [vocab, h], "dtype": "float16"},
-                                       {"name": "positions.weight", "shape": [s, h], "dtype": "float16"}]
+    variables: list[dict[str, Any]] = [
+        {"name": "embed.weight", "shape": [vocab, h], "dtype": "float16"},
+        {"name": "positions.weight", "shape": [s, h], "dtype": "float16"},
+    ]
     previous = "<root>/ops0"
     for i in range(layers):
         p = f"blocks.{i}"
@@ -109,18 +155,67 @@ def gpt_graph(hidden: int, layers: int, heads: int, batch: int, *, seq: int = SE
         block: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [
             _norm(f"{p}.ln1", t, h, previous),
             _linear(f"{p}.attn.qkv", t, h, 3 * h, f"{p}.ln1"),
-            (_layer(f"{p}.attn/ops0", "attention", fwd=4.0 * t * s * h, moved=FP16 * (4 * t * h + 4 * scores),
-                    saved=3 * act + 5.0 * scores, out=act, inputs=[f"{p}.attn.qkv"], type_="Attention"), []),
+            (
+                _layer(
+                    f"{p}.attn/ops0",
+                    "attention",
+                    fwd=4.0 * t * s * h,
+                    moved=FP16 * (4 * t * h + 4 * scores),
+                    saved=3 * act + 5.0 * scores,
+                    out=act,
+                    inputs=[f"{p}.attn.qkv"],
+                    type_="Attention",
+                ),
+                [],
+            ),
             _linear(f"{p}.attn.out", t, h, h, f"{p}.attn/ops0"),
-            (_layer(f"{p}.drop", "elementwise", fwd=t * h, moved=2 * act, saved=MASK * t * h, out=act, inputs=[f"{p}.attn.out"]), []),
+            (
+                _layer(
+                    f"{p}.drop",
+                    "elementwise",
+                    fwd=t * h,
+                    moved=2 * act,
+                    saved=MASK * t * h,
+                    out=act,
+                    inputs=[f"{p}.attn.out"],
+                ),
+                [],
+            ),
             (_layer(f"{p}/ops0", "elementwise", fwd=t * h, moved=3 * act, out=act, inputs=[previous, f"{p}.drop"]), []),
             _norm(f"{p}.ln2", t, h, f"{p}/ops0"),
             _linear(f"{p}.mlp.fc", t, h, 4 * h, f"{p}.ln2"),
-            (_layer(f"{p}.mlp.act", "elementwise", fwd=8.0 * t * 4 * h, moved=2 * 4 * act, saved=4 * act, out=4 * act,
-                    inputs=[f"{p}.mlp.fc"], type_="GELU"), []),
+            (
+                _layer(
+                    f"{p}.mlp.act",
+                    "elementwise",
+                    fwd=8.0 * t * 4 * h,
+                    moved=2 * 4 * act,
+                    saved=4 * act,
+                    out=4 * act,
+                    inputs=[f"{p}.mlp.fc"],
+                    type_="GELU",
+                ),
+                [],
+            ),
             _linear(f"{p}.mlp.proj", t, 4 * h, h, f"{p}.mlp.act"),
-            (_layer(f"{p}.drop#1", "elementwise", fwd=t * h, moved=2 * act, saved=MASK * t * h, out=act, inputs=[f"{p}.mlp.proj"]), []),
-            (_layer(f"{p}/ops1", "elementwise", fwd=t * h, moved=3 * act, out=act, inputs=[f"{p}/ops0", f"{p}.drop#1"]), []),
+            (
+                _layer(
+                    f"{p}.drop#1",
+                    "elementwise",
+                    fwd=t * h,
+                    moved=2 * act,
+                    saved=MASK * t * h,
+                    out=act,
+                    inputs=[f"{p}.mlp.proj"],
+                ),
+                [],
+            ),
+            (
+                _layer(
+                    f"{p}/ops1", "elementwise", fwd=t * h, moved=3 * act, out=act, inputs=[f"{p}/ops0", f"{p}.drop#1"]
+                ),
+                [],
+            ),
         ]
         for layer, params in block:
             out.append(layer)
@@ -130,14 +225,38 @@ def gpt_graph(hidden: int, layers: int, heads: int, batch: int, *, seq: int = SE
     out.append(final)
     variables.extend(params)
     logits = FP16 * t * vocab
-    out.append(_layer("head", "matmul", fwd=2.0 * t * h * vocab, moved=FP16 * (t * h + vocab * h) + logits, saved=act, out=logits,
-                      inputs=["final_norm"], variables=["embed.weight"], type_="Linear"))
-    out.append(_layer("<loss>", "elementwise", fwd=5.0 * t * vocab, moved=2 * logits, saved=logits, inputs=["head"], type_="Loss"))
-    return ModelGraph.parse({
-        "name": name, "batch_size": batch, "dtype": "float16", "optimizer": {"kind": "adam", "state_bytes_per_param": 12.0},
-        "layers": out, "variables": variables,
-        "provenance": {"source": "benchmarks/hybrid.py (analytic)", "zoo": {"config": {"heads": heads, "hidden": hidden, "layers": layers}}},
-    })
+    out.append(
+        _layer(
+            "head",
+            "matmul",
+            fwd=2.0 * t * h * vocab,
+            moved=FP16 * (t * h + vocab * h) + logits,
+            saved=act,
+            out=logits,
+            inputs=["final_norm"],
+            variables=["embed.weight"],
+            type_="Linear",
+        )
+    )
+    out.append(
+        _layer(
+            "<loss>", "elementwise", fwd=5.0 * t * vocab, moved=2 * logits, saved=logits, inputs=["head"], type_="Loss"
+        )
+    )
+    return ModelGraph.parse(
+        {
+            "name": name,
+            "batch_size": batch,
+            "dtype": "float16",
+            "optimizer": {"kind": "adam", "state_bytes_per_param": 12.0},
+            "layers": out,
+            "variables": variables,
+            "provenance": {
+                "source": "benchmarks/hybrid.py (analytic)",
+                "zoo": {"config": {"heads": heads, "hidden": hidden, "layers": layers}},
+            },
+        }
+    )
 
 
 def paper_flops(batch: int, hidden: int, layers: int) -> float:
@@ -149,19 +268,34 @@ def paper_flops(batch: int, hidden: int, layers: int) -> float:
 
 
 def dgx_a100(nodes: int) -> ResourceSpec:
-    return ResourceSpec.parse({
-        "name": f"dgx-a100 x{nodes}",
-        "nodes": [{"address": f"10.{i // 250}.{i % 250}.1", "chief": i == 0, "gpus": list(range(8)), "device": "A100-80GB"} for i in range(nodes)],
-        "network": {"kind": "infiniband", "bandwidth_gbps": 1600, "latency_us": 5, "efficiency": 0.9},
-    })
+    return ResourceSpec.parse(
+        {
+            "name": f"dgx-a100 x{nodes}",
+            "nodes": [
+                {
+                    "address": f"10.{i // 250}.{i % 250}.1",
+                    "chief": i == 0,
+                    "gpus": list(range(8)),
+                    "device": "A100-80GB",
+                }
+                for i in range(nodes)
+            ],
+            "network": {"kind": "infiniband", "bandwidth_gbps": 1600, "latency_us": 5, "efficiency": 0.9},
+        }
+    )
 
 
 def t4_cluster(nodes: int) -> ResourceSpec:
-    return ResourceSpec.parse({
-        "name": f"g4dn.12xlarge x{nodes}",
-        "nodes": [{"address": f"10.0.0.{i + 1}", "chief": i == 0, "gpus": [0, 1, 2, 3], "device": "T4"} for i in range(nodes)],
-        "network": {"kind": "ethernet", "bandwidth_gbps": 50, "latency_us": 25},
-    })
+    return ResourceSpec.parse(
+        {
+            "name": f"g4dn.12xlarge x{nodes}",
+            "nodes": [
+                {"address": f"10.0.0.{i + 1}", "chief": i == 0, "gpus": [0, 1, 2, 3], "device": "T4"}
+                for i in range(nodes)
+            ],
+            "network": {"kind": "ethernet", "bandwidth_gbps": 50, "latency_us": 25},
+        }
+    )
 
 
 # --- the targets -------------------------------------------------------------------------------------
@@ -170,9 +304,14 @@ def t4_cluster(nodes: int) -> ResourceSpec:
 def layout(strategy: Strategy) -> dict[str, Any]:
     mesh = strategy.effective_mesh
     pipeline = strategy.pipeline
-    return {"tensor": mesh.tensor, "pipeline": mesh.pipeline, "data": mesh.data,
-            "micro_batches": pipeline.micro_batches if pipeline else 1, "schedule": pipeline.schedule if pipeline and mesh.pipeline > 1 else None,
-            "recompute": strategy.recompute_activations}
+    return {
+        "tensor": mesh.tensor,
+        "pipeline": mesh.pipeline,
+        "data": mesh.data,
+        "micro_batches": pipeline.micro_batches if pipeline else 1,
+        "schedule": pipeline.schedule if pipeline and mesh.pipeline > 1 else None,
+        "recompute": strategy.recompute_activations,
+    }
 
 
 def too_large_for_data_parallel(candidates: int) -> dict[str, Any]:
@@ -189,27 +328,49 @@ def too_large_for_data_parallel(candidates: int) -> dict[str, Any]:
     dp = result.baselines["DataParallel"].predicted
     return {
         "model": "zoo gpt 1.7b (Megatron config: 24 layers, hidden 2304, 24 heads, seq 2048), fp32 + Adam, batch 4 per replica",
-        "parameters": graph.num_parameters, "capture_s": round(captured_s, 1),
+        "parameters": graph.num_parameters,
+        "capture_s": round(captured_s, 1),
         "cluster": "2 nodes x 4 T4 (16 GB), PCIe inside a node, 50 Gbit/s between nodes",
-        "data_parallel": {"feasible": dp.feasible, "reason": dp.infeasible_reason, "memory_per_device_gb": round(dp.memory_per_device_bytes / 1e9, 2)},
+        "data_parallel": {
+            "feasible": dp.feasible,
+            "reason": dp.infeasible_reason,
+            "memory_per_device_gb": round(dp.memory_per_device_bytes / 1e9, 2),
+        },
         "every_builder_infeasible": all(not b.predicted.feasible for b in result.baselines.values()),
-        "chosen": {**layout(best), "samples_per_s": round(best.predicted.samples_per_s, 3), "step_time_s": round(best.predicted.step_time_s, 3),
-                   "memory_per_device_gb": round(best.predicted.memory_per_device_bytes / 1e9, 2), "feasible": best.predicted.feasible,
-                   "tensor_parallel_splits": len(best.tensor_parallel)},
+        "chosen": {
+            **layout(best),
+            "samples_per_s": round(best.predicted.samples_per_s, 3),
+            "step_time_s": round(best.predicted.step_time_s, 3),
+            "memory_per_device_gb": round(best.predicted.memory_per_device_bytes / 1e9, 2),
+            "feasible": best.predicted.feasible,
+            "tensor_parallel_splits": len(best.tensor_parallel),
+        },
         "why": best.provenance.search["why"],
-        "search_s": round(result.elapsed_s, 2), "evaluated": result.evaluated,
+        "search_s": round(result.elapsed_s, 2),
+        "evaluated": result.evaluated,
     }
 
 
-def best_layout(graph: ModelGraph, resources: ResourceSpec, *, tensor: int | None = None, pipeline: int | None = None,
-                data: int | None = None) -> dict[str, Any] | None:
+def best_layout(
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    *,
+    tensor: int | None = None,
+    pipeline: int | None = None,
+    data: int | None = None,
+) -> dict[str, Any] | None:
     """The simulator's best over the space's layouts that match the given degrees (every stage split,
     micro-batch count and recomputation choice the space holds for them), each with all-reduce and with
     ZeRO over the data-parallel group; None when the space has no such layout."""
     context = context_for(graph, resources)
     space = Space(context)
-    picks = [i for i, m in enumerate(space.meshes)
-             if (tensor is None or m.tensor == tensor) and (pipeline is None or m.pipeline == pipeline) and (data is None or m.data == data)]
+    picks = [
+        i
+        for i, m in enumerate(space.meshes)
+        if (tensor is None or m.tensor == tensor)
+        and (pipeline is None or m.pipeline == pipeline)
+        and (data is None or m.data == data)
+    ]
     if not picks:
         return None
     rows = [(index, sharded) for index in picks for sharded in (False, True)]
@@ -222,11 +383,19 @@ def best_layout(graph: ModelGraph, resources: ResourceSpec, *, tensor: int | Non
     prediction = predictions(context, batch, [best])[0]
     mesh = space.meshes[rows[best][0]]
     flops = graph.total_flops * mesh.data / prediction.step_time_s / context.compute_device_indices.size / 1e12
-    return {"tensor": mesh.tensor, "pipeline": mesh.pipeline, "data": mesh.data, "micro_batches": mesh.micro_batches,
-            "recompute": mesh.recompute, "zero": rows[best][1], "feasible": prediction.feasible,
-            "model_tflops_per_gpu": round(flops, 1) if prediction.feasible else None,
-            "step_time_s": round(prediction.step_time_s, 3), "memory_per_device_gb": round(prediction.memory_per_device_bytes / 1e9, 1),
-            "why": prediction.infeasible_reason or prediction.bottleneck}
+    return {
+        "tensor": mesh.tensor,
+        "pipeline": mesh.pipeline,
+        "data": mesh.data,
+        "micro_batches": mesh.micro_batches,
+        "recompute": mesh.recompute,
+        "zero": rows[best][1],
+        "feasible": prediction.feasible,
+        "model_tflops_per_gpu": round(flops, 1) if prediction.feasible else None,
+        "step_time_s": round(prediction.step_time_s, 3),
+        "memory_per_device_gb": round(prediction.memory_per_device_bytes / 1e9, 1),
+        "why": prediction.infeasible_reason or prediction.bottleneck,
+    }
 
 
 def at_global_batch(row: tuple) -> dict[str, Any] | None:
@@ -253,21 +422,41 @@ def megatron_row(row: tuple, candidates: int) -> dict[str, Any]:
     searched = time.perf_counter() - started
     best = result.candidates[0]
     chosen = layout(best)
-    conversion = 72.0 * (1 + SEQ / (6 * hidden) + VOCAB / (12 * layers * hidden)) / (96.0 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden)))
+    conversion = (
+        72.0
+        * (1 + SEQ / (6 * hidden) + VOCAB / (12 * layers * hidden))
+        / (96.0 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden)))
+    )
     started = time.perf_counter()
     fixed = at_global_batch(row)
     fixed_s = time.perf_counter() - started
     return {
-        "model": name, "parameters_b": round(graph.num_parameters / 1e9, 1), "gpus": gpus, "global_batch": batch,
-        "paper": {"tensor": t, "pipeline": p, "data": d, "tflops_per_gpu_published": measured,
-                  "model_tflops_per_gpu": round(measured * conversion, 1)},
+        "model": name,
+        "parameters_b": round(graph.num_parameters / 1e9, 1),
+        "gpus": gpus,
+        "global_batch": batch,
+        "paper": {
+            "tensor": t,
+            "pipeline": p,
+            "data": d,
+            "tflops_per_gpu_published": measured,
+            "model_tflops_per_gpu": round(measured * conversion, 1),
+        },
         "paper_layout_predicted": best_layout(graph, resources, tensor=t, pipeline=p),
-        "best_at_paper_global_batch": fixed, "best_at_paper_global_batch_s": round(fixed_s, 1),
-        "search_choice": {**chosen, "global_batch": graph.batch_size * chosen["data"],
-                          "model_tflops_per_gpu": round(graph.total_flops * chosen["data"] / best.predicted.step_time_s / gpus / 1e12, 1),
-                          "step_time_s": round(best.predicted.step_time_s, 3),
-                          "memory_per_device_gb": round(best.predicted.memory_per_device_bytes / 1e9, 1),
-                          "why": best.predicted.bottleneck, "search_s": round(searched, 1), "evaluated": result.evaluated},
+        "best_at_paper_global_batch": fixed,
+        "best_at_paper_global_batch_s": round(fixed_s, 1),
+        "search_choice": {
+            **chosen,
+            "global_batch": graph.batch_size * chosen["data"],
+            "model_tflops_per_gpu": round(
+                graph.total_flops * chosen["data"] / best.predicted.step_time_s / gpus / 1e12, 1
+            ),
+            "step_time_s": round(best.predicted.step_time_s, 3),
+            "memory_per_device_gb": round(best.predicted.memory_per_device_bytes / 1e9, 1),
+            "why": best.predicted.bottleneck,
+            "search_s": round(searched, 1),
+            "evaluated": result.evaluated,
+        },
     }
 
 
@@ -277,15 +466,28 @@ def search_13b(candidates: int) -> dict[str, Any]:
     started = time.perf_counter()
     context_for(graph, resources)
     compiled = time.perf_counter() - started
-    out: dict[str, Any] = {"model": "GPT-3 13B (40 layers, hidden 5120, 40 heads, seq 2048), fp16, batch 16 per replica",
-                           "parameters_b": round(graph.num_parameters / 1e9, 2), "gpus": 64, "compile_s": round(compiled, 2),
-                           "meshes": len(Space(context_for(graph, resources)).meshes)}
-    for label, kwargs in (("default_2s_budget", {"time_budget_s": 2.0}), (f"{candidates}_candidates", {"time_budget_s": None, "max_candidates": candidates})):
+    out: dict[str, Any] = {
+        "model": "GPT-3 13B (40 layers, hidden 5120, 40 heads, seq 2048), fp16, batch 16 per replica",
+        "parameters_b": round(graph.num_parameters / 1e9, 2),
+        "gpus": 64,
+        "compile_s": round(compiled, 2),
+        "meshes": len(Space(context_for(graph, resources)).meshes),
+    }
+    for label, kwargs in (
+        ("default_2s_budget", {"time_budget_s": 2.0}),
+        (f"{candidates}_candidates", {"time_budget_s": None, "max_candidates": candidates}),
+    ):
         started = time.perf_counter()
         result = search(graph, resources, top_k=5, **kwargs)
         best = result.candidates[0]
-        out[label] = {"search_s": round(time.perf_counter() - started, 2), "evaluated": result.evaluated, "chosen": layout(best),
-                      "predicted_model_tflops_per_gpu": round(graph.total_flops * best.effective_mesh.data / best.predicted.step_time_s / 64 / 1e12, 1)}
+        out[label] = {
+            "search_s": round(time.perf_counter() - started, 2),
+            "evaluated": result.evaluated,
+            "chosen": layout(best),
+            "predicted_model_tflops_per_gpu": round(
+                graph.total_flops * best.effective_mesh.data / best.predicted.step_time_s / 64 / 1e12, 1
+            ),
+        }
     return out
 
 
@@ -296,8 +498,10 @@ def analytic_vs_capture() -> dict[str, Any]:
     module, make_batch = zoo.build("gpt", "1.7b", device="meta")
     captured = capture(module, make_batch(1), batch_size=1)
     analytic = gpt_graph(2304, 24, 24, 1)
-    return {"flops_ratio_analytic_over_capture": round(analytic.total_flops / captured.total_flops, 4),
-            "parameters_ratio": round(analytic.num_parameters / captured.num_parameters, 4)}
+    return {
+        "flops_ratio_analytic_over_capture": round(analytic.total_flops / captured.total_flops, 4),
+        "parameters_ratio": round(analytic.num_parameters / captured.num_parameters, 4),
+    }
 
 
 def main() -> None:

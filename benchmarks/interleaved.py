@@ -70,23 +70,48 @@ class Block:
         if not per_rank or not all(per_rank):
             return {}
         keys = sorted({key for steps in per_rank for step in steps for key in step})
-        return {key: statistics.median(statistics.mean(step.get(key, 0.0) for step in column)
-                                       for column in zip(*per_rank, strict=True)) for key in keys}
+        return {
+            key: statistics.median(
+                statistics.mean(step.get(key, 0.0) for step in column) for column in zip(*per_rank, strict=True)
+            )
+            for key in keys
+        }
 
     def result(self, name: str, strategy: Strategy) -> dict[str, Any]:
         """A trial-like result for one strategy: outcome, median, per-step and per-rank times."""
-        base = {"world_size": RANKS, "backend": "interleaved", "workload": self.label, "strategy_id": strategy.id,
-                "global_batch_size": RANKS * self.batch_size, "undistributed_step_s": self.undistributed_s(),
-                "optimizer_primed": bool(self.reports) and all(r["primed"].get(name, False) for r in self.reports)}
+        base = {
+            "world_size": RANKS,
+            "backend": "interleaved",
+            "workload": self.label,
+            "strategy_id": strategy.id,
+            "global_batch_size": RANKS * self.batch_size,
+            "undistributed_step_s": self.undistributed_s(),
+            "optimizer_primed": bool(self.reports) and all(r["primed"].get(name, False) for r in self.reports),
+        }
         refused = next((r["refused"][name] for r in self.reports if name in r["refused"]), None)
         if self.failure is not None or refused is not None:
-            return {**base, "outcome": "invalid" if refused else "crash", "error": refused or self.failure, "median_s": None}
+            return {
+                **base,
+                "outcome": "invalid" if refused else "crash",
+                "error": refused or self.failure,
+                "median_s": None,
+            }
         steps = self.step_times(name)
         median = statistics.median(steps)
-        return {**base, "outcome": "ok", "error": None, "median_s": median, "step_times_s": steps, "sync_s": self.sync_medians(name),
-                "p90_s": sorted(steps)[int(0.9 * (len(steps) - 1))], "samples_per_s": RANKS * self.batch_size / median,
-                "ranks": [{"rank": i, "step_times_s": r["times"][name], "warmup_times_s": r["warmup"][name]}
-                          for i, r in enumerate(self.reports)]}
+        return {
+            **base,
+            "outcome": "ok",
+            "error": None,
+            "median_s": median,
+            "step_times_s": steps,
+            "sync_s": self.sync_medians(name),
+            "p90_s": sorted(steps)[int(0.9 * (len(steps) - 1))],
+            "samples_per_s": RANKS * self.batch_size / median,
+            "ranks": [
+                {"rank": i, "step_times_s": r["times"][name], "warmup_times_s": r["warmup"][name]}
+                for i, r in enumerate(self.reports)
+            ],
+        }
 
 
 def load_factors(times: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -109,11 +134,24 @@ def load_factors(times: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def sync_parts(stats: Any) -> dict[str, float]:
     """A step's runtime timings as flat seconds: waiting per synchronizer kind, launching and updating."""
-    return {**{f"wait_{kind}": seconds for kind, seconds in stats.wait_s.items()}, "launch": stats.launch_s, "update": stats.update_s}
+    return {
+        **{f"wait_{kind}": seconds for kind, seconds in stats.wait_s.items()},
+        "launch": stats.launch_s,
+        "update": stats.update_s,
+    }
 
 
-def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int, steps: int, timeout: float,
-                  undistributed: bool = False, prime_optimizer: bool = True, env: dict[str, str] | None = None) -> Block:
+def measure_block(
+    workload: Any,
+    strategies: dict[str, Strategy],
+    *,
+    warmup: int,
+    steps: int,
+    timeout: float,
+    undistributed: bool = False,
+    prime_optimizer: bool = True,
+    env: dict[str, str] | None = None,
+) -> Block:
     """Run one interleaved block of `workload` (a trial runner workload spec) under every strategy.
 
     `prime_optimizer` fills each copy's optimizer state first, as trials do (`TrialSpec.prime_optimizer`).
@@ -122,9 +160,15 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
     from stratagem.calibrate import SIZES, combine, spec_from_figures
 
     spare_cores = len(os.sched_getaffinity(0)) - RANKS
-    job = {"workload": workload.model_dump(mode="json"), "warmup": warmup, "steps": steps, "spare_cores": spare_cores,
-           "undistributed": undistributed, "prime_optimizer": prime_optimizer,
-           "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()}}
+    job = {
+        "workload": workload.model_dump(mode="json"),
+        "warmup": warmup,
+        "steps": steps,
+        "spare_cores": spare_cores,
+        "undistributed": undistributed,
+        "prime_optimizer": prime_optimizer,
+        "strategies": {name: strategy.model_dump(mode="json") for name, strategy in strategies.items()},
+    }
     block = Block(label=workload.label, batch_size=workload.batch_size)
     with tempfile.TemporaryDirectory(prefix="stratagem-interleaved-") as folder:
         job_path = Path(folder) / "job.json"
@@ -134,11 +178,17 @@ def measure_block(workload: Any, strategies: dict[str, Strategy], *, warmup: int
         if block.failure is None:
             block.reports = [json.loads(path.read_text()) for path in outputs]
     if block.reports:
-        block.resources = spec_from_figures({
-            "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": RANKS, "threads": 1,
-            "allreduce_bytes": list(SIZES), "spare_cores": spare_cores, "interleaved_with": workload.label,
-            **combine([r["figures"] for r in block.reports]),
-        })
+        block.resources = spec_from_figures(
+            {
+                "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "ranks": RANKS,
+                "threads": 1,
+                "allreduce_bytes": list(SIZES),
+                "spare_cores": spare_cores,
+                "interleaved_with": workload.label,
+                **combine([r["figures"] for r in block.reports]),
+            }
+        )
     return block
 
 
@@ -146,9 +196,16 @@ def _launch(job: Path, outputs: list[Path], timeout: float, extra_env: dict[str,
     """Run the ranks of a block to the end; None, or why they failed."""
     port = free_port()
     env = rank_environment(**{"OMP_NUM_THREADS": "1", **extra_env})
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for rank, path in enumerate(outputs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, path in enumerate(outputs)
+    ]
     errors = wait_for_ranks(procs, timeout)
     missing = [path.name for path in outputs if not path.exists()]
     return "; ".join(errors) or (f"no result from {', '.join(missing)}" if missing else None)
@@ -170,8 +227,13 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     torch.set_num_threads(1)
     job = json.loads(job_path.read_text())
     workload = (ZooWorkload if job["workload"]["kind"] == "zoo" else ReplayWorkload).model_validate(job["workload"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=RANKS,
+        timeout=datetime.timedelta(seconds=300),
+    )
     runs: dict[str, tuple[Any, Any, Any]] = {}
     refused: dict[str, str] = {}
     primed: dict[str, bool] = {}
@@ -179,7 +241,9 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
         built = build_workload(workload, seed=0, rank=rank)
         try:  # the runtime refuses a strategy on every rank alike, before any collective
             strategy, optimizer = Strategy.parse(data), make_optimizer(built.optimizer_kind, built.model)
-            primed[name] = job["prime_optimizer"] and prime_optimizer_state(built, optimizer, strategy, seed=0, device=torch.device("cpu"))
+            primed[name] = job["prime_optimizer"] and prime_optimizer_state(
+                built, optimizer, strategy, seed=0, device=torch.device("cpu")
+            )
             model, optimizer = distribute(built.model, optimizer, strategy, rank=rank)
         except StratagemError as error:
             refused[name] = f"{type(error).__name__}: {error}"
@@ -198,7 +262,9 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    stepper = calibration.Stepper(agree, budget_scale=PROBE_BUDGET_SCALE, evict=calibration.CacheEvictor.for_this_machine())
+    stepper = calibration.Stepper(
+        agree, budget_scale=PROBE_BUDGET_SCALE, evict=calibration.CacheEvictor.for_this_machine()
+    )
     probes = calibration.probes(stepper)
     samples: dict[str, list[Any]] = {name: [] for name in probes}
     for step in range(job["warmup"] + job["steps"]):
@@ -223,8 +289,14 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
                 samples.setdefault(name, []).append(value)
     dist.barrier()
     figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}
-    figures["allreduce_seconds"] = [statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)]
-    output.write_text(json.dumps({"times": times, "warmup": warmup, "sync": sync, "refused": refused, "primed": primed, "figures": figures}))
+    figures["allreduce_seconds"] = [
+        statistics.median(column) for column in zip(*samples["allreduce_seconds"], strict=True)
+    ]
+    output.write_text(
+        json.dumps(
+            {"times": times, "warmup": warmup, "sync": sync, "refused": refused, "primed": primed, "figures": figures}
+        )
+    )
     os._exit(0)  # skip the process group's teardown: a peer that finished first can make it abort
 
 

@@ -49,12 +49,20 @@ def pooled_scores(reports: list[dict[str, Any]]) -> dict[str, Any]:
     for model, strategies in pooled_rounds(reports).items():
         done = [(statistics.median(m), statistics.median(p)) for m, p in strategies.values() if m and p]
         measured, predicted = [m for m, _ in done], [p for _, p in done]
-        models[model] = {"n": len(done), "mape": round(mape(measured, predicted), 4), "kendall_tau": round(kendall_tau(measured, predicted), 4),
-                         "rounds": min(len(m) for m, _ in strategies.values())}
+        models[model] = {
+            "n": len(done),
+            "mape": round(mape(measured, predicted), 4),
+            "kendall_tau": round(kendall_tau(measured, predicted), 4),
+            "rounds": min(len(m) for m, _ in strategies.values()),
+        }
         all_measured += measured
         all_predicted += predicted
     within = statistics.mean(s["kendall_tau"] for s in models.values())
-    overall = {"n": len(all_measured), "mape": round(mape(all_measured, all_predicted), 4), "kendall_tau_within": round(within, 4)}
+    overall = {
+        "n": len(all_measured),
+        "mape": round(mape(all_measured, all_predicted), 4),
+        "kendall_tau_within": round(within, 4),
+    }
     overall["meets_targets"] = overall["mape"] <= TARGETS["mape"] and within >= TARGETS["kendall_tau"]
     return {"overall": overall, "models": models}
 
@@ -68,7 +76,9 @@ def split_half_tau(reports: list[dict[str, Any]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("reports", type=Path, nargs="+", help="JSON reports printed by benchmarks/simulator_accuracy.py")
+    parser.add_argument(
+        "reports", type=Path, nargs="+", help="JSON reports printed by benchmarks/simulator_accuracy.py"
+    )
     args = parser.parse_args()
     reports = []
     for path in args.reports:
@@ -83,21 +93,32 @@ def main() -> None:
         reports.append(report)
     versions = sorted({str(r.get("simulator_version")) for r in reports})
     if len(versions) > 1:
-        raise SystemExit(f"the reports come from simulator versions {versions}: re-score their records with one version first")
+        raise SystemExit(
+            f"the reports come from simulator versions {versions}: re-score their records with one version first"
+        )
     protocols = sorted({str(r.get("settings", {}).get("optimizer_primed", False)) for r in reports})
     if len(protocols) > 1:
-        raise SystemExit(f"the reports time steps under different protocols (optimizer_primed {protocols}): pool each on its own")
-    print(json.dumps({
-        "benchmark": "simulator_accuracy_pooled",
-        "simulator_version": versions[0],
-        "optimizer_primed": protocols[0] == "True",
-        "targets": TARGETS,
-        **pooled_scores(reports),
-        "noise": {"kendall_tau_split_half_within": split_half_tau(reports)},
-        "resolved_pairs": resolved_pairs(pooled_rounds(reports)),
-        "runs": {str(path): {**r["overall"], "resolved_pairs": resolved_pairs(pooled_rounds([r]))["overall"]}
-                 for path, r in zip(args.reports, reports, strict=True)},
-    }, indent=2))
+        raise SystemExit(
+            f"the reports time steps under different protocols (optimizer_primed {protocols}): pool each on its own"
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "simulator_accuracy_pooled",
+                "simulator_version": versions[0],
+                "optimizer_primed": protocols[0] == "True",
+                "targets": TARGETS,
+                **pooled_scores(reports),
+                "noise": {"kendall_tau_split_half_within": split_half_tau(reports)},
+                "resolved_pairs": resolved_pairs(pooled_rounds(reports)),
+                "runs": {
+                    str(path): {**r["overall"], "resolved_pairs": resolved_pairs(pooled_rounds([r]))["overall"]}
+                    for path, r in zip(args.reports, reports, strict=True)
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

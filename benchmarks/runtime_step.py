@@ -38,7 +38,10 @@ def _strategies(names: list[str], world: int) -> dict[str, dict[str, Any] | None
     servers = [f"10.0.0.{i + 1}:CPU:0" for i in range(world)]
 
     def each(sync) -> dict[str, Any]:
-        return {"replicas": replicas, "variables": [{"var_name": n, "synchronizer": sync(i)} for i, n in enumerate(names)]}
+        return {
+            "replicas": replicas,
+            "variables": [{"var_name": n, "synchronizer": sync(i)} for i, n in enumerate(names)],
+        }
 
     def ps(i: int) -> dict[str, Any]:
         return {"kind": "ps", "reduction_destination": servers[i % world]}
@@ -109,10 +112,12 @@ def _child(out: Path, steps: int, warmup: int, width: int) -> None:
                 if stats is not None:  # DDP has no such measurement
                     waits.append(stats.sync_wait_s)
                     sent.append(sum(stats.wire_bytes.values()))
-        results[label] = {"step_ms": round(statistics.median(times) * 1e3, 2),
-                          "sync_wait_ms": round(statistics.median(waits) * 1e3, 2) if waits else None,
-                          "bytes_per_step": statistics.median(sent) if sent else None,
-                          "page_faults_per_step": statistics.median(faults)}
+        results[label] = {
+            "step_ms": round(statistics.median(times) * 1e3, 2),
+            "sync_wait_ms": round(statistics.median(waits) * 1e3, 2) if waits else None,
+            "bytes_per_step": statistics.median(sent) if sent else None,
+            "page_faults_per_step": statistics.median(faults),
+        }
     if rank == 0:
         out.write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -134,8 +139,21 @@ def main() -> None:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        env = rank_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1")
-        command = [sys.executable, __file__, "--child", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--width", str(args.width)]
+        env = rank_environment(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1"
+        )
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            str(out),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--width",
+            str(args.width),
+        ]
         procs = [subprocess.Popen(command, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
         codes = [p.wait(timeout=900) for p in procs]
         if any(codes):
@@ -143,10 +161,20 @@ def main() -> None:
         results = json.loads(out.read_text())
     params = sum(p.numel() for p in _model(args.width).parameters())
     ddp = results["ddp"]["step_ms"]
-    print(json.dumps({"ranks": args.ranks, "parameters": params, "batch_per_rank": BATCH, "steps": args.steps,
-                      "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
-                      "strategies": results,
-                      "allreduce_vs_ddp": round(results["allreduce-1-group"]["step_ms"] / ddp, 3)}))
+    print(
+        json.dumps(
+            {
+                "ranks": args.ranks,
+                "parameters": params,
+                "batch_per_rank": BATCH,
+                "steps": args.steps,
+                "cpus": os.cpu_count(),
+                "load_average_1m": round(os.getloadavg()[0], 2),
+                "strategies": results,
+                "allreduce_vs_ddp": round(results["allreduce-1-group"]["step_ms"] / ddp, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,16 @@ BATCH = {"resnet50": 32, "vgg16": 32, "bert_large": 32, "gpt": 4, "dlrm": 1024}
 
 
 def g4dn_cluster(nodes: int) -> ResourceSpec:
-    return ResourceSpec.parse({
-        "name": f"g4dn.12xlarge x{nodes}",
-        "nodes": [{"address": f"10.0.0.{i + 1}", "gpus": [0, 1, 2, 3], "chief": i == 0, "device": "T4"} for i in range(nodes)],
-        "network": {"kind": "ethernet", "bandwidth_gbps": 50, "latency_us": 25},
-    })
+    return ResourceSpec.parse(
+        {
+            "name": f"g4dn.12xlarge x{nodes}",
+            "nodes": [
+                {"address": f"10.0.0.{i + 1}", "gpus": [0, 1, 2, 3], "chief": i == 0, "device": "T4"}
+                for i in range(nodes)
+            ],
+            "network": {"kind": "ethernet", "bandwidth_gbps": 50, "latency_us": 25},
+        }
+    )
 
 
 def captured(name: str) -> tuple[ModelGraph, float]:
@@ -100,12 +105,17 @@ def main() -> None:
         for name in args.models
     }
     rows = [r for per_model in out["zoo"].values() for r in per_model.values() if "error" not in r]
-    out["min_speedup_vs_best_builder"] = min((r["speedup_vs_best_builder"] for r in rows if r["speedup_vs_best_builder"]), default=None)
+    out["min_speedup_vs_best_builder"] = min(
+        (r["speedup_vs_best_builder"] for r in rows if r["speedup_vs_best_builder"]), default=None
+    )
     if "dlrm" in out["zoo"]:
         out["dlrm_vs_data_parallel"] = {k: r.get("speedup_vs_data_parallel") for k, r in out["zoo"]["dlrm"].items()}
     repeat = [run(graphs["bert_large"], g4dn_cluster(4), None, max_candidates=1500, seed=3) for _ in range(2)]
-    out["reproducible"] = {"same_answer": repeat[0]["strategy_id"] == repeat[1]["strategy_id"],
-                           "evaluated": repeat[0]["evaluated"], "search_s": repeat[0]["search_s"]}
+    out["reproducible"] = {
+        "same_answer": repeat[0]["strategy_id"] == repeat[1]["strategy_id"],
+        "evaluated": repeat[0]["evaluated"],
+        "search_s": repeat[0]["search_s"],
+    }
     out["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=2))
 

@@ -59,8 +59,12 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=60)
-    report.update({"benchmark": "service_load", "server": {"workers": args.workers, "database": "sqlite", "trials": "none",
-                                                           "search": SEARCH}})
+    report.update(
+        {
+            "benchmark": "service_load",
+            "server": {"workers": args.workers, "database": "sqlite", "trials": "none", "search": SEARCH},
+        }
+    )
     print(json.dumps(report, indent=2))
 
 
@@ -71,10 +75,28 @@ def small_graph(batch: int) -> ModelGraph:
 
 
 def start_server(port: int, database: Path, *, workers: int) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")
+    }
     env.update({"STRATAGEM_POLL_INTERVAL_S": "0.05", "STRATAGEM_PROGRESS_INTERVAL_S": "0.2"})
-    command = [sys.executable, "-m", "stratagem", "serve", "--port", str(port), "--workers", str(workers),
-               "--trials-backend", "none", "--database-url", f"sqlite:///{database}", "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "stratagem",
+        "serve",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--trials-backend",
+        "none",
+        "--database-url",
+        f"sqlite:///{database}",
+        "--log-level",
+        "warning",
+    ]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -123,9 +145,15 @@ async def run_load(url: str, graphs: list[ModelGraph], cluster: stratagem.Resour
     }
 
 
-async def submit(http: httpx.AsyncClient, graph: ModelGraph, cluster: stratagem.ResourceSpec) -> tuple[str | None, tuple[float, int]]:
-    body = {"graph": graph.model_dump(mode="json"), "resources": cluster.model_dump(mode="json"), "max_trials": 0,
-            "search": SEARCH}
+async def submit(
+    http: httpx.AsyncClient, graph: ModelGraph, cluster: stratagem.ResourceSpec
+) -> tuple[str | None, tuple[float, int]]:
+    body = {
+        "graph": graph.model_dump(mode="json"),
+        "resources": cluster.model_dump(mode="json"),
+        "max_trials": 0,
+        "search": SEARCH,
+    }
     clock = time.monotonic()
     response = await http.post("/v1/optimize", json=body)
     latency = time.monotonic() - clock
@@ -175,8 +203,11 @@ async def check_integrity(http: httpx.AsyncClient, graphs: list[ModelGraph], job
         "duplicated": listing["count"] - len(set(job_ids) & set(listed)),
         "succeeded": sum(job["status"] == "succeeded" for job in listing["data"]),
         "answered_for_own_graph": answered_for_own_graph,
-        "all_ok": (len(set(job_ids)) == len(graphs) == listing["count"] == len(set(listed))
-                   and set(listed) == set(job_ids) and answered_for_own_graph == len(graphs)),
+        "all_ok": (
+            len(set(job_ids)) == len(graphs) == listing["count"] == len(set(listed))
+            and set(listed) == set(job_ids)
+            and answered_for_own_graph == len(graphs)
+        ),
     }
 
 
@@ -185,7 +216,12 @@ def summary(latencies: list[float]) -> dict[str, float]:
         return {"n": 0}
     ordered = sorted(latencies)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"n": len(ordered), "p50": round(statistics.median(ordered), 4), "p95": round(p95, 4), "max": round(ordered[-1], 4)}
+    return {
+        "n": len(ordered),
+        "p50": round(statistics.median(ordered), 4),
+        "p95": round(p95, 4),
+        "max": round(ordered[-1], 4),
+    }
 
 
 def _free_port() -> int:

@@ -45,23 +45,59 @@ def bert_large_synthetic(batch: int = 32, seq: int = SEQ) -> ModelGraph:
     variables: list[Variable] = []
 
     def linear(name: str, n_in: int, n_out: int, source: str) -> str:
-        variables.extend([Variable(name=f"{name}.weight", shape=[n_out, n_in]), Variable(name=f"{name}.bias", shape=[n_out])])
+        variables.extend(
+            [Variable(name=f"{name}.weight", shape=[n_out, n_in]), Variable(name=f"{name}.bias", shape=[n_out])]
+        )
         flops = 2.0 * tokens * n_in * n_out
-        layers.append(Layer(name=name, type="Linear", kind="matmul", fwd_flops=flops, bwd_flops=2 * flops,
-                            bytes_moved=4.0 * (n_in * n_out + tokens * (n_in + n_out)), activation_bytes=4.0 * tokens * n_in,
-                            output_bytes=4.0 * tokens * n_out, inputs=[source], variables=[f"{name}.weight", f"{name}.bias"]))
+        layers.append(
+            Layer(
+                name=name,
+                type="Linear",
+                kind="matmul",
+                fwd_flops=flops,
+                bwd_flops=2 * flops,
+                bytes_moved=4.0 * (n_in * n_out + tokens * (n_in + n_out)),
+                activation_bytes=4.0 * tokens * n_in,
+                output_bytes=4.0 * tokens * n_out,
+                inputs=[source],
+                variables=[f"{name}.weight", f"{name}.bias"],
+            )
+        )
         return name
 
     def norm(name: str, source: str) -> str:
-        variables.extend([Variable(name=f"{name}.weight", shape=[HIDDEN]), Variable(name=f"{name}.bias", shape=[HIDDEN])])
-        layers.append(Layer(name=name, type="LayerNorm", kind="norm", fwd_flops=8.0 * tokens * HIDDEN, bwd_flops=16.0 * tokens * HIDDEN,
-                            bytes_moved=2 * act, activation_bytes=act, output_bytes=act, inputs=[source], variables=[f"{name}.weight", f"{name}.bias"]))
+        variables.extend(
+            [Variable(name=f"{name}.weight", shape=[HIDDEN]), Variable(name=f"{name}.bias", shape=[HIDDEN])]
+        )
+        layers.append(
+            Layer(
+                name=name,
+                type="LayerNorm",
+                kind="norm",
+                fwd_flops=8.0 * tokens * HIDDEN,
+                bwd_flops=16.0 * tokens * HIDDEN,
+                bytes_moved=2 * act,
+                activation_bytes=act,
+                output_bytes=act,
+                inputs=[source],
+                variables=[f"{name}.weight", f"{name}.bias"],
+            )
+        )
         return name
 
     for emb, rows in (("word_embeddings", VOCAB), ("position_embeddings", POSITIONS), ("token_type_embeddings", 2)):
         name = f"bert.embeddings.{emb}"
         variables.append(Variable(name=f"{name}.weight", shape=[rows, HIDDEN]))
-        layers.append(Layer(name=name, type="Embedding", kind="embedding", bytes_moved=2 * act, output_bytes=act, variables=[f"{name}.weight"]))
+        layers.append(
+            Layer(
+                name=name,
+                type="Embedding",
+                kind="embedding",
+                bytes_moved=2 * act,
+                output_bytes=act,
+                variables=[f"{name}.weight"],
+            )
+        )
     source = norm("bert.embeddings.LayerNorm", "bert.embeddings.word_embeddings")
     for i in range(LAYERS):
         p = f"bert.encoder.layer.{i}"
@@ -69,19 +105,46 @@ def bert_large_synthetic(batch: int = 32, seq: int = SEQ) -> ModelGraph:
         linear(f"{p}.attention.self.key", HIDDEN, HIDDEN, source)
         linear(f"{p}.attention.self.value", HIDDEN, HIDDEN, source)
         core = f"{p}.attention.self.core"
-        layers.append(Layer(name=core, type="SDPA", kind="attention", fwd_flops=4.0 * tokens * seq * HIDDEN, bwd_flops=8.0 * tokens * seq * HIDDEN,
-                            bytes_moved=4 * act, activation_bytes=3 * act + 4.0 * batch * 16 * seq * seq, output_bytes=act, inputs=[q]))
+        layers.append(
+            Layer(
+                name=core,
+                type="SDPA",
+                kind="attention",
+                fwd_flops=4.0 * tokens * seq * HIDDEN,
+                bwd_flops=8.0 * tokens * seq * HIDDEN,
+                bytes_moved=4 * act,
+                activation_bytes=3 * act + 4.0 * batch * 16 * seq * seq,
+                output_bytes=act,
+                inputs=[q],
+            )
+        )
         out = linear(f"{p}.attention.output.dense", HIDDEN, HIDDEN, core)
         source = norm(f"{p}.attention.output.LayerNorm", out)
         mid = linear(f"{p}.intermediate.dense", HIDDEN, INTERMEDIATE, source)
         gelu = f"{p}.intermediate.gelu"
-        layers.append(Layer(name=gelu, type="GELU", kind="elementwise", fwd_flops=8.0 * tokens * INTERMEDIATE, bwd_flops=16.0 * tokens * INTERMEDIATE,
-                            bytes_moved=8.0 * tokens * INTERMEDIATE, activation_bytes=4.0 * tokens * INTERMEDIATE,
-                            output_bytes=4.0 * tokens * INTERMEDIATE, inputs=[mid]))
+        layers.append(
+            Layer(
+                name=gelu,
+                type="GELU",
+                kind="elementwise",
+                fwd_flops=8.0 * tokens * INTERMEDIATE,
+                bwd_flops=16.0 * tokens * INTERMEDIATE,
+                bytes_moved=8.0 * tokens * INTERMEDIATE,
+                activation_bytes=4.0 * tokens * INTERMEDIATE,
+                output_bytes=4.0 * tokens * INTERMEDIATE,
+                inputs=[mid],
+            )
+        )
         out = linear(f"{p}.output.dense", INTERMEDIATE, HIDDEN, gelu)
         source = norm(f"{p}.output.LayerNorm", out)
     linear("bert.pooler.dense", HIDDEN, HIDDEN, source)
-    return ModelGraph(name="bert-large-synthetic", batch_size=batch, layers=layers, variables=variables, provenance={"source": "benchmarks/simulator.py"})
+    return ModelGraph(
+        name="bert-large-synthetic",
+        batch_size=batch,
+        layers=layers,
+        variables=variables,
+        provenance={"source": "benchmarks/simulator.py"},
+    )
 
 
 def bert_large_captured() -> ModelGraph | None:
@@ -100,7 +163,9 @@ def bert_large_captured() -> ModelGraph | None:
 def cluster(nodes: int = 16, gpus: int = 4, gbps: float = 50.0) -> ResourceSpec:
     return ResourceSpec(
         name=f"{nodes}x{gpus}-T4",
-        nodes=[Node(address=f"10.0.0.{i + 1}", chief=i == 0, gpus=list(range(gpus)), device="T4") for i in range(nodes)],
+        nodes=[
+            Node(address=f"10.0.0.{i + 1}", chief=i == 0, gpus=list(range(gpus)), device="T4") for i in range(nodes)
+        ],
         network=Link(kind="ethernet", bandwidth_gbps=gbps, latency_us=25),
     )
 
@@ -125,7 +190,9 @@ def random_candidates(context: SimContext, n: int, seed: int = 0) -> CandidateBa
     b.algorithm[:] = rng.integers(0, 4, size=(n, V))
     compress = (rng.random((n, 1)) < 0.3) & (rng.random((n, V)) < 0.5)
     b.compressor[:] = np.where(compress, rng.integers(1, 5, size=(n, 1)), 0)
-    b.compressor_param[:] = np.where(b.compressor == 3, rng.integers(1, 9, size=(n, V)), np.where(b.compressor == 4, 0.01, 0.0))
+    b.compressor_param[:] = np.where(
+        b.compressor == 3, rng.integers(1, 9, size=(n, V)), np.where(b.compressor == 4, 0.01, 0.0)
+    )
     axis0 = context.var_shape[:, 0]
     partitioned = (b.kind == SyncKind.PS) & (rng.random((n, V)) < 0.3)
     b.shards[:] = np.where(partitioned, np.minimum(rng.integers(2, 5, size=(n, V)), axis0), 1)
@@ -180,28 +247,32 @@ def main() -> None:
     strategy = to_strategy(context, batch, 0)
     strategy_wall, _ = timed(lambda: simulate(graph, resources, [strategy]), 10)
     best = float(min(batch_wall))
-    print(json.dumps({
-        "benchmark": "simulator",
-        "graph": graph.name,
-        "graph_source": source,
-        "variables": context.num_variables,
-        "layers": context.num_layers,
-        "cluster": resources.name,
-        "candidates": len(batch),
-        "candidates_per_s": round(len(batch) / best, 1),
-        "candidates_per_cpu_s": round(len(batch) / float(min(batch_cpu)), 1),
-        "batch_seconds_best": round(best, 4),
-        "batch_seconds_median": round(statistics.median(batch_wall), 4),
-        "single_candidate_batch_ms": round(1e3 * statistics.median(single_wall), 3),
-        "single_strategy_simulate_ms": round(1e3 * statistics.median(strategy_wall), 3),
-        "compile_context_ms": round(1e3 * compile_s, 1),
-        "feasible_share": round(float(result.feasible.mean()), 3),
-        "step_time_s_min": round(float(result.step_time.min()), 5),
-        "step_time_s_median": round(float(np.median(result.step_time)), 5),
-        "distinct_step_times": int(np.unique(result.step_time).size),
-        "load_average_1min": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "simulator",
+                "graph": graph.name,
+                "graph_source": source,
+                "variables": context.num_variables,
+                "layers": context.num_layers,
+                "cluster": resources.name,
+                "candidates": len(batch),
+                "candidates_per_s": round(len(batch) / best, 1),
+                "candidates_per_cpu_s": round(len(batch) / float(min(batch_cpu)), 1),
+                "batch_seconds_best": round(best, 4),
+                "batch_seconds_median": round(statistics.median(batch_wall), 4),
+                "single_candidate_batch_ms": round(1e3 * statistics.median(single_wall), 3),
+                "single_strategy_simulate_ms": round(1e3 * statistics.median(strategy_wall), 3),
+                "compile_context_ms": round(1e3 * compile_s, 1),
+                "feasible_share": round(float(result.feasible.mean()), 3),
+                "step_time_s_min": round(float(result.step_time.min()), 5),
+                "step_time_s_median": round(float(np.median(result.step_time)), 5),
+                "distinct_step_times": int(np.unique(result.step_time).size),
+                "load_average_1min": round(os.getloadavg()[0], 2),
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

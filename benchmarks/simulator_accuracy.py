@@ -97,6 +97,8 @@ sparse embedding gradients."""
 DEFAULT_MODELS = ("bert_large", "vgg16", "dlrm")
 QUICK_MODELS = ("bert_large", "dlrm")
 QUICK_STRATEGIES = ("PS", "AllReduce", "Parallax", "DataParallel", "AllReduce-unfused", "AllReduce-fp16")
+
+
 @dataclass
 class Trial:
     """One real run of a strategy, with the spec calibrated just before it and the simulator's prediction."""
@@ -184,7 +186,11 @@ def scores(pairs: list[Measured]) -> dict[str, Any]:
     done = [p for p in pairs if p.measured is not None and p.predicted is not None]
     measured = [p.measured for p in done]
     predicted = [p.predicted for p in done]
-    return {"n": len(done), "mape": _round(mape(measured, predicted)), "kendall_tau": _round(kendall_tau(measured, predicted))}
+    return {
+        "n": len(done),
+        "mape": _round(mape(measured, predicted)),
+        "kendall_tau": _round(kendall_tau(measured, predicted)),
+    }
 
 
 def accuracy_report(pairs: list[Measured]) -> dict[str, Any]:
@@ -197,8 +203,10 @@ def accuracy_report(pairs: list[Measured]) -> dict[str, Any]:
     overall = scores(pairs)
     overall["kendall_tau_within"] = _round(statistics.mean(within)) if within else None
     overall["meets_targets"] = bool(
-        overall["mape"] is not None and overall["mape"] <= TARGETS["mape"]
-        and overall["kendall_tau_within"] is not None and overall["kendall_tau_within"] >= TARGETS["kendall_tau"]
+        overall["mape"] is not None
+        and overall["mape"] <= TARGETS["mape"]
+        and overall["kendall_tau_within"] is not None
+        and overall["kendall_tau_within"] >= TARGETS["kendall_tau"]
     )
     return {"overall": overall, "models": models}
 
@@ -213,9 +221,14 @@ def compute_check(pairs: list[Measured]) -> dict[str, Any]:
         if pair.name != "AllReduce" or not trials:
             continue
         measured = statistics.median(t.undistributed_s for t in trials)  # type: ignore[misc]
-        predicted = statistics.median(t.breakdown.get("compute", 0.0) + t.breakdown.get("optimizer_update", 0.0) for t in trials)
-        out[pair.model] = {"measured_ms": round(measured * 1e3, 2), "predicted_ms": round(predicted * 1e3, 2),
-                           "error": round((predicted - measured) / measured, 3)}
+        predicted = statistics.median(
+            t.breakdown.get("compute", 0.0) + t.breakdown.get("optimizer_update", 0.0) for t in trials
+        )
+        out[pair.model] = {
+            "measured_ms": round(measured * 1e3, 2),
+            "predicted_ms": round(predicted * 1e3, 2),
+            "error": round((predicted - measured) / measured, 3),
+        }
     return out
 
 
@@ -253,7 +266,10 @@ def load_adjusted(pairs: list[Measured]) -> list[Measured]:
     for members in by_model.values():
         factor = load_factors({p.name: {str(t.resources.id): t.median_s for t in p.ok} for p in members})  # type: ignore[misc]
         for pair in members:
-            trials = [replace(t, median_s=t.median_s / factor[str(t.resources.id)]) if factor and t.median_s else t for t in pair.trials]
+            trials = [
+                replace(t, median_s=t.median_s / factor[str(t.resources.id)]) if factor and t.median_s else t
+                for t in pair.trials
+            ]
             out.append(replace(pair, trials=trials))
     return out
 
@@ -279,14 +295,25 @@ def discordant_pairs(pairs: list[Measured]) -> list[dict[str, Any]]:
     out = []
     for model, members in by_model.items():
         for i, a in enumerate(members):
-            for b in members[i + 1:]:
+            for b in members[i + 1 :]:
                 faster, slower = (a, b) if a.measured < b.measured else (b, a)  # type: ignore[operator]
                 if faster.predicted <= slower.predicted:  # type: ignore[operator]
                     continue
-                rounds = [(x.median_s, y.median_s) for x, y in zip(faster.trials, slower.trials, strict=False) if x.median_s and y.median_s]
+                rounds = [
+                    (x.median_s, y.median_s)
+                    for x, y in zip(faster.trials, slower.trials, strict=False)
+                    if x.median_s and y.median_s
+                ]
                 share = sum(x < y for x, y in rounds) / len(rounds) if rounds else None
-                out.append({"model": model, "faster": faster.name, "slower": slower.name, "rounds_agreeing": _round(share, 2),
-                            "systematic": share is not None and share >= SYSTEMATIC_SHARE})
+                out.append(
+                    {
+                        "model": model,
+                        "faster": faster.name,
+                        "slower": slower.name,
+                        "rounds_agreeing": _round(share, 2),
+                        "systematic": share is not None and share >= SYSTEMATIC_SHARE,
+                    }
+                )
     return sorted(out, key=lambda d: -(d["rounds_agreeing"] or 0.0))
 
 
@@ -315,13 +342,17 @@ def resolved_pairs(rounds: Rounds) -> dict[str, Any]:
     models: dict[str, dict[str, Any]] = {}
     for model, strategies in rounds.items():
         names = list(strategies)
-        verdicts = [_resolved_order(strategies[a], strategies[b]) for i, a in enumerate(names) for b in names[i + 1:]]
-        models[model] = _resolved_summary(len(verdicts), verdicts.count(1), verdicts.count(-1), len(verdicts) - verdicts.count(None))
+        verdicts = [_resolved_order(strategies[a], strategies[b]) for i, a in enumerate(names) for b in names[i + 1 :]]
+        models[model] = _resolved_summary(
+            len(verdicts), verdicts.count(1), verdicts.count(-1), len(verdicts) - verdicts.count(None)
+        )
     totals = [sum(m[key] for m in models.values()) for key in ("pairs", "ordered_right", "ordered_wrong", "resolved")]
     return {"alpha": RESOLVED_ALPHA, "overall": _resolved_summary(*totals), "models": models}
 
 
-def _resolved_order(a: tuple[list[float | None], list[float | None]], b: tuple[list[float | None], list[float | None]]) -> int | None:
+def _resolved_order(
+    a: tuple[list[float | None], list[float | None]], b: tuple[list[float | None], list[float | None]]
+) -> int | None:
     """None when the rounds do not establish which is faster; else 1 if the prediction orders the pair
     as measured, -1 if against it, 0 if it prices the two the same."""
     both = [(x, y) for x, y in zip(a[0], b[0], strict=False) if x is not None and y is not None and x != y]
@@ -339,15 +370,23 @@ def _median(values: list[float | None]) -> float:
 
 
 def _resolved_summary(pairs: int, right: int, wrong: int, resolved: int) -> dict[str, Any]:
-    return {"pairs": pairs, "resolved": resolved, "ordered_right": right, "ordered_wrong": wrong,
-            "kendall_tau_resolved": _round((right - wrong) / resolved) if resolved else None}
+    return {
+        "pairs": pairs,
+        "resolved": resolved,
+        "ordered_right": right,
+        "ordered_wrong": wrong,
+        "kendall_tau_resolved": _round((right - wrong) / resolved) if resolved else None,
+    }
 
 
 def measured_rounds(pairs: list[Measured]) -> Rounds:
     """The per-round figures of `resolved_pairs` from this run's trials."""
     rounds: Rounds = defaultdict(dict)
     for pair in pairs:
-        rounds[pair.model][pair.name] = ([t.median_s for t in pair.trials], [t.predicted_s if t.median_s else None for t in pair.trials])
+        rounds[pair.model][pair.name] = (
+            [t.median_s for t in pair.trials],
+            [t.predicted_s if t.median_s else None for t in pair.trials],
+        )
     return rounds
 
 
@@ -363,7 +402,9 @@ def split_half_of(rounds: list[list[float]]) -> float | None:
     count = min((len(r) for r in rounds), default=0)
     if count < 2:
         return None
-    tau = kendall_tau([statistics.median(r[:count:2]) for r in rounds], [statistics.median(r[1:count:2]) for r in rounds])
+    tau = kendall_tau(
+        [statistics.median(r[:count:2]) for r in rounds], [statistics.median(r[1:count:2]) for r in rounds]
+    )
     return None if math.isnan(tau) else tau
 
 
@@ -376,12 +417,14 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 def record_line(graph: ModelGraph, resources: ResourceSpec, strategy: Strategy, result: dict[str, Any]) -> str:
     """One trial as `benchmarks/trials.py` writes it."""
-    return json.dumps({
-        "graph": graph.model_dump(mode="json"),
-        "resources": resources.model_dump(mode="json"),
-        "strategy": strategy.model_dump(mode="json"),
-        "result": result,
-    })
+    return json.dumps(
+        {
+            "graph": graph.model_dump(mode="json"),
+            "resources": resources.model_dump(mode="json"),
+            "strategy": strategy.model_dump(mode="json"),
+            "result": result,
+        }
+    )
 
 
 def strategy_name(strategy: Strategy) -> str:
@@ -402,16 +445,26 @@ def read_records(path: Path) -> list[Measured]:
             data = json.loads(line)
             graph, result = ModelGraph.parse(data["graph"]), data["result"]
             resources = reread(ResourceSpec.parse({k: v for k, v in data["resources"].items() if k != "id"}))
-            strategy = Strategy.parse({**{k: v for k, v in data["strategy"].items() if k != "id"}, "resources_id": resources.id})
+            strategy = Strategy.parse(
+                {**{k: v for k, v in data["strategy"].items() if k != "id"}, "resources_id": resources.id}
+            )
         except (ValueError, KeyError, TypeError) as error:
             raise SystemExit(f"{path}:{number}: not a trial record: {error}") from None
         model = str((graph.provenance.get("zoo") or {}).get("name") or graph.name)
         name = strategy_name(strategy)
         pair = pairs.setdefault((str(graph.id), name), Measured(model, name, graph))
         ok = result.get("outcome") == "ok" and result.get("median_s")
-        pair.trials.append(Trial(resources, strategy, float(result["median_s"]) if ok else None,
-                                 None if ok else str(result.get("outcome")), undistributed_s=result.get("undistributed_step_s"),
-                                 sync_s=result.get("sync_s") or {}, optimizer_primed=bool(result.get("optimizer_primed"))))
+        pair.trials.append(
+            Trial(
+                resources,
+                strategy,
+                float(result["median_s"]) if ok else None,
+                None if ok else str(result.get("outcome")),
+                undistributed_s=result.get("undistributed_step_s"),
+                sync_s=result.get("sync_s") or {},
+                optimizer_primed=bool(result.get("optimizer_primed")),
+            )
+        )
     return list(pairs.values())
 
 
@@ -437,16 +490,22 @@ def strategies_for(graph: ModelGraph, resources: ResourceSpec, *, all_builders_:
     on it: one all-reduce per variable (latency-bound), fp16, PowerSGD and top-k compression of the
     dense gradients (less wire, more arithmetic), ZeRO-style sharding. Coinciding strategies (on a
     dense model Parallax is AllReduce) keep the first name."""
-    out: dict[str, Strategy] = {b.name: b.build(graph, resources) for b in all_builders()
-                                if all_builders_ or b.name not in SAME_ON_ONE_NODE}
+    out: dict[str, Strategy] = {
+        b.name: b.build(graph, resources) for b in all_builders() if all_builders_ or b.name not in SAME_ON_ONE_NODE
+    }
     out["AllReduce-unfused"] = _mix(AllReduce(chunk_size=1).build(graph, resources), "AllReduce-unfused")
-    for name, compressor in (("AllReduce-fp16", Compressor(kind="fp16")), ("AllReduce-powersgd", Compressor(kind="powersgd", rank=4)),
-                             ("AllReduce-topk", Compressor(kind="topk", ratio=0.01))):
+    for name, compressor in (
+        ("AllReduce-fp16", Compressor(kind="fp16")),
+        ("AllReduce-powersgd", Compressor(kind="powersgd", rank=4)),
+        ("AllReduce-topk", Compressor(kind="topk", ratio=0.01)),
+    ):
         out[name] = _mix(_compressed(out["AllReduce"], graph, compressor), name)
     dense = [v for v in graph.trainable_variables if not v.sparse]
     if len(dense) == len(graph.trainable_variables):
         sharded = [VariableConfig(var_name=v.name, synchronizer=ShardedSynchronizer()) for v in dense]
-        out["Sharded"] = _mix(out["AllReduce"].replace(variables=[c.model_dump(mode="json") for c in sharded]), "Sharded")
+        out["Sharded"] = _mix(
+            out["AllReduce"].replace(variables=[c.model_dump(mode="json") for c in sharded]), "Sharded"
+        )
     unique: dict[str, Strategy] = {}
     seen: set[str] = set()
     for name, strategy in out.items():
@@ -484,8 +543,11 @@ def measure(models: list[str], args: argparse.Namespace, out: Any) -> tuple[list
         for model in models:
             if resources is None or (args.calibrate == "block" and args.mode == "trials"):
                 resources = _calibrated(resources)
-            chosen = {n: s for n, s in strategies_for(graphs[model], resources, all_builders_=args.all_builders).items()
-                      if not args.quick or n in QUICK_STRATEGIES}
+            chosen = {
+                n: s
+                for n, s in strategies_for(graphs[model], resources, all_builders_=args.all_builders).items()
+                if not args.quick or n in QUICK_STRATEGIES
+            }
             if args.mode == "interleaved":
                 results, block_spec = measure_interleaved(model, chosen, args)
                 if block_spec is not None and args.calibrate == "block":
@@ -499,10 +561,15 @@ def measure(models: list[str], args: argparse.Namespace, out: Any) -> tuple[list
             for name, result in results.items():
                 out.write(record_line(graphs[model], resources, chosen[name], result) + "\n")
                 ok = result.get("outcome") == "ok" and result.get("median_s")
-                trial = Trial(resources, chosen[name], float(result["median_s"]) if ok else None,
-                              None if ok else f"{result.get('outcome')}: {(result.get('error') or '').strip()[:200]}",
-                              undistributed_s=result.get("undistributed_step_s"), sync_s=result.get("sync_s") or {},
-                              optimizer_primed=bool(result.get("optimizer_primed")))
+                trial = Trial(
+                    resources,
+                    chosen[name],
+                    float(result["median_s"]) if ok else None,
+                    None if ok else f"{result.get('outcome')}: {(result.get('error') or '').strip()[:200]}",
+                    undistributed_s=result.get("undistributed_step_s"),
+                    sync_s=result.get("sync_s") or {},
+                    optimizer_primed=bool(result.get("optimizer_primed")),
+                )
                 pairs.setdefault((model, name), Measured(model, name, graphs[model])).trials.append(trial)
                 shown = f"{trial.median_s * 1e3:8.1f} ms" if trial.median_s else trial.failure
                 print(f"round {round_index + 1} {model:10s} {name:22s} {shown}", file=sys.stderr, flush=True)
@@ -530,16 +597,26 @@ def _run(model: str, strategy: Strategy, resources: ResourceSpec, args: argparse
 
     case = CASES[model]
     workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
-    result = run_trial(workload, resources, strategy, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
-                       timeout=args.timeout, backend=LocalBackend(), threads_per_rank=1, prime_optimizer=not args.unprimed)
+    result = run_trial(
+        workload,
+        resources,
+        strategy,
+        warmup=max(args.warmup, case.min_warmup),
+        steps=args.steps,
+        timeout=args.timeout,
+        backend=LocalBackend(),
+        threads_per_rank=1,
+        prime_optimizer=not args.unprimed,
+    )
     return result.model_dump(mode="json")
 
 
 # -- interleaved measurement ----------------------------------------------------------------------------
 
 
-def measure_interleaved(model: str, strategies: dict[str, Strategy], args: argparse.Namespace
-                        ) -> tuple[dict[str, dict[str, Any]], ResourceSpec | None]:
+def measure_interleaved(
+    model: str, strategies: dict[str, Strategy], args: argparse.Namespace
+) -> tuple[dict[str, dict[str, Any]], ResourceSpec | None]:
     """Every strategy of one model in one interleaved block (`benchmarks/interleaved.py`), beside an
     undistributed copy of the model: a trial-like result per strategy and the spec calibrated alongside
     (None when the ranks failed)."""
@@ -547,8 +624,15 @@ def measure_interleaved(model: str, strategies: dict[str, Strategy], args: argpa
 
     case = CASES[model]
     workload = ZooWorkload(model, batch_size=case.batch_size, overrides=case.overrides, optimizer=case.optimizer)
-    block = measure_block(workload, strategies, warmup=max(args.warmup, case.min_warmup), steps=args.steps,
-                          timeout=args.timeout, undistributed=True, prime_optimizer=not args.unprimed)
+    block = measure_block(
+        workload,
+        strategies,
+        warmup=max(args.warmup, case.min_warmup),
+        steps=args.steps,
+        timeout=args.timeout,
+        undistributed=True,
+        prime_optimizer=not args.unprimed,
+    )
     return {name: block.result(name, strategy) for name, strategy in strategies.items()}, block.resources
 
 
@@ -568,23 +652,48 @@ def predict(pairs: list[Measured]) -> None:
             trial.breakdown = dict(prediction.breakdown)
 
 
-CPU_FIGURES = ("conv_efficiency", "norm_efficiency", "optimizer_efficiency", "optimizer_knee_bytes", "stream_efficiency", "cast_efficiency",
-               "select_efficiency", "lowrank_efficiency", "lowrank_knee_bytes", "coalesce_efficiency", "scatter_efficiency", "gather_efficiency", "half_reduce_efficiency",
-               "reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s", "lowrank_round_s")
+CPU_FIGURES = (
+    "conv_efficiency",
+    "norm_efficiency",
+    "optimizer_efficiency",
+    "optimizer_knee_bytes",
+    "stream_efficiency",
+    "cast_efficiency",
+    "select_efficiency",
+    "lowrank_efficiency",
+    "lowrank_knee_bytes",
+    "coalesce_efficiency",
+    "scatter_efficiency",
+    "gather_efficiency",
+    "half_reduce_efficiency",
+    "reduce_efficiency",
+    "broadcast_efficiency",
+    "optimizer_tensor_s",
+    "lowrank_round_s",
+)
 ABLATIONS: dict[str, dict[str, Any]] = {
     "conv_efficiency as matmul": {"conv_efficiency": None},
     "norm_efficiency as elementwise": {"norm_efficiency": None},
     "optimizer_efficiency as elementwise": {"optimizer_efficiency": None},
-    "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {"optimizer_knee_bytes": None},
-    "stream_efficiency as elementwise (compression's plain passes at an activation's rate, as before principled-1.11)":
-        {"stream_efficiency": None},
-    "cast, select and lowrank efficiency as elementwise": {"cast_efficiency": None, "select_efficiency": None, "lowrank_efficiency": None,
-                                                           "lowrank_knee_bytes": None},
+    "no optimizer_knee_bytes (update and compression passes independent of tensor size)": {
+        "optimizer_knee_bytes": None
+    },
+    "stream_efficiency as elementwise (compression's plain passes at an activation's rate, as before principled-1.11)": {
+        "stream_efficiency": None
+    },
+    "cast, select and lowrank efficiency as elementwise": {
+        "cast_efficiency": None,
+        "select_efficiency": None,
+        "lowrank_efficiency": None,
+        "lowrank_knee_bytes": None,
+    },
     "scatter_efficiency 1 (reduce-scatter as fast as the ring formula)": {"scatter_efficiency": None},
     "coalesce_efficiency as elementwise (sorting sparse rows as fast as a copy)": {"coalesce_efficiency": None},
     "gather_efficiency 1 (sparse rows and top-k gathered at the ring formula's speed)": {"gather_efficiency": None},
-    "reduce_efficiency and broadcast_efficiency 1 (PS pushes and pulls at the all-reduce's speed)": {"reduce_efficiency": None,
-                                                                                                     "broadcast_efficiency": None},
+    "reduce_efficiency and broadcast_efficiency 1 (PS pushes and pulls at the all-reduce's speed)": {
+        "reduce_efficiency": None,
+        "broadcast_efficiency": None,
+    },
     "optimizer_tensor_s 0 (an update costs its bytes only)": {"optimizer_tensor_s": None},
     "half_reduce_efficiency 1 (fp16 all-reduce as fast per byte as fp32)": {"half_reduce_efficiency": None},
     "lowrank_round_s unset (a PowerSGD bucket's rounds at two link latencies)": {"lowrank_round_s": None},
@@ -607,7 +716,9 @@ def before_1_11(resources: ResourceSpec) -> ResourceSpec:
     return spec_from_figures(figures, address=resources.nodes[0].address)
 
 
-SPEC_ABLATIONS = {"both as before principled-1.11 (plain passes at the element-wise rate, fp16 credited with the bare wire)": before_1_11}
+SPEC_ABLATIONS = {
+    "both as before principled-1.11 (plain passes at the element-wise rate, fp16 credited with the bare wire)": before_1_11
+}
 """Ablations that read more than constants: each rewrites a spec."""
 
 
@@ -632,7 +743,9 @@ def with_specs(pairs: list[Measured], rewrite: Callable[[ResourceSpec], Resource
         if key not in adjusted:
             adjusted[key] = rewrite(trial.resources)
         spec = adjusted[key]
-        return replace(trial, resources=spec, strategy=trial.strategy.replace(resources_id=spec.id), predicted_s=None, breakdown={})
+        return replace(
+            trial, resources=spec, strategy=trial.strategy.replace(resources_id=spec.id), predicted_s=None, breakdown={}
+        )
 
     return [replace(pair, trials=[trial_with(t) for t in pair.trials]) for pair in pairs]
 
@@ -677,9 +790,17 @@ def main() -> None:
         "ablation": ablation(pairs) if args.ablation else None,
         "pairs": [_pair_summary(p) for p in pairs],
         "calibrations": calibrations,
-        "settings": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "calibrate": args.calibrate,
-                     "niceness": niceness, "records": args.from_records or args.out, "threads_per_rank": 1, "ranks": 2,
-                     "optimizer_primed": optimizer_primed(pairs)},
+        "settings": {
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "calibrate": args.calibrate,
+            "niceness": niceness,
+            "records": args.from_records or args.out,
+            "threads_per_rank": 1,
+            "ranks": 2,
+            "optimizer_primed": optimizer_primed(pairs),
+        },
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(report, indent=2))
@@ -693,7 +814,11 @@ def optimizer_primed(pairs: list[Measured]) -> bool | str:
 
 def calibration_summary(resources: ResourceSpec) -> dict[str, Any]:
     """The calibrated figures worth reading at a glance."""
-    device = resources.device_spec(DEVICE_KIND) if DEVICE_KIND in resources.devices else next(iter(resources.devices.values()))
+    device = (
+        resources.device_spec(DEVICE_KIND)
+        if DEVICE_KIND in resources.devices
+        else next(iter(resources.devices.values()))
+    )
     link = resources.intra_node or resources.network
     return {
         "resources_id": resources.id,
@@ -714,9 +839,15 @@ def calibration_summary(resources: ResourceSpec) -> dict[str, Any]:
 def _pair_summary(pair: Measured) -> dict[str, Any]:
     measured, predicted = pair.measured, pair.predicted
     breakdowns = [t.breakdown for t in pair.ok if t.breakdown]
-    mean = {k: round(1e3 * statistics.mean(b.get(k, 0.0) for b in breakdowns), 2) for k in (breakdowns[0] if breakdowns else {})}
+    mean = {
+        k: round(1e3 * statistics.mean(b.get(k, 0.0) for b in breakdowns), 2)
+        for k in (breakdowns[0] if breakdowns else {})
+    }
     syncs = [t.sync_s for t in pair.ok if t.sync_s]
-    sync = {k: round(1e3 * statistics.median(s.get(k, 0.0) for s in syncs), 2) for k in sorted({k for s in syncs for k in s})}
+    sync = {
+        k: round(1e3 * statistics.median(s.get(k, 0.0) for s in syncs), 2)
+        for k in sorted({k for s in syncs for k in s})
+    }
     return {
         "model": pair.model,
         "strategy": pair.name,
@@ -748,26 +879,49 @@ def _simulator_version() -> str:
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"models {QUICK_MODELS}, strategies {QUICK_STRATEGIES}, 1 round")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"models {QUICK_MODELS}, strategies {QUICK_STRATEGIES}, 1 round"
+    )
     parser.add_argument("--models", nargs="*", choices=tuple(CASES))
     parser.add_argument("--steps", type=int, default=16, help="timed steps per strategy and round")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, 1 with --quick)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one block (interleaved) or one trial")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON Lines file of {graph, resources, strategy, result}")
-    parser.add_argument("--calibrate", choices=("block", "once"), default="block",
-                        help="calibrate before each model's block of trials in every round (default), or once")
+    parser.add_argument(
+        "--calibrate",
+        choices=("block", "once"),
+        default="block",
+        help="calibrate before each model's block of trials in every round (default), or once",
+    )
     parser.add_argument("--from-records", help="score this records file (plain, .xz or .gz) instead of measuring")
     parser.add_argument("--ablation", action="store_true", help="also score with each CPU refinement switched off")
-    parser.add_argument("--before-1.11", dest="before_1_11", action="store_true",
-                        help="price every trial as principled-1.10 and earlier read its spec (`before_1_11`)")
-    parser.add_argument("--mode", choices=("interleaved", "trials"), default="interleaved",
-                        help="all of a model's strategies side by side in one process pair (default), or one trial each")
+    parser.add_argument(
+        "--before-1.11",
+        dest="before_1_11",
+        action="store_true",
+        help="price every trial as principled-1.10 and earlier read its spec (`before_1_11`)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("interleaved", "trials"),
+        default="interleaved",
+        help="all of a model's strategies side by side in one process pair (default), or one trial each",
+    )
     parser.add_argument("--all-builders", action="store_true", help=f"also measure {', '.join(SAME_ON_ONE_NODE)}")
-    parser.add_argument("--unprimed", action="store_true",
-                        help="time steps from an empty optimizer state, as before session 15 (default: primed)")
-    parser.add_argument("--priority", type=int, default=15, choices=range(21), metavar="0..20",
-                        help="lower the niceness by this much while measuring (default 15)")
+    parser.add_argument(
+        "--unprimed",
+        action="store_true",
+        help="time steps from an empty optimizer state, as before session 15 (default: primed)",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=15,
+        choices=range(21),
+        metavar="0..20",
+        help="lower the niceness by this much while measuring (default 15)",
+    )
     args = parser.parse_args()
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3

@@ -42,7 +42,9 @@ def main() -> None:
     models = args.models or (QUICK_MODELS if args.quick else tuple(zoo.ZOO))
     wanted = args.builders or (QUICK_BUILDERS if args.quick else None)
     builders = [b for b in all_builders() if wanted is None or b.name in wanted]
-    resources = ResourceSpec(name="local-2cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
+    resources = ResourceSpec(
+        name="local-2cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")]
+    )
     backend = LocalBackend()
     started = time.perf_counter()
     pairs: list[dict[str, Any]] = []
@@ -51,17 +53,30 @@ def main() -> None:
             graph = _graph(name, BATCH_SIZE.get(name, 8))
             for builder in builders:
                 strategy = builder.build(graph, resources)
-                workloads = {"real": ZooWorkload(name, batch_size=graph.batch_size, optimizer=graph.optimizer.kind),
-                             "replay": ReplayWorkload(graph)}
+                workloads = {
+                    "real": ZooWorkload(name, batch_size=graph.batch_size, optimizer=graph.optimizer.kind),
+                    "replay": ReplayWorkload(graph),
+                }
                 results = {}
                 for kind, workload in workloads.items():
-                    result = run_trial(workload, resources, strategy, warmup=args.warmup, steps=args.steps,
-                                       timeout=args.timeout, backend=backend, threads_per_rank=1)
+                    result = run_trial(
+                        workload,
+                        resources,
+                        strategy,
+                        warmup=args.warmup,
+                        steps=args.steps,
+                        timeout=args.timeout,
+                        backend=backend,
+                        threads_per_rank=1,
+                    )
                     _write(out, graph, resources, strategy, result)
                     results[kind] = result
                 pairs.append(_pair(name, builder.name, results["real"], results["replay"]))
-                print(f"{name:10s} {builder.name:22s} {_line(results['real'])} | replay {_line(results['replay'])}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{name:10s} {builder.name:22s} {_line(results['real'])} | replay {_line(results['replay'])}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     print(json.dumps(_report(pairs, args, time.perf_counter() - started), indent=2))
 
 
@@ -96,8 +111,13 @@ def _write(out: Any, graph: ModelGraph, resources: ResourceSpec, strategy: Strat
 
 def _pair(model: str, builder: str, real: TrialResult, replay: TrialResult) -> dict[str, Any]:
     ratio = replay.median_s / real.median_s if real.ok and replay.ok and real.median_s and replay.median_s else None
-    return {"model": model, "builder": builder, "real": _summary(real), "replay": _summary(replay),
-            "replay_over_real_step_time": ratio}
+    return {
+        "model": model,
+        "builder": builder,
+        "real": _summary(real),
+        "replay": _summary(replay),
+        "replay_over_real_step_time": ratio,
+    }
 
 
 def _summary(result: TrialResult) -> dict[str, Any]:

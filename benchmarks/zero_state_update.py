@@ -66,7 +66,9 @@ def measure(repeats: int, elements: int = ELEMENTS) -> dict[str, Any]:
         "elements": elements,
         **{name: round(value, 4) for name, value in medians.items()},
         "sqrt_zero_over_one": round(medians["sqrt_zeros_ms"] / medians["sqrt_ones_ms"], 2),
-        "adam_slowdown": {str(share): round(medians[f"adam_zero_share_{share}_ms"] / dense, 2) for share in ZERO_SHARES},
+        "adam_slowdown": {
+            str(share): round(medians[f"adam_zero_share_{share}_ms"] / dense, 2) for share in ZERO_SHARES
+        },
         "ns_per_zero_state_entry": round(1e6 * (medians["adam_zero_share_1.0_ms"] - dense) / elements, 2),
     }
 

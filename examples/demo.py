@@ -65,9 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     with demo_directory(args.dir) as directory, ThreadPoolExecutor(max_workers=1) as pool:
         graphs = pool.submit(capture_all, plan)  # torch's tracing overlaps Ray's start-up
         with local_ray(), ServiceThread(demo_app(directory), port=args.port) as service:
-            print(f"service at {service.url}: SQLite {directory / 'stratagem.db'}, trials on a local Ray with 2 CPUs", flush=True)
+            print(
+                f"service at {service.url}: SQLite {directory / 'stratagem.db'}, trials on a local Ray with 2 CPUs",
+                flush=True,
+            )
             with stratagem.Client(service.url) as client:
-                jobs = [(job.title, submit(client, job, graph)) for job, graph in zip(plan, graphs.result(), strict=True)]
+                jobs = [
+                    (job.title, submit(client, job, graph)) for job, graph in zip(plan, graphs.result(), strict=True)
+                ]
                 failures = sum(not report(title, job) for title, job in jobs)
             print(f"\nDashboard: {service.url}/   (API docs: {service.url}/docs)")
             print(f"Demo wall time: {time.monotonic() - started:.1f} s", flush=True)
@@ -81,7 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="one model, one trial, no cluster job")
     parser.add_argument("--calibrate", action="store_true", help="measure this machine first (about 20 s more)")
     parser.add_argument("--port", type=int, default=0, help="port to serve on (default: any free one)")
-    parser.add_argument("--dir", type=Path, default=None, help="keep the SQLite database here (default: a temporary dir)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="keep the SQLite database here (default: a temporary dir)"
+    )
     return parser.parse_args(argv)
 
 
@@ -204,8 +211,10 @@ def demo_plan(*, quick: bool, calibrated: bool) -> list[PlannedJob]:
     if quick:
         return [PlannedJob(LOCAL_MODELS[0], here, trials=1)]
     realistic = ResourceSpec.from_autodist_yaml(CLUSTER_YAML, device="T4", name="autodist-16x4-t4")
-    return [*(PlannedJob(model, here, trials=2) for model in LOCAL_MODELS),
-            PlannedJob(CLUSTER_MODEL, realistic, trials=0, search_s=CLUSTER_SEARCH_S)]
+    return [
+        *(PlannedJob(model, here, trials=2) for model in LOCAL_MODELS),
+        PlannedJob(CLUSTER_MODEL, realistic, trials=0, search_s=CLUSTER_SEARCH_S),
+    ]
 
 
 def this_machine(*, calibrated: bool) -> ResourceSpec:
@@ -214,7 +223,9 @@ def this_machine(*, calibrated: bool) -> ResourceSpec:
         from stratagem.calibrate import calibrate
 
         return calibrate(ranks=2)
-    return ResourceSpec(name="this-machine-2cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
+    return ResourceSpec(
+        name="this-machine-2cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")]
+    )
 
 
 def capture_all(plan: list[PlannedJob]) -> list[ModelGraph]:
@@ -253,10 +264,14 @@ def report(title: str, job: stratagem.Job) -> bool:
         print(f"  the job did not succeed: {error}")
         return False
     result = job.data.get("result") or {}
-    timings = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in (job.data["progress"].get("timings_s") or {}).items())
-    print(f"  answer {result.get('answer_basis')}: {result.get('trials_ok', 0)}/{result.get('trials_ran', 0)} trials ok; "
-          f"predicted {_times(result.get('speedup_vs_data_parallel'))} vs plain data parallel, "
-          f"{_times(result.get('speedup_vs_best_builder'))} vs the best AutoDist builder ({timings})")
+    timings = ", ".join(
+        f"{phase} {seconds:.1f} s" for phase, seconds in (job.data["progress"].get("timings_s") or {}).items()
+    )
+    print(
+        f"  answer {result.get('answer_basis')}: {result.get('trials_ok', 0)}/{result.get('trials_ran', 0)} trials ok; "
+        f"predicted {_times(result.get('speedup_vs_data_parallel'))} vs plain data parallel, "
+        f"{_times(result.get('speedup_vs_best_builder'))} vs the best AutoDist builder ({timings})"
+    )
     if result.get("answer_reason"):
         print(f"  why this answer: {result['answer_reason']}")
     for note in result.get("notes") or []:

@@ -29,11 +29,22 @@ from stratagem.runtime import init_from_env
 def make_strategy(args: argparse.Namespace) -> None:
     """Capture the model and run a builder for a cluster (a spec file, or this machine with --nproc CPUs)."""
     module, make_batch = build(args.model, "small")
-    graph = capture(module, make_batch(args.batch), batch_size=args.batch, optimizer="momentum" if args.optimizer == "sgd" else args.optimizer)
+    graph = capture(
+        module,
+        make_batch(args.batch),
+        batch_size=args.batch,
+        optimizer="momentum" if args.optimizer == "sgd" else args.optimizer,
+    )
     if args.spec:
-        resources = ResourceSpec.from_autodist_yaml(Path(args.spec)) if args.spec.endswith((".yml", ".yaml")) else ResourceSpec.load(args.spec)
+        resources = (
+            ResourceSpec.from_autodist_yaml(Path(args.spec))
+            if args.spec.endswith((".yml", ".yaml"))
+            else ResourceSpec.load(args.spec)
+        )
     else:
-        resources = ResourceSpec.parse({"nodes": [{"address": "127.0.0.1", "cpus": list(range(args.nproc)), "device": "CPU"}]})
+        resources = ResourceSpec.parse(
+            {"nodes": [{"address": "127.0.0.1", "cpus": list(range(args.nproc)), "device": "CPU"}]}
+        )
     strategy = BUILDERS[args.builder]().build(graph, resources)
     strategy.save(args.out)
     print(f"wrote {args.out}: {strategy.describe()}")
@@ -50,7 +61,9 @@ def _optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.
 def train(args: argparse.Namespace) -> None:
     env = init_from_env()
     if env.strategy is None:
-        raise SystemExit("no strategy: run under `python -m stratagem.launch --strategy FILE` or set STRATAGEM_STRATEGY")
+        raise SystemExit(
+            "no strategy: run under `python -m stratagem.launch --strategy FILE` or set STRATAGEM_STRATEGY"
+        )
     torch.manual_seed(0)
     module, make_batch = build(args.model, "small")
     model, optimizer = distribute(module, _optimizer(args.optimizer, list(module.parameters()), args.lr), env.strategy)
@@ -65,7 +78,10 @@ def train(args: argparse.Namespace) -> None:
         steps.append(optimizer.sync_stats.as_dict())
         if env.rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             s = optimizer.sync_stats
-            print(f"step {step}: loss {losses[-1]:.4f}, step {s.step_s * 1e3:.1f} ms, waiting on sync {s.sync_wait_s * 1e3:.1f} ms", flush=True)
+            print(
+                f"step {step}: loss {losses[-1]:.4f}, step {s.step_s * 1e3:.1f} ms, waiting on sync {s.sync_wait_s * 1e3:.1f} ms",
+                flush=True,
+            )
     if args.out_dir:
         checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
         result = {"rank": env.rank, "losses": losses, "stats": steps, "checksum": checksum}

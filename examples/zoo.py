@@ -119,8 +119,19 @@ _GPT = {
     "small": TransformerConfig(vocab=1000, hidden=64, layers=2, heads=4, ffn=256, seq=32, causal=True, dropout=0.0),
     "full": TransformerConfig(vocab=50257, hidden=768, layers=12, heads=12, ffn=3072, seq=1024, causal=True),
     "7b": TransformerConfig(
-        vocab=32000, hidden=4096, layers=32, heads=32, ffn=11008, seq=2048, causal=True, mlp="swiglu",
-        norm="rmsnorm", positions="rope", tie_embeddings=False, bias=False, dropout=0.0,
+        vocab=32000,
+        hidden=4096,
+        layers=32,
+        heads=32,
+        ffn=11008,
+        seq=2048,
+        causal=True,
+        mlp="swiglu",
+        norm="rmsnorm",
+        positions="rope",
+        tie_embeddings=False,
+        bias=False,
+        dropout=0.0,
     ),
     "1.7b": _megatron(24, 2304, 24),
     "3.6b": _megatron(32, 3072, 30),
@@ -200,7 +211,9 @@ def _check_materializable(name: str, size: str, parameters: int, device: DeviceL
         )
 
 
-def _finish(module: nn.Module, make_batch: MakeBatch, name: str, size: str, overrides: dict[str, Any], config: Any) -> Built:
+def _finish(
+    module: nn.Module, make_batch: MakeBatch, name: str, size: str, overrides: dict[str, Any], config: Any
+) -> Built:
     module.zoo_spec = {  # type: ignore[assignment]
         "name": name,
         "builder": f"examples.zoo:{name}",
@@ -262,11 +275,15 @@ class ResNet(nn.Module):
         w = config.width
         if config.stem == "imagenet":
             self.stem = nn.Sequential(
-                nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True),
+                nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False),
+                nn.BatchNorm2d(w),
+                nn.ReLU(inplace=True),
                 nn.MaxPool2d(3, stride=2, padding=1),
             )
         else:
-            self.stem = nn.Sequential(nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True))
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)
+            )
         stages: list[nn.Module] = []
         channels = w
         for index, count in enumerate(config.blocks):
@@ -319,8 +336,12 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(config.pool_size)
         self.classifier = nn.Sequential(
-            nn.Linear(channels * config.pool_size**2, config.hidden), nn.ReLU(inplace=True), nn.Dropout(0.5),
-            nn.Linear(config.hidden, config.hidden), nn.ReLU(inplace=True), nn.Dropout(0.5),
+            nn.Linear(channels * config.pool_size**2, config.hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.5),
+            nn.Linear(config.hidden, config.hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.5),
             nn.Linear(config.hidden, config.num_classes),
         )
 
@@ -483,7 +504,9 @@ def _token_batch(config: TransformerConfig) -> Callable[[int, torch.device], tup
     return make
 
 
-def _transformer(name: str, presets: dict[str, TransformerConfig], size: str, device: DeviceLike, overrides: dict[str, Any]) -> Built:
+def _transformer(
+    name: str, presets: dict[str, TransformerConfig], size: str, device: DeviceLike, overrides: dict[str, Any]
+) -> Built:
     config = resolve_config(presets, size, overrides)
     _check_transformer(config)
     _check_materializable(name, size, transformer_parameters(config), device)
@@ -526,7 +549,9 @@ class DLRM(nn.Module):
 
     def __init__(self, config: DLRMConfig) -> None:
         super().__init__()
-        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, config.dim, mode="sum", sparse=True) for rows in config.tables)
+        self.tables = nn.ModuleList(
+            nn.EmbeddingBag(rows, config.dim, mode="sum", sparse=True) for rows in config.tables
+        )
         self.bottom = _mlp([config.dense_features, *config.bottom, config.dim], last_activation=True)
         features = len(config.tables) + 1
         rows, cols = torch.tril_indices(features, features, offset=-1)

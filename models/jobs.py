@@ -39,7 +39,9 @@ class JobPhase(StrEnum):
 
 def _enum(kind: type[StrEnum]) -> Enum:
     """Stored as a plain string (no native ENUM type), so adding a value needs no migration on PostgreSQL."""
-    return Enum(kind, native_enum=False, create_constraint=False, length=16, values_callable=lambda e: [m.value for m in e])
+    return Enum(
+        kind, native_enum=False, create_constraint=False, length=16, values_callable=lambda e: [m.value for m in e]
+    )
 
 
 class Job(Base):

@@ -91,7 +91,9 @@ def create_app(
     return app
 
 
-def _start(state: ServiceState, search: SearchFn | None, trials: TrialExecutor | object | None, pipeline: Pipeline | None) -> None:
+def _start(
+    state: ServiceState, search: SearchFn | None, trials: TrialExecutor | object | None, pipeline: Pipeline | None
+) -> None:
     settings = state.settings
     engine = make_engine(settings.database_url)
     if settings.run_migrations:
@@ -101,12 +103,20 @@ def _start(state: ServiceState, search: SearchFn | None, trials: TrialExecutor |
     if trials is _UNSET:
         state.owned_trials = executor  # made here, so closed here (a Ray it started is shut down)
     if settings.workers > 0:
-        state.workers = WorkerPool(state.factory, settings, pipeline=pipeline, search=search, trials=executor,  # type: ignore[arg-type]
-                                   cost_model_trainer=state.cost_model_trainer)
+        state.workers = WorkerPool(
+            state.factory,
+            settings,
+            pipeline=pipeline,
+            search=search,
+            trials=executor,  # type: ignore[arg-type]
+            cost_model_trainer=state.cost_model_trainer,
+        )
         state.workers.start()
     log.info(
         "stratagem service started: database %s, %d worker(s), trials %s",
-        engine.url.render_as_string(hide_password=True), settings.workers, settings.effective_trials_backend,
+        engine.url.render_as_string(hide_password=True),
+        settings.workers,
+        settings.effective_trials_backend,
     )
 
 

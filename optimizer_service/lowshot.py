@@ -142,7 +142,9 @@ class TrialPlanner:
         elif isinstance(result, (int, float)) and not isinstance(result, bool) and math.isfinite(result) and result > 0:
             state.measured[candidate_id] = float(result)
         else:
-            raise InvalidPlanError([Problem("result", f"must be a positive number of seconds or a TrialFailure, got {result!r}")])
+            raise InvalidPlanError(
+                [Problem("result", f"must be a positive number of seconds or a TrialFailure, got {result!r}")]
+            )
         if candidate_id in state.pending:
             state.pending.remove(candidate_id)
         else:
@@ -180,10 +182,22 @@ class TrialPlanner:
         if clearing:
             best = min(clearing, key=lambda cid: state.intervals[cid][1])
             low, mid, high = (value * max(scale, 1.0) for value in state.intervals[best])
-            return Answer(best, mid, low, high, "predicted",
-                          f"its upper bound {high:.4g} s is below the fastest measured {seconds:.4g} s ({fastest}) less noise")
-        return Answer(fastest, seconds, floor, self._measured_interval(seconds)[1], "measured",
-                      f"fastest of {len(state.measured)} measured")
+            return Answer(
+                best,
+                mid,
+                low,
+                high,
+                "predicted",
+                f"its upper bound {high:.4g} s is below the fastest measured {seconds:.4g} s ({fastest}) less noise",
+            )
+        return Answer(
+            fastest,
+            seconds,
+            floor,
+            self._measured_interval(seconds)[1],
+            "measured",
+            f"fastest of {len(state.measured)} measured",
+        )
 
     # --- views -----------------------------------------------------------------------------------
 
@@ -292,7 +306,9 @@ class TrialPlanner:
                 raise StratagemError(f"the update returned an interval for unknown candidate {cid!r}")
             low, mid, high = (float(x) for x in interval)
             if not (0 < low <= mid <= high and math.isfinite(high)):
-                raise StratagemError(f"the update returned a bad interval for {cid!r}: low={low}, mid={mid}, high={high}")
+                raise StratagemError(
+                    f"the update returned a bad interval for {cid!r}: low={low}, mid={mid}, high={high}"
+                )
             self._state.intervals[cid] = (low, mid, high)
 
 
@@ -345,7 +361,9 @@ class CostModelUpdater:
         self.prior_trials = prior_trials
 
     def __call__(self, measured: Mapping[str, float]) -> dict[str, Interval]:
-        trials = [self.queries[cid].model_copy(update={"measured_step_time_s": seconds}) for cid, seconds in measured.items()]
+        trials = [
+            self.queries[cid].model_copy(update={"measured_step_time_s": seconds}) for cid, seconds in measured.items()
+        ]
         model = self.make_model().fit(self.history + trials)
         ids = list(self.queries)
         low, mid, high = model.predict_interval([self.queries[cid] for cid in ids])
@@ -353,7 +371,9 @@ class CostModelUpdater:
         return _shift_by_bias(refitted, measured, self.prior_trials)
 
 
-def _shift_by_bias(intervals: Mapping[str, Interval], measured: Mapping[str, float], prior_trials: float) -> dict[str, Interval]:
+def _shift_by_bias(
+    intervals: Mapping[str, Interval], measured: Mapping[str, float], prior_trials: float
+) -> dict[str, Interval]:
     """Scale every interval by exp(mean log(measured / mid)), the mean shrunk by `prior_trials` pseudo-trials."""
     ratios = [math.log(seconds / intervals[cid][1]) for cid, seconds in measured.items()]
     shift = math.exp(sum(ratios) / (len(ratios) + prior_trials))
@@ -408,6 +428,8 @@ def _check_inputs(candidates: Sequence[Candidate], budget: int, diversity: float
             problems.append(Problem(f"candidates[{i}].id", f"duplicate id {c.id!r}"))
         seen.add(c.id)
         if not all(math.isfinite(x) for x in (c.low, c.mid, c.high)) or not 0 < c.low <= c.mid <= c.high:
-            problems.append(Problem(f"candidates[{i}]", f"needs 0 < low <= mid <= high, got {c.low}, {c.mid}, {c.high}"))
+            problems.append(
+                Problem(f"candidates[{i}]", f"needs 0 < low <= mid <= high, got {c.low}, {c.mid}, {c.high}")
+            )
     if problems:
         raise InvalidPlanError(problems)

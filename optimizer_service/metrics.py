@@ -38,7 +38,10 @@ class JobsCollector(Collector):
             return
         try:
             with factory() as session:
-                counts = {status: count for status, count in session.execute(select(Job.status, func.count()).group_by(Job.status))}
+                counts = {
+                    status: count
+                    for status, count in session.execute(select(Job.status, func.count()).group_by(Job.status))
+                }
         except Exception:  # a scrape must not fail because the database blinked; the gauges are just absent
             log.exception("could not count jobs for /metrics")
             return
@@ -46,7 +49,9 @@ class JobsCollector(Collector):
         for status in JobStatus:
             jobs.add_metric([status.value], float(counts.get(status, 0)))
         yield jobs
-        yield GaugeMetricFamily("stratagem_queue_length", "Jobs waiting for a worker", value=float(counts.get(JobStatus.queued, 0)))
+        yield GaugeMetricFamily(
+            "stratagem_queue_length", "Jobs waiting for a worker", value=float(counts.get(JobStatus.queued, 0))
+        )
 
 
 class ServiceMetrics:
@@ -56,8 +61,11 @@ class ServiceMetrics:
             "stratagem_http_requests", "HTTP requests handled", ["method", "route", "status"], registry=self.registry
         )
         self.latency = Histogram(
-            "stratagem_http_request_duration_seconds", "Time to answer an HTTP request", ["method", "route"],
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "stratagem_http_request_duration_seconds",
+            "Time to answer an HTTP request",
+            ["method", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.registry.register(JobsCollector(factory))
 

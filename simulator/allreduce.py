@@ -60,7 +60,9 @@ class CollectivePhase:
     """[N] the part of the channel's busy time (both kinds) that is collectives' latency, not bytes."""
 
 
-def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase) -> CollectivePhase:
+def collective_phase(
+    context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase
+) -> CollectivePhase:
     n, V = len(batch), context.num_variables
     G = int(batch.group.max()) + 1 if batch.group.size else 1
     slots = 2 * G + 1
@@ -89,7 +91,11 @@ def collective_phase(context: SimContext, batch: CandidateBatch, topo: Topology,
     algorithm = batch.algorithm.ravel().take(last_member)
     compressor = batch.compressor.ravel().take(last_member)
     ar_time, ar_latency = _group_seconds(topo, batch, row, algorithm, compressor, nbytes)
-    lowrank = np.flatnonzero(_lowrank_groups(context, batch, compressed, key, n * slots).take(groups)) if compressed.size else compressed
+    lowrank = (
+        np.flatnonzero(_lowrank_groups(context, batch, compressed, key, n * slots).take(groups))
+        if compressed.size
+        else compressed
+    )
     if lowrank.size:
         second = _second_round(context, topo, row.take(lowrank), algorithm.take(lowrank))
         ar_time[lowrank] += second
@@ -126,8 +132,9 @@ def _sparse_allreduce(context: SimContext, batch: CandidateBatch) -> np.ndarray 
     return (batch.kind == SyncKind.ALLREDUCE) & context.var_sparse[None, :]
 
 
-def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, sparse: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sparse_rows(
+    context: SimContext, batch: CandidateBatch, topo: Topology, sparse: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[N] seconds, wire bytes and latency seconds of the sparse variables' row exchanges. As the runtime runs them, at
     the optimizer step each rank coalesces its gradients, all-gathers every table's row count in one
     collective, then each table's int64 indices and values, so every rank receives its p - 1 peers'
@@ -146,7 +153,9 @@ def _sparse_rows(context: SimContext, batch: CandidateBatch, topo: Topology, spa
     return seconds, per_row * np.maximum(batch.data - 1, 0), latencies
 
 
-def _stream_finish(context: SimContext, batch: CandidateBatch, compute: ComputePhase, service: np.ndarray) -> np.ndarray:
+def _stream_finish(
+    context: SimContext, batch: CandidateBatch, compute: ComputePhase, service: np.ndarray
+) -> np.ndarray:
     """[N] when the collective stream drains. Pipeline stages live on different devices, each data-parallel
     group reducing only its stage's gradients, so a pipelined candidate has one stream per stage (a group
     belongs to the stage of its last member) and drains when the slowest stage's does."""
@@ -172,11 +181,19 @@ def _split_bytes(context: SimContext, batch: CandidateBatch, wire: np.ndarray) -
     split = np.flatnonzero(batch.tensor > 1)
     if split.size:
         rows = wire.reshape(len(batch), -1)
-        rows[split] = np.where(context.var_tensor_split, context.var_bytes / batch.tensor[split, None], context.var_bytes)
+        rows[split] = np.where(
+            context.var_tensor_split, context.var_bytes / batch.tensor[split, None], context.var_bytes
+        )
 
 
 def _compress(
-    context: SimContext, batch: CandidateBatch, topo: Topology, entries: np.ndarray, wire: np.ndarray, key: np.ndarray, slots: int
+    context: SimContext,
+    batch: CandidateBatch,
+    topo: Topology,
+    entries: np.ndarray,
+    wire: np.ndarray,
+    key: np.ndarray,
+    slots: int,
 ) -> np.ndarray | None:
     """Shrink the compressed entries of `wire` in place; return each group slot's compression seconds."""
     if not entries.size:
@@ -187,20 +204,34 @@ def _compress(
     wire[entries] = compression.wire_bytes(context.compression, compressor, param, var, div)
     kinds, kind = context.kinds, topo.kind.take(row)
     bandwidth = kinds.memory_bandwidth[kind]
-    rates = compression.Rates(byte=bandwidth * kinds.stream_efficiency[kind], cast=bandwidth * kinds.cast_efficiency[kind],
-                              select=bandwidth * kinds.select_efficiency[kind], lowrank=bandwidth * kinds.lowrank_efficiency[kind],
-                              flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind])
+    rates = compression.Rates(
+        byte=bandwidth * kinds.stream_efficiency[kind],
+        cast=bandwidth * kinds.cast_efficiency[kind],
+        select=bandwidth * kinds.select_efficiency[kind],
+        lowrank=bandwidth * kinds.lowrank_efficiency[kind],
+        flop=kinds.peak_flops[kind] * kinds.matmul_efficiency[kind],
+    )
     seconds = compression.compute_seconds(context.compression, compressor, param, var, div, rates)
     slot = key.take(entries)
     topk = compressor == CompressorKind.TOPK
     if topk.any():
         full_rate = bandwidth * kinds.full_select_efficiency[kind]
-        seconds = seconds + _full_selection_seconds(context, var, div, param, slot, topk, slots, 1.0 / full_rate - 1.0 / rates.select)
+        seconds = seconds + _full_selection_seconds(
+            context, var, div, param, slot, topk, slots, 1.0 / full_rate - 1.0 / rates.select
+        )
     return np.bincount(slot, weights=seconds, minlength=slots)
 
 
-def _full_selection_seconds(context: SimContext, var: np.ndarray, div: np.ndarray, ratio: np.ndarray, slot: np.ndarray,
-                            topk: np.ndarray, slots: int, extra_per_byte: np.ndarray) -> np.ndarray:
+def _full_selection_seconds(
+    context: SimContext,
+    var: np.ndarray,
+    div: np.ndarray,
+    ratio: np.ndarray,
+    slot: np.ndarray,
+    topk: np.ndarray,
+    slots: int,
+    extra_per_byte: np.ndarray,
+) -> np.ndarray:
     """What each top-k entry's selection costs beyond the sampled rate where its bucket is selected in one
     full `topk` (a bucket of few entries, or few kept: `stratagem.topk_selection.full_selection`). The
     runtime selects over a bucket, so the path is the bucket's, from its entries and its ratio."""
@@ -211,11 +242,14 @@ def _full_selection_seconds(context: SimContext, var: np.ndarray, div: np.ndarra
     return np.where(full, numel * context.var_itemsize.take(var) * extra_per_byte, 0.0)
 
 
-def _lowrank_groups(context: SimContext, batch: CandidateBatch, entries: np.ndarray, key: np.ndarray, slots: int) -> np.ndarray:
+def _lowrank_groups(
+    context: SimContext, batch: CandidateBatch, entries: np.ndarray, key: np.ndarray, slots: int
+) -> np.ndarray:
     """[slots] whether a group slot holds a matrix under PowerSGD (and so runs a second all-reduce)."""
     var = entries % context.num_variables
     matrix = (batch.compressor.ravel().take(entries) == CompressorKind.POWERSGD) & (
-        context.compression.lowrank_bytes[CompressorKind.POWERSGD].take(var) > 0)
+        context.compression.lowrank_bytes[CompressorKind.POWERSGD].take(var) > 0
+    )
     return np.bincount(key.take(entries[matrix]), minlength=slots) > 0
 
 
@@ -227,13 +261,21 @@ def _second_round(context: SimContext, topo: Topology, row: np.ndarray, algorith
     return np.maximum(rounds - latency, (POWERSGD_COLLECTIVES - 1) * latency)
 
 
-def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algorithm: np.ndarray, compressor: np.ndarray,
-                   nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _group_seconds(
+    topo: Topology,
+    batch: CandidateBatch,
+    row: np.ndarray,
+    algorithm: np.ndarray,
+    compressor: np.ndarray,
+    nbytes: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of each all-reduce group's collectives, and the latency part of them. A half-precision
     payload moves at the device's `half_reduce_efficiency`; top-k's values and indices are not summed on
     the wire but all-gathered (`TOPK_COLLECTIVES`), every rank receiving its p - 1 peers' entries."""
     half = (compressor == CompressorKind.FP16) | (compressor == CompressorKind.BF16)
-    seconds, latency = _allreduce_cost(topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes))
+    seconds, latency = _allreduce_cost(
+        topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes)
+    )
     topk = compressor == CompressorKind.TOPK
     if topk.any():
         gather_latency = TOPK_COLLECTIVES * topo.row_gather[0].take(row)
@@ -242,7 +284,9 @@ def _group_seconds(topo: Topology, batch: CandidateBatch, row: np.ndarray, algor
     return seconds, latency
 
 
-def _allreduce_cost(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _allreduce_cost(
+    topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of one all-reduce of `nbytes` per group under its algorithm (`auto`: whichever of ring,
     tree and hierarchical is cheapest for those bytes), and that algorithm's latency. Until
     `principled-1.17` the latency was taken as the cheapest algorithm's at zero bytes, which in a
@@ -250,7 +294,10 @@ def _allreduce_cost(topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbyt
     coefficients = [(t[0].take(row), t[1].take(row)) for t in (topo.ring, topo.tree, topo.hierarchical)]
     seconds = np.stack([collectives.cost(c, nbytes) for c in coefficients])
     latencies = np.stack([c[0] for c in coefficients])
-    chosen = np.select([algorithm == Algorithm.RING, algorithm == Algorithm.TREE, algorithm == Algorithm.HIERARCHICAL],
-                       [0, 1, 2], default=seconds.argmin(axis=0))
+    chosen = np.select(
+        [algorithm == Algorithm.RING, algorithm == Algorithm.TREE, algorithm == Algorithm.HIERARCHICAL],
+        [0, 1, 2],
+        default=seconds.argmin(axis=0),
+    )
     columns = np.arange(nbytes.size)
     return seconds[chosen, columns], latencies[chosen, columns]

@@ -95,14 +95,17 @@ class CompressionTables:
 
 def tables(var: VariableFigures) -> CompressionTables:
     half = var.nbytes * np.minimum(1.0, HALF_BYTES / var.itemsize)
-    unit = np.stack([var.nbytes, half, half, (var.rows + var.cols) * var.itemsize, var.numel * (var.itemsize + INDEX_BYTES)])
+    unit = np.stack(
+        [var.nbytes, half, half, (var.rows + var.cols) * var.itemsize, var.numel * (var.itemsize + INDEX_BYTES)]
+    )
     zero = np.zeros_like(var.nbytes)
     b = var.nbytes
     matrix = (var.rows > 1) & (var.cols > 1)
     return CompressionTables(
         full=b,
         unit=unit,
-        byte_passes=np.stack([zero, 8 * b, 8 * b, zero, 10 * b]) + COPY_BACK_PASSES * np.stack([zero, b, b, np.where(matrix, b, zero), b]),
+        byte_passes=np.stack([zero, 8 * b, 8 * b, zero, 10 * b])
+        + COPY_BACK_PASSES * np.stack([zero, b, b, np.where(matrix, b, zero), b]),
         cast_bytes=np.stack([zero, 4.5 * b, 4.5 * b, zero, zero]),
         select_bytes=np.stack([zero, zero, zero, zero, b]),
         lowrank_bytes=np.stack([zero, zero, zero, np.where(matrix, 9 * b, zero), zero]),
@@ -114,7 +117,9 @@ def _scale(compressor: np.ndarray, param: np.ndarray) -> np.ndarray:
     return np.where(SCALED.take(compressor.astype(np.intp)), param, 1.0)
 
 
-def wire_bytes(t: CompressionTables, compressor: np.ndarray, param: np.ndarray, var: np.ndarray, tensor_div: np.ndarray) -> np.ndarray:
+def wire_bytes(
+    t: CompressionTables, compressor: np.ndarray, param: np.ndarray, var: np.ndarray, tensor_div: np.ndarray
+) -> np.ndarray:
     """Bytes on the wire for (compressor, parameter, variable index) triples, per tensor slice."""
     V = t.full.size
     unit = t.unit.ravel().take(compressor.astype(np.intp) * V + var)
@@ -133,11 +138,22 @@ class Rates:
     flop: np.ndarray
 
 
-def compute_seconds(t: CompressionTables, compressor: np.ndarray, param: np.ndarray, var: np.ndarray, tensor_div: np.ndarray,
-                    rates: Rates) -> np.ndarray:
+def compute_seconds(
+    t: CompressionTables,
+    compressor: np.ndarray,
+    param: np.ndarray,
+    var: np.ndarray,
+    tensor_div: np.ndarray,
+    rates: Rates,
+) -> np.ndarray:
     """Seconds of device work to compress and decompress."""
     V = t.full.size
     flat = compressor.astype(np.intp) * V + var
-    seconds = (t.byte_passes.ravel().take(flat) / rates.byte + t.cast_bytes.ravel().take(flat) / rates.cast
-               + t.select_bytes.ravel().take(flat) / rates.select + t.lowrank_bytes.ravel().take(flat) / rates.lowrank + t.flops.ravel().take(flat) * param / rates.flop)
+    seconds = (
+        t.byte_passes.ravel().take(flat) / rates.byte
+        + t.cast_bytes.ravel().take(flat) / rates.cast
+        + t.select_bytes.ravel().take(flat) / rates.select
+        + t.lowrank_bytes.ravel().take(flat) / rates.lowrank
+        + t.flops.ravel().take(flat) * param / rates.flop
+    )
     return seconds / tensor_div

@@ -45,7 +45,9 @@ def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int)
     efficiency = np.where(context.layer_conv, k.conv_efficiency[kind], efficiency)
     flop_rate = k.peak_flops[kind] * efficiency
     stream_rate = k.memory_bandwidth[kind] * k.stream_efficiency[kind]
-    byte_rate = k.memory_bandwidth[kind] * np.where(context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind])
+    byte_rate = k.memory_bandwidth[kind] * np.where(
+        context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind]
+    )
     byte_rate = np.where(context.layer_embedding, stream_rate, byte_rate)
     share = np.where(context.layer_tensor_split | context.layer_sharded_input, 1.0 / tensor, 1.0) / micro_batches
     launch = k.launch_overhead_s[kind]
@@ -75,4 +77,6 @@ def update_seconds(context: SimContext, kind: np.ndarray, update_bytes: np.ndarr
     """Optimizer update: streaming param, grad and state through memory at the kind's optimizer
     efficiency, plus its per-tensor cost for each tensor stepped."""
     k = context.kinds
-    return update_bytes / (k.memory_bandwidth[kind] * k.optimizer_efficiency[kind]) + tensors * k.optimizer_tensor_s[kind]
+    return (
+        update_bytes / (k.memory_bandwidth[kind] * k.optimizer_efficiency[kind]) + tensors * k.optimizer_tensor_s[kind]
+    )

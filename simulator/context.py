@@ -218,7 +218,9 @@ class SimContext:
     """A device kind's `optimizer_knee_bytes` (update cost depends on each tensor's size) or a sparse
     variable (only its touched rows update) makes updates differ from parameter and state bytes, so
     they are summed from `var_update_bytes`."""
-    _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
+    _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _tensor_plans: dict[int, list[TensorParallelLayer]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -270,7 +272,9 @@ class SimContext:
     def var_axis_length(self, axis: np.ndarray) -> np.ndarray:
         """Length of `axis` for each variable ([N, V] axes in, [N, V] lengths out; 1 beyond the rank)."""
         clipped = np.clip(axis.astype(np.intp), 0, self.var_shape.shape[1] - 1)
-        return np.take_along_axis(np.broadcast_to(self.var_shape, (*axis.shape, self.var_shape.shape[1])), clipped[..., None], axis=-1)[..., 0]
+        return np.take_along_axis(
+            np.broadcast_to(self.var_shape, (*axis.shape, self.var_shape.shape[1])), clipped[..., None], axis=-1
+        )[..., 0]
 
 
 def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
@@ -281,12 +285,18 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     kinds = _kinds_table(resources, kind_names, graph.dtype.value, sparse=any(v.sparse for v in graph.variables))
     layers = _layer_arrays(graph)
     variables = _variable_arrays(graph, layers["index"])
-    variables["var_coalesce_work"] = _coalesce_work(variables["var_coalesce_bytes"], variables["var_bytes"] / variables["var_rows"], kinds)
-    variables["var_update_bytes"] = (variables["var_update_bytes"] * _update_scale(kinds, variables["var_ps_bytes"])
-                                     + variables["var_coalesce_work"] * _coalesce_in_update_bytes(kinds, graph.optimizer.kind))
+    variables["var_coalesce_work"] = _coalesce_work(
+        variables["var_coalesce_bytes"], variables["var_bytes"] / variables["var_rows"], kinds
+    )
+    variables["var_update_bytes"] = variables["var_update_bytes"] * _update_scale(
+        kinds, variables["var_ps_bytes"]
+    ) + variables["var_coalesce_work"] * _coalesce_in_update_bytes(kinds, graph.optimizer.kind)
     lowrank_knees = [spec.lowrank_knee_bytes for spec in kinds.specs if spec.lowrank_knee_bytes]
-    variables["compression"] = (variables["compression"].with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
-                                .with_lowrank_scale(_size_scale(lowrank_knees, variables["var_bytes"])))
+    variables["compression"] = (
+        variables["compression"]
+        .with_streaming_scale(_update_scale(kinds, variables["var_bytes"]))
+        .with_lowrank_scale(_size_scale(lowrank_knees, variables["var_bytes"]))
+    )
     compute = set(resources.compute_devices)
     device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
     node_starts = np.searchsorted(device_node, np.arange(len(resources.nodes)))
@@ -326,7 +336,8 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
         **{k: v for k, v in layers.items() if k != "index"},
         batch_size=graph.batch_size,
         state_bytes_per_param=graph.optimizer.state_bytes_per_param,
-        update_per_variable=any(spec.optimizer_knee_bytes for spec in kinds.specs) or bool(variables["var_sparse"].any()),
+        update_per_variable=any(spec.optimizer_knee_bytes for spec in kinds.specs)
+        or bool(variables["var_sparse"].any()),
     )
 
 
@@ -365,7 +376,9 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, spars
         try:
             specs.append(resources.device_spec(name))
         except KeyError:
-            raise InvalidResourceSpecError([Problem(f"devices.{name}", f"unknown device kind {name!r} (kind {i})")]) from None
+            raise InvalidResourceSpecError(
+                [Problem(f"devices.{name}", f"unknown device kind {name!r} (kind {i})")]
+            ) from None
     return DeviceKinds(
         specs=specs,
         peak_flops=np.array([s.flops_for(dtype) for s in specs]),
@@ -380,7 +393,9 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, spars
         stream_efficiency=np.array([s.stream_efficiency or s.elementwise_efficiency for s in specs]),
         cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
         select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
-        full_select_efficiency=np.array([s.full_select_efficiency or s.select_efficiency or s.elementwise_efficiency for s in specs]),
+        full_select_efficiency=np.array(
+            [s.full_select_efficiency or s.select_efficiency or s.elementwise_efficiency for s in specs]
+        ),
         lowrank_efficiency=np.array([s.lowrank_efficiency or s.elementwise_efficiency for s in specs]),
         coalesce_efficiency=np.array([s.coalesce_efficiency or s.elementwise_efficiency for s in specs]),
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
@@ -580,12 +595,17 @@ def _variable_arrays(graph: ModelGraph, layer_index: dict[str, int]) -> dict:
     shape = np.ones((len(trainable), rank), dtype=np.int64)
     for i, var in enumerate(trainable):
         shape[i, : len(var.shape)] = var.shape
-    layer_of = np.array([layer_index[v.consumer] if v.consumer else users.get(v.name, 0) for v in trainable], dtype=np.intp)
+    layer_of = np.array(
+        [layer_index[v.consumer] if v.consumer else users.get(v.name, 0) for v in trainable], dtype=np.intp
+    )
     nbytes = np.array([v.nbytes for v in trainable], dtype=float)
     numel = np.array([v.numel for v in trainable], dtype=float)
     itemsize = np.array([v.dtype.itemsize for v in trainable], dtype=float)
     rows = np.array([v.shape[0] if v.shape else 1 for v in trainable], dtype=float)
-    ps_bytes = np.array([min(v.nbytes, (v.lookups_per_step or 0) * v.row_bytes) if v.sparse else v.nbytes for v in trainable], dtype=float)
+    ps_bytes = np.array(
+        [min(v.nbytes, (v.lookups_per_step or 0) * v.row_bytes) if v.sparse else v.nbytes for v in trainable],
+        dtype=float,
+    )
     split = np.array([bool(graph.layers) and _splits(graph.layers[int(li)], graph) for li in layer_of], dtype=bool)
     state = numel * graph.optimizer.state_bytes_per_param
     sparse = np.array([v.sparse for v in trainable], dtype=bool)

@@ -113,12 +113,23 @@ class Schedule(IntEnum):
 
 
 PER_CANDIDATE: dict[str, Any] = {
-    "data": np.int32, "tensor": np.int32, "pipeline": np.int32, "micro_batches": np.int32,
-    "schedule": np.int8, "consistency": np.int8, "staleness": np.int32, "recompute": np.bool_,
+    "data": np.int32,
+    "tensor": np.int32,
+    "pipeline": np.int32,
+    "micro_batches": np.int32,
+    "schedule": np.int8,
+    "consistency": np.int8,
+    "staleness": np.int32,
+    "recompute": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
-    "kind": np.int8, "group": np.int32, "algorithm": np.int8, "compressor": np.int8,
-    "compressor_param": np.float32, "shards": np.int32, "partition_axis": np.int8,
+    "kind": np.int8,
+    "group": np.int32,
+    "algorithm": np.int8,
+    "compressor": np.int8,
+    "compressor_param": np.float32,
+    "shards": np.int32,
+    "partition_axis": np.int8,
     "local_replication": np.bool_,
 }
 OTHER: dict[str, Any] = {"replicas": np.bool_, "layer_stage": np.int8, "server": np.int16}
@@ -272,29 +283,65 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
     problems += _first_bad("micro_batches", b.micro_batches < 1, "must be >= 1")
     problems += _first_bad("schedule", (b.schedule < 0) | (b.schedule > 1), "unknown schedule")
     problems += _first_bad("consistency", (b.consistency < 0) | (b.consistency > 2), "unknown consistency")
-    problems += _first_bad("staleness", (b.consistency == ConsistencyKind.SSP) & (b.staleness < 1), "ssp needs staleness >= 1")
-    problems += _first_bad("layer_stage", (b.layer_stage < 0) | (b.layer_stage >= b.pipeline[:, None]), "stage outside [0, pipeline)")
-    problems += _first_bad("layer_stage", np.diff(b.layer_stage.astype(np.int32), axis=1) < 0, "stages must not decrease along the forward order")
+    problems += _first_bad(
+        "staleness", (b.consistency == ConsistencyKind.SSP) & (b.staleness < 1), "ssp needs staleness >= 1"
+    )
+    problems += _first_bad(
+        "layer_stage", (b.layer_stage < 0) | (b.layer_stage >= b.pipeline[:, None]), "stage outside [0, pipeline)"
+    )
+    problems += _first_bad(
+        "layer_stage",
+        np.diff(b.layer_stage.astype(np.int32), axis=1) < 0,
+        "stages must not decrease along the forward order",
+    )
     problems += _first_bad("kind", (b.kind < 0) | (b.kind > 2), "unknown synchronizer kind")
     problems += _first_bad("group", (b.group < 0) | (b.group >= V), f"fusion group outside [0, {V})")
     problems += _first_bad("algorithm", (b.algorithm < 0) | (b.algorithm > 3), "unknown algorithm")
     problems += _first_bad("compressor", (b.compressor < 0) | (b.compressor > 4), "unknown compressor")
-    problems += _first_bad("compressor_param", (b.compressor == CompressorKind.POWERSGD) & (b.compressor_param < 1), "powersgd needs rank >= 1")
+    problems += _first_bad(
+        "compressor_param",
+        (b.compressor == CompressorKind.POWERSGD) & (b.compressor_param < 1),
+        "powersgd needs rank >= 1",
+    )
     topk = b.compressor == CompressorKind.TOPK
-    problems += _first_bad("compressor_param", topk & ((b.compressor_param <= 0) | (b.compressor_param > 1)), "topk needs a ratio in (0, 1]")
-    problems += _first_bad("shards", (b.shards < 1) | (b.shards > context.var_axis_length(b.partition_axis)), "shards must be in [1, length of the axis]")
-    problems += _first_bad("shards", (b.kind == SyncKind.PS) & (b.shards > b.max_shards), f"more shards than server has room for ({b.max_shards})")
+    problems += _first_bad(
+        "compressor_param",
+        topk & ((b.compressor_param <= 0) | (b.compressor_param > 1)),
+        "topk needs a ratio in (0, 1]",
+    )
+    problems += _first_bad(
+        "shards",
+        (b.shards < 1) | (b.shards > context.var_axis_length(b.partition_axis)),
+        "shards must be in [1, length of the axis]",
+    )
+    problems += _first_bad(
+        "shards",
+        (b.kind == SyncKind.PS) & (b.shards > b.max_shards),
+        f"more shards than server has room for ({b.max_shards})",
+    )
     is_ps = (b.kind == SyncKind.PS)[:, :, None]
     live = np.arange(b.max_shards)[None, None, :] < b.shards[:, :, None]
-    problems += _first_bad("server", is_ps & live & ((b.server < 0) | (b.server >= D)), f"PS shard without a server in [0, {D})")
+    problems += _first_bad(
+        "server", is_ps & live & ((b.server < 0) | (b.server >= D)), f"PS shard without a server in [0, {D})"
+    )
     return problems
 
 
 # --- Strategy -> row ----------------------------------------------------------------------------
 
-_ALGORITHMS = {"auto": Algorithm.AUTO, "ring": Algorithm.RING, "tree": Algorithm.TREE, "hierarchical": Algorithm.HIERARCHICAL}
-_COMPRESSORS = {"none": CompressorKind.NONE, "fp16": CompressorKind.FP16, "bf16": CompressorKind.BF16,
-                "powersgd": CompressorKind.POWERSGD, "topk": CompressorKind.TOPK}
+_ALGORITHMS = {
+    "auto": Algorithm.AUTO,
+    "ring": Algorithm.RING,
+    "tree": Algorithm.TREE,
+    "hierarchical": Algorithm.HIERARCHICAL,
+}
+_COMPRESSORS = {
+    "none": CompressorKind.NONE,
+    "fp16": CompressorKind.FP16,
+    "bf16": CompressorKind.BF16,
+    "powersgd": CompressorKind.POWERSGD,
+    "topk": CompressorKind.TOPK,
+}
 _CONSISTENCIES = {"bsp": ConsistencyKind.BSP, "ssp": ConsistencyKind.SSP, "asp": ConsistencyKind.ASP}
 
 
@@ -335,7 +382,9 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
         _encode_variable(context, b, i, config, compact)
 
 
-def _encode_variable(context: SimContext, b: CandidateBatch, i: int, config: VariableConfig, compact: dict[int, int]) -> None:
+def _encode_variable(
+    context: SimContext, b: CandidateBatch, i: int, config: VariableConfig, compact: dict[int, int]
+) -> None:
     v = context.variable_index[config.var_name]
     syncs = config.synchronizers
     kinds = {s.kind for s in syncs}
@@ -396,7 +445,9 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
     )
 
 
-def _variable_config(context: SimContext, b: CandidateBatch, i: int, v: int, consistency: Consistency) -> dict[str, Any]:
+def _variable_config(
+    context: SimContext, b: CandidateBatch, i: int, v: int, consistency: Consistency
+) -> dict[str, Any]:
     """A plain dict: the Strategy validates all of them in one pass of pydantic's core, several times
     faster than building a BERT-sized strategy's thousands of sub-objects one by one."""
     shards = int(b.shards[i, v])
@@ -417,7 +468,11 @@ def _variable_config(context: SimContext, b: CandidateBatch, i: int, v: int, con
         overrides = ps if shards > 1 and len({p["reduction_destination"] for p in ps}) > 1 else None
         return {"var_name": name, "synchronizer": ps[0], "partition": partition, "shard_synchronizers": overrides}
     if kind == SyncKind.SHARDED:
-        return {"var_name": name, "synchronizer": {"kind": "sharded", "group": int(b.group[i, v])}, "partition": partition}
+        return {
+            "var_name": name,
+            "synchronizer": {"kind": "sharded", "group": int(b.group[i, v])},
+            "partition": partition,
+        }
     synchronizer = {
         "kind": "allreduce",
         "algorithm": Algorithm(int(b.algorithm[i, v])).name.lower(),

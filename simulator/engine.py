@@ -81,7 +81,9 @@ class BatchResult:
         return self.breakdown[:, BREAKDOWN_KEYS.index(key)]
 
 
-def simulate_batch(context: SimContext, batch: CandidateBatch, *, validate: bool = False, detail: bool = False) -> BatchResult:
+def simulate_batch(
+    context: SimContext, batch: CandidateBatch, *, validate: bool = False, detail: bool = False
+) -> BatchResult:
     """Step time, memory, feasibility and breakdown of every candidate; row i depends only on row i."""
     if validate:
         batch.validate(context)
@@ -89,9 +91,13 @@ def simulate_batch(context: SimContext, batch: CandidateBatch, *, validate: bool
     if n <= CHUNK:
         return _simulate(context, batch, detail)
     parts = [_simulate(context, batch.rows(s, min(s + CHUNK, n)), detail) for s in range(0, n, CHUNK)]
-    return BatchResult(**{
-        name: np.concatenate([getattr(p, name) for p in parts]) for name in ("step_time", "samples_per_s", "memory", "capacity", "feasible", "breakdown", "server_over")
-    }, detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail})
+    return BatchResult(
+        **{
+            name: np.concatenate([getattr(p, name) for p in parts])
+            for name in ("step_time", "samples_per_s", "memory", "capacity", "feasible", "breakdown", "server_over")
+        },
+        detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail},
+    )
 
 
 def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> BatchResult:
@@ -101,17 +107,28 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     ps = ps_phase(context, batch, topo, compute)
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
-    update = update_seconds(context, topo.kind, update_bytes(context, batch, compute, sums), update_tensors(context, batch, compute, sums))
+    update = update_seconds(
+        context, topo.kind, update_bytes(context, batch, compute, sums), update_tensors(context, batch, compute, sums)
+    )
     kinds = context.kinds
-    step, breakdown = _compose(batch, compute, coll, ps, update, kinds.comm_overlap[topo.kind], kinds.comm_latency_contention[topo.kind])
+    step, breakdown = _compose(
+        batch, compute, coll, ps, update, kinds.comm_overlap[topo.kind], kinds.comm_latency_contention[topo.kind]
+    )
     global_batch = context.batch_size * batch.data.astype(np.float64)
     samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)
     extra = _detail(ps, coll, memory) if detail else {}
-    return BatchResult(step, samples, memory.peak, memory.capacity, memory.feasible, breakdown, memory.server_over, extra)
+    return BatchResult(
+        step, samples, memory.peak, memory.capacity, memory.feasible, breakdown, memory.server_over, extra
+    )
 
 
 def _compose(
-    batch: CandidateBatch, compute: ComputePhase, coll: CollectivePhase, ps: PSPhase, update: np.ndarray, overlap: np.ndarray,
+    batch: CandidateBatch,
+    compute: ComputePhase,
+    coll: CollectivePhase,
+    ps: PSPhase,
+    update: np.ndarray,
+    overlap: np.ndarray,
     contention: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     end = compute.end
@@ -143,7 +160,9 @@ def _compose(
     return step, np.stack([columns[k] for k in BREAKDOWN_KEYS], axis=1)
 
 
-def _stolen(end: np.ndarray, finish: np.ndarray, busy: np.ndarray, overlap: np.ndarray, contention: np.ndarray) -> np.ndarray:
+def _stolen(
+    end: np.ndarray, finish: np.ndarray, busy: np.ndarray, overlap: np.ndarray, contention: np.ndarray
+) -> np.ndarray:
     """Seconds a channel's transfers take from compute they overlap on the same cores.
 
     Every transfer is ready by `end`, so the channel works without a gap from `end` to `finish`; the

@@ -41,7 +41,9 @@ def variable_columns(context: SimContext) -> np.ndarray:
     """[V, 4] parameter and optimizer-state bytes, each for tensor-split and unsplit variables, and [V, 6]
     with update bytes where those differ from parameter and state bytes (`context.update_per_variable`)."""
     split = context.var_tensor_split
-    figures = (context.var_bytes, context.var_state_bytes) + ((context.var_update_bytes,) if context.update_per_variable else ())
+    figures = (context.var_bytes, context.var_state_bytes) + (
+        (context.var_update_bytes,) if context.update_per_variable else ()
+    )
     return np.stack([c * f for c in figures for f in (split, ~split)], axis=1)
 
 
@@ -63,8 +65,13 @@ class KindSums:
         n = len(batch)
         columns = variable_columns(context)
         sharded_rows, sharded_vars = np.divmod(np.flatnonzero(batch.kind == SyncKind.SHARDED), context.num_variables)
-        return cls(columns.sum(axis=0), _row_sums(columns, ps_rows, ps_vars, n), _row_sums(columns, sharded_rows, sharded_vars, n),
-                   np.bincount(ps_rows, minlength=n).astype(np.float64), np.bincount(sharded_rows, minlength=n).astype(np.float64))
+        return cls(
+            columns.sum(axis=0),
+            _row_sums(columns, ps_rows, ps_vars, n),
+            _row_sums(columns, sharded_rows, sharded_vars, n),
+            np.bincount(ps_rows, minlength=n).astype(np.float64),
+            np.bincount(sharded_rows, minlength=n).astype(np.float64),
+        )
 
     def owned(self, split: int, rest: int, tensor: np.ndarray, data: np.ndarray) -> np.ndarray:
         """Bytes of a column pair on one worker, excluding PS variables, sharded ones over data."""
@@ -91,7 +98,9 @@ class MemoryPhase:
     feasible: np.ndarray
 
 
-def memory_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase, sums: KindSums, held: np.ndarray) -> MemoryPhase:
+def memory_phase(
+    context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase, sums: KindSums, held: np.ndarray
+) -> MemoryPhase:
     data = batch.data.astype(np.float64)
     tensor = batch.tensor.astype(np.float64)
     params = sums.total[PARAM_SPLIT] / tensor + sums.total[PARAM_REST]
@@ -109,7 +118,12 @@ def memory_phase(context: SimContext, batch: CandidateBatch, topo: Topology, com
     peak = peak + np.where(replicas, held, 0.0).max(axis=1)
     device_capacity = context.kinds.memory_bytes[context.device_kind]
     server_over = np.maximum(np.where(replicas, 0.0, held - device_capacity).max(axis=1), 0.0)
-    return MemoryPhase(peak=peak, capacity=topo.capacity, server_over=server_over, feasible=(peak <= topo.capacity) & (server_over == 0))
+    return MemoryPhase(
+        peak=peak,
+        capacity=topo.capacity,
+        server_over=server_over,
+        feasible=(peak <= topo.capacity) & (server_over == 0),
+    )
 
 
 def update_bytes(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
@@ -118,10 +132,14 @@ def update_bytes(context: SimContext, batch: CandidateBatch, compute: ComputePha
     if context.update_per_variable:
         out = sums.owned(UPDATE_SPLIT, UPDATE_REST, tensor, data)
     else:
-        out = UPDATE_PARAM_PASSES * sums.owned(PARAM_SPLIT, PARAM_REST, tensor, data) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
+        out = UPDATE_PARAM_PASSES * sums.owned(
+            PARAM_SPLIT, PARAM_REST, tensor, data
+        ) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
     rows = compute.piped
     if rows.size:
-        per_var = _per_variable(context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / batch.data[rows, None])
+        per_var = _per_variable(
+            context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / batch.data[rows, None]
+        )
         out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
     return out
 
@@ -135,12 +153,22 @@ def update_tensors(context: SimContext, batch: CandidateBatch, compute: ComputeP
         own = np.where(batch.kind[rows] == SyncKind.ALLREDUCE, 1.0, 0.0)
         sharded = np.where(batch.kind[rows] == SyncKind.SHARDED, 1.0, 0.0)
         stages = int(batch.pipeline[rows].max())
-        per_stage = _per_stage(own, compute.piped_var_stage, stages) + (_per_stage(sharded, compute.piped_var_stage, stages) > 0)
+        per_stage = _per_stage(own, compute.piped_var_stage, stages) + (
+            _per_stage(sharded, compute.piped_var_stage, stages) > 0
+        )
         out[rows] = per_stage.max(axis=1)
     return out
 
 
-def _per_variable(context: SimContext, batch: CandidateBatch, rows: np.ndarray, figure: np.ndarray, *, ps_share: float, sharded_share: np.ndarray | float) -> np.ndarray:
+def _per_variable(
+    context: SimContext,
+    batch: CandidateBatch,
+    rows: np.ndarray,
+    figure: np.ndarray,
+    *,
+    ps_share: float,
+    sharded_share: np.ndarray | float,
+) -> np.ndarray:
     kind = batch.kind[rows]
     div = np.where(context.var_tensor_split, batch.tensor[rows, None].astype(np.float64), 1.0)
     share = np.where(kind == SyncKind.PS, ps_share, np.where(kind == SyncKind.SHARDED, sharded_share, 1.0))
@@ -163,7 +191,9 @@ def _pipelined_peak(context: SimContext, batch: CandidateBatch, compute: Compute
     state = _per_variable(context, batch, rows, context.var_state_bytes, ps_share=0.0, sharded_share=1.0 / data)
     stage_vars = _per_stage(params + grads + state, compute.piped_var_stage, S)
     layer_key = (np.arange(n)[:, None] * S + batch.layer_stage[rows].astype(np.intp)).ravel()
-    frozen = np.bincount(layer_key, weights=np.broadcast_to(context.layer_frozen_bytes, (n, context.num_layers)).ravel(), minlength=n * S).reshape(n, S)
+    frozen = np.bincount(
+        layer_key, weights=np.broadcast_to(context.layer_frozen_bytes, (n, context.num_layers)).ravel(), minlength=n * S
+    ).reshape(n, S)
     m = batch.micro_batches[rows].astype(np.float64)[:, None]
     p = batch.pipeline[rows].astype(np.float64)[:, None]
     stage = np.arange(S, dtype=np.float64)[None, :]
@@ -186,5 +216,7 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
     out = np.array(whole, dtype=np.float64)
     for degree in np.unique(tensor[rows]).tolist():
         hit = rows[tensor[rows] == degree]
-        out[hit] = kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
+        out[hit] = (
+            kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
+        )
     return out

@@ -87,10 +87,19 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
     n, V = len(batch), context.num_variables
     piped = np.flatnonzero(batch.pipeline > 1)
     out = ComputePhase(
-        end=np.zeros(n), compute=np.zeros(n), tensor_parallel=np.zeros(n), bubble=np.zeros(n), p2p=np.zeros(n),
-        config=np.zeros(n, dtype=np.intp), offsets=np.zeros((1, V)), piped=piped, piped_slot=np.full(n, -1, dtype=np.intp),
-        piped_ready=np.zeros((piped.size, V)), piped_var_stage=np.zeros((piped.size, V), dtype=np.intp),
-        piped_stage_activations=np.zeros((piped.size, 1)), piped_block_peak=np.zeros(piped.size),
+        end=np.zeros(n),
+        compute=np.zeros(n),
+        tensor_parallel=np.zeros(n),
+        bubble=np.zeros(n),
+        p2p=np.zeros(n),
+        config=np.zeros(n, dtype=np.intp),
+        offsets=np.zeros((1, V)),
+        piped=piped,
+        piped_slot=np.full(n, -1, dtype=np.intp),
+        piped_ready=np.zeros((piped.size, V)),
+        piped_var_stage=np.zeros((piped.size, V), dtype=np.intp),
+        piped_stage_activations=np.zeros((piped.size, 1)),
+        piped_block_peak=np.zeros(piped.size),
     )
     flat = np.flatnonzero(batch.pipeline <= 1)
     if flat.size:
@@ -101,8 +110,15 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
     return out
 
 
-def _configs(kind: np.ndarray, tensor: np.ndarray, micro: np.ndarray, recompute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    key = (kind.astype(np.int64) << 41) | (recompute.astype(np.int64) << 40) | (tensor.astype(np.int64) << 20) | micro.astype(np.int64)
+def _configs(
+    kind: np.ndarray, tensor: np.ndarray, micro: np.ndarray, recompute: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    key = (
+        (kind.astype(np.int64) << 41)
+        | (recompute.astype(np.int64) << 40)
+        | (tensor.astype(np.int64) << 20)
+        | micro.astype(np.int64)
+    )
     return np.unique(key, return_inverse=True)
 
 
@@ -131,7 +147,9 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
 
 def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.ndarray, out: ComputePhase) -> None:
     latency, per_byte = topo.tensor[0][rows], topo.tensor[1][rows]
-    kind_tensor, kt_inverse = _configs(topo.kind[rows], batch.tensor[rows], batch.micro_batches[rows], batch.recompute[rows])
+    kind_tensor, kt_inverse = _configs(
+        topo.kind[rows], batch.tensor[rows], batch.micro_batches[rows], batch.recompute[rows]
+    )
     links = np.stack([kt_inverse.astype(float), latency, per_byte], axis=1)
     configs, inverse = np.unique(links, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
@@ -204,5 +222,7 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     out.piped_var_stage = var_stage
     tensor = batch.tensor[rows].astype(float)[:, None]
     full = context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1.0)
-    out.piped_stage_activations = per_stage(np.where(recompute[:, None] & context.layer_recomputed, context.recompute_kept, full))
+    out.piped_stage_activations = per_stage(
+        np.where(recompute[:, None] & context.layer_recomputed, context.recompute_kept, full)
+    )
     out.piped_block_peak = np.where(recompute, block_peak(context, full), 0.0)

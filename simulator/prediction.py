@@ -55,7 +55,9 @@ class Prediction:
         )
 
 
-def predictions(context: SimContext, batch: CandidateBatch, indices: list[int] | np.ndarray | None = None) -> list[Prediction]:
+def predictions(
+    context: SimContext, batch: CandidateBatch, indices: list[int] | np.ndarray | None = None
+) -> list[Prediction]:
     """Explained predictions for `indices` (all when None); re-simulates just those rows with detail."""
     rows = np.arange(len(batch)) if indices is None else np.asarray(indices, dtype=np.intp)
     sub = batch.take(rows)
@@ -104,7 +106,9 @@ RUNNER_UP_LABELS = {
 }
 
 
-def _bottleneck(context: SimContext, batch: CandidateBatch, result: BatchResult, i: int, breakdown: dict[str, float]) -> str:
+def _bottleneck(
+    context: SimContext, batch: CandidateBatch, result: BatchResult, i: int, breakdown: dict[str, float]
+) -> str:
     step = float(result.step_time[i])
     key = max(breakdown, key=lambda k: breakdown[k])
     share = breakdown[key] / step if step > 0 else 0.0
@@ -112,18 +116,24 @@ def _bottleneck(context: SimContext, batch: CandidateBatch, result: BatchResult,
         return _ps_sentence(context, result, i, share)
     if key == "allreduce":
         nbytes = float(result.detail["allreduce_bytes"][i])
-        return (f"all-reduce of {_bytes(nbytes)} of gradients per step among {int(batch.data[i])} replicas is not hidden "
-                f"by backward: {_seconds(breakdown[key])} exposed ({share:.0%} of the step)")
+        return (
+            f"all-reduce of {_bytes(nbytes)} of gradients per step among {int(batch.data[i])} replicas is not hidden "
+            f"by backward: {_seconds(breakdown[key])} exposed ({share:.0%} of the step)"
+        )
     if key == "sharded":
         return f"sharded (ZeRO) reduce-scatter and parameter all-gather take {_seconds(breakdown[key])} of the step ({share:.0%})"
     if key == "tensor_parallel":
-        return (f"tensor-parallel all-reduces of activations across {int(batch.tensor[i])} devices sit on the critical path: "
-                f"{_seconds(breakdown[key])} ({share:.0%} of the step)")
+        return (
+            f"tensor-parallel all-reduces of activations across {int(batch.tensor[i])} devices sit on the critical path: "
+            f"{_seconds(breakdown[key])} ({share:.0%} of the step)"
+        )
     if key == "pipeline_bubble":
         p, m = int(batch.pipeline[i]), int(batch.micro_batches[i])
         return f"pipeline bubble: {p} stages with {m} micro-batches leave devices idle {(p - 1) / (m + p - 1):.0%} of the schedule"
     if key == "optimizer_update":
-        return f"the optimizer update streams parameters and state through memory for {_seconds(breakdown[key])} per step"
+        return (
+            f"the optimizer update streams parameters and state through memory for {_seconds(breakdown[key])} per step"
+        )
     kind = context.kinds.specs[int(_kind(context, batch, i))].name
     head = f"compute-bound: forward and backward take {_seconds(breakdown['compute'])} per step on {kind}"
     runner_up = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k], default=None)
@@ -138,11 +148,15 @@ def _ps_sentence(context: SimContext, result: BatchResult, i: int, share: float)
     nbytes = float(result.detail["ps_node_bytes"][i][j])
     where = f"node {j} ({context.node_addresses[j]})"
     if context.num_nodes == 1:
-        return (f"the PS on {where} takes {_seconds(float(seconds[j]))} per step for pushes, pulls and updates over the "
-                f"intra-node link (PS waiting is {share:.0%} of the step)")
+        return (
+            f"the PS on {where} takes {_seconds(float(seconds[j]))} per step for pushes, pulls and updates over the "
+            f"intra-node link (PS waiting is {share:.0%} of the step)"
+        )
     gbps = float(context.nic_gbps[j])
-    return (f"the PS on {where} receives {_bytes(nbytes)} per step over a {gbps:g} Gbit/s NIC "
-            f"({_seconds(float(seconds[j]))} of transfer and updates; PS waiting is {share:.0%} of the step)")
+    return (
+        f"the PS on {where} receives {_bytes(nbytes)} per step over a {gbps:g} Gbit/s NIC "
+        f"({_seconds(float(seconds[j]))} of transfer and updates; PS waiting is {share:.0%} of the step)"
+    )
 
 
 def _kind(context: SimContext, batch: CandidateBatch, i: int) -> int:

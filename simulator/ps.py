@@ -82,7 +82,9 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     var = context.order.take(position)
     if not flat.size:
         zeros = np.zeros(n)
-        return PSPhase(zeros, zeros.copy(), zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), row, var)
+        return PSPhase(
+            zeros, zeros.copy(), zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), row, var
+        )
     cell = row * V + var
     lr = batch.local_replication.ravel().take(cell)
     weights = np.stack([topo.copies, np.minimum(topo.copies, 1.0)], axis=1)
@@ -110,8 +112,12 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     coalesced = np.zeros(entry.size)
     if sparse is not None:
         exchanges = sparse * collectives.SPARSE_PS_ROUND_TRIPS
-        device_trips = device_trips + np.bincount(row.take(entry) * D + server, weights=exchanges, minlength=n * D).reshape(n, D)
-        coalesced = _coalesced_bytes(context, var.take(entry), sparse, push_share.take(entry), totals.take(weight_row.take(entry)))
+        device_trips = device_trips + np.bincount(
+            row.take(entry) * D + server, weights=exchanges, minlength=n * D
+        ).reshape(n, D)
+        coalesced = _coalesced_bytes(
+            context, var.take(entry), sparse, push_share.take(entry), totals.take(weight_row.take(entry))
+        )
     device_weights = weights[:, :, context.device_node]
     own = (by_device["push"] * device_weights).sum(axis=1)
     resident = _resident_weights(batch, device_weights)
@@ -121,8 +127,12 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     device_coalesced = np.bincount(row.take(entry) * D + server, weights=coalesced, minlength=n * D).reshape(n, D)
     push_scale, pull_scale = price.push_scale, price.pull_scale
     device_transfer = remote * price.inv_nic + crossing * price.inv_intra
-    device_work = (by_device["update"] * price.inv_rate + by_device["tensors"] * price.tensor_s + device_trips * price.latency
-                   + device_coalesced * price.inv_coalesce)
+    device_work = (
+        by_device["update"] * price.inv_rate
+        + by_device["tensors"] * price.tensor_s
+        + device_trips * price.latency
+        + device_coalesced * price.inv_coalesce
+    )
     worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * weights).sum(axis=1)
     transfer_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_transfer)
     node_seconds = transfer_seconds * np.maximum(push_scale, pull_scale) + context.per_node(device_work)
@@ -137,19 +147,26 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
     own_e = copies.take(weight_row.take(e) * M + context.device_node.take(d)) * push_share.take(e)
     resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
     total_e = push_share.take(e) * totals.take(weight_row.take(e))
-    transfer = ((total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d))
+    transfer = (total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d)
     launched = buckets.launch.take(on_busy)
-    service = (np.bincount(buckets.launch, weights=(outbound / count).take(entry), minlength=flat.size)
-               + np.bincount(launched, weights=transfer, minlength=flat.size)) * entry_push
+    service = (
+        np.bincount(buckets.launch, weights=(outbound / count).take(entry), minlength=flat.size)
+        + np.bincount(launched, weights=transfer, minlength=flat.size)
+    ) * entry_push
     seconds = update.take(e) * price.inv_rate.take(d) + price.tensor_s.take(d)
     exchanges_on_busy = np.zeros(0)
     if sparse is not None:
         exchanges_on_busy = sparse.take(on_busy).astype(np.float64)
-        seconds += exchanges.take(on_busy) * price.latency.take(d) + coalesced.take(on_busy) * price.inv_coalesce.take(d)
+        seconds += exchanges.take(on_busy) * price.latency.take(d) + coalesced.take(on_busy) * price.inv_coalesce.take(
+            d
+        )
     service += np.bincount(launched, weights=seconds, minlength=flat.size)
     on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
-    service += np.bincount(buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)),
-                           minlength=flat.size)
+    service += np.bincount(
+        buckets.entry.take(on_busy_bucket),
+        weights=price.latency.take(buckets.device.take(on_busy_bucket)),
+        minlength=flat.size,
+    )
     moved = np.bincount(row, weights=outbound, minlength=n)
     moved += np.bincount(row.take(e), weights=transfer, minlength=n)
     moved_sparse = np.zeros(n)
@@ -178,7 +195,9 @@ four tables (session 11): the server's update took 3.7 ms more than the same spa
 all-reduce, where one coalesce of the rows took 2.5 ms."""
 
 
-def _coalesced_bytes(context: SimContext, var: np.ndarray, sparse: np.ndarray, push: np.ndarray, pushers: np.ndarray) -> np.ndarray:
+def _coalesced_bytes(
+    context: SimContext, var: np.ndarray, sparse: np.ndarray, push: np.ndarray, pushers: np.ndarray
+) -> np.ndarray:
     """Bytes each sparse shard's exchange coalesces (values and int64 indices), or costs as much as:
     its rows where they are pushed (once on the critical path: every worker does it at once), every
     push at the server, and the server's search for the rows that changed."""
@@ -213,8 +232,18 @@ class DenseBuckets:
 
 
 def _dense_buckets(
-    context: SimContext, K: int, row: np.ndarray, var: np.ndarray, lr: np.ndarray, head: np.ndarray, tail: np.ndarray,
-    tail_server: np.ndarray, tail_shard: np.ndarray, sparse: np.ndarray | None, n: int, D: int,
+    context: SimContext,
+    K: int,
+    row: np.ndarray,
+    var: np.ndarray,
+    lr: np.ndarray,
+    head: np.ndarray,
+    tail: np.ndarray,
+    tail_server: np.ndarray,
+    tail_shard: np.ndarray,
+    sparse: np.ndarray | None,
+    n: int,
+    D: int,
 ) -> DenseBuckets:
     """Entries are numbered in (candidate, ready position) order, so a bucket's last-ready member is its
     highest (entry, shard) rank: one scatter-max over the (entry, shard) pairs, no sort."""
@@ -224,7 +253,12 @@ def _dense_buckets(
     key = ((row * D + head) * 2 + lr) * slots.size + dtype_slot.take(var)
     if tail.size:
         rank = np.concatenate([rank, tail * K + tail_shard])
-        key = np.concatenate([key, ((row.take(tail) * D + tail_server) * 2 + lr.take(tail)) * slots.size + dtype_slot.take(var.take(tail))])
+        key = np.concatenate(
+            [
+                key,
+                ((row.take(tail) * D + tail_server) * 2 + lr.take(tail)) * slots.size + dtype_slot.take(var.take(tail)),
+            ]
+        )
     launch = rank // K
     dense: np.ndarray | slice = slice(None)
     if sparse is not None:
@@ -247,7 +281,9 @@ def _last_of_row(row: np.ndarray) -> np.ndarray:
     return last
 
 
-def _shard_slots(batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _shard_slots(
+    batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Servers of the PS entries at flat [N·V] `cell`s: shard 0 of every entry ([E]), then the
     (entry, server, shard index) triples of shards 1, 2, ... of the partitioned ones."""
     K = batch.max_shards
@@ -268,8 +304,16 @@ def _shard_slots(batch: CandidateBatch, cell: np.ndarray, shards: np.ndarray) ->
 
 
 def _device_sums(
-    row: np.ndarray, head: np.ndarray, tail: np.ndarray, tail_server: np.ndarray, n: int, D: int,
-    lr: np.ndarray, push: np.ndarray, update: np.ndarray, keep: np.ndarray,
+    row: np.ndarray,
+    head: np.ndarray,
+    tail: np.ndarray,
+    tail_server: np.ndarray,
+    n: int,
+    D: int,
+    lr: np.ndarray,
+    push: np.ndarray,
+    update: np.ndarray,
+    keep: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """Per (candidate, server device): pushes [n, 2, D] by local replication, and [n, D] update bytes,
     held bytes and shards (tensors it steps), over shard 0 of every entry (`head`) and the further shards (`tail`)."""

@@ -123,7 +123,9 @@ class _Planner:
         layer = self.layers[i]
         if layer.variables or not layer.inputs:
             return False
-        if not (layer.kind == LayerKind.elementwise or (layer.kind == LayerKind.other and layer.type in PASSTHROUGH_TYPES)):
+        if not (
+            layer.kind == LayerKind.elementwise or (layer.kind == LayerKind.other and layer.type in PASSTHROUGH_TYPES)
+        ):
             return False
         return all(self.layers[self.index[name]].output_bytes == layer.output_bytes for name in layer.inputs)
 
@@ -133,12 +135,16 @@ class _Planner:
         heads = head_count(self.graph)
         if heads is None:
             return []
-        owners = list(dict.fromkeys(_module_of(layer) for layer in self.layers if layer.kind == LayerKind.attention and "/" in layer.name))
+        owners = list(
+            dict.fromkeys(
+                _module_of(layer) for layer in self.layers if layer.kind == LayerKind.attention and "/" in layer.name
+            )
+        )
         return [split for owner in owners if (split := self._attention(owner, heads)) is not None]
 
     def _attention(self, owner: str, heads: int) -> Split | None:
         inside = [i for i, layer in enumerate(self.layers) if layer.name.startswith((owner + ".", owner + "/"))]
-        children = {_module_of(self.layers[i])[len(owner) + 1:]: i for i in inside if _is_module_layer(self.layers[i])}
+        children = {_module_of(self.layers[i])[len(owner) + 1 :]: i for i in inside if _is_module_layer(self.layers[i])}
         projections = []
         for child, i in children.items():
             direct_linear = "." not in child and self.layers[i].type == "Linear"
@@ -178,8 +184,20 @@ class _Planner:
             if any(c not in between and c != r for i in sources | between for c in self.consumers[i]):
                 continue
             for s in sorted(sources):
-                out.append(Split(TensorParallelLayer(name=_module_of(self.layers[s]), style="colwise"), self.linear(s).shape[0], (s,)))  # type: ignore[union-attr]
-            out.append(Split(TensorParallelLayer(name=_module_of(self.layers[r]), style="rowwise"), weight.shape[1], (r, *sorted(between))))
+                out.append(
+                    Split(
+                        TensorParallelLayer(name=_module_of(self.layers[s]), style="colwise"),
+                        self.linear(s).shape[0],
+                        (s,),
+                    )
+                )  # type: ignore[union-attr]
+            out.append(
+                Split(
+                    TensorParallelLayer(name=_module_of(self.layers[r]), style="rowwise"),
+                    weight.shape[1],
+                    (r, *sorted(between)),
+                )
+            )
             used |= sources | between | {r}
         return out
 
@@ -224,7 +242,9 @@ class _Planner:
         for i, weight in chosen.items():
             holders = self.holders.get(weight.name, set())
             if tie_refusal({module: "vocab" if module in styled else None for module in holders}) is None:
-                out.append(Split(TensorParallelLayer(name=_module_of(self.layers[i]), style="vocab"), weight.shape[0], (i,)))
+                out.append(
+                    Split(TensorParallelLayer(name=_module_of(self.layers[i]), style="vocab"), weight.shape[0], (i,))
+                )
         return out
 
 

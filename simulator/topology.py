@@ -98,7 +98,9 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
         row_gather=collectives.all_gather(data, alpha, band * context.kinds.gather_efficiency[kind]),
         half_reduce=context.kinds.half_reduce_efficiency[kind],
         tensor=collectives.ring_allreduce(tensor, tp_alpha, tp_band),
-        p2p=collectives.send(np.where(pp_crosses, alpha_e, alpha_i), np.where(pp_crosses, np.minimum(band_nic, band_i), band_i)),
+        p2p=collectives.send(
+            np.where(pp_crosses, alpha_e, alpha_i), np.where(pp_crosses, np.minimum(band_nic, band_i), band_i)
+        ),
         dp_crosses_nodes=crosses,
         nic_gbps=gbps,
     )

@@ -89,10 +89,29 @@ WORKER_TIMEOUT_S = 120.0
 UPDATE_BYTES_PER_PARAM = 3 * 4 + 2 * 8
 """What the simulator counts for an fp32 Adam update: parameter and gradient in, parameter out (3 x 4
 bytes), two state tensors in and out (2 x 8 bytes)."""
-RATES = ("matmul_flops", "bf16_flops", "conv_flops", "copy_bandwidth", "elementwise_rate", "norm_rate", "optimizer_rate",
-         "optimizer_large_rate", "stream_rate", "cast_rate", "select_rate", "lowrank_rate",
-         "lowrank_large_rate", "coalesce_rate", "scatter_efficiency",
-         "gather_efficiency", "half_reduce_efficiency", "half_wire_efficiency", "reduce_efficiency", "broadcast_efficiency", "overlap")
+RATES = (
+    "matmul_flops",
+    "bf16_flops",
+    "conv_flops",
+    "copy_bandwidth",
+    "elementwise_rate",
+    "norm_rate",
+    "optimizer_rate",
+    "optimizer_large_rate",
+    "stream_rate",
+    "cast_rate",
+    "select_rate",
+    "lowrank_rate",
+    "lowrank_large_rate",
+    "coalesce_rate",
+    "scatter_efficiency",
+    "gather_efficiency",
+    "half_reduce_efficiency",
+    "half_wire_efficiency",
+    "reduce_efficiency",
+    "broadcast_efficiency",
+    "overlap",
+)
 """Figures where a higher value is better: the slowest rank's is the smallest."""
 
 
@@ -162,16 +181,22 @@ def average(specs: Sequence[ResourceSpec]) -> ResourceSpec:
     each calibration measured, so rates average harmonically and times arithmetically."""
     figures = [spec.provenance for spec in specs]
     if not figures or any("allreduce_seconds" not in f for f in figures):
-        raise InvalidResourceSpecError([Problem("provenance", "averaging needs calibrated specs (with their measured figures)")])
+        raise InvalidResourceSpecError(
+            [Problem("provenance", "averaging needs calibrated specs (with their measured figures)")]
+        )
     first = figures[0]
-    out: dict[str, Any] = {key: first[key] for key in ("ranks", "threads", "allreduce_bytes", "spare_cores") if key in first}
+    out: dict[str, Any] = {
+        key: first[key] for key in ("ranks", "threads", "allreduce_bytes", "spare_cores") if key in first
+    }
     for key in (*RATES, "layer_overhead_s", "lowrank_round_s"):
         if any(key not in f for f in figures):
             continue
         values = [float(f[key]) for f in figures]
         harmonic = key in RATES and key != "overlap" and min(values) > 0
         out[key] = len(values) / sum(1.0 / v for v in values) if harmonic else statistics.fmean(values)
-    out["allreduce_seconds"] = [statistics.fmean(column) for column in zip(*(f["allreduce_seconds"] for f in figures), strict=True)]
+    out["allreduce_seconds"] = [
+        statistics.fmean(column) for column in zip(*(f["allreduce_seconds"] for f in figures), strict=True)
+    ]
     out["calibrated_at"] = [f.get("calibrated_at") for f in figures]
     return spec_from_figures(out, address=specs[0].nodes[0].address)
 
@@ -182,8 +207,11 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
     Compression figures an older calibration did not measure keep their defaults."""
     matmul, bandwidth = figures["matmul_flops"], figures["copy_bandwidth"]
     small_tensor_rate, knee = optimizer_size_law(figures["optimizer_rate"], figures.get("optimizer_large_rate"))
-    lowrank_rate, lowrank_knee = size_law(figures["lowrank_rate"], figures.get("lowrank_large_rate"), LOWRANK_MATRIX_BYTES) \
-        if "lowrank_rate" in figures else (None, None)
+    lowrank_rate, lowrank_knee = (
+        size_law(figures["lowrank_rate"], figures.get("lowrank_large_rate"), LOWRANK_MATRIX_BYTES)
+        if "lowrank_rate" in figures
+        else (None, None)
+    )
     return DeviceSpec(
         name=DEVICE_KIND,
         peak_flops={"float32": matmul, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]},
@@ -200,15 +228,21 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
         stream_efficiency=fraction(figures["stream_rate"] / bandwidth) if "stream_rate" in figures else None,
         cast_efficiency=fraction(figures["cast_rate"] / bandwidth) if "cast_rate" in figures else None,
         select_efficiency=fraction(figures["select_rate"] / bandwidth) if "select_rate" in figures else None,
-        full_select_efficiency=fraction(figures["full_select_rate"] / bandwidth) if "full_select_rate" in figures else None,
+        full_select_efficiency=fraction(figures["full_select_rate"] / bandwidth)
+        if "full_select_rate" in figures
+        else None,
         lowrank_efficiency=fraction(lowrank_rate / bandwidth) if lowrank_rate else None,
         lowrank_knee_bytes=lowrank_knee,
         coalesce_efficiency=fraction(figures["coalesce_rate"] / bandwidth) if "coalesce_rate" in figures else None,
         scatter_efficiency=_bounded(figures["scatter_efficiency"], 8.0) if "scatter_efficiency" in figures else None,
         gather_efficiency=_bounded(figures["gather_efficiency"], 8.0) if "gather_efficiency" in figures else None,
-        half_reduce_efficiency=_bounded(figures["half_reduce_efficiency"], 8.0) if "half_reduce_efficiency" in figures else None,
+        half_reduce_efficiency=_bounded(figures["half_reduce_efficiency"], 8.0)
+        if "half_reduce_efficiency" in figures
+        else None,
         reduce_efficiency=_bounded(figures["reduce_efficiency"], 8.0) if "reduce_efficiency" in figures else None,
-        broadcast_efficiency=_bounded(figures["broadcast_efficiency"], 8.0) if "broadcast_efficiency" in figures else None,
+        broadcast_efficiency=_bounded(figures["broadcast_efficiency"], 8.0)
+        if "broadcast_efficiency" in figures
+        else None,
         lowrank_round_s=min(figures["lowrank_round_s"], 1.0) if "lowrank_round_s" in figures else None,
         **_sharing(figures),
         is_gpu=False,
@@ -269,8 +303,14 @@ def fit_ring(sizes: Sequence[float], seconds: Sequence[float], ranks: int) -> tu
     n, t = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
     order = np.argsort(n)
     if n.shape != t.shape or n.size < 2 or n[order[-1]] == n[order[-2]]:
-        raise InvalidResourceSpecError([Problem("allreduce_bytes", "the link fit needs one all-reduce time per size, "
-                                                "and its two largest sizes different")])
+        raise InvalidResourceSpecError(
+            [
+                Problem(
+                    "allreduce_bytes",
+                    "the link fit needs one all-reduce time per size, and its two largest sizes different",
+                )
+            ]
+        )
     n, t = n[order], t[order]
     p = float(ranks)
     slope = (t[-1] - t[-2]) / (n[-1] - n[-2])
@@ -303,16 +343,31 @@ def measure(ranks: int, *, threads: int = 1, overlap: bool = True) -> dict[str, 
         results = [Path(folder) / f"rank{rank}.json" for rank in range(ranks)]
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "stratagem.calibrate", "--worker", str(rank), str(ranks), str(port), str(results[rank]), str(threads),
-                 str(int(overlap))],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "stratagem.calibrate",
+                    "--worker",
+                    str(rank),
+                    str(ranks),
+                    str(port),
+                    str(results[rank]),
+                    str(threads),
+                    str(int(overlap)),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for rank in range(ranks)
         ]
         errors = wait_for_ranks(procs, WORKER_TIMEOUT_S)
         missing = [str(path.name) for path in results if not path.exists()]
         if errors or missing:
-            raise CalibrationError(f"calibration workers failed: {'; '.join(errors) or 'no result from ' + ', '.join(missing)}")
+            raise CalibrationError(
+                f"calibration workers failed: {'; '.join(errors) or 'no result from ' + ', '.join(missing)}"
+            )
         return combine([json.loads(path.read_text()) for path in results])
 
 
@@ -330,7 +385,9 @@ def wait_for_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[str]
                 other.wait()
             return [f"timed out after {timeout_s:.0f} s"]
         if proc.returncode != 0:
-            errors.append(f"rank {rank} exited {proc.returncode}: {stderr.strip().splitlines()[-1] if stderr.strip() else ''}")
+            errors.append(
+                f"rank {rank} exited {proc.returncode}: {stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
+            )
     return errors
 
 
@@ -405,8 +462,13 @@ class Stepper:
     starts with cold caches, as a step's layers do; the eviction is not timed, and the ranks agree once
     more after it so that no rank's sample includes another's eviction."""
 
-    def __init__(self, agree: Callable[[bool], bool] = lambda go: go, *, budget_scale: float = 1.0,
-                 evict: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        agree: Callable[[bool], bool] = lambda go: go,
+        *,
+        budget_scale: float = 1.0,
+        evict: Callable[[], object] | None = None,
+    ) -> None:
         self.agree = agree
         self.budget_scale = budget_scale
         self.evict: Callable[[], object] | None = None  # the agreement's own latency is timed warm
@@ -473,7 +535,9 @@ def compute_figures(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), devic
     return {name: probe() for name, probe in probes(stepper, shapes, device).items()}
 
 
-def probes(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = "cpu") -> dict[str, Callable[[], float]]:
+def probes(
+    stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = "cpu"
+) -> dict[str, Callable[[], float]]:
     """The compute figures' probes by name, each a measurement run on call (by all ranks at once)."""
     import torch
     from torch import nn
@@ -493,24 +557,49 @@ def probes(stepper: Stepper, shapes: ProbeShapes = ProbeShapes(), device: str = 
     other, total = torch.randn_like(grad), torch.empty_like(grad)
     (small, small_side), (large, large_side) = shapes.lowrank
     return {
-        "matmul_flops": lambda: 3 * 2.0 * tokens * width * width / stepper.median(
-            _train_pass(nn.Linear(width, width, bias=False, device=device), x), budget_s=1.0),
+        "matmul_flops": lambda: (
+            3
+            * 2.0
+            * tokens
+            * width
+            * width
+            / stepper.median(_train_pass(nn.Linear(width, width, bias=False, device=device), x), budget_s=1.0)
+        ),
         "bf16_flops": lambda: 2.0 * side**3 / stepper.median(lambda: torch.mm(a, b), budget_s=0.5),
-        "conv_flops": lambda: 3 * 2.0 * 9 * channels * images.numel() / stepper.median(
-            _train_pass(nn.Conv2d(channels, channels, 3, padding=1, bias=False, device=device), images), budget_s=1.0),
+        "conv_flops": lambda: (
+            3
+            * 2.0
+            * 9
+            * channels
+            * images.numel()
+            / stepper.median(
+                _train_pass(nn.Conv2d(channels, channels, 3, padding=1, bias=False, device=device), images),
+                budget_s=1.0,
+            )
+        ),
         "copy_bandwidth": lambda: 2.0 * src.nbytes / stepper.median(lambda: dst.copy_(src), budget_s=0.5),
         "elementwise_rate": lambda: _memory_bound_rate(stepper, shapes, device, norms=False),
         "norm_rate": lambda: _memory_bound_rate(stepper, shapes, device, norms=True),
         "layer_overhead_s": lambda: _layer_overhead(stepper, device),
         "optimizer_rate": _optimizer_probe(stepper, device, total_bytes=shapes.optimizer_bytes),
-        "optimizer_large_rate": _optimizer_probe(stepper, device, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1], total_bytes=shapes.optimizer_bytes),
+        "optimizer_large_rate": _optimizer_probe(
+            stepper, device, tensor_bytes=OPTIMIZER_TENSOR_BYTES[1], total_bytes=shapes.optimizer_bytes
+        ),
         "optimizer_tensor_s": optimizer_tensor_probe(stepper, device),
-        "stream_rate": lambda: 3 * grad.nbytes / stepper.median(lambda: torch.add(grad, other, out=total), budget_s=0.5),
+        "stream_rate": lambda: (
+            3 * grad.nbytes / stepper.median(lambda: torch.add(grad, other, out=total), budget_s=0.5)
+        ),
         "cast_rate": lambda: 2 * 1.5 * grad.nbytes / stepper.median(lambda: grad.copy_(half.copy_(grad)), budget_s=0.5),
-        "select_rate": lambda: grad.nbytes / stepper.median(
-            lambda: select_largest(magnitudes, grad.numel() // 100), budget_s=0.5),
-        "full_select_rate": lambda: FULL_SELECTION_ENTRIES * 4 / stepper.median(
-            lambda: select_largest(magnitudes[:FULL_SELECTION_ENTRIES], FULL_SELECTION_ENTRIES // 100), budget_s=0.3),
+        "select_rate": lambda: (
+            grad.nbytes / stepper.median(lambda: select_largest(magnitudes, grad.numel() // 100), budget_s=0.5)
+        ),
+        "full_select_rate": lambda: (
+            FULL_SELECTION_ENTRIES
+            * 4
+            / stepper.median(
+                lambda: select_largest(magnitudes[:FULL_SELECTION_ENTRIES], FULL_SELECTION_ENTRIES // 100), budget_s=0.3
+            )
+        ),
         "lowrank_rate": _lowrank_probe(stepper, device, matrices=small, side=small_side),
         "lowrank_large_rate": _lowrank_probe(stepper, device, matrices=large, side=large_side),
         "coalesce_rate": _coalesce_probe(stepper, device, lookups=shapes.lookups[0], rows=shapes.lookups[1]),
@@ -566,7 +655,10 @@ def _memory_bound_rate(stepper: Stepper, shapes: ProbeShapes, device: str, *, no
 
     tokens = torch.randn(*shapes.tokens, requires_grad=True, device=device)
     images = torch.randn(*shapes.images, requires_grad=True, device=device)
-    layer_norm, batch_norm = nn.LayerNorm(shapes.tokens[1], device=device), nn.BatchNorm2d(shapes.images[1], device=device)
+    layer_norm, batch_norm = (
+        nn.LayerNorm(shapes.tokens[1], device=device),
+        nn.BatchNorm2d(shapes.images[1], device=device),
+    )
     first, second = (layer_norm, batch_norm) if norms else (nn.functional.gelu, torch.relu)
 
     def run() -> None:
@@ -589,14 +681,18 @@ def _layer_overhead(stepper: Stepper, device: str = "cpu") -> float:
     return (long - short) / (2 * (64 - 8))
 
 
-def _optimizer_probe(stepper: Stepper, device: str, *, tensor_bytes: int = OPTIMIZER_TENSOR_BYTES[0],
-                     total_bytes: int = 32 << 20) -> Callable[[], float]:
+def _optimizer_probe(
+    stepper: Stepper, device: str, *, tensor_bytes: int = OPTIMIZER_TENSOR_BYTES[0], total_bytes: int = 32 << 20
+) -> Callable[[], float]:
     """Bytes/s of an Adam step over `total_bytes` of parameters in tensors of `tensor_bytes` (with
     gradients and state, four times that: beyond a CPU's caches), on the bytes the simulator counts.
     The parameters and state are made once, so repeated probes time the step, not the allocation."""
     import torch
 
-    params = [torch.zeros(tensor_bytes // 4, requires_grad=True, device=device) for _ in range(max(1, total_bytes // tensor_bytes))]
+    params = [
+        torch.zeros(tensor_bytes // 4, requires_grad=True, device=device)
+        for _ in range(max(1, total_bytes // tensor_bytes))
+    ]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.Adam(params)
@@ -604,8 +700,9 @@ def _optimizer_probe(stepper: Stepper, device: str, *, tensor_bytes: int = OPTIM
     return lambda: UPDATE_BYTES_PER_PARAM * count / stepper.median(optimizer.step, budget_s=1.0)
 
 
-def optimizer_tensor_probe(stepper: Stepper, device: str, *, tensors: int = 256, elements: int = 64,
-                            foreach: bool | None = None) -> Callable[[], float]:
+def optimizer_tensor_probe(
+    stepper: Stepper, device: str, *, tensors: int = 256, elements: int = 64, foreach: bool | None = None
+) -> Callable[[], float]:
     """Seconds per tensor of an Adam step over many tiny tensors, whose bytes cost nothing next to
     the per-tensor operations it launches (`foreach` False: the per-tensor loop even on CUDA)."""
     import torch
@@ -732,7 +829,9 @@ def scatter_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
     gradients: the ring formulas make reduce-scatter plus all-gather cost exactly one all-reduce, so the
     ratio is the share of the fitted link bandwidth (copies included, as in the fit) they reach."""
     grads = gradients(torch, PROBE_BUCKET_BYTES)
-    return _ratio(dist, lambda: allreduce_bucket(dist, torch, grads), lambda: sharded_bucket(dist, torch, grads), repeats)
+    return _ratio(
+        dist, lambda: allreduce_bucket(dist, torch, grads), lambda: sharded_bucket(dist, torch, grads), repeats
+    )
 
 
 GATHER_BYTES = 4 << 20
@@ -746,8 +845,12 @@ def gather_efficiency(dist: Any, torch: Any, *, repeats: int = 4) -> float:
     world = dist.get_world_size()
     mine = torch.ones(GATHER_BYTES // 4, dtype=torch.float32)
     grads = gradients(torch, GATHER_BYTES * world // 2)
-    return _ratio(dist, lambda: allreduce_bucket(dist, torch, grads),
-                  lambda: dist.all_gather([torch.empty_like(mine) for _ in range(world)], mine), repeats)
+    return _ratio(
+        dist,
+        lambda: allreduce_bucket(dist, torch, grads),
+        lambda: dist.all_gather([torch.empty_like(mine) for _ in range(world)], mine),
+        repeats,
+    )
 
 
 def half_reduce_efficiencies(dist: Any, torch: Any, *, repeats: int = 6) -> tuple[float, float]:
@@ -827,7 +930,9 @@ def collective_figures(dist: Any, torch: Any, *, overlap: bool) -> dict[str, Any
         "allreduce_seconds": allreduce_seconds(dist, torch),
         "scatter_efficiency": scatter_efficiency(dist, torch),
         "gather_efficiency": gather_efficiency(dist, torch),
-        **dict(zip(("half_reduce_efficiency", "half_wire_efficiency"), half_reduce_efficiencies(dist, torch), strict=True)),
+        **dict(
+            zip(("half_reduce_efficiency", "half_wire_efficiency"), half_reduce_efficiencies(dist, torch), strict=True)
+        ),
         **dict(zip(("reduce_efficiency", "broadcast_efficiency"), root_efficiencies(dist, torch), strict=True)),
         "lowrank_round_s": lowrank_round_seconds(dist, torch),
         "overlap": overlap_share(dist, torch) if overlap else 0.0,
@@ -872,8 +977,13 @@ def _worker(rank: int, world: int, port: int, result: str, threads: int, overlap
 
     torch.set_num_threads(threads)
     torch.manual_seed(rank)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=WORKER_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=WORKER_TIMEOUT_S),
+    )
 
     def agree(go: bool) -> bool:
         flag = torch.tensor([int(go)], dtype=torch.int32)

@@ -63,7 +63,9 @@ def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> Resou
         **figures,
     }
     same = [i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_name(i) == properties.name]
-    return gpu_spec(provenance, name=properties.name, memory_bytes=float(properties.total_memory), gpus=same, address=address)
+    return gpu_spec(
+        provenance, name=properties.name, memory_bytes=float(properties.total_memory), gpus=same, address=address
+    )
 
 
 def measure_gpu(device: str) -> dict[str, float]:
@@ -91,7 +93,9 @@ def catalog_kind(name: str, memory_bytes: float) -> str | None:
     return min(kinds, key=lambda kind: (-len(kind.split("-")[0]), abs(CATALOG[kind].memory_bytes - memory_bytes)))
 
 
-def gpu_spec(provenance: dict[str, Any], *, name: str, memory_bytes: float, gpus: list[int], address: str = "127.0.0.1") -> ResourceSpec:
+def gpu_spec(
+    provenance: dict[str, Any], *, name: str, memory_bytes: float, gpus: list[int], address: str = "127.0.0.1"
+) -> ResourceSpec:
     """The ResourceSpec a GPU calibration's figures describe: one node, its `gpus` of the calibrated kind."""
     base = catalog_kind(name, memory_bytes)
     kind = f"{base or 'GPU'}-calibrated"
@@ -128,7 +132,9 @@ def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) 
         launch_overhead_s=max(figures["layer_overhead_s"], 0.0),
         optimizer_efficiency=share("optimizer_rate"),
         optimizer_tensor_s=max(figures["optimizer_tensor_s"], 0.0),
-        optimizer_loop_tensor_s=max(figures["optimizer_loop_tensor_s"], 0.0) if "optimizer_loop_tensor_s" in figures else None,
+        optimizer_loop_tensor_s=max(figures["optimizer_loop_tensor_s"], 0.0)
+        if "optimizer_loop_tensor_s" in figures
+        else None,
         stream_efficiency=share("stream_rate"),
         cast_efficiency=share("cast_rate"),
         select_efficiency=share("select_rate"),

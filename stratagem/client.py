@@ -99,8 +99,9 @@ def _field(body: Any, key: str, where: str) -> Any:
 
 def _object(body: Any, where: str) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise ServiceError(f"{where}: expected a JSON object, got {type(body).__name__}; is this a Stratagem service?",
-                           detail=body)
+        raise ServiceError(
+            f"{where}: expected a JSON object, got {type(body).__name__}; is this a Stratagem service?", detail=body
+        )
     return body
 
 
@@ -145,7 +146,9 @@ class Job:
         if stream:
             stream.write("\r" + render_progress(self.data) + "\n")
         if self.status != "succeeded":
-            raise ServiceError(f"job {self.id} {self.status}: {self.data.get('error') or 'no error text'}", detail=self.data)
+            raise ServiceError(
+                f"job {self.id} {self.status}: {self.data.get('error') or 'no error text'}", detail=self.data
+            )
         return self
 
     def best(self) -> Strategy:
@@ -204,11 +207,14 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         if self._http.is_closed:
-            raise StratagemError(f"{method} {path}: this Client is closed; open a new one (or use it inside its `with` block)")
+            raise StratagemError(
+                f"{method} {path}: this Client is closed; open a new one (or use it inside its `with` block)"
+            )
         where = _non_finite(kwargs.get("json"), "body")
         if where is not None:
-            raise RequestRejectedError(f"{method} {path}: {where}: must be a finite number (JSON has no NaN or infinity)",
-                                       detail=[where])
+            raise RequestRejectedError(
+                f"{method} {path}: {where}: must be a finite number (JSON has no NaN or infinity)", detail=[where]
+            )
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as error:
@@ -266,7 +272,9 @@ class Client:
         takes the service's default budget."""
         body: dict[str, Any] = {
             "graph": _document("graph", graph, ModelGraph),
-            "resources": _resources_text(resources) if isinstance(resources, str) else _document("resources", resources, ResourceSpec),
+            "resources": _resources_text(resources)
+            if isinstance(resources, str)
+            else _document("resources", resources, ResourceSpec),
             "max_trials": max_trials,
             "objective": objective,
         }
@@ -282,7 +290,9 @@ class Client:
         return Job(self, job_id).refresh()
 
     def jobs(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
-        return list(_field(self._get_json("/v1/jobs", status=status, limit=limit, offset=offset), "data", "GET /v1/jobs"))
+        return list(
+            _field(self._get_json("/v1/jobs", status=status, limit=limit, offset=offset), "data", "GET /v1/jobs")
+        )
 
     # --- trials and the cost model -------------------------------------------------------------
 
@@ -318,7 +328,9 @@ class Client:
         }
         return dict(self._post_json("/v1/trials", body))
 
-    def trials(self, *, job_id: str | None = None, graph_id: str | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    def trials(
+        self, *, job_id: str | None = None, graph_id: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[dict[str, Any]]:
         body = self._get_json("/v1/trials", job_id=job_id, graph_id=graph_id, limit=limit, offset=offset)
         return list(_field(body, "data", "GET /v1/trials"))
 
@@ -338,7 +350,8 @@ def _json(response: httpx.Response) -> Any:
         raise ServiceError(
             f"{response.request.method} {response.request.url.path} -> {response.status_code}: the answer is not JSON "
             f"({kind}); is {response.request.url.scheme}://{response.request.url.netloc.decode()} a Stratagem service?",
-            status=response.status_code, detail=response.text[:DETAIL_CHARS],
+            status=response.status_code,
+            detail=response.text[:DETAIL_CHARS],
         ) from None
 
 
@@ -346,8 +359,10 @@ def _document(name: str, value: Any, kind: type[ModelGraph] | type[ResourceSpec]
     """A document's JSON for a request body; any other type is named, not an AttributeError."""
     if not isinstance(value, kind):
         extra = " or AutoDist resource_spec.yml text" if kind is ResourceSpec else ""
-        raise StratagemError(f"{name}: expected a stratagem.{kind.__name__}{extra}, got {type(value).__name__} "
-                             f"(a dict parses with stratagem.{kind.__name__}.parse)")
+        raise StratagemError(
+            f"{name}: expected a stratagem.{kind.__name__}{extra}, got {type(value).__name__} "
+            f"(a dict parses with stratagem.{kind.__name__}.parse)"
+        )
     return dict(value.model_dump(mode="json"))
 
 
@@ -357,8 +372,10 @@ def _resources_text(text: str) -> str:
     name = text.strip()
     if "\n" not in name and name.endswith((".yml", ".yaml", ".json")):
         loader = "load" if name.endswith(".json") else "from_autodist_yaml"
-        raise StratagemError(f"resources: {name!r} looks like a file name, but a string here is the text of an AutoDist "
-                             f"resource_spec.yml; pass stratagem.ResourceSpec.{loader}({name!r})")
+        raise StratagemError(
+            f"resources: {name!r} looks like a file name, but a string here is the text of an AutoDist "
+            f"resource_spec.yml; pass stratagem.ResourceSpec.{loader}({name!r})"
+        )
     return text
 
 
@@ -417,8 +434,13 @@ def optimize(
         return job.wait(timeout, progress=progress).best()
 
 
-def _capture(model: Any, example_inputs: tuple[Any, ...] | None, batch_size: int | None, optimizer: str,
-             loss_fn: Callable[[Any], Any] | None) -> ModelGraph:
+def _capture(
+    model: Any,
+    example_inputs: tuple[Any, ...] | None,
+    batch_size: int | None,
+    optimizer: str,
+    loss_fn: Callable[[Any], Any] | None,
+) -> ModelGraph:
     from stratagem.tracing import capture
 
     if example_inputs is None or batch_size is None:

@@ -1,18 +1,18 @@
 """One rooted exception tree, so callers can catch everything Stratagem raises with one clause.
 
-    StratagemError
-    ├── InvalidDocumentError          a document (graph, resources, strategy) breaks a rule
-    │   ├── InvalidGraphError
-    │   ├── InvalidResourceSpecError
-    │   └── InvalidStrategyError
-    ├── CaptureError                  a module could not be traced into a ModelGraph
-    ├── UnsupportedStrategyError      valid, but this consumer (runtime, AutoDist) cannot express it
-    ├── InfeasibleStrategyError       valid, but it does not fit the cluster (memory)
-    ├── TrialFailedError              a trial crashed, hung, ran out of memory or timed out
-    └── ServiceError                  the service answered with an error (client SDK)
-        ├── NotFoundError
-        ├── RequestRejectedError      4xx other than 404: bad input, too large, unauthorized
-        └── ServiceUnavailableError   5xx, timeouts, queue full
+StratagemError
+├── InvalidDocumentError          a document (graph, resources, strategy) breaks a rule
+│   ├── InvalidGraphError
+│   ├── InvalidResourceSpecError
+│   └── InvalidStrategyError
+├── CaptureError                  a module could not be traced into a ModelGraph
+├── UnsupportedStrategyError      valid, but this consumer (runtime, AutoDist) cannot express it
+├── InfeasibleStrategyError       valid, but it does not fit the cluster (memory)
+├── TrialFailedError              a trial crashed, hung, ran out of memory or timed out
+└── ServiceError                  the service answered with an error (client SDK)
+    ├── NotFoundError
+    ├── RequestRejectedError      4xx other than 404: bad input, too large, unauthorized
+    └── ServiceUnavailableError   5xx, timeouts, queue full
 """
 
 from __future__ import annotations

@@ -106,7 +106,9 @@ def style_refusal(style: str, module_class: str, *, sparse: bool = False) -> Ref
     if module_class not in kinds:
         return Refusal(f"the {style} style splits {' or '.join(f'a {k}' for k in kinds)}, not {module_class}")
     if sparse:
-        return Refusal("a sparse-gradient Embedding cannot be split by vocabulary (a parameter server moves just its touched rows)")
+        return Refusal(
+            "a sparse-gradient Embedding cannot be split by vocabulary (a parameter server moves just its touched rows)"
+        )
     return None
 
 
@@ -124,8 +126,10 @@ def attention_split(projections: Sequence[Projection], heads: int) -> AttentionS
     names = sorted(p.name for p in projections)
     outputs = [p for p in projections if p.name in OUTPUT_PROJECTIONS]
     if len(outputs) != 1 or len(projections) < 2:
-        return Refusal(f"the heads style needs Linear children projecting into heads and exactly one output projection "
-                       f"named one of {', '.join(OUTPUT_PROJECTIONS)}; found Linear children {names}")
+        return Refusal(
+            f"the heads style needs Linear children projecting into heads and exactly one output projection "
+            f"named one of {', '.join(OUTPUT_PROJECTIONS)}; found Linear children {names}"
+        )
     out = outputs[0]
     width = out.in_features
     if width % heads:
@@ -136,7 +140,9 @@ def attention_split(projections: Sequence[Projection], heads: int) -> AttentionS
         if p is out:
             continue
         if p.in_features != out.out_features:
-            return Refusal(f"{p.name} reads {p.in_features} features but {out.name} writes {out.out_features}: not a projection into heads")
+            return Refusal(
+                f"{p.name} reads {p.in_features} features but {out.name} writes {out.out_features}: not a projection into heads"
+            )
         if p.out_features == width:
             separate.append(p.name)
         elif p.out_features == 3 * width and p.name in FUSED_QKV_PROJECTIONS:
@@ -144,7 +150,8 @@ def attention_split(projections: Sequence[Projection], heads: int) -> AttentionS
         else:
             return Refusal(
                 f"{p.name} has {p.out_features} output features for {width} attention features: neither one of separate q/k/v "
-                f"projections nor a fused [q; k; v] projection named one of {', '.join(FUSED_QKV_PROJECTIONS)}")
+                f"projections nor a fused [q; k; v] projection named one of {', '.join(FUSED_QKV_PROJECTIONS)}"
+            )
     if fused and (separate or len(fused) > 1):
         return Refusal(f"a fused q/k/v projection ({fused[0]}) beside other projections {sorted(separate + fused[1:])}")
     return AttentionSplit(output=out.name, separate=tuple(separate), fused=fused[0] if fused else None)
@@ -169,8 +176,10 @@ def tie_refusal(holders: dict[str, str | None]) -> Refusal | None:
     styles = set(holders.values())
     if styles <= {"vocab"} or styles == {None}:
         return None
-    return Refusal(f"splitting would untie the weight shared by {', '.join(sorted(holders))}: split all of them by vocab "
-                   "(the same rows each) or none")
+    return Refusal(
+        f"splitting would untie the weight shared by {', '.join(sorted(holders))}: split all of them by vocab "
+        "(the same rows each) or none"
+    )
 
 
 def pipeline_refusal(model_class: str | None, *, returns_loss: bool) -> Refusal | None:
@@ -181,18 +190,28 @@ def pipeline_refusal(model_class: str | None, *, returns_loss: bool) -> Refusal 
     if model_class is not None and model_class != SEQUENTIAL_CLASS:
         reasons.append(f"the model is a {model_class.rsplit('.', 1)[-1]}, not an nn.Sequential")
     if returns_loss:
-        reasons.append("it computes its loss inside forward (it returns a single number, leaving loss_fn nothing to score)")
+        reasons.append(
+            "it computes its loss inside forward (it returns a single number, leaving loss_fn nothing to score)"
+        )
     if not reasons:
         return None
-    return Refusal("the runtime cuts pipeline stages only between the children of an nn.Sequential whose output goes to "
-                   f"loss_fn: {'; '.join(reasons)}")
+    return Refusal(
+        "the runtime cuts pipeline stages only between the children of an nn.Sequential whose output goes to "
+        f"loss_fn: {'; '.join(reasons)}"
+    )
 
 
 PipelineRoute = Literal["children", "blocks"]
 
 
-def pipeline_route(model_class: str | None, *, returns_loss: bool, blocks: Sequence[str],
-                   input_rows: Sequence[int | None] | None = None, batch: int | None = None) -> PipelineRoute | Refusal:
+def pipeline_route(
+    model_class: str | None,
+    *,
+    returns_loss: bool,
+    blocks: Sequence[str],
+    input_rows: Sequence[int | None] | None = None,
+    batch: int | None = None,
+) -> PipelineRoute | Refusal:
     """How the runtime cuts the model into stages, or why it cannot. `blocks` are the model's numbered
     blocks in a `BLOCK_LISTS` container (`block_of`), `input_rows` its inputs' first dimensions when known."""
     children = pipeline_refusal(model_class, returns_loss=returns_loss)
@@ -205,10 +224,14 @@ def pipeline_route(model_class: str | None, *, returns_loss: bool, blocks: Seque
         reasons.append(f"no layer sits in a numbered block of a ModuleList named {', '.join(BLOCK_LISTS)}")
     wrong = [rows for rows in input_rows or () if rows != batch]
     if batch is not None and wrong:
-        reasons.append(f"an input's first dimension ({wrong[0]}) is not the batch ({batch}), so micro-batches cannot split it")
+        reasons.append(
+            f"an input's first dimension ({wrong[0]}) is not the batch ({batch}), so micro-batches cannot split it"
+        )
     if not reasons:
         return "blocks"
-    return Refusal(f"{children}; nor can it be cut between the blocks of a model that returns its loss: {'; '.join(reasons)}")
+    return Refusal(
+        f"{children}; nor can it be cut between the blocks of a model that returns its loss: {'; '.join(reasons)}"
+    )
 
 
 def block_of(layer: str) -> str | None:
@@ -216,7 +239,7 @@ def block_of(layer: str) -> str | None:
     parts = layer.split("/")[0].split("#")[0].split(".")
     for i in range(len(parts) - 1):
         if parts[i] in BLOCK_LISTS and parts[i + 1].isdigit():
-            return ".".join(parts[:i + 2])
+            return ".".join(parts[: i + 2])
     return None
 
 
@@ -229,16 +252,21 @@ def block_cuts(stages: Sequence[Sequence[str]]) -> list[str] | Refusal:
         first = next((name for name in stages[s] if not name.startswith("<")), None)
         block = block_of(first) if first is not None else None
         if block is None:
-            return Refusal(f"pipeline.stages[{s}] begins with {first!r}, not inside a numbered block of a ModuleList named "
-                           f"{', '.join(BLOCK_LISTS)}: stages of a model that returns its loss are cut at the beginning of blocks")
+            return Refusal(
+                f"pipeline.stages[{s}] begins with {first!r}, not inside a numbered block of a ModuleList named "
+                f"{', '.join(BLOCK_LISTS)}: stages of a model that returns its loss are cut at the beginning of blocks"
+            )
         if any(block_of(name) == block for earlier in stages[:s] for name in earlier):
-            return Refusal(f"pipeline.stages[{s}]: block {block!r} is split between stages {s - 1} and {s}; stages are cut between blocks")
+            return Refusal(
+                f"pipeline.stages[{s}]: block {block!r} is split between stages {s - 1} and {s}; stages are cut between blocks"
+            )
         cuts.append(block)
     return cuts
 
 
-def accumulation_refusal(model_class: str | None, *, returns_loss: bool, input_rows: Sequence[int | None] | None,
-                         batch: int | None) -> Refusal | None:
+def accumulation_refusal(
+    model_class: str | None, *, returns_loss: bool, input_rows: Sequence[int | None] | None, batch: int | None
+) -> Refusal | None:
     """Whether the runtime can accumulate micro-batches on one stage: as a one-stage pipeline where it
     can cut the model (`pipeline_refusal`), else, for a model that returns its own loss, by splitting
     every input along its first dimension (which must be the batch: `input_rows`, when known) and
@@ -250,8 +278,10 @@ def accumulation_refusal(model_class: str | None, *, returns_loss: bool, input_r
         return refusal
     wrong = [rows for rows in input_rows or () if rows != batch]
     if batch is not None and wrong:
-        return Refusal(f"micro-batches split every input of a model that returns its loss along its first dimension, and an "
-                       f"input's first dimension ({wrong[0]}) is not the batch ({batch})")
+        return Refusal(
+            f"micro-batches split every input of a model that returns its loss along its first dimension, and an "
+            f"input's first dimension ({wrong[0]}) is not the batch ({batch})"
+        )
     return None
 
 
@@ -266,16 +296,27 @@ def graph_pipeline_route(graph: ModelGraph) -> PipelineRoute | Refusal:
     inputs' shapes (`provenance.inputs`) and its ModuleLists of blocks (`provenance.block_lists`), and a model that
     returns its loss feeds a single number to `<loss>`."""
     lists = _block_lists(graph)
-    blocks = list(dict.fromkeys(b for b in (block_of(layer.name) for layer in graph.layers)
-                                if b is not None and (lists is None or b.rpartition(".")[0] in lists)))
-    return pipeline_route(_model_class(graph), returns_loss=_returns_loss(graph), blocks=blocks, input_rows=_input_rows(graph),
-                          batch=graph.batch_size)
+    blocks = list(
+        dict.fromkeys(
+            b
+            for b in (block_of(layer.name) for layer in graph.layers)
+            if b is not None and (lists is None or b.rpartition(".")[0] in lists)
+        )
+    )
+    return pipeline_route(
+        _model_class(graph),
+        returns_loss=_returns_loss(graph),
+        blocks=blocks,
+        input_rows=_input_rows(graph),
+        batch=graph.batch_size,
+    )
 
 
 def graph_accumulation_refusal(graph: ModelGraph) -> Refusal | None:
     """`accumulation_refusal` for a captured graph (capture records its inputs' shapes in `provenance.inputs`)."""
-    return accumulation_refusal(_model_class(graph), returns_loss=_returns_loss(graph), input_rows=_input_rows(graph),
-                                batch=graph.batch_size)
+    return accumulation_refusal(
+        _model_class(graph), returns_loss=_returns_loss(graph), input_rows=_input_rows(graph), batch=graph.batch_size
+    )
 
 
 def _block_lists(graph: ModelGraph) -> set[str] | None:

@@ -22,26 +22,45 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def run_ranks(target: str, world_size: int, payload: dict[str, Any] | None = None, *, timeout_s: float = 240) -> list[dict[str, Any]]:
+def run_ranks(
+    target: str, world_size: int, payload: dict[str, Any] | None = None, *, timeout_s: float = 240
+) -> list[dict[str, Any]]:
     """Run `target` on `world_size` gloo ranks and return their results, rank by rank."""
     from stratagem.runtime.launch import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "payload.json").write_text(json.dumps(payload or {}))
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size),
-                   OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            WORLD_SIZE=str(world_size),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
+        )
         procs = []
         for rank in range(world_size):
             log = open(tmpdir / f"log{rank}.txt", "w")  # noqa: SIM115 - closed after the process ends
-            procs.append((subprocess.Popen([sys.executable, __file__, target, str(tmpdir)], env=dict(env, RANK=str(rank)),
-                                           stdout=log, stderr=subprocess.STDOUT), log))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, __file__, target, str(tmpdir)],
+                        env=dict(env, RANK=str(rank)),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    log,
+                )
+            )
         _wait(procs, timeout_s)
         results = []
         for rank in range(world_size):
             out = tmpdir / f"rank{rank}.json"
             if not out.exists():
-                logs = "\n".join(f"--- rank {r} ---\n{(tmpdir / f'log{r}.txt').read_text()[-4000:]}" for r in range(world_size))
+                logs = "\n".join(
+                    f"--- rank {r} ---\n{(tmpdir / f'log{r}.txt').read_text()[-4000:]}" for r in range(world_size)
+                )
                 raise AssertionError(f"rank {rank} of {target} produced no result\n{logs}")
             results.append(json.loads(out.read_text()))
         return results
@@ -88,6 +107,7 @@ if __name__ == "__main__":
 
 
 # --- tiny models and generated data ------------------------------------------------------------------
+
 
 def make_model(kind: str, *, seed: int = 0, sparse: bool = True):
     """`rec`: an MLP over two EmbeddingBags (sparse gradients when `sparse`); `cnn`: two convolutions and a head."""
@@ -192,10 +212,13 @@ def max_relative_error(model, reference) -> float:
 
 # --- strategies ------------------------------------------------------------------------------------
 
+
 def replicas(world_size: int, *, shared_node: bool = False) -> list[str]:
     """One fake node per rank, or (shared_node) ranks 0 and 1 on the first node: what local replication needs."""
     if shared_node:
-        return [f"10.0.0.1:CPU:{i}" for i in range(min(2, world_size))] + [f"10.0.0.{i}:CPU:0" for i in range(2, world_size)]
+        return [f"10.0.0.1:CPU:{i}" for i in range(min(2, world_size))] + [
+            f"10.0.0.{i}:CPU:0" for i in range(2, world_size)
+        ]
     return [f"10.0.0.{i + 1}:CPU:0" for i in range(world_size)]
 
 
@@ -243,8 +266,11 @@ def _partitioned(i: int, shape: list[int], srv: list[str]) -> dict[str, Any]:
     shards = min(len(srv) + (1 if axis == 0 else 0), shape[axis])
     if shards < 2:
         return {"synchronizer": ps(srv[i % len(srv)])}
-    return {"synchronizer": ps(srv[0]), "partition": {"axis": axis, "shards": shards},
-            "shard_synchronizers": [ps(srv[(i + j) % len(srv)]) for j in range(shards)]}
+    return {
+        "synchronizer": ps(srv[0]),
+        "partition": {"axis": axis, "shards": shards},
+        "shard_synchronizers": [ps(srv[(i + j) % len(srv)]) for j in range(shards)],
+    }
 
 
 def _mixed(i: int, shape: list[int], srv: list[str]) -> dict[str, Any]:
@@ -252,8 +278,11 @@ def _mixed(i: int, shape: list[int], srv: list[str]) -> dict[str, Any]:
     if kind == 0:
         return {"synchronizer": {"kind": "allreduce", "group": 0}}
     if kind == 1 and shape[0] >= 2:
-        return {"synchronizer": {"kind": "allreduce", "group": 1}, "partition": {"axis": 0, "shards": 2},
-                "shard_synchronizers": [{"kind": "allreduce", "group": 1}, ps(srv[-1])]}
+        return {
+            "synchronizer": {"kind": "allreduce", "group": 1},
+            "partition": {"axis": 0, "shards": 2},
+            "shard_synchronizers": [{"kind": "allreduce", "group": 1}, ps(srv[-1])],
+        }
     if kind == 2:
         return {"synchronizer": {"kind": "sharded", "group": 3}}
     return {"synchronizer": ps(srv[-1])}

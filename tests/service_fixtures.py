@@ -27,6 +27,7 @@ from optimizer_service.app import create_app
 
 ADMIN_URL = os.environ.get("STRATAGEM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
+
 class PostgresDatabases:
     """One throw-away database for the session, and a fresh schema in it for every test.
 

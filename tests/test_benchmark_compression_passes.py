@@ -21,10 +21,21 @@ def test_the_size_law_prices_a_large_tensor_dearer_per_byte_and_a_flat_buffer_do
 
 
 def test_the_report_sets_each_compressors_measured_extra_beside_the_priced_ratios(passes) -> None:
-    ms = {"one_large/plain": 10.0, "one_large/fp16": 16.0, "one_large/topk": 30.0,
-          "small_only/plain": 9.0, "small_only/fp16": 14.0, "small_only/topk": 29.0}
+    ms = {
+        "one_large/plain": 10.0,
+        "one_large/fp16": 16.0,
+        "one_large/topk": 30.0,
+        "small_only/plain": 9.0,
+        "small_only/fp16": 14.0,
+        "small_only/topk": 29.0,
+    }
     report = passes.report(ms, None)
-    assert report["extra_ms"] == {"one_large/fp16": 6.0, "one_large/topk": 20.0, "small_only/fp16": 5.0, "small_only/topk": 20.0}
+    assert report["extra_ms"] == {
+        "one_large/fp16": 6.0,
+        "one_large/topk": 20.0,
+        "small_only/fp16": 5.0,
+        "small_only/topk": 20.0,
+    }
     assert report["large_over_small"]["fp16"] == {"measured": 1.2, "priced_by_size_law": 1.0, "flat_buffer": 1.0}
     assert report["large_over_small"]["topk"]["measured"] == 1.0
 

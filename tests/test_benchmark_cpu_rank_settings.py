@@ -37,7 +37,11 @@ def test_powersgd_product_orders_compute_the_same_numbers_and_report_a_speedup()
     report = bench.powersgd_products(repeats=1)
     assert set(report) == set(bench.POWERSGD_SHAPES)
     for figures in report.values():
-        assert figures["textbook_ms"] > 0 and figures["runtime_ms"] > 0 and figures["gradient_mb"] == pytest.approx(20.0, abs=0.1)
+        assert (
+            figures["textbook_ms"] > 0
+            and figures["runtime_ms"] > 0
+            and figures["gradient_mb"] == pytest.approx(20.0, abs=0.1)
+        )
         assert figures["speedup"] == pytest.approx(figures["textbook_ms"] / figures["runtime_ms"], rel=0.05)
 
 
@@ -57,7 +61,11 @@ def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simu
     label, arena = bench.parse_setting("arena:MALLOC_ARENA_MAX=1")
     report = bench.mappings_in_blocks({"tiny": job}, rounds=1, steps=2, extra_settings={label: arena})
 
-    assert report["settings"] == {"mapped": {"MALLOC_MMAP_MAX_": bench.GLIBC_MMAP_MAX}, "tuned": {}, "arena": {"MALLOC_ARENA_MAX": "1"}}
+    assert report["settings"] == {
+        "mapped": {"MALLOC_MMAP_MAX_": bench.GLIBC_MMAP_MAX},
+        "tuned": {},
+        "arena": {"MALLOC_ARENA_MAX": "1"},
+    }
     assert set(report["jobs"]["tiny"]) == set(strategies)
     for figures in report["jobs"]["tiny"].values():
         for label in ("mapped", "tuned", "arena"):

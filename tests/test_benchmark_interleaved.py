@@ -20,10 +20,17 @@ def interleaved():
 def test_a_block_times_every_strategy_and_the_undistributed_copy_and_calibrates_the_machine(interleaved):
     graph = make_mlp_graph(batch_size=8, widths=(64, 32, 10))
     two_ranks = ResourceSpec(name="local", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
-    wrong_ranks = ResourceSpec(name="three", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1, 2], device="CPU")])
-    strategies = {"AllReduce": AllReduce().build(graph, two_ranks), "PS": PS().build(graph, two_ranks),
-                  "three-ranks": AllReduce().build(graph, wrong_ranks)}
-    block = interleaved.measure_block(ReplayWorkload(graph), strategies, warmup=1, steps=2, timeout=240, undistributed=True)
+    wrong_ranks = ResourceSpec(
+        name="three", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1, 2], device="CPU")]
+    )
+    strategies = {
+        "AllReduce": AllReduce().build(graph, two_ranks),
+        "PS": PS().build(graph, two_ranks),
+        "three-ranks": AllReduce().build(graph, wrong_ranks),
+    }
+    block = interleaved.measure_block(
+        ReplayWorkload(graph), strategies, warmup=1, steps=2, timeout=240, undistributed=True
+    )
 
     assert block.failure is None, block.failure
     assert block.resources is not None and block.resources.provenance["interleaved_with"] == f"replay:{graph.name}"

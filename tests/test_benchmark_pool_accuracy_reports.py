@@ -20,9 +20,16 @@ def pool():
 
 def report(version: str, rounds: dict[str, tuple[list[float], list[float]]]) -> dict:
     """A report in simulator_accuracy's format: one model, strategies with per-round medians and predictions."""
-    pairs = [{"model": "m", "strategy": name, "round_medians_ms": measured, "round_predicted_ms": predicted}
-             for name, (measured, predicted) in rounds.items()]
-    return {"benchmark": "simulator_accuracy", "simulator_version": version, "overall": {"n": len(pairs)}, "pairs": pairs}
+    pairs = [
+        {"model": "m", "strategy": name, "round_medians_ms": measured, "round_predicted_ms": predicted}
+        for name, (measured, predicted) in rounds.items()
+    ]
+    return {
+        "benchmark": "simulator_accuracy",
+        "simulator_version": version,
+        "overall": {"n": len(pairs)},
+        "pairs": pairs,
+    }
 
 
 def test_pooling_takes_the_median_over_every_round_of_every_run(pool):
@@ -33,7 +40,12 @@ def test_pooling_takes_the_median_over_every_round_of_every_run(pool):
     scores = pool.pooled_scores([run1, run2])
 
     # a: median(12, 9, 10) = 10 measured, 10 predicted; b: median(11, 21, 19) = 19 measured, 20 predicted
-    assert scores["models"]["m"] == {"n": 2, "mape": pytest.approx((0 + 1 / 19) / 2, abs=1e-4), "kendall_tau": 1.0, "rounds": 3}
+    assert scores["models"]["m"] == {
+        "n": 2,
+        "mape": pytest.approx((0 + 1 / 19) / 2, abs=1e-4),
+        "kendall_tau": 1.0,
+        "rounds": 3,
+    }
     assert scores["overall"]["kendall_tau_within"] == 1.0 and scores["overall"]["meets_targets"] is True
     assert pool.pooled_scores([run1])["models"]["m"]["kendall_tau"] == -1.0
 
@@ -71,7 +83,9 @@ def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path):
     mixed = subprocess.run([sys.executable, str(SCRIPT), *paths], capture_output=True, text=True)
     assert mixed.returncode != 0 and "['v1', 'v2']" in mixed.stderr and "Traceback" not in mixed.stderr
     wrong = subprocess.run([sys.executable, str(SCRIPT), paths[0], str(other)], capture_output=True, text=True)
-    assert wrong.returncode != 0 and "not a simulator_accuracy report" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert (
+        wrong.returncode != 0 and "not a simulator_accuracy report" in wrong.stderr and "Traceback" not in wrong.stderr
+    )
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"benchmark": "simulator_accuracy", "pairs": [{"model": "m", "strategy": "a"}]}))
     older = subprocess.run([sys.executable, str(SCRIPT), str(old)], capture_output=True, text=True)

@@ -35,7 +35,9 @@ A, B, C = "10.0.0.1:CPU:0", "10.0.0.2:CPU:0", "10.0.0.3:CPU:0"
 
 def graph_of(*variables: dict[str, Any]) -> ModelGraph:
     """One layer per variable, in order, so graph order is the order given."""
-    layers = [Layer(name=f"l{i}", variables=[v["name"]], inputs=[f"l{i - 1}"] if i else []) for i, v in enumerate(variables)]
+    layers = [
+        Layer(name=f"l{i}", variables=[v["name"]], inputs=[f"l{i - 1}"] if i else []) for i, v in enumerate(variables)
+    ]
     return ModelGraph(batch_size=1, layers=layers, variables=[Variable(**v) for v in variables])
 
 
@@ -55,7 +57,9 @@ def groups(strategy: Strategy, name: str) -> list[int]:
 
 
 @pytest.mark.parametrize("builder", all_builders(), ids=lambda b: b.name)
-def test_every_builder_gives_a_valid_data_parallel_strategy(builder: Builder, any_graph: ModelGraph, any_cluster: ResourceSpec) -> None:
+def test_every_builder_gives_a_valid_data_parallel_strategy(
+    builder: Builder, any_graph: ModelGraph, any_cluster: ResourceSpec
+) -> None:
     strategy = builder.build(any_graph, any_cluster)
     strategy.validate_for(any_graph, any_cluster)
     assert strategy.replicas == any_cluster.compute_devices
@@ -68,8 +72,15 @@ def test_every_builder_gives_a_valid_data_parallel_strategy(builder: Builder, an
 
 def test_the_registry_lists_every_builder_by_class_name() -> None:
     assert list(BUILDERS) == [
-        "PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS",
-        "AllReduce", "PartitionedAR", "RandomAxisPartitionAR", "Parallax", "DataParallel",
+        "PS",
+        "PSLoadBalancing",
+        "PartitionedPS",
+        "UnevenPartitionedPS",
+        "AllReduce",
+        "PartitionedAR",
+        "RandomAxisPartitionAR",
+        "Parallax",
+        "DataParallel",
     ]
     assert [type(b) for b in all_builders()] == list(BUILDERS.values())
     assert all(BUILDERS[name]().name == name for name in BUILDERS)
@@ -77,7 +88,9 @@ def test_the_registry_lists_every_builder_by_class_name() -> None:
 
 def test_builders_are_value_objects_with_autodists_arguments() -> None:
     assert PSLoadBalancing(sync=False) == PSLoadBalancing(False, False)  # positional, as in AutoDist
-    assert repr(AllReduce(chunk_size=4)) == "AllReduce(chunk_size=4, all_reduce_spec='NCCL', compressor='NoneCompressor')"
+    assert (
+        repr(AllReduce(chunk_size=4)) == "AllReduce(chunk_size=4, all_reduce_spec='NCCL', compressor='NoneCompressor')"
+    )
     with pytest.raises(AttributeError):
         AllReduce().chunk_size = 3  # type: ignore[misc]
 
@@ -90,7 +103,10 @@ def test_builders_are_value_objects_with_autodists_arguments() -> None:
         (lambda: Parallax(sync=False, staleness=1), "Parallax.staleness: is 1 but sync is False"),
         (lambda: AllReduce(chunk_size=0), "AllReduce.chunk_size: must be at least 1, got 0"),
         (lambda: Parallax(chunk_size=0), "Parallax.chunk_size: must be at least 1, got 0"),
-        (lambda: AllReduce(all_reduce_spec="MPI"), "AllReduce.all_reduce_spec: 'MPI' is not one of ['AUTO', 'NCCL', 'RING']"),
+        (
+            lambda: AllReduce(all_reduce_spec="MPI"),
+            "AllReduce.all_reduce_spec: 'MPI' is not one of ['AUTO', 'NCCL', 'RING']",
+        ),
         (lambda: PartitionedAR(compressor="Zip"), "PartitionedAR.compressor: 'Zip' is not one of"),
         (lambda: DataParallel(bucket_cap_mb=0), "DataParallel.bucket_cap_mb: must be positive, got 0"),
         (lambda: DataParallel(algorithm="tree"), "DataParallel.algorithm: must be 'auto' or 'ring', got 'tree'"),
@@ -113,7 +129,9 @@ def test_bad_builder_arguments_are_refused_by_name(make: Any, expected: str) -> 
         (Parallax(staleness=2), "ssp", 2),
     ],
 )
-def test_sync_and_staleness_become_the_consistency_model(builder: Builder, kind: str, staleness: int, embedding_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
+def test_sync_and_staleness_become_the_consistency_model(
+    builder: Builder, kind: str, staleness: int, embedding_graph: ModelGraph, t4_2x4: ResourceSpec
+) -> None:
     strategy = builder.build(embedding_graph, t4_2x4).validate_for(embedding_graph, t4_2x4)
     assert (strategy.consistency.kind, strategy.consistency.staleness) == (kind, staleness)
     ps = [s for c in strategy.variables for s in c.synchronizers if isinstance(s, PSSynchronizer)]
@@ -130,14 +148,22 @@ def test_servers_are_one_per_node_on_its_first_cpu(t4_16x4: ResourceSpec) -> Non
 
 
 def test_a_node_without_a_cpu_cannot_host_a_server(embedding_graph: ModelGraph) -> None:
-    spec = ResourceSpec.parse({"nodes": [
-        {"address": "10.0.0.1", "chief": True, "gpus": [0]}, {"address": "10.0.0.2", "gpus": [0], "cpus": []}]})
+    spec = ResourceSpec.parse(
+        {
+            "nodes": [
+                {"address": "10.0.0.1", "chief": True, "gpus": [0]},
+                {"address": "10.0.0.2", "gpus": [0], "cpus": []},
+            ]
+        }
+    )
     with pytest.raises(InvalidResourceSpecError, match=r"nodes\[1\]\.cpus: lists no CPU"):
         PS().build(embedding_graph, spec)
     AllReduce().build(embedding_graph, spec).validate_for(embedding_graph, spec)  # no server needed
 
 
-def test_ps_puts_every_variable_on_the_first_nodes_cpu(mlp_graph: ModelGraph, t4_16x4: ResourceSpec, cpu_1x2: ResourceSpec) -> None:
+def test_ps_puts_every_variable_on_the_first_nodes_cpu(
+    mlp_graph: ModelGraph, t4_16x4: ResourceSpec, cpu_1x2: ResourceSpec
+) -> None:
     strategy = PS(local_proxy_variable=True).build(mlp_graph, t4_16x4)
     assert {d for c in strategy.variables for d in destinations(strategy, c.var_name)} == {A}
     assert all(s.local_replication for c in strategy.variables for s in c.synchronizers)  # type: ignore[union-attr]
@@ -171,8 +197,15 @@ def test_shard_counts_follow_autodists_divisor_rules(n: int, divisor: int, non_d
 def test_partitioned_ps_splits_axis0_by_its_smallest_divisor(awkward_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
     strategy = PartitionedPS().build(awkward_graph, t4_2x4)
     shards = {c.var_name: c.num_shards for c in strategy.variables}
-    assert shards == {"prime7.weight": 7, "pow64.weight": 2, "six.weight": 2, "nine.weight": 3,
-                      "one.weight": 1, "scalar.weight": 1, "half.weight": 2}
+    assert shards == {
+        "prime7.weight": 7,
+        "pow64.weight": 2,
+        "six.weight": 2,
+        "nine.weight": 3,
+        "one.weight": 1,
+        "scalar.weight": 1,
+        "half.weight": 2,
+    }
     assert all(c.partition is None or c.partition.axis == 0 for c in strategy.variables)
 
 
@@ -221,7 +254,9 @@ def test_allreduce_default_chunks_are_128_variables() -> None:
 
 
 @pytest.mark.parametrize(("spec", "algorithm"), [("AUTO", "auto"), ("NCCL", "auto"), ("RING", "ring")])
-def test_allreduce_specs_map_to_algorithms(spec: str, algorithm: str, mlp_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
+def test_allreduce_specs_map_to_algorithms(
+    spec: str, algorithm: str, mlp_graph: ModelGraph, t4_2x4: ResourceSpec
+) -> None:
     strategy = AllReduce(all_reduce_spec=spec).build(mlp_graph, t4_2x4)
     assert {s.algorithm for c in strategy.variables for s in c.synchronizers} == {algorithm}  # type: ignore[union-attr]
 
@@ -235,7 +270,9 @@ def test_allreduce_specs_map_to_algorithms(spec: str, algorithm: str, mlp_graph:
         ("PowerSGDCompressor", Compressor(kind="powersgd", rank=1, error_feedback=True)),
     ],
 )
-def test_allreduce_compressors_map_to_stratagems(name: str, expected: Compressor, mlp_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
+def test_allreduce_compressors_map_to_stratagems(
+    name: str, expected: Compressor, mlp_graph: ModelGraph, t4_2x4: ResourceSpec
+) -> None:
     strategy = AllReduce(compressor=name).build(mlp_graph, t4_2x4)
     assert all(s.compressor == expected for c in strategy.variables for s in c.synchronizers)  # type: ignore[union-attr]
 
@@ -250,14 +287,21 @@ def test_partitioned_ar_counts_shards_for_groups() -> None:
     assert {s.algorithm for c in strategy.variables for s in c.synchronizers} == {"auto"}  # type: ignore[union-attr]
 
 
-def test_partitioned_ar_keeps_one_synchronizer_when_shards_share_a_group(awkward_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
+def test_partitioned_ar_keeps_one_synchronizer_when_shards_share_a_group(
+    awkward_graph: ModelGraph, t4_2x4: ResourceSpec
+) -> None:
     config = PartitionedAR().build(awkward_graph, t4_2x4).config_of("nine.weight")
     assert config.partition is not None and (config.partition.axis, config.partition.shards) == (0, 3)
     assert config.shard_synchronizers is None
 
 
-def test_random_axis_partition_is_reproducible_and_picks_long_axes(awkward_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
-    assert RandomAxisPartitionAR(seed=7).build(awkward_graph, t4_2x4).id == RandomAxisPartitionAR(seed=7).build(awkward_graph, t4_2x4).id
+def test_random_axis_partition_is_reproducible_and_picks_long_axes(
+    awkward_graph: ModelGraph, t4_2x4: ResourceSpec
+) -> None:
+    assert (
+        RandomAxisPartitionAR(seed=7).build(awkward_graph, t4_2x4).id
+        == RandomAxisPartitionAR(seed=7).build(awkward_graph, t4_2x4).id
+    )
     axes_seen = set()
     for seed in range(20):
         strategy = RandomAxisPartitionAR(seed=seed).build(awkward_graph, t4_2x4)
@@ -296,8 +340,12 @@ def test_parallax_all_reduces_dense_and_load_balances_sparse(embedding_graph: Mo
 
 
 def test_parallax_balances_several_sparse_tables() -> None:
-    graph = graph_of(var("t0", 1000, 1, sparse=True, lookups_per_step=4), var("dense", 8),
-                     var("t1", 600, 1, sparse=True, lookups_per_step=4), var("t2", 500, 1, sparse=True, lookups_per_step=4))
+    graph = graph_of(
+        var("t0", 1000, 1, sparse=True, lookups_per_step=4),
+        var("dense", 8),
+        var("t1", 600, 1, sparse=True, lookups_per_step=4),
+        var("t2", 500, 1, sparse=True, lookups_per_step=4),
+    )
     strategy = Parallax().build(graph, make_t4_cluster(2))
     assert [destinations(strategy, n)[0] for n in ("t0", "t1", "t2")] == [A, B, B]
     assert strategy.config_of("dense").synchronizer.kind == "allreduce"
@@ -316,19 +364,30 @@ def torch_ddp_buckets(variables: list[Variable], first_cap: int, cap: int) -> li
 
 def test_ddp_buckets_match_torchs_bucket_assignment() -> None:
     graph = graph_of(
-        var("a", 300_000), var("h", 10, dtype="float16"), var("b", 3_000_000), var("c", 5),
-        var("d", 4_000_000), var("e", 2_000_000), var("f", 100), var("g", 1_500_000),
-        var("t", 1000, 16, sparse=True, lookups_per_step=3), var("z", 7),
+        var("a", 300_000),
+        var("h", 10, dtype="float16"),
+        var("b", 3_000_000),
+        var("c", 5),
+        var("d", 4_000_000),
+        var("e", 2_000_000),
+        var("f", 100),
+        var("g", 1_500_000),
+        var("t", 1000, 16, sparse=True, lookups_per_step=3),
+        var("z", 7),
     )
     ready = graph.trainable_variables[::-1]
-    mine = [{ready[i].name for i in bucket} for bucket in ddp_buckets(ready, first_cap_bytes=2**20, cap_bytes=25 * 2**20)]
+    mine = [
+        {ready[i].name for i in bucket} for bucket in ddp_buckets(ready, first_cap_bytes=2**20, cap_bytes=25 * 2**20)
+    ]
     theirs = torch_ddp_buckets(ready, 2**20, 25 * 2**20)
     assert sorted(map(sorted, mine)) == sorted(map(sorted, theirs))
     assert mine == [{"z", "g"}, {"t"}, {"f", "e", "d", "c", "b"}, {"h"}, {"a"}]
 
 
 @pytest.mark.parametrize("cap_mb", [0.01, 1, 25])
-def test_data_parallel_groups_are_ddp_buckets_in_ready_order(cap_mb: float, mlp_graph: ModelGraph, t4_2x4: ResourceSpec) -> None:
+def test_data_parallel_groups_are_ddp_buckets_in_ready_order(
+    cap_mb: float, mlp_graph: ModelGraph, t4_2x4: ResourceSpec
+) -> None:
     builder = DataParallel(bucket_cap_mb=cap_mb, first_bucket_mb=min(cap_mb, 1))
     strategy = builder.build(mlp_graph, t4_2x4)
     ready = mlp_graph.trainable_variables[::-1]
@@ -357,6 +416,9 @@ def test_built_strategies_share_no_mutable_parts(mlp_graph: ModelGraph, t4_2x4: 
     strategy = AllReduce(compressor="HorovodCompressor").build(mlp_graph, t4_2x4)
     strategy.variables[0].synchronizer.compressor.kind = "bf16"  # type: ignore[union-attr]
     assert strategy.variables[1].synchronizer.compressor.kind == "fp16"  # type: ignore[union-attr]
-    assert AllReduce(compressor="HorovodCompressor").build(mlp_graph, t4_2x4).variables[0].synchronizer.compressor.kind == "fp16"  # type: ignore[union-attr]
+    assert (
+        AllReduce(compressor="HorovodCompressor").build(mlp_graph, t4_2x4).variables[0].synchronizer.compressor.kind
+        == "fp16"
+    )  # type: ignore[union-attr]
     prime = PartitionedPS().build(graph_of(var("p", 7)), t4_2x4).config_of("p")
     assert prime.shard_synchronizers is not None and prime.synchronizer is not prime.shard_synchronizers[0]

@@ -20,28 +20,53 @@ from stratagem.ir import Node, ResourceSpec
 from stratagem.ir.catalog import CATALOG
 from stratagem.ir.resources import DEFAULT_INTRA_NODE
 
-TINY = ProbeShapes(linear=(64, 64), bf16_side=64, images=(2, 4, 8, 8), tokens=(64, 64), copy_elements=1 << 12,
-                   gradient_elements=1 << 14, optimizer_bytes=4 << 20, lowrank=((2, 64), (1, 128)), lookups=(256, 512))
+TINY = ProbeShapes(
+    linear=(64, 64),
+    bf16_side=64,
+    images=(2, 4, 8, 8),
+    tokens=(64, 64),
+    copy_elements=1 << 12,
+    gradient_elements=1 << 14,
+    optimizer_bytes=4 << 20,
+    lowrank=((2, 64), (1, 128)),
+    lookups=(256, 512),
+)
 
 FIGURES = {
-    "matmul_flops": 50e12, "conv_flops": 120e12, "bf16_flops": 700e12, "copy_bandwidth": 4e12, "elementwise_rate": 2e12,
-    "norm_rate": 1e12, "layer_overhead_s": 60e-6, "optimizer_rate": 1e12, "optimizer_large_rate": 1e12,
-    "optimizer_tensor_s": 2e-6, "stream_rate": 3e12, "cast_rate": 2.5e12, "select_rate": 1e11, "lowrank_rate": 4e11,
-    "lowrank_large_rate": 5e11, "coalesce_rate": 5e10, "optimizer_loop_tensor_s": 40e-6,
+    "matmul_flops": 50e12,
+    "conv_flops": 120e12,
+    "bf16_flops": 700e12,
+    "copy_bandwidth": 4e12,
+    "elementwise_rate": 2e12,
+    "norm_rate": 1e12,
+    "layer_overhead_s": 60e-6,
+    "optimizer_rate": 1e12,
+    "optimizer_large_rate": 1e12,
+    "optimizer_tensor_s": 2e-6,
+    "stream_rate": 3e12,
+    "cast_rate": 2.5e12,
+    "select_rate": 1e11,
+    "lowrank_rate": 4e11,
+    "lowrank_large_rate": 5e11,
+    "coalesce_rate": 5e10,
+    "optimizer_loop_tensor_s": 40e-6,
     "full_select_rate": 5e10,
 }
 
 
-@pytest.mark.parametrize(("name", "memory_gb", "kind"), [
-    ("NVIDIA H100 80GB HBM3", 80, "H100"),
-    ("NVIDIA H200", 141, "H200"),
-    ("NVIDIA A100-SXM4-80GB", 80, "A100-80GB"),
-    ("NVIDIA A100-PCIE-40GB", 40, "A100-40GB"),
-    ("Tesla V100-SXM2-16GB", 16, "V100-16GB"),
-    ("Tesla T4", 16, "T4"),
-    ("NVIDIA GeForce RTX 4090", 24, None),
-    ("NVIDIA T400", 4, None),
-])
+@pytest.mark.parametrize(
+    ("name", "memory_gb", "kind"),
+    [
+        ("NVIDIA H100 80GB HBM3", 80, "H100"),
+        ("NVIDIA H200", 141, "H200"),
+        ("NVIDIA A100-SXM4-80GB", 80, "A100-80GB"),
+        ("NVIDIA A100-PCIE-40GB", 40, "A100-40GB"),
+        ("Tesla V100-SXM2-16GB", 16, "V100-16GB"),
+        ("Tesla T4", 16, "T4"),
+        ("NVIDIA GeForce RTX 4090", 24, None),
+        ("NVIDIA T400", 4, None),
+    ],
+)
 def test_a_cuda_device_name_maps_to_its_catalog_kind(name: str, memory_gb: float, kind: str | None):
     assert catalog_kind(name, memory_gb * 1e9) == kind
 

@@ -234,7 +234,9 @@ def test_default_loss_uses_the_first_tensor_of_tuple_and_dict_outputs() -> None:
 
 def test_custom_loss_fn_and_keyword_inputs() -> None:
     model = TwoLinear()
-    graph = capture(model, {"x": torch.randn(3, 8)}, batch_size=3, loss_fn=lambda out: F.mse_loss(out, out.detach() + 1))
+    graph = capture(
+        model, {"x": torch.randn(3, 8)}, batch_size=3, loss_fn=lambda out: F.mse_loss(out, out.detach() + 1)
+    )
     assert graph.layer("<loss>").bytes_moved > 0 and graph.layer("a").bwd_flops > 0
 
 
@@ -285,7 +287,11 @@ def test_huggingface_models_built_from_configs_capture(kind: str, monkeypatch: p
         tied = "transformer.wte.weight"
     else:
         config = transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=128,
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=128,
             max_position_embeddings=32,
         )
         model = transformers.BertForMaskedLM(config)

@@ -63,11 +63,15 @@ def test_optimize_refuses_a_resource_file_it_cannot_read_naming_the_option(
         path.mkdir()
     else:
         path.write_bytes(content)
-    code, _, err = run_cli(["optimize", "gpt", "--batch", "2", "--resources", str(path), "--url", closed_port_url()], capsys)
+    code, _, err = run_cli(
+        ["optimize", "gpt", "--batch", "2", "--resources", str(path), "--url", closed_port_url()], capsys
+    )
     assert_one_line_error(code, err, message.format(path=path))
 
 
-@pytest.mark.parametrize(("content", "message"), [(NOT_UTF8, "model: {path}: not UTF-8 text"), (None, "model: {path} is a directory")])
+@pytest.mark.parametrize(
+    ("content", "message"), [(NOT_UTF8, "model: {path}: not UTF-8 text"), (None, "model: {path} is a directory")]
+)
 def test_optimize_refuses_a_graph_file_it_cannot_read(
     content: bytes | None, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,8 +98,18 @@ def test_optimize_refuses_options_that_a_graph_file_or_a_json_spec_would_silentl
 ) -> None:
     make_mlp_graph().save(tmp_path / "graph.json")
     make_t4_cluster(2).save(tmp_path / "cluster.json")
-    code, _, err = run_cli(["optimize", str(tmp_path / "graph.json"), "--resources", str(tmp_path / "cluster.json"), *extra,
-                            "--url", closed_port_url()], capsys)
+    code, _, err = run_cli(
+        [
+            "optimize",
+            str(tmp_path / "graph.json"),
+            "--resources",
+            str(tmp_path / "cluster.json"),
+            *extra,
+            "--url",
+            closed_port_url(),
+        ],
+        capsys,
+    )
     assert_one_line_error(code, err, message)
 
 
@@ -111,8 +125,10 @@ def test_optimize_refuses_numbers_json_cannot_carry_or_that_never_expire(
     extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     make_mlp_graph().save(tmp_path / "graph.json")
-    code, _, err = run_cli(["optimize", str(tmp_path / "graph.json"), "--resources", str(SPEC_4X_T4), *extra,
-                            "--url", closed_port_url()], capsys)
+    code, _, err = run_cli(
+        ["optimize", str(tmp_path / "graph.json"), "--resources", str(SPEC_4X_T4), *extra, "--url", closed_port_url()],
+        capsys,
+    )
     assert_one_line_error(code, err, message)
 
 
@@ -135,7 +151,14 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(
     argv = {
         "capture": ["capture", "gpt", "--batch", "2", "--size", "small"],
         # nothing listens at the URL: a job would fail with "cannot reach", so the output was checked first
-        "optimize": ["optimize", str(tmp_path / "graph.json"), "--resources", str(SPEC_4X_T4), "--url", closed_port_url()],
+        "optimize": [
+            "optimize",
+            str(tmp_path / "graph.json"),
+            "--resources",
+            str(SPEC_4X_T4),
+            "--url",
+            closed_port_url(),
+        ],
         "calibrate": ["calibrate"],
     }[command]
     started = time.monotonic()
@@ -152,7 +175,9 @@ def test_capture_reports_a_failing_make_batch_or_builder_in_one_line(capsys: pyt
     code, _, err = run_cli(["capture", "gpt", "--size", "small", "--batch", "99999999999999999999"], capsys)
     assert_one_line_error(code, err, "--batch 99999999999999999999: the builder's make_batch failed: TypeError:")
     # torch appends its C++ stack to this one; the message keeps only its first line
-    code, _, err = run_cli(["capture", "gpt", "--size", "small", "--batch", "2", "--set", "seq=99999999999999999999"], capsys)
+    code, _, err = run_cli(
+        ["capture", "gpt", "--size", "small", "--batch", "2", "--set", "seq=99999999999999999999"], capsys
+    )
     assert_one_line_error(code, err, "builder gpt failed: TypeError:")
 
 
@@ -184,7 +209,10 @@ def test_calibrate_refuses_ranks_and_threads_the_machine_cannot_run(
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ((HEADER + '{"kind": ["graph"]}\n').encode(), ":2: kind: expected one of header, graph, resources, strategy, trial; got ['graph']"),
+        (
+            (HEADER + '{"kind": ["graph"]}\n').encode(),
+            ":2: kind: expected one of header, graph, resources, strategy, trial; got ['graph']",
+        ),
         (HEADER.encode() + NOT_UTF8, ":2: not UTF-8 text (byte 0"),
         ((HEADER + DEEP + "\n").encode(), ":2: not JSON: nested too deeply"),
         ((HEADER + '{"kind": "gra').encode(), ":2: not JSON: Unterminated string starting at column 10"),
@@ -238,15 +266,30 @@ def test_files_without_permission_are_one_line_errors_naming_the_option(tmp_path
     locked.mkdir(mode=0o555)
     locked.chmod(0o555)
     cases = [
-        (["optimize", str(graph), "--resources", str(SPEC_4X_T4)], f"model: {graph}: cannot read it: Permission denied"),
-        (["optimize", "gpt", "--batch", "2", "--resources", str(spec)], f"--resources: {spec}: cannot read it: Permission denied"),
+        (
+            ["optimize", str(graph), "--resources", str(SPEC_4X_T4)],
+            f"model: {graph}: cannot read it: Permission denied",
+        ),
+        (
+            ["optimize", "gpt", "--batch", "2", "--resources", str(spec)],
+            f"--resources: {spec}: cannot read it: Permission denied",
+        ),
         (["trials", "import", str(trials)], f"{trials}: cannot read it: Permission denied"),
-        (["capture", "gpt", "--batch", "2", "-o", str(locked / "g.json")], f"--output: {locked / 'g.json'}: permission denied"),
+        (
+            ["capture", "gpt", "--batch", "2", "-o", str(locked / "g.json")],
+            f"--output: {locked / 'g.json'}: permission denied",
+        ),
     ]
     for argv, message in cases:
         connection = ["--url", closed_port_url()] if argv[0] != "capture" else []
-        completed = subprocess.run([*prefix, sys.executable, "-m", "stratagem", *argv, *connection],
-                                   cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+        completed = subprocess.run(
+            [*prefix, sys.executable, "-m", "stratagem", *argv, *connection],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert completed.returncode == 2, completed.stderr
         assert message in completed.stderr and "Traceback" not in completed.stderr, completed.stderr
 
@@ -284,21 +327,29 @@ def test_serve_refuses_a_port_out_of_range(capsys: pytest.CaptureFixture[str]) -
     assert code == 2 and "argument --port: must be at most 65535, got 70000" in err and "Traceback" not in err
 
 
-def test_serve_refuses_a_database_it_cannot_open_and_leaves_the_file_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_refuses_a_database_it_cannot_open_and_leaves_the_file_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nowhere" / "service.db"
-    code, _, err = run_cli(["serve", "--port", str(free_port()), "--trials-backend", "none",
-                            "--database-url", f"sqlite:///{missing}"], capsys)
+    code, _, err = run_cli(
+        ["serve", "--port", str(free_port()), "--trials-backend", "none", "--database-url", f"sqlite:///{missing}"],
+        capsys,
+    )
     assert_one_line_error(code, err, "OperationalError: unable to open database file")
     notes = tmp_path / "notes.txt"
     notes.write_text("not a database\n")
-    code, _, err = run_cli(["serve", "--port", str(free_port()), "--trials-backend", "none",
-                            "--database-url", f"sqlite:///{notes}"], capsys)
+    code, _, err = run_cli(
+        ["serve", "--port", str(free_port()), "--trials-backend", "none", "--database-url", f"sqlite:///{notes}"],
+        capsys,
+    )
     assert_one_line_error(code, err, "DatabaseError: file is not a database")
     assert notes.read_text() == "not a database\n"
 
 
 def test_db_upgrade_to_an_unknown_revision_names_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(["db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}", "--revision", "bogus"], capsys)
+    code, _, err = run_cli(
+        ["db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}", "--revision", "bogus"], capsys
+    )
     assert_one_line_error(code, err, "--revision 'bogus': Can't locate revision identified by 'bogus'")
 
 
@@ -310,15 +361,23 @@ def test_launch_refuses_what_every_rank_would_die_of(tmp_path: Path) -> None:
     garbled = tmp_path / "garbled.json"
     garbled.write_bytes(NOT_UTF8)
     cases = [
-        (["--strategy", str(strategy), "--nproc-per-node", "2", "--master-port", "99999", str(script)],
-         "--master-port: must be between 0 (any free port) and 65535, got 99999"),
+        (
+            ["--strategy", str(strategy), "--nproc-per-node", "2", "--master-port", "99999", str(script)],
+            "--master-port: must be between 0 (any free port) and 65535, got 99999",
+        ),
         (["--strategy", str(strategy), "--nproc-per-node", "2", str(tmp_path / "missing.py")], "script: "),
         (["--strategy", str(strategy), "--nproc-per-node", "2", str(tmp_path)], "is a directory without a __main__.py"),
         (["--strategy", str(garbled), "--nproc-per-node", "2", str(script)], f"--strategy: {garbled}: not UTF-8 text"),
     ]
     for argv, message in cases:
-        completed = subprocess.run([sys.executable, "-m", "stratagem.launch", *argv], cwd=ROOT, capture_output=True,
-                                   text=True, timeout=120, check=False)
+        completed = subprocess.run(
+            [sys.executable, "-m", "stratagem.launch", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert completed.returncode == 2, completed.stderr
         assert message in completed.stderr and "Traceback" not in completed.stderr and "started" not in completed.stdout
 
@@ -347,7 +406,11 @@ class _NotAService(http.server.BaseHTTPRequestHandler):
     """Another web server on the port the user named: 200 with a login page, or JSON of another shape."""
 
     def _answer(self) -> None:
-        body, kind = (b'{"items": []}', "application/json") if self.path.startswith("/json") else (b"<html>sign in</html>", "text/html")
+        body, kind = (
+            (b'{"items": []}', "application/json")
+            if self.path.startswith("/json")
+            else (b"<html>sign in</html>", "text/html")
+        )
         self.send_response(200)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
@@ -378,7 +441,10 @@ def test_answers_that_are_not_the_services_raise_service_error(not_a_service: st
             client.health()
         with pytest.raises(ServiceError, match="the answer is not JSON"):
             client.optimize(make_mlp_graph(), make_t4_cluster(2))
-    with stratagem.Client(not_a_service + "/json") as client, pytest.raises(ServiceError, match="the answer has no 'data' field"):
+    with (
+        stratagem.Client(not_a_service + "/json") as client,
+        pytest.raises(ServiceError, match="the answer has no 'data' field"),
+    ):
         client.jobs()
 
 
@@ -414,7 +480,9 @@ def test_documents_of_the_wrong_type_are_named_and_nan_is_refused_before_sending
         with pytest.raises(RequestRejectedError, match=re.escape("body.step_times_s.1: must be a finite number")):
             client.record_trial(best, graph_id=graph.id, resource_id=cluster.id, step_times_s=[0.1, float("nan")])
         with pytest.raises(StratagemError, match=re.escape("strategy: expected a stratagem.Strategy")):
-            client.record_trial(best.model_dump(mode="json"), graph_id=graph.id, resource_id=cluster.id, step_times_s=[0.1])  # type: ignore[arg-type]
+            client.record_trial(
+                best.model_dump(mode="json"), graph_id=graph.id, resource_id=cluster.id, step_times_s=[0.1]
+            )  # type: ignore[arg-type]
         assert client.trials(graph_id=graph.id) == []
 
 
@@ -433,23 +501,37 @@ def test_wait_arguments_and_a_closed_client_raise_the_librarys_errors(url: str) 
         client.health()
 
 
-@pytest.mark.parametrize(("workers", "reason"), [("99999999999", "less than or equal to 16"), ("-1", "greater than or equal to 0")])
-def test_serve_refuses_a_worker_count_the_database_pool_cannot_serve(workers: str, reason: str, tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(["serve", "--workers", workers, "--port", "1", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}"],
-                           capsys)
+@pytest.mark.parametrize(
+    ("workers", "reason"), [("99999999999", "less than or equal to 16"), ("-1", "greater than or equal to 0")]
+)
+def test_serve_refuses_a_worker_count_the_database_pool_cannot_serve(
+    workers: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(
+        ["serve", "--workers", workers, "--port", "1", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}"], capsys
+    )
     assert_one_line_error(code, err, f"workers: Input should be {reason}")
 
 
-@pytest.mark.parametrize(("argv", "env", "message"), [
-    (["--port", "70000"], {}, "argument --port: must be at most 65535, got 70000"),
-    ([], {"STRATAGEM_WORKERS": "99"}, "workers: Input should be less than or equal to 16"),
-])
-def test_the_service_entry_point_refuses_bad_settings_in_one_line(argv: list[str], env: dict[str, str], message: str,
-                                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--port", "70000"], {}, "argument --port: must be at most 65535, got 70000"),
+        ([], {"STRATAGEM_WORKERS": "99"}, "workers: Input should be less than or equal to 16"),
+    ],
+)
+def test_the_service_entry_point_refuses_bad_settings_in_one_line(
+    argv: list[str], env: dict[str, str], message: str, tmp_path: Path
+) -> None:
     environment = dict(os.environ, STRATAGEM_DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite'}", **env)
-    done = subprocess.run([sys.executable, "-m", "optimizer_service", "--port", "1", *argv], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "optimizer_service", "--port", "1", *argv],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr

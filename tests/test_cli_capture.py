@@ -16,7 +16,9 @@ from stratagem.ir import ModelGraph
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_capture_writes_a_valid_graph_and_prints_its_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_capture_writes_a_valid_graph_and_prints_its_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     output = tmp_path / "bert.json"
     code = main(["capture", "examples.zoo:bert_large", "--batch", "4", "--size", "small", "-o", str(output)])
     assert code == 0
@@ -108,7 +110,11 @@ def test_python_dash_m_stratagem_captures_in_a_subprocess(tmp_path: Path) -> Non
     output = tmp_path / "resnet.json"
     completed = subprocess.run(
         [sys.executable, "-m", "stratagem", "capture", "examples.zoo:resnet50", "--batch", "8", "-o", str(output)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr
     graph = ModelGraph.load(output)
@@ -116,7 +122,11 @@ def test_python_dash_m_stratagem_captures_in_a_subprocess(tmp_path: Path) -> Non
     assert completed.stdout.startswith(graph.summary())
     failed = subprocess.run(
         [sys.executable, "-m", "stratagem", "capture", "gpt", "--batch", "-1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert failed.returncode == 2 and failed.stderr.startswith("error: ") and "Traceback" not in failed.stderr
     assert json.loads(output.read_text())["batch_size"] == 8

@@ -62,11 +62,33 @@ def test_optimize_captures_a_zoo_model_on_an_autodist_spec_and_writes_the_best(
     url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "best.json"
-    code, out, err = run_cli([
-        "optimize", "examples.zoo:resnet50", "--size", "small", "--batch", "4", "--set", "width=8",
-        "--resources", str(SPEC_4X_T4), "--device", "T4", "--trials", "0", "--time-budget", "0.5", "--seed", "3",
-        "--url", url, "-o", str(output),
-    ], capsys)
+    code, out, err = run_cli(
+        [
+            "optimize",
+            "examples.zoo:resnet50",
+            "--size",
+            "small",
+            "--batch",
+            "4",
+            "--set",
+            "width=8",
+            "--resources",
+            str(SPEC_4X_T4),
+            "--device",
+            "T4",
+            "--trials",
+            "0",
+            "--time-budget",
+            "0.5",
+            "--seed",
+            "3",
+            "--url",
+            url,
+            "-o",
+            str(output),
+        ],
+        capsys,
+    )
     assert code == 0, err
     best = Strategy.load(output)
     assert len(best.replicas) == 4 and all(":GPU:" in d for d in best.replicas)
@@ -81,12 +103,30 @@ def test_optimize_captures_a_zoo_model_on_an_autodist_spec_and_writes_the_best(
     assert "succeeded" in err and f"job {job['id']} submitted" in err
 
 
-def test_optimize_accepts_a_graph_file_and_a_resource_spec_json(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_optimize_accepts_a_graph_file_and_a_resource_spec_json(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     graph, cluster = make_embedding_graph(), make_cpu_cluster(2)
     graph.save(tmp_path / "graph.json")
     cluster.save(tmp_path / "cluster.json")
-    code, out, err = run_cli(["optimize", str(tmp_path / "graph.json"), "--resources", str(tmp_path / "cluster.json"),
-                              "--trials", "0", "--time-budget", "0.5", "--top-k", "2", "--no-progress", "--url", url], capsys)
+    code, out, err = run_cli(
+        [
+            "optimize",
+            str(tmp_path / "graph.json"),
+            "--resources",
+            str(tmp_path / "cluster.json"),
+            "--trials",
+            "0",
+            "--time-budget",
+            "0.5",
+            "--top-k",
+            "2",
+            "--no-progress",
+            "--url",
+            url,
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "[" not in err  # no progress bar
     rows = table_rows(out)
@@ -101,9 +141,18 @@ def test_optimize_accepts_a_graph_file_and_a_resource_spec_json(url: str, tmp_pa
         (["gpt", "--batch", "2", "--resources", "nowhere.yml"], "--resources: nowhere.yml: no such file"),
         (["missing.json", "--resources", str(SPEC_4X_T4)], "missing.json: no such graph file"),
         (["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--trials", "-1"], "--trials: must be 0 or more"),
-        (["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--time-budget", "0"], "--time-budget: must be a positive"),
-        (["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--set", "layerz=1"], "overrides.layerz: unknown field"),
-        (["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--device", "Z80"], "nodes[0].device: unknown device kind 'Z80'"),
+        (
+            ["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--time-budget", "0"],
+            "--time-budget: must be a positive",
+        ),
+        (
+            ["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--set", "layerz=1"],
+            "overrides.layerz: unknown field",
+        ),
+        (
+            ["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--device", "Z80"],
+            "nodes[0].device: unknown device kind 'Z80'",
+        ),
     ],
 )
 def test_optimize_refuses_bad_input_in_one_line_naming_the_option(
@@ -114,10 +163,14 @@ def test_optimize_refuses_bad_input_in_one_line_naming_the_option(
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_optimize_refuses_a_resource_file_that_is_neither_json_nor_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_optimize_refuses_a_resource_file_that_is_neither_json_nor_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = tmp_path / "cluster.txt"
     spec.write_text("nodes:\n  - address: 10.0.0.1\n")
-    code, _, err = run_cli(["optimize", "gpt", "--batch", "2", "--resources", str(spec), "--url", closed_port_url()], capsys)
+    code, _, err = run_cli(
+        ["optimize", "gpt", "--batch", "2", "--resources", str(spec), "--url", closed_port_url()], capsys
+    )
     assert code == 2 and "not JSON" in err and "must end in .yml or .yaml" in err
 
 
@@ -125,8 +178,10 @@ def test_optimize_against_an_unreachable_service_says_so(tmp_path: Path, capsys:
     make_mlp_graph().save(tmp_path / "graph.json")
     make_t4_cluster(2).save(tmp_path / "cluster.json")
     address = closed_port_url()
-    code, _, err = run_cli(["optimize", str(tmp_path / "graph.json"), "--resources", str(tmp_path / "cluster.json"),
-                            "--url", address], capsys)
+    code, _, err = run_cli(
+        ["optimize", str(tmp_path / "graph.json"), "--resources", str(tmp_path / "cluster.json"), "--url", address],
+        capsys,
+    )
     assert code == 2 and f"cannot reach {address}" in err
 
 
@@ -135,7 +190,9 @@ def test_optimize_against_an_unreachable_service_says_so(tmp_path: Path, capsys:
 
 def test_jobs_lists_filters_and_shows_a_job_with_its_ranking(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     with stratagem.Client(url) as client:
-        job = client.optimize(make_mlp_graph(batch_size=64), make_t4_cluster(2), max_trials=0, search=QUICK_SEARCH).wait(60)
+        job = client.optimize(
+            make_mlp_graph(batch_size=64), make_t4_cluster(2), max_trials=0, search=QUICK_SEARCH
+        ).wait(60)
         candidates = job.strategies()
     code, out, _ = run_cli(["jobs", "--url", url], capsys)
     assert code == 0
@@ -179,14 +236,34 @@ def _record_history(address: str) -> tuple[str, int]:
         job = client.optimize(mlp, cluster, max_trials=0, search=QUICK_SEARCH).wait(60)
         strategies = [c["strategy"] for c in job.strategies()[:2]]
         for i, strategy in enumerate(strategies):
-            client.record_trial(Strategy.parse(strategy), graph_id=mlp.id, resource_id=cluster.id,
-                                step_times_s=[0.01 + i / 100, 0.02, 0.015], job_id=job.id, backend="ray")
-        client.record_trial(Strategy.parse(strategies[0]), graph_id=mlp.id, resource_id=cluster.id, step_times_s=[],
-                            outcome="crash", error="rank 1 died", job_id=job.id)
+            client.record_trial(
+                Strategy.parse(strategy),
+                graph_id=mlp.id,
+                resource_id=cluster.id,
+                step_times_s=[0.01 + i / 100, 0.02, 0.015],
+                job_id=job.id,
+                backend="ray",
+            )
+        client.record_trial(
+            Strategy.parse(strategies[0]),
+            graph_id=mlp.id,
+            resource_id=cluster.id,
+            step_times_s=[],
+            outcome="crash",
+            error="rank 1 died",
+            job_id=job.id,
+        )
         other = client.optimize(embedding, cluster, max_trials=0, search=QUICK_SEARCH).wait(60).best()
         for times in ([0.5, 0.4], [0.45]):
-            client.record_trial(other, graph_id=embedding.id, resource_id=cluster.id, step_times_s=times,
-                                peak_memory_bytes=1e9, predicted_step_time_s=0.3, simulator_version="v1")
+            client.record_trial(
+                other,
+                graph_id=embedding.id,
+                resource_id=cluster.id,
+                step_times_s=times,
+                peak_memory_bytes=1e9,
+                predicted_step_time_s=0.3,
+                simulator_version="v1",
+            )
         return job.id, 5
 
 
@@ -234,7 +311,9 @@ def test_trials_export_of_one_job_writes_only_its_trials(tmp_path: Path, capsys:
     assert ModelGraph.parse(graph_line["document"]).id == graph_line["id"] == trials[0]["graph_id"]
 
 
-def test_trials_export_of_an_unknown_job_writes_nothing_and_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_trials_export_of_an_unknown_job_writes_nothing_and_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     unknown = "00000000-0000-4000-8000-000000000000"
     with served(f"sqlite:///{tmp_path / 'a.db'}") as source:
         code, out, err = run_cli(["trials", "export", "--url", source, "--job-id", unknown], capsys)
@@ -246,13 +325,23 @@ def test_trials_export_of_an_unknown_job_writes_nothing_and_names_it(tmp_path: P
     [
         ("", "empty; expected a file written by `stratagem trials export`"),
         ('{"kind": "trial"}\n', ":1: expected the header line"),
-        ('{"kind": "header", "format": "stratagem-trials", "version": 9}\n', ":1: version: this stratagem reads version 1"),
+        (
+            '{"kind": "header", "format": "stratagem-trials", "version": 9}\n',
+            ":1: version: this stratagem reads version 1",
+        ),
         ('{"kind": "header", "format": "stratagem-trials", "version": 1}\nnot json\n', ":2: not JSON"),
-        ('{"kind": "header", "format": "stratagem-trials", "version": 1}\n{"kind": "trial", "graph_id": "abc"}\n',
-         ":2: graph_id: 'abc' is not carried by an earlier 'graph' line"),
-        ('{"kind": "header", "format": "stratagem-trials", "version": 1}\n{"kind": "graph", "id": "x", "document": {"layers": 3}}\n',
-         ":2: document: invalid graph"),
-        ('{"kind": "header", "format": "stratagem-trials", "version": 1}\n{"kind": "job"}\n', ":2: kind: expected one of"),
+        (
+            '{"kind": "header", "format": "stratagem-trials", "version": 1}\n{"kind": "trial", "graph_id": "abc"}\n',
+            ":2: graph_id: 'abc' is not carried by an earlier 'graph' line",
+        ),
+        (
+            '{"kind": "header", "format": "stratagem-trials", "version": 1}\n{"kind": "graph", "id": "x", "document": {"layers": 3}}\n',
+            ":2: document: invalid graph",
+        ),
+        (
+            '{"kind": "header", "format": "stratagem-trials", "version": 1}\n{"kind": "job"}\n',
+            ":2: kind: expected one of",
+        ),
     ],
 )
 def test_trials_import_refuses_a_malformed_file_naming_the_line(
@@ -316,12 +405,34 @@ def test_serve_refuses_bad_settings_before_starting(capsys: pytest.CaptureFixtur
 @pytest.mark.slow
 def test_serve_runs_the_service_with_the_options_given_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")
+    }
     env["STRATAGEM_WORKERS"] = "1"  # the option below wins over the environment
     server = subprocess.Popen(
-        [sys.executable, "-m", "stratagem", "serve", "--port", str(port), "--workers", "2", "--trials-backend", "none",
-         "--database-url", f"sqlite:///{tmp_path / 'served.db'}", "--log-level", "info"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "stratagem",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--trials-backend",
+            "none",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'served.db'}",
+            "--log-level",
+            "info",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         health = _wait_healthy(f"http://127.0.0.1:{port}", server)
@@ -341,7 +452,9 @@ def _wait_healthy(address: str, server: subprocess.Popen[str], timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise AssertionError(f"the server exited with {server.returncode}: {server.stdout.read() if server.stdout else ''}")
+            raise AssertionError(
+                f"the server exited with {server.returncode}: {server.stdout.read() if server.stdout else ''}"
+            )
         try:
             response = httpx.get(f"{address}/healthz", timeout=1)
             if response.status_code == 200:
@@ -368,7 +481,11 @@ def test_without_the_service_installed_its_commands_say_how_to_install_it(
 
     monkeypatch.setattr(stratagem.cli, "entry_points", lambda group: [])  # no package plugs commands in
     code, _, err = run_cli(argv, capsys)
-    assert code == 2 and f"`stratagem {argv[0]}` comes with the service" in err and "pip install 'stratagem[service]'" in err
+    assert (
+        code == 2
+        and f"`stratagem {argv[0]}` comes with the service" in err
+        and "pip install 'stratagem[service]'" in err
+    )
 
 
 def test_the_cli_loads_only_the_services_command_registrations_until_a_server_command_runs() -> None:

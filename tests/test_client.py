@@ -50,7 +50,9 @@ def test_optimize_wait_best_returns_the_rank_one_strategy_valid_for_the_document
     assert [c["rank"] for c in candidates] == list(range(1, len(candidates) + 1))
     assert candidates[0]["strategy_id"] == best.id
     assert {"AllReduce", "PS"} <= {c["source"] for c in candidates}
-    assert best.predicted is not None and best.predicted.step_time_s <= min(c["predicted"]["step_time_s"] for c in candidates)
+    assert best.predicted is not None and best.predicted.step_time_s <= min(
+        c["predicted"]["step_time_s"] for c in candidates
+    )
     assert job.data["options"]["max_trials"] == 0
     assert client.job(job.id).data["status"] == "succeeded"
     assert job.id in {j["id"] for j in client.jobs(status="succeeded")}
@@ -75,7 +77,9 @@ def test_documents_upload_idempotently_and_read_back(client: stratagem.Client) -
 
 
 def test_an_autodist_yaml_cluster_takes_the_device_kind_given(client: stratagem.Client) -> None:
-    yaml_text = "nodes:\n  - address: 10.0.0.1\n    gpus: [0, 1]\n    chief: true\n  - address: 10.0.0.2\n    gpus: [0, 1]\n"
+    yaml_text = (
+        "nodes:\n  - address: 10.0.0.1\n    gpus: [0, 1]\n    chief: true\n  - address: 10.0.0.2\n    gpus: [0, 1]\n"
+    )
     job = client.optimize(make_mlp_graph(), yaml_text, max_trials=0, search=QUICK_SEARCH, device="V100").wait(60)
     resources = client.resources(job.data["resource_id"])
     assert [node.device for node in resources.nodes] == ["V100", "V100"]
@@ -87,8 +91,13 @@ def test_record_trial_is_listed_with_summaries_computed_by_the_service(client: s
     job = client.optimize(graph, resources, max_trials=0, search=QUICK_SEARCH).wait(60)
     best = job.best()
     recorded = client.record_trial(
-        best, graph_id=graph.id, resource_id=resources.id, step_times_s=[0.030, 0.010, 0.020], job_id=job.id,
-        backend="my-cluster", simulator_version="sim-x",
+        best,
+        graph_id=graph.id,
+        resource_id=resources.id,
+        step_times_s=[0.030, 0.010, 0.020],
+        job_id=job.id,
+        backend="my-cluster",
+        simulator_version="sim-x",
     )
     assert recorded["median_s"] == pytest.approx(0.020)
     assert recorded["samples_per_s"] == pytest.approx(graph.batch_size * best.effective_mesh.data / 0.020)
@@ -96,8 +105,9 @@ def test_record_trial_is_listed_with_summaries_computed_by_the_service(client: s
     listed = client.trials(job_id=job.id)
     assert [t["id"] for t in listed] == [recorded["id"]]
     assert listed[0]["strategy_id"] == best.id
-    failed = client.record_trial(best, graph_id=graph.id, resource_id=resources.id, step_times_s=[], outcome="oom",
-                                 error="CUDA out of memory")
+    failed = client.record_trial(
+        best, graph_id=graph.id, resource_id=resources.id, step_times_s=[], outcome="oom", error="CUDA out of memory"
+    )
     assert failed["outcome"] == "oom" and failed["median_s"] is None
     assert {t["id"] for t in client.trials(graph_id=graph.id)} == {recorded["id"], failed["id"]}
 
@@ -122,7 +132,9 @@ def test_invalid_input_raises_request_rejected_naming_the_field(client: stratage
     assert isinstance(caught.value.detail, list) and caught.value.detail[0]["loc"][:2] == ["body", "resources"]
 
 
-def test_a_trial_with_an_unknown_field_or_a_foreign_strategy_is_rejected_with_its_path(client: stratagem.Client) -> None:
+def test_a_trial_with_an_unknown_field_or_a_foreign_strategy_is_rejected_with_its_path(
+    client: stratagem.Client,
+) -> None:
     graph, small, large = make_mlp_graph(), make_cpu_cluster(2), make_t4_cluster(2)
     client.upload_graph(graph)
     client.upload_resources(small)
@@ -135,7 +147,10 @@ def test_a_trial_with_an_unknown_field_or_a_foreign_strategy_is_rejected_with_it
 
 
 def test_an_unreachable_service_raises_service_unavailable() -> None:
-    with stratagem.Client(closed_port_url(), timeout=2) as client, pytest.raises(ServiceUnavailableError, match="cannot reach"):
+    with (
+        stratagem.Client(closed_port_url(), timeout=2) as client,
+        pytest.raises(ServiceUnavailableError, match="cannot reach"),
+    ):
         client.health()
 
 
@@ -169,28 +184,45 @@ def test_writes_need_the_api_key_when_the_service_has_one(tmp_path: Path) -> Non
 def test_wait_draws_a_progress_bar_that_ends_on_the_final_state(client: stratagem.Client) -> None:
     stream = io.StringIO()
     client.optimize(make_mlp_graph(batch_size=4), make_t4_cluster(2), max_trials=0, search=QUICK_SEARCH).wait(
-        60, poll_s=0.05, progress=stream)
+        60, poll_s=0.05, progress=stream
+    )
     frames = stream.getvalue().split("\r")
     assert frames[-1].endswith("\n") and "succeeded" in frames[-1] and "done" in frames[-1]
     assert "candidates, trials 0/0" in frames[-1]
 
 
 def test_render_progress_fills_the_bar_by_trials_done() -> None:
-    job = {"status": "running", "phase": "trials",
-           "progress": {"trials_budget": 4, "trials_done": 2, "candidates_evaluated": 1234, "best_step_time_s": 0.0125}}
+    job = {
+        "status": "running",
+        "phase": "trials",
+        "progress": {"trials_budget": 4, "trials_done": 2, "candidates_evaluated": 1234, "best_step_time_s": 0.0125},
+    }
     assert render_progress(job, width=8) == "[####    ] running   trials     1234 candidates, trials 2/4 best 12.5 ms"
     assert render_progress({"status": "succeeded", "progress": {}}, width=4).startswith("[####] succeeded")
     stopped_early = {"status": "succeeded", "phase": "done", "progress": {"trials_budget": 4, "trials_done": 2}}
     assert render_progress(stopped_early, width=4).startswith("[####] succeeded")
-    searching = {"status": "running", "phase": "searching", "progress": {"trials_budget": 4, "candidates_evaluated": 900}}
+    searching = {
+        "status": "running",
+        "phase": "searching",
+        "progress": {"trials_budget": 4, "candidates_evaluated": 900},
+    }
     assert render_progress(searching, width=4) == "[    ] running   searching  900 candidates, trials 0/4"
 
 
 def test_the_one_liner_captures_a_module_and_returns_the_best_strategy(url: str) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     cluster = make_cpu_cluster(2)
-    best = stratagem.optimize(model, cluster, example_inputs=(torch.randn(8, 32),), batch_size=8, url=url,
-                              max_trials=0, search=QUICK_SEARCH, progress=False, timeout=60)
+    best = stratagem.optimize(
+        model,
+        cluster,
+        example_inputs=(torch.randn(8, 32),),
+        batch_size=8,
+        url=url,
+        max_trials=0,
+        search=QUICK_SEARCH,
+        progress=False,
+        timeout=60,
+    )
     assert isinstance(best, stratagem.Strategy)
     assert best.replicas == cluster.compute_devices
     assert {v.var_name for v in best.variables} == {"0.weight", "0.bias", "2.weight", "2.bias"}

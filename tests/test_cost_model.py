@@ -82,7 +82,9 @@ def test_job_shifts_that_no_feature_explains_leave_the_model_near_the_simulator(
     records = synthetic_records(n_groups=10, per_group=6, seed=3, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
     rng = np.random.default_rng(0)
     shifts = {f"job-{g}": float(np.exp(rng.normal(0, 0.4))) for g in range(10)}
-    shifted = [r.model_copy(update={"measured_step_time_s": r.measured_step_time_s * shifts[r.group_id]}) for r in records]
+    shifted = [
+        r.model_copy(update={"measured_step_time_s": r.measured_step_time_s * shifts[r.group_id]}) for r in records
+    ]
     model = CostModel(**SMALL).fit(shifted)
     assert model.scale_ < 0.3
     unshrunk = CostModel(**SMALL, shrink_folds=0).fit(shifted)
@@ -160,7 +162,9 @@ def test_intervals_cover_most_held_out_trials(fitted, records):
 def test_intervals_are_wide_with_few_trials_and_narrow_with_many(records):
     few = CostModel(**SMALL).fit(records[:3])
     many = CostModel(**SMALL).fit(records[:64])
-    width = lambda model: np.median(np.log(model.predict_interval(records[64:])[2] / model.predict_interval(records[64:])[0]))  # noqa: E731
+    width = lambda model: np.median(
+        np.log(model.predict_interval(records[64:])[2] / model.predict_interval(records[64:])[0])
+    )  # noqa: E731
     assert width(few) > width(many)
 
 
@@ -173,7 +177,9 @@ def test_a_monotone_correction_never_decreases_with_exposed_communication(record
         for value in np.linspace(0.0, 1.0, 7):
             X = matrix.X.copy()
             X[:, column] = value
-            mean, _ = fitted.predict_log_ratio(type(matrix)(X, matrix.names, matrix.simulated_s, matrix.measured_s, matrix.groups))
+            mean, _ = fitted.predict_log_ratio(
+                type(matrix)(X, matrix.names, matrix.simulated_s, matrix.measured_s, matrix.groups)
+            )
             if previous is not None:
                 assert np.all(mean >= previous - 1e-6), f"{name} raised to {value} lowered the correction"
             previous = mean
@@ -183,7 +189,9 @@ def test_a_monotone_correction_never_decreases_with_exposed_communication(record
 def test_predictions_look_columns_up_by_name(fitted, records):
     matrix = build_features(records[64:])
     order = np.random.default_rng(0).permutation(len(matrix.names))
-    shuffled = type(matrix)(matrix.X[:, order], [matrix.names[i] for i in order], matrix.simulated_s, matrix.measured_s, matrix.groups)
+    shuffled = type(matrix)(
+        matrix.X[:, order], [matrix.names[i] for i in order], matrix.simulated_s, matrix.measured_s, matrix.groups
+    )
     assert np.array_equal(fitted.predict(matrix), fitted.predict(shuffled))
     assert np.array_equal(fitted.predict(records[64:]), fitted.predict(matrix))
 
@@ -201,10 +209,21 @@ def test_every_feature_is_built_for_a_record(records):
 
 @pytest.mark.parametrize(
     ("key", "component"),
-    [("compute", "compute"), ("tensor_parallel", "tensor"), ("pipeline_bubble", "bubble"), ("pipeline_p2p", "pipeline"),
-     ("allreduce", "allreduce"), ("all_reduce", "allreduce"), ("sharded", "sharded"), ("reduce_scatter", "sharded"),
-     ("ps", "ps"), ("ps_load:10.0.0.1:CPU:0", "server_load"), ("optimizer_update", "update"),
-     ("steps", "other"), ("mystery", "other")],
+    [
+        ("compute", "compute"),
+        ("tensor_parallel", "tensor"),
+        ("pipeline_bubble", "bubble"),
+        ("pipeline_p2p", "pipeline"),
+        ("allreduce", "allreduce"),
+        ("all_reduce", "allreduce"),
+        ("sharded", "sharded"),
+        ("reduce_scatter", "sharded"),
+        ("ps", "ps"),
+        ("ps_load:10.0.0.1:CPU:0", "server_load"),
+        ("optimizer_update", "update"),
+        ("steps", "other"),
+        ("mystery", "other"),
+    ],
 )
 def test_breakdown_keys_fold_into_components(key, component):
     assert breakdown_component(key) == component

@@ -25,8 +25,13 @@ def calibrated(bandwidth_gbps: float) -> ResourceSpec:
     """Two CPU ranks as `stratagem.calibrate` describes them; each round's calibration differs a little."""
     device = DeviceSpec(name="CPU", peak_flops={"float32": 50e9}, memory_bytes=8e9, memory_bandwidth=8e9, is_gpu=False)
     link = Link(kind="loopback", bandwidth_gbps=bandwidth_gbps, latency_us=100.0, efficiency=1.0)
-    return ResourceSpec(name="calibrated-test", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
-                        network=link, intra_node=link, devices={"CPU": device})
+    return ResourceSpec(
+        name="calibrated-test",
+        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
+        network=link,
+        intra_node=link,
+        devices={"CPU": device},
+    )
 
 
 ROUNDS = {"PS": [0.30, 0.33, 0.31], "PartitionedPS": [0.20, 0.21, 0.26], "AllReduce": [0.10, 0.12, 0.11]}
@@ -42,14 +47,38 @@ def write_trials(bench, path: Path, rounds: dict[str, list[float]], *, primed: b
             resources = calibrated(bandwidth)
             for name, builder in builders.items():
                 strategy = builder.build(graph, resources)
-                result = {"outcome": "ok", "median_s": rounds[name][round_index], "workload": "replay:mlp-test",
-                          "optimizer_primed": primed}
-                out.write(json.dumps({"job": "mlp-test", "round": round_index + 1, "graph": graph.model_dump(mode="json"),
-                                      "resources": resources.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
-                                      "result": result}) + "\n")
+                result = {
+                    "outcome": "ok",
+                    "median_s": rounds[name][round_index],
+                    "workload": "replay:mlp-test",
+                    "optimizer_primed": primed,
+                }
+                out.write(
+                    json.dumps(
+                        {
+                            "job": "mlp-test",
+                            "round": round_index + 1,
+                            "graph": graph.model_dump(mode="json"),
+                            "resources": resources.model_dump(mode="json"),
+                            "strategy": strategy.model_dump(mode="json"),
+                            "result": result,
+                        }
+                    )
+                    + "\n"
+                )
             failed = {"outcome": "crash", "median_s": None, "workload": "replay:mlp-test"}
-            out.write(json.dumps({"job": "mlp-test", "graph": graph.model_dump(mode="json"), "resources": resources.model_dump(mode="json"),
-                                  "strategy": builders["PS"].build(graph, resources).model_dump(mode="json"), "result": failed}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "job": "mlp-test",
+                        "graph": graph.model_dump(mode="json"),
+                        "resources": resources.model_dump(mode="json"),
+                        "strategy": builders["PS"].build(graph, resources).model_dump(mode="json"),
+                        "result": failed,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -88,14 +117,21 @@ def test_the_noise_floor_scores_one_round_against_the_others(bench, trials_file)
     assert noise["separable_pairs"] == 1.0
     ceiling = noise["one_round_vs_others"]
     assert ceiling["kendall_tau"] == pytest.approx(1.0) and ceiling["top1_regret"] == 0.0
-    errors = [abs(t[r] - statistics.median(t[:r] + t[r + 1:])) / statistics.median(t[:r] + t[r + 1:])
-              for t in ROUNDS.values() for r in range(3)]
+    errors = [
+        abs(t[r] - statistics.median(t[:r] + t[r + 1 :])) / statistics.median(t[:r] + t[r + 1 :])
+        for t in ROUNDS.values()
+        for r in range(3)
+    ]
     assert ceiling["mape"] == pytest.approx(statistics.mean(errors))
+
 
 def test_separable_pairs_are_those_whose_gap_exceeds_both_spreads(bench, tmp_path):
     # PS and PartitionedPS overlap (gap 1.2x, PartitionedPS's spread 1.5x); AllReduce is clear of both
-    path = write_trials(bench, tmp_path / "overlap.jsonl",
-                        {"PS": [0.30, 0.30, 0.30], "PartitionedPS": [0.20, 0.25, 0.50], "AllReduce": [0.10, 0.10, 0.10]})
+    path = write_trials(
+        bench,
+        tmp_path / "overlap.jsonl",
+        {"PS": [0.30, 0.30, 0.30], "PartitionedPS": [0.20, 0.25, 0.50], "AllReduce": [0.10, 0.10, 0.10]},
+    )
     strategies, _ = bench.load_trials([path])
     names = [s.name for s in strategies]
     pairs = {frozenset((names[i], names[j])) for i, j in bench.separable_pairs(strategies)}

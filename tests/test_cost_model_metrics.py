@@ -33,7 +33,9 @@ def test_kendall_tau_is_averaged_within_jobs_only():
 
 def test_jobs_without_an_order_to_compare_are_skipped():
     assert math.isnan(kendall_tau_within_groups(np.array([1.0, 2.0]), np.array([1.0, 2.0]), ["a", "b"]))
-    constant = kendall_tau_within_groups(np.array([1.0, 2.0, 1.0, 2.0]), np.array([1.0, 1.0, 1.0, 2.0]), ["a", "a", "b", "b"])
+    constant = kendall_tau_within_groups(
+        np.array([1.0, 2.0, 1.0, 2.0]), np.array([1.0, 1.0, 1.0, 2.0]), ["a", "a", "b", "b"]
+    )
     assert constant == pytest.approx(1.0), "job a predicts a tie and has no order; job b is ordered right"
 
 

@@ -15,43 +15,69 @@ from stratagem.ir import ModelGraph, PredictedPerformance, ResourceSpec, Strateg
 
 @pytest.fixture(scope="module")
 def graph() -> ModelGraph:
-    return ModelGraph.parse({
-        "name": "tiny",
-        "batch_size": 8,
-        "layers": [
-            {"name": "emb", "kind": "embedding", "fwd_flops": 0, "variables": ["emb.weight"], "activation_bytes": 100},
-            {"name": "fc", "kind": "matmul", "fwd_flops": 1e6, "bwd_flops": 2e6, "inputs": ["emb"], "variables": ["fc.weight"]},
-        ],
-        "variables": [
-            {"name": "emb.weight", "shape": [1000, 4], "sparse": True, "lookups_per_step": 10, "consumer": "emb"},
-            {"name": "fc.weight", "shape": [100, 10], "consumer": "fc"},
-        ],
-    })
+    return ModelGraph.parse(
+        {
+            "name": "tiny",
+            "batch_size": 8,
+            "layers": [
+                {
+                    "name": "emb",
+                    "kind": "embedding",
+                    "fwd_flops": 0,
+                    "variables": ["emb.weight"],
+                    "activation_bytes": 100,
+                },
+                {
+                    "name": "fc",
+                    "kind": "matmul",
+                    "fwd_flops": 1e6,
+                    "bwd_flops": 2e6,
+                    "inputs": ["emb"],
+                    "variables": ["fc.weight"],
+                },
+            ],
+            "variables": [
+                {"name": "emb.weight", "shape": [1000, 4], "sparse": True, "lookups_per_step": 10, "consumer": "emb"},
+                {"name": "fc.weight", "shape": [100, 10], "consumer": "fc"},
+            ],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
 def resources() -> ResourceSpec:
-    return ResourceSpec.parse({
-        "nodes": [
-            {"address": "10.0.0.1", "chief": True, "gpus": [0, 1], "device": "T4"},
-            {"address": "10.0.0.2", "gpus": [0, 1], "device": "T4"},
-        ],
-        "network": {"bandwidth_gbps": 50},
-    })
+    return ResourceSpec.parse(
+        {
+            "nodes": [
+                {"address": "10.0.0.1", "chief": True, "gpus": [0, 1], "device": "T4"},
+                {"address": "10.0.0.2", "gpus": [0, 1], "device": "T4"},
+            ],
+            "network": {"bandwidth_gbps": 50},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
 def strategy(graph: ModelGraph, resources: ResourceSpec) -> Strategy:
     ps = lambda host: {"kind": "ps", "reduction_destination": f"{host}:CPU:0", "local_replication": True}  # noqa: E731
-    return Strategy.parse({
-        "graph_id": graph.id,
-        "replicas": resources.compute_devices,
-        "variables": [
-            {"var_name": "emb.weight", "synchronizer": ps("10.0.0.1"), "partition": {"axis": 0, "shards": 2},
-             "shard_synchronizers": [ps("10.0.0.1"), ps("10.0.0.2")]},
-            {"var_name": "fc.weight", "synchronizer": {"kind": "allreduce", "group": 3, "compressor": {"kind": "fp16"}}},
-        ],
-    })
+    return Strategy.parse(
+        {
+            "graph_id": graph.id,
+            "replicas": resources.compute_devices,
+            "variables": [
+                {
+                    "var_name": "emb.weight",
+                    "synchronizer": ps("10.0.0.1"),
+                    "partition": {"axis": 0, "shards": 2},
+                    "shard_synchronizers": [ps("10.0.0.1"), ps("10.0.0.2")],
+                },
+                {
+                    "var_name": "fc.weight",
+                    "synchronizer": {"kind": "allreduce", "group": 3, "compressor": {"kind": "fp16"}},
+                },
+            ],
+        }
+    )
 
 
 def test_strategy_summary_counts_bytes_by_synchronizer(graph, strategy):
@@ -75,8 +101,9 @@ def test_graph_and_cluster_summaries(graph, resources):
 
 
 def test_a_record_from_documents_round_trips_through_json_lines(graph, resources, strategy, tmp_path):
-    predicted = PredictedPerformance(step_time_s=0.25, samples_per_s=128, memory_per_device_bytes=1e9,
-                                     breakdown={"compute": 0.2, "exposed_ps": 0.05})
+    predicted = PredictedPerformance(
+        step_time_s=0.25, samples_per_s=128, memory_per_device_bytes=1e9, breakdown={"compute": 0.2, "exposed_ps": 0.05}
+    )
     record = make_record(graph, resources, strategy, predicted, measured_step_time_s=0.3, source="test")
     assert record.group_id.startswith(str(graph.id)[:16]) and record.strategy_id == strategy.id
     assert record.memory_per_device_bytes == 1e9

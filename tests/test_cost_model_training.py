@@ -25,26 +25,45 @@ class Sample:
 
 
 def _graph(width: int) -> ModelGraph:
-    return ModelGraph.parse({
-        "name": f"mlp-{width}",
-        "batch_size": 16,
-        "layers": [
-            {"name": "fc1", "kind": "matmul", "fwd_flops": 2e3 * width * 16, "bwd_flops": 4e3 * width * 16, "variables": ["fc1.weight"]},
-            {"name": "fc2", "kind": "matmul", "fwd_flops": 2e3 * width * 16, "bwd_flops": 4e3 * width * 16, "inputs": ["fc1"], "variables": ["fc2.weight"]},
-        ],
-        "variables": [
-            {"name": "fc1.weight", "shape": [width, 1000], "consumer": "fc1"},
-            {"name": "fc2.weight", "shape": [1000, width], "consumer": "fc2"},
-        ],
-    })
+    return ModelGraph.parse(
+        {
+            "name": f"mlp-{width}",
+            "batch_size": 16,
+            "layers": [
+                {
+                    "name": "fc1",
+                    "kind": "matmul",
+                    "fwd_flops": 2e3 * width * 16,
+                    "bwd_flops": 4e3 * width * 16,
+                    "variables": ["fc1.weight"],
+                },
+                {
+                    "name": "fc2",
+                    "kind": "matmul",
+                    "fwd_flops": 2e3 * width * 16,
+                    "bwd_flops": 4e3 * width * 16,
+                    "inputs": ["fc1"],
+                    "variables": ["fc2.weight"],
+                },
+            ],
+            "variables": [
+                {"name": "fc1.weight", "shape": [width, 1000], "consumer": "fc1"},
+                {"name": "fc2.weight", "shape": [1000, width], "consumer": "fc2"},
+            ],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
 def samples() -> list[Sample]:
-    resources = ResourceSpec.parse({"nodes": [
-        {"address": "10.0.0.1", "chief": True, "gpus": [0, 1], "device": "T4"},
-        {"address": "10.0.0.2", "gpus": [0, 1], "device": "T4"},
-    ]})
+    resources = ResourceSpec.parse(
+        {
+            "nodes": [
+                {"address": "10.0.0.1", "chief": True, "gpus": [0, 1], "device": "T4"},
+                {"address": "10.0.0.2", "gpus": [0, 1], "device": "T4"},
+            ]
+        }
+    )
     out = []
     for width in (64, 256, 1024):
         graph = _graph(width)

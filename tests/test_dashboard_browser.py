@@ -33,8 +33,15 @@ from simulator.learned import Trainer
 pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"
 DONE = {"succeeded", "failed", "cancelled"}
 
@@ -59,8 +66,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     database = tmp_path_factory.mktemp("dashboard") / "dashboard.db"
-    app = create_app(service_settings(f"sqlite:///{database}", workers=1),
-                     cost_model_trainer=Trainer(n_bootstrap=2, n_estimators=20))
+    app = create_app(
+        service_settings(f"sqlite:///{database}", workers=1), cost_model_trainer=Trainer(n_bootstrap=2, n_estimators=20)
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
     thread.start()
@@ -79,7 +87,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 def _seed(client: httpx.Client) -> list[dict[str, Any]]:
     jobs = []
-    for index, (graph, cluster) in enumerate([(hostile_graph(), make_t4_cluster(2)), (make_embedding_graph(), make_t4_cluster(2))]):
+    for index, (graph, cluster) in enumerate(
+        [(hostile_graph(), make_t4_cluster(2)), (make_embedding_graph(), make_t4_cluster(2))]
+    ):
         job = wait_until(client, submit(client, graph, cluster)["id"], DONE)
         assert job["status"] == "succeeded", job
         record_trials(client, job, count=6, seed=index, bias=1.2 + 0.3 * index)
@@ -167,11 +177,21 @@ def test_a_finished_job_page_draws_its_charts(site: Site, page: tuple[Any, Watch
 def test_the_strategy_page_shows_where_each_variable_goes(site: Site, page: tuple[Any, Watched]) -> None:
     tab, watched = page
     job = site.jobs[1]
-    _visit(tab, f"{site.url}/strategies/{job['best_strategy_id']}?job={job['id']}", ["destinations", "breakdown"], "strategy")
+    _visit(
+        tab,
+        f"{site.url}/strategies/{job['best_strategy_id']}?job={job['id']}",
+        ["destinations", "breakdown"],
+        "strategy",
+    )
     layers = tab.locator("table.placement tr.layer").all_inner_texts()
     assert [text.split()[0] for text in layers] == ["embedding", "fc1", "fc2"]
     hostile = site.jobs[0]
-    _visit(tab, f"{site.url}/strategies/{hostile['best_strategy_id']}?job={hostile['id']}", ["destinations"], "strategy-hostile-names")
+    _visit(
+        tab,
+        f"{site.url}/strategies/{hostile['best_strategy_id']}?job={hostile['id']}",
+        ["destinations"],
+        "strategy-hostile-names",
+    )
     assert tab.locator("table.placement img").count() == 0
     watched.assert_clean()
 
@@ -212,7 +232,13 @@ def test_an_unknown_job_is_a_404_page(site: Site, page: tuple[Any, Watched]) -> 
 
 def test_a_running_job_updates_its_progress_live_and_shows_the_end(site: Site, page: tuple[Any, Watched]) -> None:
     tab, watched = page
-    long = submit(site.client, make_embedding_graph(batch_size=128), make_t4_cluster(4), time_budget_s=120, max_candidates=5_000_000)
+    long = submit(
+        site.client,
+        make_embedding_graph(batch_size=128),
+        make_t4_cluster(4),
+        time_budget_s=120,
+        max_candidates=5_000_000,
+    )
     try:
         assert wait_until(site.client, long["id"], {"running", *DONE})["status"] == "running"
         _visit(tab, f"{site.url}/", [], "jobs-with-a-running-job")
@@ -223,7 +249,9 @@ def test_a_running_job_updates_its_progress_live_and_shows_the_end(site: Site, p
         first_bar = float(tab.locator("[data-live-bar]").evaluate("bar => bar.value"))
         first_count = tab.locator("[data-live-evaluated]").inner_text()
         tab.wait_for_function("document.getElementById('live').dataset.polls >= 3", timeout=15_000)
-        tab.wait_for_function(f"document.querySelector('[data-live-evaluated]').textContent !== {first_count!r}", timeout=15_000)
+        tab.wait_for_function(
+            f"document.querySelector('[data-live-evaluated]').textContent !== {first_count!r}", timeout=15_000
+        )
         assert float(tab.locator("[data-live-bar]").evaluate("bar => bar.value")) > first_bar
         assert tab.locator("[data-live-text]").inner_text().startswith("searching:")
         assert tab.evaluate("window.__sameDocument") is True, "the page must not reload while the job runs"
@@ -231,8 +259,10 @@ def test_a_running_job_updates_its_progress_live_and_shows_the_end(site: Site, p
     finally:
         site.client.post(f"/v1/jobs/{long['id']}/cancel")
     # Once the job ends the page reloads by itself, to show the final state.
-    tab.wait_for_function("window.__sameDocument === undefined && document.getElementById('live').dataset.live === 'false'",
-                          timeout=30_000)
+    tab.wait_for_function(
+        "window.__sameDocument === undefined && document.getElementById('live').dataset.live === 'false'",
+        timeout=30_000,
+    )
     assert tab.locator("#live [data-status-badge]").inner_text() == "cancelled"
     tab.wait_for_selector("#chart-space .main-svg", timeout=15_000)
     tab.screenshot(path=str(ARTIFACTS / "job-cancelled.png"), full_page=True)

@@ -28,8 +28,12 @@ def hostile_graph(batch_size: int = 32) -> ModelGraph:
 
 
 def submit(client: Any, graph: ModelGraph, resources: ResourceSpec, **search: Any) -> dict[str, Any]:
-    body = {"graph": graph.model_dump(mode="json"), "resources": resources.model_dump(mode="json"), "max_trials": 0,
-            "search": {**QUICK_SEARCH, **search}}
+    body = {
+        "graph": graph.model_dump(mode="json"),
+        "resources": resources.model_dump(mode="json"),
+        "max_trials": 0,
+        "search": {**QUICK_SEARCH, **search},
+    }
     response = client.post("/v1/optimize", json=body)
     assert response.status_code == 202, response.text
     return dict(response.json())
@@ -50,15 +54,24 @@ def candidates(client: Any, job_id: str) -> list[dict[str, Any]]:
     return list(client.get(f"/v1/jobs/{job_id}/strategies").json()["data"])
 
 
-def record_trials(client: Any, job: dict[str, Any], *, count: int, seed: int, bias: float = 1.3) -> list[dict[str, Any]]:
+def record_trials(
+    client: Any, job: dict[str, Any], *, count: int, seed: int, bias: float = 1.3
+) -> list[dict[str, Any]]:
     """Generated measurements of the top `count` candidates: the prediction times a bias and seeded noise."""
     rng = random.Random(seed)
     recorded = []
     for candidate in candidates(client, job["id"])[:count]:
         predicted = candidate["predicted"]["step_time_s"]
         times = [predicted * bias * rng.lognormvariate(0.0, 0.15) for _ in range(5)]
-        body = {"graph_id": job["graph_id"], "resource_id": job["resource_id"], "strategy_id": candidate["strategy_id"],
-                "job_id": job["id"], "step_times_s": times, "predicted_step_time_s": predicted, "backend": "generated"}
+        body = {
+            "graph_id": job["graph_id"],
+            "resource_id": job["resource_id"],
+            "strategy_id": candidate["strategy_id"],
+            "job_id": job["id"],
+            "step_times_s": times,
+            "predicted_step_time_s": predicted,
+            "backend": "generated",
+        }
         response = client.post("/v1/trials", json=body)
         assert response.status_code == 201, response.text
         recorded.append(response.json())
@@ -67,8 +80,15 @@ def record_trials(client: Any, job: dict[str, Any], *, count: int, seed: int, bi
 
 def record_failed_trial(client: Any, job: dict[str, Any]) -> dict[str, Any]:
     candidate = candidates(client, job["id"])[-1]
-    body = {"graph_id": job["graph_id"], "resource_id": job["resource_id"], "strategy_id": candidate["strategy_id"],
-            "job_id": job["id"], "outcome": "oom", "error": "CUDA out of memory on rank 3", "backend": "generated"}
+    body = {
+        "graph_id": job["graph_id"],
+        "resource_id": job["resource_id"],
+        "strategy_id": candidate["strategy_id"],
+        "job_id": job["id"],
+        "outcome": "oom",
+        "error": "CUDA out of memory on rank 3",
+        "backend": "generated",
+    }
     response = client.post("/v1/trials", json=body)
     assert response.status_code == 201, response.text
     return dict(response.json())

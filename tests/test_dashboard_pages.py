@@ -66,12 +66,21 @@ def test_user_supplied_names_are_escaped_on_every_page(make_client) -> None:
     job = _succeeded(client, hostile_graph())
     record_trials(client, job, count=2, seed=1)
     best = job["best_strategy_id"]
-    for path in ["/", f"/jobs/{job['id']}", f"/strategies/{best}?job={job['id']}", "/trials", f"/trials?job={job['id']}"]:
+    for path in [
+        "/",
+        f"/jobs/{job['id']}",
+        f"/strategies/{best}?job={job['id']}",
+        "/trials",
+        f"/trials?job={job['id']}",
+    ]:
         page = _html(client, path)
         assert XSS_NAME not in page and "<img src=x" not in page, path
         assert html.escape(XSS_NAME, quote=False) in page or path.startswith("/strategies"), path
     placement = _html(client, f"/strategies/{best}?job={job['id']}")
-    assert html.escape(XSS_LAYER, quote=False) in placement and html.escape(XSS_LAYER + ".weight", quote=False) in placement
+    assert (
+        html.escape(XSS_LAYER, quote=False) in placement
+        and html.escape(XSS_LAYER + ".weight", quote=False) in placement
+    )
 
 
 def test_the_jobs_list_shows_each_job_with_its_best_predicted_and_measured_step(make_client) -> None:
@@ -158,8 +167,13 @@ def test_trials_filter_by_job_and_outcome_and_sort_by_any_column(make_client) ->
 def test_bad_filters_name_the_parameter_and_the_reason(make_client) -> None:
     client: TestClient = make_client(workers=0)
     page = _html(client, "/trials?job=nope&outcome=melted&sort=colour&order=up&graph=abc", status=422)
-    for expected in ("query.job: &#39;nope&#39; is not a job id", "query.outcome: &#39;melted&#39; is not one of",
-                     "query.sort: &#39;colour&#39;", "query.order: &#39;up&#39;", "query.graph: &#39;abc&#39;"):
+    for expected in (
+        "query.job: &#39;nope&#39; is not a job id",
+        "query.outcome: &#39;melted&#39; is not one of",
+        "query.sort: &#39;colour&#39;",
+        "query.order: &#39;up&#39;",
+        "query.graph: &#39;abc&#39;",
+    ):
         assert expected in page
     assert "query.version" in _html(client, "/cost-model?version=latest", status=422)
     assert "query.job" in _html(client, f"/strategies/{'0' * 64}?job=x", status=422)
@@ -167,8 +181,14 @@ def test_bad_filters_name_the_parameter_and_the_reason(make_client) -> None:
 
 def test_unknown_or_malformed_ids_answer_an_html_404(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    for path in ["/jobs/00000000-0000-4000-8000-000000000000", "/jobs/not-a-uuid", f"/strategies/{'a' * 64}",
-                 "/strategies/short", "/cost-model?version=7", "/static/evil.js"]:
+    for path in [
+        "/jobs/00000000-0000-4000-8000-000000000000",
+        "/jobs/not-a-uuid",
+        f"/strategies/{'a' * 64}",
+        "/strategies/short",
+        "/cost-model?version=7",
+        "/static/evil.js",
+    ]:
         page = _html(client, path, status=404)
         assert "No such" in page and "Back to the jobs" in page, path
 
@@ -182,7 +202,9 @@ def test_plotly_is_served_from_the_installed_package_not_the_repository(make_cli
     assert response.headers["content-type"].startswith("text/javascript")
     repo = Path(__file__).resolve().parents[1]
     assert not [p for p in repo.rglob("plotly*.js") if ".venv" not in p.parts and "artifacts" not in p.parts]
-    assert client.get("/static/dashboard.js").status_code == 200 and client.get("/static/dashboard.css").status_code == 200
+    assert (
+        client.get("/static/dashboard.js").status_code == 200 and client.get("/static/dashboard.css").status_code == 200
+    )
 
 
 def test_pages_are_not_in_the_api_schema_and_carry_a_script_policy(make_client) -> None:
@@ -209,9 +231,12 @@ def test_the_cost_model_page_shows_scores_and_feature_importance(make_client) ->
     assert version["version"] in page and "in use" in page
     assert "of the correction its boosters fitted" in page
     corrected = version["metrics"]["corrected"]
-    assert formatting.percent(corrected["mape"]) in page and formatting.percent(version["metrics"]["simulator"]["mape"]) in page
-    assert "figure-metrics" in page, page[page.find("<main>"):]
-    assert "figure-importance" in page, page[page.find("Feature importance"):][:400]
+    assert (
+        formatting.percent(corrected["mape"]) in page
+        and formatting.percent(version["metrics"]["simulator"]["mape"]) in page
+    )
+    assert "figure-metrics" in page, page[page.find("<main>") :]
+    assert "figure-importance" in page, page[page.find("Feature importance") :][:400]
     assert _html(client, f"/cost-model?version={version['id']}") == page
 
 
@@ -220,7 +245,9 @@ def test_a_cost_model_in_another_format_says_why_it_shows_no_importances(make_cl
         def train(self, samples):
             from optimizer_service.core.cost_model import TrainedCostModel
 
-            return TrainedCostModel(model_json='{"kind": "constant"}', n_train=len(samples), version="constant-1", metrics={"mape": 0.25})
+            return TrainedCostModel(
+                model_json='{"kind": "constant"}', n_train=len(samples), version="constant-1", metrics={"mape": 0.25}
+            )
 
     client: TestClient = make_client(cost_model_trainer=Constant())
     record_trials(client, _succeeded(client), count=1, seed=9)
@@ -230,13 +257,18 @@ def test_a_cost_model_in_another_format_says_why_it_shows_no_importances(make_cl
 
 
 def test_a_version_kept_out_of_use_says_why_on_the_cost_model_page(make_client) -> None:
-    worse = {"simulator": {"top1_regret": 0.04, "log_error": 0.2}, "corrected": {"top1_regret": 0.09, "log_error": 0.25}}
+    worse = {
+        "simulator": {"top1_regret": 0.04, "log_error": 0.2},
+        "corrected": {"top1_regret": 0.09, "log_error": 0.25},
+    }
 
     class Worse:
         def train(self, samples):
             from optimizer_service.core.cost_model import TrainedCostModel
 
-            return TrainedCostModel(model_json='{"kind": "constant"}', n_train=len(samples), version="worse-1", metrics=worse)
+            return TrainedCostModel(
+                model_json='{"kind": "constant"}', n_train=len(samples), version="worse-1", metrics=worse
+            )
 
     client: TestClient = make_client(cost_model_trainer=Worse())
     record_trials(client, _succeeded(client), count=2, seed=3)
@@ -249,7 +281,9 @@ def test_a_stored_strategy_that_no_longer_parses_is_reported_not_crashed(make_cl
     client: TestClient = make_client(workers=0)
     engine = make_engine(database_url)
     with make_session_factory(engine)() as session:
-        session.add(StrategyRow(id="b" * 64, json={"schema_version": "1", "replicas": [], "variables": []}, created_at=utcnow()))
+        session.add(
+            StrategyRow(id="b" * 64, json={"schema_version": "1", "replicas": [], "variables": []}, created_at=utcnow())
+        )
         session.commit()
     engine.dispose()
     page = _html(client, f"/strategies/{'b' * 64}", status=500)

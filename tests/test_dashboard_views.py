@@ -74,20 +74,35 @@ def _job(**fields: object) -> Job:
 
 def test_search_progress_is_the_further_of_its_two_budgets() -> None:
     now = utcnow()
-    by_time = progress_of(_job(status=JobStatus.running, phase=JobPhase.searching, started_at=now - timedelta(seconds=5),
-                               progress={"candidates_evaluated": 100}), now)
+    by_time = progress_of(
+        _job(
+            status=JobStatus.running,
+            phase=JobPhase.searching,
+            started_at=now - timedelta(seconds=5),
+            progress={"candidates_evaluated": 100},
+        ),
+        now,
+    )
     assert by_time.fraction == pytest.approx(0.5) and by_time.live
     assert "100 of at most 1,000 candidates" in by_time.text and "5 of 10 s" in by_time.text
-    by_count = progress_of(_job(status=JobStatus.running, phase=JobPhase.searching, started_at=now,
-                                progress={"candidates_evaluated": 800}), now)
+    by_count = progress_of(
+        _job(
+            status=JobStatus.running, phase=JobPhase.searching, started_at=now, progress={"candidates_evaluated": 800}
+        ),
+        now,
+    )
     assert by_count.fraction == pytest.approx(0.8)
 
 
 def test_progress_of_trials_queued_and_ended_jobs() -> None:
-    trials = progress_of(_job(status=JobStatus.running, phase=JobPhase.trials, progress={"trials_done": 1, "trials_budget": 4}))
+    trials = progress_of(
+        _job(status=JobStatus.running, phase=JobPhase.trials, progress={"trials_done": 1, "trials_budget": 4})
+    )
     assert (trials.fraction, trials.text) == (0.25, "trials: 1 of 4 run")
     assert progress_of(_job(status=JobStatus.queued, phase=JobPhase.queued, progress={})).fraction == 0.0
-    failed = progress_of(_job(status=JobStatus.failed, phase=JobPhase.searching, progress={}, error="the search crashed"))
+    failed = progress_of(
+        _job(status=JobStatus.failed, phase=JobPhase.searching, progress={}, error="the search crashed")
+    )
     assert not failed.live and failed.text == "failed: the search crashed"
 
 
@@ -101,7 +116,9 @@ def test_best_so_far_line_never_rises_and_mape_is_relative_to_the_measurement() 
 
 
 def test_breakdown_chart_stacks_only_the_components_that_cost_time() -> None:
-    figure = charts.breakdown_chart(["#1", "#2"], [{"compute": 0.001, "allreduce": 0.002, "ps": 0.0}, {"compute": 0.001, "ps": 0.004}])
+    figure = charts.breakdown_chart(
+        ["#1", "#2"], [{"compute": 0.001, "allreduce": 0.002, "ps": 0.0}, {"compute": 0.001, "ps": 0.004}]
+    )
     assert [trace["name"] for trace in figure["data"]] == ["compute", "allreduce", "ps"]
     assert figure["layout"]["barmode"] == "stack"
     assert figure["data"][2]["y"] == pytest.approx([0.0, 4.0])
@@ -116,6 +133,8 @@ def test_times_and_sizes_read_with_sensible_units() -> None:
 def test_figures_reach_the_page_as_json_that_cannot_close_their_script_tag() -> None:
     from optimizer_service.dashboard.templating import figure_json
 
-    text = str(figure_json({"data": [{"name": "</script><script>alert(1)</script>", "y": [1.0, float("nan"), float("inf")]}]}))
+    text = str(
+        figure_json({"data": [{"name": "</script><script>alert(1)</script>", "y": [1.0, float("nan"), float("inf")]}]})
+    )
     assert "<" not in text and ">" not in text and "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"data": [{"name": "</script><script>alert(1)</script>", "y": [1.0, None, None]}]}

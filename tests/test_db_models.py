@@ -79,8 +79,18 @@ def test_deleting_a_job_keeps_its_trials(factory: sessionmaker[Session]) -> None
         job = Job(id=uuid.uuid4(), graph_id=graph.id, resource_id=spec.id, options={}, progress={})
         session.add(job)
         session.flush()
-        session.add(Trial(job_id=job.id, graph_id=graph.id, resource_id=spec.id, strategy_id=strategy.id,
-                          outcome="ok", step_times_s=[0.1, 0.2], median_s=0.15, backend="test"))
+        session.add(
+            Trial(
+                job_id=job.id,
+                graph_id=graph.id,
+                resource_id=spec.id,
+                strategy_id=strategy.id,
+                outcome="ok",
+                step_times_s=[0.1, 0.2],
+                median_s=0.15,
+                backend="test",
+            )
+        )
     with factory.begin() as session:
         session.delete(session.get(Job, job.id))
     with factory() as session:
@@ -88,8 +98,13 @@ def test_deleting_a_job_keeps_its_trials(factory: sessionmaker[Session]) -> None
         assert trial.job_id is None and trial.step_times_s == [0.1, 0.2]
 
 
-def test_a_spec_stored_under_an_earlier_releases_id_is_found_again_not_stored_twice(factory: sessionmaker[Session]) -> None:
-    records = Path(__file__).resolve().parents[1] / "benchmarks/results/2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz"
+def test_a_spec_stored_under_an_earlier_releases_id_is_found_again_not_stored_twice(
+    factory: sessionmaker[Session],
+) -> None:
+    records = (
+        Path(__file__).resolve().parents[1]
+        / "benchmarks/results/2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz"
+    )
     with lzma.open(records, "rt") as lines:
         stored = json.loads(next(lines))["resources"]
     legacy = ResourceSpec.parse(stored)

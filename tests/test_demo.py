@@ -20,16 +20,33 @@ DEMO_TIMEOUT_S = 420
 
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 30)
-def test_the_demo_optimizes_three_models_with_trials_prints_rankings_and_exits_without_a_terminal(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")}
+def test_the_demo_optimizes_three_models_with_trials_prints_rankings_and_exits_without_a_terminal(
+    tmp_path: Path,
+) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")
+    }
     completed = subprocess.run(
         [sys.executable, "-m", "examples.demo", "--dir", str(tmp_path / "demo")],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_S,
     )
     out = completed.stdout
     assert completed.returncode == 0, out + completed.stderr[-5000:]
-    headers = re.findall(r"^Ranked strategies for (\w+) \((\w+), .* on ([\w-]+): (\d+) devices", out, flags=re.MULTILINE)
-    local = [name for name, size, cluster, devices in headers if (size, cluster, devices) == ("small", "this-machine-2cpu", "2")]
+    headers = re.findall(
+        r"^Ranked strategies for (\w+) \((\w+), .* on ([\w-]+): (\d+) devices", out, flags=re.MULTILINE
+    )
+    local = [
+        name
+        for name, size, cluster, devices in headers
+        if (size, cluster, devices) == ("small", "this-machine-2cpu", "2")
+    ]
     assert sorted(local) == ["bert_large", "dlrm", "resnet50"], out
     assert ("bert_large", "full", "autodist-16x4-t4", "64") in headers
     assert out.count("rank  predicted ms") == len(headers) == 4
@@ -42,4 +59,3 @@ def test_the_demo_optimizes_three_models_with_trials_prints_rankings_and_exits_w
     assert "Serving until Ctrl-C" not in out  # stdin is no terminal: the demo shut down by itself
     assert (tmp_path / "demo" / "stratagem.db").exists()
     assert "Traceback" not in completed.stderr
-

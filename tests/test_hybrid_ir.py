@@ -15,7 +15,9 @@ GPUS = ["10.0.0.1:GPU:0", "10.0.0.1:GPU:1", "10.0.0.2:GPU:0", "10.0.0.2:GPU:1"]
 
 
 def cluster() -> ResourceSpec:
-    return ResourceSpec.parse({"nodes": [{"address": "10.0.0.1", "chief": True, "gpus": [0, 1]}, {"address": "10.0.0.2", "gpus": [0, 1]}]})
+    return ResourceSpec.parse(
+        {"nodes": [{"address": "10.0.0.1", "chief": True, "gpus": [0, 1]}, {"address": "10.0.0.2", "gpus": [0, 1]}]}
+    )
 
 
 def graph() -> ModelGraph:
@@ -23,9 +25,15 @@ def graph() -> ModelGraph:
     return make_mlp_graph()
 
 
-def strategy(tensor_parallel: list[dict[str, Any]], *, replicas: list[str] = GPUS, mesh: dict[str, int] | None = None) -> dict[str, Any]:
-    return {"replicas": replicas, "mesh": mesh or {"data": 2, "tensor": 2}, "tensor_parallel": tensor_parallel,
-            "variables": [{"var_name": v.name, "synchronizer": {"kind": "allreduce"}} for v in graph().variables]}
+def strategy(
+    tensor_parallel: list[dict[str, Any]], *, replicas: list[str] = GPUS, mesh: dict[str, int] | None = None
+) -> dict[str, Any]:
+    return {
+        "replicas": replicas,
+        "mesh": mesh or {"data": 2, "tensor": 2},
+        "tensor_parallel": tensor_parallel,
+        "variables": [{"var_name": v.name, "synchronizer": {"kind": "allreduce"}} for v in graph().variables],
+    }
 
 
 def self_problems(data: dict[str, Any]) -> str:
@@ -46,16 +54,23 @@ def test_a_megatron_pair_is_a_valid_split() -> None:
 
 
 def test_the_heads_style_needs_a_head_count_the_degree_divides() -> None:
-    assert "tensor_parallel[0]: heads: required for the heads style" in self_problems(strategy([{"name": "attn", "style": "heads"}]))
+    assert "tensor_parallel[0]: heads: required for the heads style" in self_problems(
+        strategy([{"name": "attn", "style": "heads"}])
+    )
     assert "tensor_parallel[0].heads: mesh.tensor(2) does not divide heads(3)" in self_problems(
-        strategy([{"name": "attn", "style": "heads", "heads": 3}]))
-    assert "only the heads style takes a head count" in self_problems(strategy([{"name": "fc1", "style": "colwise", "heads": 4}]))
+        strategy([{"name": "attn", "style": "heads", "heads": 3}])
+    )
+    assert "only the heads style takes a head count" in self_problems(
+        strategy([{"name": "fc1", "style": "colwise", "heads": 4}])
+    )
 
 
 def test_a_module_is_split_once_and_never_inside_a_heads_split() -> None:
     text = self_problems(strategy([{"name": "fc1", "style": "colwise"}, {"name": "fc1", "style": "rowwise"}]))
     assert "tensor_parallel[1].name: 'fc1' is split twice (also tensor_parallel[0])" in text
-    text = self_problems(strategy([{"name": "blk.attn", "style": "heads", "heads": 4}, {"name": "blk.attn.q", "style": "colwise"}]))
+    text = self_problems(
+        strategy([{"name": "blk.attn", "style": "heads", "heads": 4}, {"name": "blk.attn.q", "style": "colwise"}])
+    )
     assert "tensor_parallel[1].name: 'blk.attn.q' is inside 'blk.attn'" in text
 
 
@@ -65,13 +80,26 @@ def test_splits_without_a_tensor_group_are_refused() -> None:
 
 
 def test_splits_must_name_layers_of_a_kind_the_style_splits_along_an_axis_the_degree_divides() -> None:
-    text = graph_problems(strategy([{"name": "fc9", "style": "colwise"}, {"name": "act1", "style": "rowwise"},
-                                    {"name": "fc3", "style": "rowwise"}, {"name": "fc3.x", "style": "heads", "heads": 4}],
-                                   mesh={"data": 1, "tensor": 4}, replicas=[f"10.0.0.1:GPU:{i}" for i in range(4)]))
+    text = graph_problems(
+        strategy(
+            [
+                {"name": "fc9", "style": "colwise"},
+                {"name": "act1", "style": "rowwise"},
+                {"name": "fc3", "style": "rowwise"},
+                {"name": "fc3.x", "style": "heads", "heads": 4},
+            ],
+            mesh={"data": 1, "tensor": 4},
+            replicas=[f"10.0.0.1:GPU:{i}" for i in range(4)],
+        )
+    )
     assert "tensor_parallel[0].name: 'fc9' is not a layer of the graph" in text
     assert "tensor_parallel[1].style: rowwise cannot split 'act1', a ReLU (elementwise) layer" in text
     assert "tensor_parallel[3].name: 'fc3.x' is not a module of the graph" in text
-    ok = strategy([{"name": "fc3", "style": "rowwise"}], mesh={"data": 1, "tensor": 4}, replicas=[f"10.0.0.1:GPU:{i}" for i in range(4)])
+    ok = strategy(
+        [{"name": "fc3", "style": "rowwise"}],
+        mesh={"data": 1, "tensor": 4},
+        replicas=[f"10.0.0.1:GPU:{i}" for i in range(4)],
+    )
     assert "replicas[2]" in graph_problems(ok)  # GPUs 2 and 3 are not in the two-GPU nodes
     odd = strategy([{"name": "fc3", "style": "colwise"}], mesh={"data": 1, "tensor": 4}, replicas=GPUS)
     assert "mesh.tensor(4) does not divide axis 0 of fc3.weight [10, 256]" in graph_problems(odd)
@@ -85,7 +113,9 @@ def test_a_tensor_group_must_stay_inside_a_node() -> None:
 
 def test_strategies_without_splits_keep_the_ids_they_had_before_the_field_existed() -> None:
     plain = Strategy.parse({"replicas": GPUS, "variables": [{"var_name": "a", "synchronizer": {"kind": "allreduce"}}]})
-    content = plain.model_dump(mode="json", exclude={"id", "provenance", "predicted", "measured", "tensor_parallel", "recompute_activations"})
+    content = plain.model_dump(
+        mode="json", exclude={"id", "provenance", "predicted", "measured", "tensor_parallel", "recompute_activations"}
+    )
     assert plain.id == hashlib.sha256(canonical_json(content).encode()).hexdigest()
     split = Strategy.parse(strategy([{"name": "fc1", "style": "colwise"}]))
     assert Strategy.parse(split.to_json()).id == split.id

@@ -46,7 +46,9 @@ class Interleaved(nn.Module):
 
 
 def test_an_unknown_module_is_named_with_its_field_path() -> None:
-    assert "tensor_parallel[0].name: '9.fc' is not a module of the model" in refusal(tiny_gpt(), 2, {"name": "9.fc", "style": "colwise"})
+    assert "tensor_parallel[0].name: '9.fc' is not a module of the model" in refusal(
+        tiny_gpt(), 2, {"name": "9.fc", "style": "colwise"}
+    )
 
 
 def test_a_degree_that_does_not_divide_the_split_axis_is_refused() -> None:
@@ -57,12 +59,18 @@ def test_a_degree_that_does_not_divide_the_split_axis_is_refused() -> None:
 
 
 def test_a_style_is_refused_on_a_module_it_cannot_split() -> None:
-    assert "the colwise style splits a Linear, not LayerNorm" in refusal(tiny_gpt(), 2, {"name": "1.ln1", "style": "colwise"})
+    assert "the colwise style splits a Linear, not LayerNorm" in refusal(
+        tiny_gpt(), 2, {"name": "1.ln1", "style": "colwise"}
+    )
 
 
 def test_heads_must_match_the_module_and_split_evenly() -> None:
-    assert "tensor_parallel[0].heads: 8 given, but 1.attn.heads is 4" in refusal(tiny_gpt(), 2, {"name": "1.attn", "style": "heads", "heads": 8})
-    assert "does not divide the 4 heads of 1.attn" in refusal(tiny_gpt(), 3, {"name": "1.attn", "style": "heads", "heads": 4})
+    assert "tensor_parallel[0].heads: 8 given, but 1.attn.heads is 4" in refusal(
+        tiny_gpt(), 2, {"name": "1.attn", "style": "heads", "heads": 8}
+    )
+    assert "does not divide the 4 heads of 1.attn" in refusal(
+        tiny_gpt(), 3, {"name": "1.attn", "style": "heads", "heads": 4}
+    )
 
 
 def test_a_fused_projection_of_an_unrecognised_layout_is_refused_rather_than_split_across_q_k_and_v() -> None:
@@ -75,7 +83,7 @@ def test_a_fused_qkv_is_reordered_so_each_rank_holds_q_k_and_v_of_its_own_heads(
     heads, head_dim, degree = 4, 2, 2
     order = fused_row_order(heads, head_dim, degree)
     rows = [(block, row // head_dim) for block in "qkv" for row in range(heads * head_dim)]  # (q/k/v, head) of each row
-    shards = [[rows[i] for i in order[r * 12:(r + 1) * 12]] for r in range(degree)]
+    shards = [[rows[i] for i in order[r * 12 : (r + 1) * 12]] for r in range(degree)]
     assert shards[0] == [(b, h) for b in "qkv" for h in (0, 0, 1, 1)]
     assert shards[1] == [(b, h) for b in "qkv" for h in (2, 2, 3, 3)]
     assert sorted(order) == list(range(3 * heads * head_dim))
@@ -90,7 +98,9 @@ def test_a_tied_weight_splits_only_when_every_holder_splits_by_vocabulary() -> N
 def test_an_attention_without_a_head_count_is_refused() -> None:
     attention = Attention()
     del attention.heads
-    assert "needs the module's head count" in refusal(nn.Sequential(attention), 2, {"name": "0", "style": "heads", "heads": HEADS})
+    assert "needs the module's head count" in refusal(
+        nn.Sequential(attention), 2, {"name": "0", "style": "heads", "heads": HEADS}
+    )
 
 
 def test_tied_weights_are_not_silently_untied() -> None:
@@ -104,7 +114,9 @@ def test_stages_must_cut_between_the_children_of_a_sequential() -> None:
     assert stage_children(model, [["0.tok", "1.attn.q"], ["2.fc", "3.out", "<loss>"]]) == [["0", "1"], ["2", "3"]]
     with pytest.raises(UnsupportedStrategyError, match=r"module '1' is split between stages 0 and 1"):
         stage_children(model, [["0.tok", "1.attn.q"], ["1.fc", "3.out"]])
-    with pytest.raises(UnsupportedStrategyError, match=r"the model is a Block, not an nn.Sequential; wrap the model's parts"):
+    with pytest.raises(
+        UnsupportedStrategyError, match=r"the model is a Block, not an nn.Sequential; wrap the model's parts"
+    ):
         stage_children(model[1], [["ln1"], ["fc"]])
     with pytest.raises(InvalidStrategyError, match=r"pipeline.stages\[1\]\[0\]: '7.fc' is not inside any child"):
         stage_children(model, [["0.tok"], ["7.fc"]])
@@ -112,8 +124,19 @@ def test_stages_must_cut_between_the_children_of_a_sequential() -> None:
 
 def test_1f1b_with_fewer_micro_batches_than_stages_is_refused() -> None:
     config = PipelineConfig(stages=[["0"], ["1"], ["2"]], micro_batches=2, schedule="1f1b")
-    with pytest.raises(InvalidStrategyError, match=r"pipeline.micro_batches: 1F1B needs at least as many micro-batches as stages: 2 < 3"):
-        PipelinedModel(nn.Sequential(), stage_index=0, num_stages=3, config=config, group=None, device=torch.device("cpu"), loss_fn=loss_fn)
+    with pytest.raises(
+        InvalidStrategyError,
+        match=r"pipeline.micro_batches: 1F1B needs at least as many micro-batches as stages: 2 < 3",
+    ):
+        PipelinedModel(
+            nn.Sequential(),
+            stage_index=0,
+            num_stages=3,
+            config=config,
+            group=None,
+            device=torch.device("cpu"),
+            loss_fn=loss_fn,
+        )
 
 
 def test_micro_batches_inside_forward_need_a_model_that_returns_its_loss_and_batch_first_inputs() -> None:
@@ -159,7 +182,12 @@ def test_micro_batches_inside_forward_average_the_loss_and_accumulate_every_grad
 def test_micro_batches_without_a_loss_function_are_refused(one_rank) -> None:
     model = tiny_gpt()
     names = [n for n, _ in model.named_parameters()]
-    strategy = Strategy.parse({"replicas": ["127.0.0.1:CPU:0"], "pipeline": {"stages": [["0", "1", "2", "3"]], "micro_batches": 2},
-                               "variables": [{"var_name": n, "synchronizer": {"kind": "allreduce"}} for n in names]})
+    strategy = Strategy.parse(
+        {
+            "replicas": ["127.0.0.1:CPU:0"],
+            "pipeline": {"stages": [["0", "1", "2", "3"]], "micro_batches": 2},
+            "variables": [{"var_name": n, "synchronizer": {"kind": "allreduce"}} for n in names],
+        }
+    )
     with pytest.raises(UnsupportedStrategyError, match=r"needs distribute\(\.\.\., loss_fn=\.\.\.\)"):
         distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)

@@ -88,7 +88,10 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
-    return [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)) for _ in range(STEPS)]
+    return [
+        (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, VOCAB, (BATCH, SEQ), generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def make_optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
@@ -121,15 +124,24 @@ def the_graph() -> ModelGraph:
 
 def cluster(world: int, tensor: int) -> ResourceSpec:
     nodes = world // tensor
-    return ResourceSpec.parse({"nodes": [{"address": f"10.0.0.{j + 1}", "chief": j == 0, "cpus": list(range(tensor)), "device": "CPU"}
-                                         for j in range(nodes)]})
+    return ResourceSpec.parse(
+        {
+            "nodes": [
+                {"address": f"10.0.0.{j + 1}", "chief": j == 0, "cpus": list(range(tensor)), "device": "CPU"}
+                for j in range(nodes)
+            ]
+        }
+    )
 
 
 def split_plan() -> list[dict[str, Any]]:
     plan: list[dict[str, Any]] = [{"name": "0.tok", "style": "vocab"}, {"name": "3.out", "style": "vocab"}]
     for block in ("1", "2"):
-        plan += [{"name": f"{block}.attn", "style": "heads", "heads": HEADS},
-                 {"name": f"{block}.fc", "style": "colwise"}, {"name": f"{block}.proj", "style": "rowwise"}]
+        plan += [
+            {"name": f"{block}.attn", "style": "heads", "heads": HEADS},
+            {"name": f"{block}.fc", "style": "colwise"},
+            {"name": f"{block}.proj", "style": "rowwise"},
+        ]
     return plan
 
 
@@ -145,14 +157,29 @@ def two_stages(graph: ModelGraph) -> list[list[str]]:
     return stages
 
 
-def make_strategy(graph: ModelGraph, *, data: int, tensor: int, pipeline: int, micro_batches: int = 1,
-                  schedule: str = "1f1b", recompute: bool = False, extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def make_strategy(
+    graph: ModelGraph,
+    *,
+    data: int,
+    tensor: int,
+    pipeline: int,
+    micro_batches: int = 1,
+    schedule: str = "1f1b",
+    recompute: bool = False,
+    extra: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     world = data * tensor * pipeline
     replicas = [f"10.0.0.{r // tensor + 1}:CPU:{r % tensor}" for r in range(world)]
-    variables = [{"var_name": v.name, "synchronizer": {"kind": "allreduce", "group": i // 4}, **(extra or {}).get(v.name, {})}
-                 for i, v in enumerate(graph.trainable_variables)]
-    strategy: dict[str, Any] = {"replicas": replicas, "mesh": {"data": data, "tensor": tensor, "pipeline": pipeline},
-                                "variables": variables, "recompute_activations": recompute}
+    variables = [
+        {"var_name": v.name, "synchronizer": {"kind": "allreduce", "group": i // 4}, **(extra or {}).get(v.name, {})}
+        for i, v in enumerate(graph.trainable_variables)
+    ]
+    strategy: dict[str, Any] = {
+        "replicas": replicas,
+        "mesh": {"data": data, "tensor": tensor, "pipeline": pipeline},
+        "variables": variables,
+        "recompute_activations": recompute,
+    }
     if tensor > 1:
         strategy["tensor_parallel"] = split_plan()
     if pipeline > 1 or micro_batches > 1:
@@ -178,13 +205,30 @@ def cases(world: int) -> dict[str, dict[str, Any]]:
         }
     return {
         # tensor splits inside nodes 10.0.0.1 and 10.0.0.2; beside them a PS variable and a ZeRO-sharded split weight
-        "dp2-tp2": make_strategy(graph, data=2, tensor=2, pipeline=1, extra={
-            "0.pos.weight": ps("10.0.0.1"), "1.fc.weight": {"synchronizer": {"kind": "sharded", "group": 7}}}),
+        "dp2-tp2": make_strategy(
+            graph,
+            data=2,
+            tensor=2,
+            pipeline=1,
+            extra={"0.pos.weight": ps("10.0.0.1"), "1.fc.weight": {"synchronizer": {"kind": "sharded", "group": 7}}},
+        ),
         # stage 0 on ranks 0, 2 and stage 1 on ranks 1, 3; a PS variable per stage and a partitioned all-reduce
-        "dp2-pp2-1f1b": make_strategy(graph, data=2, tensor=1, pipeline=2, micro_batches=2, extra={
-            "0.pos.weight": ps("10.0.0.3"), "3.ln.weight": ps("10.0.0.2"),
-            "2.proj.weight": {"partition": {"axis": 0, "shards": 2}, "synchronizer": {"kind": "allreduce", "group": 9},
-                              "shard_synchronizers": [{"kind": "allreduce", "group": 9}, {"kind": "sharded", "group": 9}]}}),
+        "dp2-pp2-1f1b": make_strategy(
+            graph,
+            data=2,
+            tensor=1,
+            pipeline=2,
+            micro_batches=2,
+            extra={
+                "0.pos.weight": ps("10.0.0.3"),
+                "3.ln.weight": ps("10.0.0.2"),
+                "2.proj.weight": {
+                    "partition": {"axis": 0, "shards": 2},
+                    "synchronizer": {"kind": "allreduce", "group": 9},
+                    "shard_synchronizers": [{"kind": "allreduce", "group": 9}, {"kind": "sharded", "group": 9}],
+                },
+            },
+        ),
         "tp2-pp2-1f1b-recompute": make_strategy(graph, data=1, tensor=2, pipeline=2, micro_batches=4, recompute=True),
     }
 
@@ -207,7 +251,10 @@ def worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any
         forwards = count_forwards(getattr(model, "stage", model), "1.fc")
         losses = []
         for ids, target in batches():
-            ids, target = local_batch(ids, rank=index, world_size=size), local_batch(target, rank=index, world_size=size)
+            ids, target = (
+                local_batch(ids, rank=index, world_size=size),
+                local_batch(target, rank=index, world_size=size),
+            )
             if hasattr(model, "train_step"):
                 loss = model.train_step(ids, target=target)
             else:
@@ -217,10 +264,19 @@ def worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any
             optimizer.zero_grad()
             losses.append(None if loss is None else float(loss))
         module = getattr(model, "stage", model)
-        params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().tolist() for n, p in module.named_parameters()}
+        params = {
+            n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().tolist()
+            for n, p in module.named_parameters()
+        }
         local = {n: p.to_local().numel() if isinstance(p, DTensor) else p.numel() for n, p in module.named_parameters()}
-        out[label] = {"params": params, "local_numel": local, "losses": losses, "data_index": index, "data_size": size,
-                      "fc_forwards": forwards[0] if forwards else None}
+        out[label] = {
+            "params": params,
+            "local_numel": local,
+            "losses": losses,
+            "data_index": index,
+            "data_size": size,
+            "fc_forwards": forwards[0] if forwards else None,
+        }
     return out
 
 
@@ -277,11 +333,15 @@ def assert_work_is_split(results: list[dict[str, Any]], label: str, strategy: di
             micro = (strategy["pipeline"] or {}).get("micro_batches", 1)
             expected = (2 if strategy["recompute_activations"] else 1) * STEPS * micro
             shape_inference = 1 if strategy["pipeline"] else 0  # a pipeline stage's first step infers shapes once
-            assert expected <= forwards <= expected + shape_inference, f"{label}: 1.fc ran forward {forwards} times, not {expected}"
+            assert expected <= forwards <= expected + shape_inference, (
+                f"{label}: 1.fc ran forward {forwards} times, not {expected}"
+            )
         if "1.ln1.weight" in held:
             assert held["1.ln1.weight"] == full["1.ln1.weight"].numel(), f"{label}: layer norms stay whole"
         if pipeline > 1:
-            assert not ("0.tok.weight" in held and "3.out.weight" in held), f"{label}: a rank holds both ends of the pipeline"
+            assert not ("0.tok.weight" in held and "3.out.weight" in held), (
+                f"{label}: a rank holds both ends of the pipeline"
+            )
 
 
 def assert_trains_like_one_process(results: list[dict[str, Any]], label: str, references: dict[str, Any]) -> None:

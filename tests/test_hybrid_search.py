@@ -26,8 +26,11 @@ def gpt_like(layers: int = 8, hidden: int = 1024, heads: int = 16, tokens: int =
     module around its attention core (`blocks.3.attn.qkv`, `blocks.3.attn/ops0`, `blocks.3.attn.out`),
     with a head count on record: a graph whose every split the runtime can execute."""
     graph = transformer_graph(layers=layers, hidden=hidden, tokens=tokens).model_dump(mode="json", exclude={"id"})
-    rename = {f"b{i}.{part}": f"blocks.{i}.{'attn.' if part in ('qkv', 'out') else ''}{part}"
-              for i in range(layers) for part in ("qkv", "out", "ffn1", "ffn2", "norm")}
+    rename = {
+        f"b{i}.{part}": f"blocks.{i}.{'attn.' if part in ('qkv', 'out') else ''}{part}"
+        for i in range(layers)
+        for part in ("qkv", "out", "ffn1", "ffn2", "norm")
+    }
 
     def renamed(name: str) -> str:
         stem, _, leaf = name.rpartition(".")
@@ -39,9 +42,19 @@ def gpt_like(layers: int = 8, hidden: int = 1024, heads: int = 16, tokens: int =
         layer["variables"] = [renamed(n) for n in layer["variables"]]
         if layer["name"].endswith(".attn.out"):
             core = layer["name"].replace(".attn.out", ".attn/ops0")
-            out.append({"name": core, "type": "Attention", "kind": "attention", "fwd_flops": 4.0 * tokens * 128 * hidden,
-                        "bwd_flops": 8.0 * tokens * 128 * hidden, "bytes_moved": 16.0 * tokens * hidden, "activation_bytes": 12.0 * tokens * hidden,
-                        "output_bytes": 4.0 * tokens * hidden, "inputs": layer["inputs"]})
+            out.append(
+                {
+                    "name": core,
+                    "type": "Attention",
+                    "kind": "attention",
+                    "fwd_flops": 4.0 * tokens * 128 * hidden,
+                    "bwd_flops": 8.0 * tokens * 128 * hidden,
+                    "bytes_moved": 16.0 * tokens * hidden,
+                    "activation_bytes": 12.0 * tokens * hidden,
+                    "output_bytes": 4.0 * tokens * hidden,
+                    "inputs": layer["inputs"],
+                }
+            )
             layer["inputs"] = [core]
         out.append(layer)
     graph["layers"] = out
@@ -126,7 +139,12 @@ def test_tensor_parallelism_splits_only_sharded_activations() -> None:
     sharded = context.activation_bytes[context.layer_sharded_input].sum()
     assert 0 < sharded < context.activation_bytes.sum()
     names = [n for n, s in zip(context.layer_names, context.layer_sharded_input, strict=True) if s]
-    assert "blocks.0.attn.out" in names and "blocks.0.ffn2" in names and "blocks.0.attn.qkv" not in names and "blocks.0.norm" not in names
+    assert (
+        "blocks.0.attn.out" in names
+        and "blocks.0.ffn2" in names
+        and "blocks.0.attn.qkv" not in names
+        and "blocks.0.norm" not in names
+    )
     batch = CandidateBatch.allocate(context, 2)
     batch.tensor[1], batch.data[1] = 4, 1
     memory = simulate_batch(context, batch).memory
@@ -159,7 +177,9 @@ def test_recomputation_trades_a_forward_for_all_but_one_blocks_activations() -> 
     assert 0 < extra < forward / 2  # one more forward of the blocks, not of the whole step
     block = context.activation_bytes[blocks].sum() / 4
     kept = context.recompute_kept[blocks].sum()
-    assert result.memory[0] - result.memory[1] == pytest.approx(context.activation_bytes[blocks].sum() - kept - block, rel=1e-9)
+    assert result.memory[0] - result.memory[1] == pytest.approx(
+        context.activation_bytes[blocks].sum() - kept - block, rel=1e-9
+    )
     again = encode(context, [to_strategy(context, batch, 1)])
     assert again.recompute[0] and to_strategy(context, batch, 1).recompute_activations
 
@@ -172,9 +192,17 @@ def test_the_decoded_tensor_plan_splits_a_captured_gpt_megatron_style() -> None:
     graph = capture(module, make_batch(2), batch_size=2)
     context = compile_context(graph, cluster(nodes=1, gpus=4))
     styles = {split.name: split.style for split in context.tensor_plan(4)}
-    assert styles == {"blocks.0.attn": "heads", "blocks.1.attn": "heads", "embed": "vocab", "positions": "vocab",
-                      "blocks.0.mlp.fc": "colwise", "blocks.0.mlp.proj": "rowwise", "blocks.1.mlp.fc": "colwise",
-                      "blocks.1.mlp.proj": "rowwise", "head": "vocab"}
+    assert styles == {
+        "blocks.0.attn": "heads",
+        "blocks.1.attn": "heads",
+        "embed": "vocab",
+        "positions": "vocab",
+        "blocks.0.mlp.fc": "colwise",
+        "blocks.0.mlp.proj": "rowwise",
+        "blocks.1.mlp.fc": "colwise",
+        "blocks.1.mlp.proj": "rowwise",
+        "head": "vocab",
+    }
     batch = CandidateBatch.allocate(context, 1)
     batch.tensor[0], batch.data[0] = 4, 1
     to_strategy(context, batch, 0).validate_for(graph, context.resources)

@@ -64,7 +64,9 @@ def graph_of(name: str) -> ModelGraph:
 
 
 def cpu_node(world: int) -> ResourceSpec:
-    return ResourceSpec.parse({"nodes": [{"address": "127.0.0.1", "chief": True, "cpus": list(range(world)), "device": "CPU"}]})
+    return ResourceSpec.parse(
+        {"nodes": [{"address": "127.0.0.1", "chief": True, "cpus": list(range(world)), "device": "CPU"}]}
+    )
 
 
 def searched_layouts(name: str, graph: ModelGraph, world: int) -> dict[str, dict[str, Any]]:
@@ -89,7 +91,9 @@ def searched_layouts(name: str, graph: ModelGraph, world: int) -> dict[str, dict
     return out
 
 
-def planned_layout(graph: ModelGraph, *, data: int = 1, tensor: int = 1, micro_batches: int = 1, recompute: bool = False) -> dict[str, Any]:
+def planned_layout(
+    graph: ModelGraph, *, data: int = 1, tensor: int = 1, micro_batches: int = 1, recompute: bool = False
+) -> dict[str, Any]:
     """A layout on data × tensor ranks with the plan `tensor_plan` writes, dense variables all-reduced."""
     from simulator import compile_context
 
@@ -97,13 +101,23 @@ def planned_layout(graph: ModelGraph, *, data: int = 1, tensor: int = 1, micro_b
     resources = cpu_node(world)
     plan = compile_context(graph, resources).tensor_plan(tensor)
     strategy: dict[str, Any] = {
-        "replicas": [f"127.0.0.1:CPU:{r}" for r in range(world)], "mesh": {"data": data, "tensor": tensor, "pipeline": 1},
-        "tensor_parallel": [split.model_dump(mode="json", exclude_none=True) for split in plan], "recompute_activations": recompute,
-        "variables": [{"var_name": v.name, "synchronizer": {"kind": "ps", "reduction_destination": "127.0.0.1:CPU:0"}}
-                      if v.sparse else {"var_name": v.name, "synchronizer": {"kind": "allreduce"}} for v in graph.trainable_variables],
+        "replicas": [f"127.0.0.1:CPU:{r}" for r in range(world)],
+        "mesh": {"data": data, "tensor": tensor, "pipeline": 1},
+        "tensor_parallel": [split.model_dump(mode="json", exclude_none=True) for split in plan],
+        "recompute_activations": recompute,
+        "variables": [
+            {"var_name": v.name, "synchronizer": {"kind": "ps", "reduction_destination": "127.0.0.1:CPU:0"}}
+            if v.sparse
+            else {"var_name": v.name, "synchronizer": {"kind": "allreduce"}}
+            for v in graph.trainable_variables
+        ],
     }
     if micro_batches > 1:
-        strategy["pipeline"] = {"stages": [[layer.name for layer in graph.layers]], "micro_batches": micro_batches, "schedule": "gpipe"}
+        strategy["pipeline"] = {
+            "stages": [[layer.name for layer in graph.layers]],
+            "micro_batches": micro_batches,
+            "schedule": "gpipe",
+        }
     return Strategy.parse(strategy).validate_for(graph, resources).model_dump(mode="json")
 
 
@@ -133,7 +147,13 @@ def worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any
             optimizer.zero_grad()
             losses.append(float(loss.detach()))
         params = {n: p.tolist() for n, p in gathered_parameters(getattr(model, "module", model)).items()}
-        out[label] = {"params": params, "losses": losses, "data_index": index, "data_size": size, "runner": type(model).__name__}
+        out[label] = {
+            "params": params,
+            "losses": losses,
+            "data_index": index,
+            "data_size": size,
+            "runner": type(model).__name__,
+        }
     return out
 
 
@@ -161,11 +181,15 @@ def assert_trains_like_one_process(results: list[dict[str, Any]], label: str, ca
     expected, expected_losses = train_alone(case["model"], data, micro_batches)
     for rank, result in enumerate(results):
         got = result[label]
-        assert set(expected) <= set(got["params"]), f"{label}: rank {rank} lacks {sorted(set(expected) - set(got['params']))}"
+        assert set(expected) <= set(got["params"]), (
+            f"{label}: rank {rank} lacks {sorted(set(expected) - set(got['params']))}"
+        )
         for name, want in expected.items():
             error = relative_error(torch.tensor(got["params"][name]), want)
             assert error < RELATIVE, f"{label}: rank {rank} {name} differs by {error:.2e} (relative)"
-        assert got["runner"] == ("AccumulatedModel" if micro_batches > 1 else type(build(case["model"])[0]).__name__), label
+        assert got["runner"] == ("AccumulatedModel" if micro_batches > 1 else type(build(case["model"])[0]).__name__), (
+            label
+        )
         step_losses = [step[got["data_index"]] for step in expected_losses]
         assert got["losses"] == pytest.approx(step_losses, rel=RELATIVE), f"{label}: rank {rank} losses"
 
@@ -181,7 +205,8 @@ def cases_for(world: int, graphs: dict[str, ModelGraph]) -> dict[str, dict[str, 
             layouts[f"{name} planned tensor(2)"] = planned_layout(graph, tensor=2)
         if world == 2 and name == "gpt":
             layouts["gpt planned tensor(2), 2 micro-batches accumulated, recomputed"] = planned_layout(
-                graph, tensor=2, micro_batches=2, recompute=True)
+                graph, tensor=2, micro_batches=2, recompute=True
+            )
         if world == 2 and name == "resnet50":
             layouts["resnet50 data(2), 2 micro-batches accumulated"] = planned_layout(graph, data=2, micro_batches=2)
         for label, strategy in layouts.items():
@@ -214,13 +239,18 @@ def test_the_search_emits_no_layout_the_runtime_cannot_run_and_says_why(graphs: 
 
     model, make_batch = build("dlrm")
     dlrm = capture(model, make_batch(8), batch_size=8)
-    assert any("input's first dimension (4) is not the batch (8)" in n for n in size_of(Space(compile_context(dlrm, cpu_node(4)))).notes)
+    assert any(
+        "input's first dimension (4) is not the batch (8)" in n
+        for n in size_of(Space(compile_context(dlrm, cpu_node(4)))).notes
+    )
     # transformers split by heads, column/row pairs and vocabulary; the others' convolutions or tables cannot be split
     assert emitted == {"resnet50": [1], "vgg16": [1], "bert_large": [1, 2], "gpt": [1, 2, 4], "dlrm": [1]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["tensor(2)×pipeline(1)", "tensor(1)×pipeline(2), 2 micro-batches 1F1B, stages by compute"])
+@pytest.mark.parametrize(
+    "mesh", ["tensor(2)×pipeline(1)", "tensor(1)×pipeline(2), 2 micro-batches 1F1B, stages by compute"]
+)
 def test_a_searched_tensor_or_pipeline_layout_runs_as_a_service_trial(graphs: dict[str, ModelGraph], mesh: str) -> None:
     """The path whose trials used to end `invalid`: the trial runner builds the zoo model itself."""
     from trial_runner import LocalBackend, Outcome, ZooWorkload, run_trial
@@ -228,8 +258,16 @@ def test_a_searched_tensor_or_pipeline_layout_runs_as_a_service_trial(graphs: di
     layouts = searched_layouts("gpt", graphs["gpt"], 2)
     assert f"gpt data(1)×{mesh}" in layouts, sorted(layouts)
     strategy = Strategy.parse(layouts[f"gpt data(1)×{mesh}"])
-    result = run_trial(ZooWorkload("gpt", batch_size=BATCH, overrides=OVERRIDES["gpt"]), cpu_node(2), strategy, warmup=1, steps=2,
-                       timeout=120, backend=LocalBackend(), measure_undistributed=False)
+    result = run_trial(
+        ZooWorkload("gpt", batch_size=BATCH, overrides=OVERRIDES["gpt"]),
+        cpu_node(2),
+        strategy,
+        warmup=1,
+        steps=2,
+        timeout=120,
+        backend=LocalBackend(),
+        measure_undistributed=False,
+    )
     assert result.outcome == Outcome.ok, result.error
     assert len(result.step_times_s) == 2
     assert not result.optimizer_primed  # tensor parallelism refuses existing optimizer state, so meshes are not primed

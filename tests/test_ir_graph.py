@@ -17,8 +17,21 @@ def graph_dict(**overrides: Any) -> dict[str, Any]:
         "name": "tiny",
         "batch_size": 4,
         "layers": [
-            {"name": "fc1", "type": "Linear", "kind": "matmul", "fwd_flops": 64.0, "bwd_flops": 128.0, "variables": ["fc1.weight"]},
-            {"name": "fc2", "type": "Linear", "kind": "matmul", "inputs": ["fc1"], "variables": ["fc2.weight", "fc2.bias"]},
+            {
+                "name": "fc1",
+                "type": "Linear",
+                "kind": "matmul",
+                "fwd_flops": 64.0,
+                "bwd_flops": 128.0,
+                "variables": ["fc1.weight"],
+            },
+            {
+                "name": "fc2",
+                "type": "Linear",
+                "kind": "matmul",
+                "inputs": ["fc1"],
+                "variables": ["fc2.weight", "fc2.bias"],
+            },
         ],
         "variables": [
             {"name": "fc1.weight", "shape": [4, 2], "consumer": "fc1"},
@@ -219,7 +232,9 @@ def test_replace_and_save_load_keep_ids_consistent(tmp_path: Any) -> None:
     assert ModelGraph.load(path) == graph
 
 
-def test_shared_fixture_graphs_are_valid(mlp_graph: ModelGraph, embedding_graph: ModelGraph, awkward_graph: ModelGraph) -> None:
+def test_shared_fixture_graphs_are_valid(
+    mlp_graph: ModelGraph, embedding_graph: ModelGraph, awkward_graph: ModelGraph
+) -> None:
     assert [v.name for v in mlp_graph.variables][:2] == ["fc1.weight", "fc1.bias"]
     assert mlp_graph.layer("fc1").fwd_flops == 2.0 * 32 * 784 * 512
     assert [v.name for v in embedding_graph.variables if v.sparse] == ["embedding.weight"]

@@ -238,19 +238,24 @@ def test_shared_fixture_clusters_are_valid(cpu_1x2: ResourceSpec, t4_2x4: Resour
 def test_non_finite_figures_are_refused_naming_the_field() -> None:
     custom = {**CATALOG["T4"].model_dump(), "name": "X", "peak_flops": {"float32": float("nan")}}
     assert "devices.X.peak_flops.float32: must be a finite number" in error_text(spec_dict(devices={"X": custom}))
-    assert "network.bandwidth_gbps: must be a finite number" in error_text(spec_dict(network={"bandwidth_gbps": float("inf")}))
+    assert "network.bandwidth_gbps: must be a finite number" in error_text(
+        spec_dict(network={"bandwidth_gbps": float("inf")})
+    )
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-@pytest.mark.parametrize("records", [
-    "2026-11-23-principled-1.8-session-14/accuracy-run-q.jsonl.xz",  # before lowrank_round_s
-    "2026-11-24-principled-1.9-session-16/accuracy-run-u.jsonl.xz",  # before stream_efficiency
-    "2026-11-25-principled-1.13-session-27/accuracy-run-ag.jsonl.xz",  # before comm_latency_contention
-    "2026-11-26-principled-1.14-session-28/accuracy-run-ai.jsonl.xz",  # before the session-29 fields
-    "2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz",  # optimizer_loop_tensor_s written as null
-])
+@pytest.mark.parametrize(
+    "records",
+    [
+        "2026-11-23-principled-1.8-session-14/accuracy-run-q.jsonl.xz",  # before lowrank_round_s
+        "2026-11-24-principled-1.9-session-16/accuracy-run-u.jsonl.xz",  # before stream_efficiency
+        "2026-11-25-principled-1.13-session-27/accuracy-run-ag.jsonl.xz",  # before comm_latency_contention
+        "2026-11-26-principled-1.14-session-28/accuracy-run-ai.jsonl.xz",  # before the session-29 fields
+        "2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz",  # optimizer_loop_tensor_s written as null
+    ],
+)
 def test_a_spec_stored_before_a_device_field_was_added_loads_with_its_own_id(records: str):
     with lzma.open(RESULTS / records, "rt") as lines:
         stored = json.loads(next(lines))["resources"]
@@ -261,13 +266,17 @@ def test_a_spec_stored_before_a_device_field_was_added_loads_with_its_own_id(rec
 
 
 def test_a_new_spec_leaves_added_device_fields_at_their_default_out_of_its_id():
-    base = ResourceSpec(nodes=[Node(address="a", chief=True, gpus=[0], device="X")],
-                        devices={"X": DeviceSpec(name="X", peak_flops={"float32": 1e12}, memory_bytes=1e9, memory_bandwidth=1e11)})
+    base = ResourceSpec(
+        nodes=[Node(address="a", chief=True, gpus=[0], device="X")],
+        devices={"X": DeviceSpec(name="X", peak_flops={"float32": 1e12}, memory_bytes=1e9, memory_bandwidth=1e11)},
+    )
     content = base.model_dump(mode="json", exclude={"id", "provenance"})
     for name in DEVICE_FIELDS_ADDED:
         content["devices"]["X"].pop(name)
     assert base.id == content_hash(content)
-    changed = base.replace(devices={"X": base.devices["X"].model_copy(update={"full_select_efficiency": 0.5}).model_dump()})
+    changed = base.replace(
+        devices={"X": base.devices["X"].model_copy(update={"full_select_efficiency": 0.5}).model_dump()}
+    )
     assert changed.id != base.id
     with pytest.raises(InvalidResourceSpecError, match="does not match the content"):
         ResourceSpec.parse({**json.loads(base.to_json()), "name": "edited"})

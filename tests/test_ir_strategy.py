@@ -28,8 +28,11 @@ def strategy_dict(**overrides: Any) -> dict[str, Any]:
         "replicas": list(GPUS),
         "variables": [
             {"var_name": "a", "synchronizer": {"kind": "allreduce", "algorithm": "ring", "group": 0}},
-            {"var_name": "b", "synchronizer": {"kind": "ps", "reduction_destination": "10.0.0.1:CPU:0"},
-             "partition": {"axis": 0, "shards": 2}},
+            {
+                "var_name": "b",
+                "synchronizer": {"kind": "ps", "reduction_destination": "10.0.0.1:CPU:0"},
+                "partition": {"axis": 0, "shards": 2},
+            },
         ],
     }
     data.update(overrides)
@@ -43,22 +46,28 @@ def error_text(data: dict[str, Any]) -> str:
 
 
 def small_graph() -> ModelGraph:
-    return ModelGraph.parse({
-        "batch_size": 2,
-        "layers": [{"name": "l1", "variables": ["a", "b"]}, {"name": "l2", "inputs": ["l1"], "variables": ["c"]}],
-        "variables": [
-            {"name": "a", "shape": [6, 4]},
-            {"name": "b", "shape": [3]},
-            {"name": "c", "shape": [2, 2], "trainable": False},
-        ],
-    })
+    return ModelGraph.parse(
+        {
+            "batch_size": 2,
+            "layers": [{"name": "l1", "variables": ["a", "b"]}, {"name": "l2", "inputs": ["l1"], "variables": ["c"]}],
+            "variables": [
+                {"name": "a", "shape": [6, 4]},
+                {"name": "b", "shape": [3]},
+                {"name": "c", "shape": [2, 2], "trainable": False},
+            ],
+        }
+    )
 
 
 def two_nodes() -> ResourceSpec:
-    return ResourceSpec.parse({"nodes": [
-        {"address": "10.0.0.1", "chief": True, "gpus": [0, 1]},
-        {"address": "10.0.0.2", "gpus": [0, 1]},
-    ]})
+    return ResourceSpec.parse(
+        {
+            "nodes": [
+                {"address": "10.0.0.1", "chief": True, "gpus": [0, 1]},
+                {"address": "10.0.0.2", "gpus": [0, 1]},
+            ]
+        }
+    )
 
 
 def validation_text(strategy: Strategy, graph: ModelGraph | None = None, resources: ResourceSpec | None = None) -> str:
@@ -112,8 +121,10 @@ def test_content_id_excludes_annotations_but_covers_what_executes() -> None:
     assert Strategy.parse(annotated).id == strategy.id
     strategy.predicted = PredictedPerformance(step_time_s=1, samples_per_s=1, memory_per_device_bytes=1)
     assert strategy.id == Strategy.parse(strategy_dict()).id
-    assert Strategy.parse(strategy_dict(consistency={"kind": "ssp", "staleness": 2}, variables=[])).id != \
-        Strategy.parse(strategy_dict(variables=[])).id
+    assert (
+        Strategy.parse(strategy_dict(consistency={"kind": "ssp", "staleness": 2}, variables=[])).id
+        != Strategy.parse(strategy_dict(variables=[])).id
+    )
     assert Strategy.parse(strategy.to_json()).id == strategy.id
     assert "does not match the content" in error_text(strategy_dict(id="ab" * 32))
 
@@ -143,8 +154,13 @@ def test_pipeline_degree_needs_matching_stages() -> None:
 
 
 def test_pipeline_stages_must_cover_the_graphs_layers_in_order() -> None:
-    base = {"mesh": {"data": 2, "pipeline": 2}, "variables": [
-        {"var_name": "a", "synchronizer": {"kind": "allreduce"}}, {"var_name": "b", "synchronizer": {"kind": "allreduce"}}]}
+    base = {
+        "mesh": {"data": 2, "pipeline": 2},
+        "variables": [
+            {"var_name": "a", "synchronizer": {"kind": "allreduce"}},
+            {"var_name": "b", "synchronizer": {"kind": "allreduce"}},
+        ],
+    }
     good = Strategy.parse(strategy_dict(**base, pipeline={"stages": [["l1"], ["l2"]], "micro_batches": 4}))
     good.validate_for(small_graph(), two_nodes())
     backwards = Strategy.parse(strategy_dict(**base, pipeline={"stages": [["l2"], ["l1"]]}))
@@ -162,13 +178,23 @@ def test_a_variable_is_configured_only_once() -> None:
 @pytest.mark.parametrize(
     ("consistency", "ps", "expected"),
     [
-        ({"kind": "bsp"}, {"sync": False}, "variables[1].synchronizer: sync=False, staleness=0 contradicts bsp consistency"),
-        ({"kind": "ssp", "staleness": 3}, {"staleness": 2}, "sync=True, staleness=2 contradicts ssp consistency (expects sync=True, staleness=3)"),
+        (
+            {"kind": "bsp"},
+            {"sync": False},
+            "variables[1].synchronizer: sync=False, staleness=0 contradicts bsp consistency",
+        ),
+        (
+            {"kind": "ssp", "staleness": 3},
+            {"staleness": 2},
+            "sync=True, staleness=2 contradicts ssp consistency (expects sync=True, staleness=3)",
+        ),
         ({"kind": "asp"}, {"sync": True}, "variables[1].synchronizer.sync: must be false under asp consistency"),
         ({"kind": "bsp"}, {"staleness": 1}, "contradicts bsp consistency (expects sync=True, staleness=0)"),
     ],
 )
-def test_ps_sync_flags_must_agree_with_the_consistency_model(consistency: dict[str, Any], ps: dict[str, Any], expected: str) -> None:
+def test_ps_sync_flags_must_agree_with_the_consistency_model(
+    consistency: dict[str, Any], ps: dict[str, Any], expected: str
+) -> None:
     data = strategy_dict(consistency=consistency)
     data["variables"][1]["synchronizer"].update(ps)
     assert expected in error_text(data)
@@ -218,7 +244,9 @@ def test_shard_overrides_need_a_partition_with_as_many_shards() -> None:
     data["variables"][1]["shard_synchronizers"] = [{"kind": "ps", "reduction_destination": "10.0.0.1:CPU:0"}]
     assert "variables[1]: shard_synchronizers: 1 given for 2 shards" in error_text(data)
     data["variables"][1]["shard_synchronizers"].append({"kind": "ps", "reduction_destination": "bad-device"})
-    assert "variables[1].shard_synchronizers[1].reduction_destination: 'bad-device' is not a device name" in error_text(data)
+    assert "variables[1].shard_synchronizers[1].reduction_destination: 'bad-device' is not a device name" in error_text(
+        data
+    )
 
 
 def test_validate_for_accepts_a_strategy_that_fits() -> None:
@@ -242,7 +270,9 @@ def test_a_strategy_covers_each_trainable_variable_and_only_those() -> None:
     assert "variables: no synchronizer for trainable variable(s) 'b'" in validation_text(Strategy.parse(data))
     data = strategy_dict()
     data["variables"].append({"var_name": "c", "synchronizer": {"kind": "allreduce"}})
-    assert "variables[2].var_name: 'c' is not trainable and needs no synchronizer" in validation_text(Strategy.parse(data))
+    assert "variables[2].var_name: 'c' is not trainable and needs no synchronizer" in validation_text(
+        Strategy.parse(data)
+    )
 
 
 def test_a_strategy_names_only_devices_of_its_resource_spec() -> None:
@@ -256,7 +286,9 @@ def test_a_strategy_names_only_devices_of_its_resource_spec() -> None:
 def test_partitions_split_a_real_axis_into_at_most_its_length() -> None:
     data = strategy_dict()
     data["variables"][1]["partition"] = {"axis": 1, "shards": 2}
-    assert "variables[1].partition.axis: axis 1 does not exist: b has shape [3]" in validation_text(Strategy.parse(data))
+    assert "variables[1].partition.axis: axis 1 does not exist: b has shape [3]" in validation_text(
+        Strategy.parse(data)
+    )
     data["variables"][1]["partition"] = {"axis": 0, "shards": 4}
     assert "variables[1].partition.shards: 4 shards exceed axis 0 of length 3" in validation_text(Strategy.parse(data))
     data["variables"][1]["partition"] = {"axis": 0, "shards": 3}

@@ -156,7 +156,11 @@ def test_the_default_update_moves_every_prediction_by_the_shared_bias(job):
 
 
 def test_diversity_prefers_a_family_not_yet_tried():
-    candidates = [around("a1", 1.0, family="a", baseline=True), around("a2", 1.01, family="a"), around("b1", 1.02, family="b")]
+    candidates = [
+        around("a1", 1.0, family="a", baseline=True),
+        around("a2", 1.01, family="a"),
+        around("b1", 1.02, family="b"),
+    ]
     plain = TrialPlanner(candidates, budget=3, diversity=0.0, update=no_update)
     diverse = TrialPlanner(candidates, budget=3, diversity=0.25, update=no_update)
     assert plain.next_candidates(2) == ["a1", "a2"]
@@ -170,7 +174,9 @@ def test_on_noisy_synthetic_jobs_the_answer_is_usually_the_fastest(acquisition):
     for _ in range(60):
         truth = rng.uniform(0.5, 2.0, size=12)
         mids = truth * np.exp(rng.normal(0, 0.15, size=12)) * 0.7  # a shared bias and per-candidate noise
-        candidates = [Candidate(f"c{i}", m * np.exp(-0.4), m, m * np.exp(0.4), baseline=i < 3) for i, m in enumerate(mids)]
+        candidates = [
+            Candidate(f"c{i}", m * np.exp(-0.4), m, m * np.exp(0.4), baseline=i < 3) for i, m in enumerate(mids)
+        ]
         planner = TrialPlanner(candidates, budget=4, acquisition=acquisition)
         answer = run_plan(planner, lambda cid, truth=truth: float(truth[int(cid[1:])]))
         chosen = truth[int(answer.candidate_id[1:])]

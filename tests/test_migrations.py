@@ -81,7 +81,12 @@ def test_replicas_migrating_at_once_serialize_on_the_advisory_lock(postgres_url:
     """Three replica processes migrate one empty database at the same instant; the lock makes it work."""
     start_at = f"{time.time() + 3.0:.3f}"
     replicas = [
-        subprocess.Popen([sys.executable, "-c", REPLICA, postgres_url, start_at], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", REPLICA, postgres_url, start_at],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(3)
     ]
     results = [replica.communicate(timeout=120) for replica in replicas]

@@ -78,7 +78,9 @@ def test_a_pipeline_stage_holds_the_multihead_attention_out_proj_its_attention_r
 def test_a_document_of_another_kind_is_named_in_one_sentence(tmp_path: Path) -> None:
     _, graph = _lm_graph()
     cluster = make_t4_cluster(1)
-    with pytest.raises(InvalidResourceSpecError, match=r"^invalid resource spec: this is a ModelGraph document, not a ResourceSpec$"):
+    with pytest.raises(
+        InvalidResourceSpecError, match=r"^invalid resource spec: this is a ModelGraph document, not a ResourceSpec$"
+    ):
         ResourceSpec.parse(graph.to_json())
     with pytest.raises(InvalidGraphError, match=r"this is a ResourceSpec document, not a ModelGraph$"):
         ModelGraph.parse(cluster.model_dump(mode="json"))
@@ -106,7 +108,9 @@ def test_an_unknown_optimizer_lists_the_known_ones() -> None:
 def test_the_client_refuses_a_resource_file_name_as_yaml_text() -> None:
     _, graph = _lm_graph()
     with Client("http://127.0.0.1:9") as client:  # refused before any request is made
-        with pytest.raises(StratagemError, match=r"'spec\.json' looks like a file name.*ResourceSpec\.load\('spec\.json'\)"):
+        with pytest.raises(
+            StratagemError, match=r"'spec\.json' looks like a file name.*ResourceSpec\.load\('spec\.json'\)"
+        ):
             client.optimize(graph, "spec.json")
         with pytest.raises(StratagemError, match=r"ResourceSpec\.from_autodist_yaml\('cluster\.yml'\)"):
             client.optimize(graph, "cluster.yml")

@@ -15,11 +15,29 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVER_PACKAGES = {"optimizer_service", "simulator", "trial_runner", "models", "migrations"}
 
 PUBLIC = {
-    "CaptureError", "Client", "InfeasibleStrategyError", "InvalidDocumentError", "InvalidGraphError",
-    "InvalidResourceSpecError", "InvalidStrategyError", "Job", "ModelGraph", "NotFoundError",
-    "RequestRejectedError", "ResourceSpec", "ServiceError", "ServiceUnavailableError", "StratagemError",
-    "Strategy", "TrialFailedError", "UnsupportedStrategyError", "__version__", "capture", "distribute",
-    "launch", "optimize",
+    "CaptureError",
+    "Client",
+    "InfeasibleStrategyError",
+    "InvalidDocumentError",
+    "InvalidGraphError",
+    "InvalidResourceSpecError",
+    "InvalidStrategyError",
+    "Job",
+    "ModelGraph",
+    "NotFoundError",
+    "RequestRejectedError",
+    "ResourceSpec",
+    "ServiceError",
+    "ServiceUnavailableError",
+    "StratagemError",
+    "Strategy",
+    "TrialFailedError",
+    "UnsupportedStrategyError",
+    "__version__",
+    "capture",
+    "distribute",
+    "launch",
+    "optimize",
 }
 
 

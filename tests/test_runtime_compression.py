@@ -29,11 +29,15 @@ def _grads(steps: int, shapes: list[tuple[int, ...]], seed: int = 0) -> list[lis
     return [[torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes] for _ in range(steps)]
 
 
-@pytest.mark.parametrize("reducer", [
-    TopKReducer(SOLO, ratio=0.2, error_feedback=True),
-    CastReducer(SOLO, wire_dtype=torch.float16, error_feedback=True),
-    CastReducer(SOLO, wire_dtype=torch.bfloat16, error_feedback=True),
-], ids=["topk", "fp16", "bf16"])
+@pytest.mark.parametrize(
+    "reducer",
+    [
+        TopKReducer(SOLO, ratio=0.2, error_feedback=True),
+        CastReducer(SOLO, wire_dtype=torch.float16, error_feedback=True),
+        CastReducer(SOLO, wire_dtype=torch.bfloat16, error_feedback=True),
+    ],
+    ids=["topk", "fp16", "bf16"],
+)
 def test_error_feedback_loses_nothing_over_steps(reducer) -> None:
     grads = _grads(6, [(5, 4), (7,)])
     outs = _steps(reducer, grads)
@@ -163,7 +167,9 @@ def test_select_largest_skips_the_sample_when_it_would_hold_a_quarter_of_the_ent
 def test_select_largest_on_a_tie_takes_every_larger_entry_then_tied_ones_wherever_they_lie() -> None:
     # The sampled threshold lands on the 1.0s; they all lie past the prefix where they are first sought.
     g = torch.Generator().manual_seed(3)
-    magnitudes = torch.cat([torch.full((198_000,), 0.1), torch.full((100_000,), 1.0), 2 + torch.rand(2000, generator=g)])
+    magnitudes = torch.cat(
+        [torch.full((198_000,), 0.1), torch.full((100_000,), 1.0), 2 + torch.rand(2000, generator=g)]
+    )
     picked = select_largest(magnitudes, 15_000)
     assert picked.unique().numel() == 15_000
     torch.testing.assert_close(magnitudes[picked].sort(descending=True).values, magnitudes.topk(15_000).values)
@@ -182,6 +188,8 @@ def test_a_backend_without_bf16_is_refused_with_the_bucket_named() -> None:
     from stratagem.errors import UnsupportedStrategyError
 
     team = _NoBFloat16([0, 1], [0, 1], None)
-    with pytest.raises(UnsupportedStrategyError, match=r"all-reduce group 0 \(fc1.weight\).*cannot all-reduce torch.bfloat16"):
+    with pytest.raises(
+        UnsupportedStrategyError, match=r"all-reduce group 0 \(fc1.weight\).*cannot all-reduce torch.bfloat16"
+    ):
         apply_compression(Compressor(kind="bf16"), team=team, what="all-reduce group 0 (fc1.weight)", seed=0)
     assert isinstance(apply_compression(Compressor(kind="fp16"), team=team, what="x", seed=0), CastReducer)

@@ -36,21 +36,42 @@ STALE = {
 def _ps_strategy(names: list[str], consistency: dict[str, Any] | None, extra: dict[str, Any]) -> dict[str, Any]:
     srv = servers(WORLD_SIZE)
     variables = [{"var_name": n, "synchronizer": ps(srv[i % len(srv)], **extra)} for i, n in enumerate(names)]
-    return {"replicas": replicas(WORLD_SIZE), "variables": variables, **({"consistency": consistency} if consistency else {})}
+    return {
+        "replicas": replicas(WORLD_SIZE),
+        "variables": variables,
+        **({"consistency": consistency} if consistency else {}),
+    }
 
 
 def _variants() -> dict[str, dict[str, Any]]:
     """label -> strategy, training setup and the label of the synchronous baseline it is judged against."""
     model = make_model("rec", sparse=False)
     names = [n for n, _ in model.named_parameters()]
-    variants = {"sync": {**DENSE_ADAM, "baseline": "sync", "strategy": make_strategy("allreduce_groups", model, WORLD_SIZE).model_dump(mode="json")},
-                "sync-sparse": {**SPARSE_SGD, "baseline": "sync-sparse", "strategy": _ps_strategy(names, None, {})}}
+    variants = {
+        "sync": {
+            **DENSE_ADAM,
+            "baseline": "sync",
+            "strategy": make_strategy("allreduce_groups", model, WORLD_SIZE).model_dump(mode="json"),
+        },
+        "sync-sparse": {**SPARSE_SGD, "baseline": "sync-sparse", "strategy": _ps_strategy(names, None, {})},
+    }
     for label, compressor in COMPRESSORS.items():
-        variables = [{"var_name": n, "synchronizer": {"kind": "allreduce", "group": i // 3, "compressor": compressor}} for i, n in enumerate(names)]
-        variants[label] = {**DENSE_ADAM, "baseline": "sync", "strategy": {"replicas": replicas(WORLD_SIZE), "variables": variables}}
+        variables = [
+            {"var_name": n, "synchronizer": {"kind": "allreduce", "group": i // 3, "compressor": compressor}}
+            for i, n in enumerate(names)
+        ]
+        variants[label] = {
+            **DENSE_ADAM,
+            "baseline": "sync",
+            "strategy": {"replicas": replicas(WORLD_SIZE), "variables": variables},
+        }
     for label, (consistency, extra) in STALE.items():
         variants[label] = {**DENSE_ADAM, "baseline": "sync", "strategy": _ps_strategy(names, consistency, extra)}
-        variants[f"{label}-sparse"] = {**SPARSE_SGD, "baseline": "sync-sparse", "strategy": _ps_strategy(names, consistency, extra)}
+        variants[f"{label}-sparse"] = {
+            **SPARSE_SGD,
+            "baseline": "sync-sparse",
+            "strategy": _ps_strategy(names, consistency, extra),
+        }
     return variants
 
 
@@ -65,7 +86,9 @@ def lossy_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[st
     curves: dict[str, list[float]] = {}
     for label, variant in payload["variants"].items():
         model = make_model("rec", sparse=variant["sparse"])
-        optimizer = (torch.optim.Adam if variant["opt"] == "adam" else torch.optim.SGD)(model.parameters(), lr=variant["lr"])
+        optimizer = (torch.optim.Adam if variant["opt"] == "adam" else torch.optim.SGD)(
+            model.parameters(), lr=variant["lr"]
+        )
         model, optimizer = distribute(model, optimizer, Strategy.parse(variant["strategy"]))
         losses = torch.zeros(STEPS)
         for step in range(STEPS):
@@ -92,6 +115,8 @@ def test_compressed_and_stale_strategies_train_close_to_synchronous() -> None:
         start, base_end = _mean_over_pool(baseline[:POOL]), _mean_over_pool(baseline[-POOL:])
         end = _mean_over_pool(curves[label][-POOL:])
         assert base_end < 0.85 * start, f"{variant['baseline']} should learn: {start:.3f} -> {base_end:.3f}"
-        assert start - end > 0.5 * (start - base_end), f"{label}: loss {start:.3f} -> {end:.3f} (baseline {base_end:.3f})"
+        assert start - end > 0.5 * (start - base_end), (
+            f"{label}: loss {start:.3f} -> {end:.3f} (baseline {base_end:.3f})"
+        )
         gap = end - base_end if label in STALE or label.removesuffix("-sparse") in STALE else abs(end - base_end)
         assert gap < TOLERANCE * start, f"{label}: ends at {end:.3f}, baseline at {base_end:.3f}"

@@ -42,7 +42,10 @@ def test_tensor_and_pipeline_parallelism_are_refused(model, sgd) -> None:
 
 
 def test_unknown_and_missing_variables_are_named_with_their_path(model, sgd) -> None:
-    variables = [*_all(model, {"kind": "allreduce"})[1:], {"var_name": "fc9.weight", "synchronizer": {"kind": "allreduce"}}]
+    variables = [
+        *_all(model, {"kind": "allreduce"})[1:],
+        {"var_name": "fc9.weight", "synchronizer": {"kind": "allreduce"}},
+    ]
     with pytest.raises(InvalidStrategyError) as caught:
         resolve_plan(model, sgd, _strategy(variables), world_size=2, rank=0)
     paths = {p.path: p.reason for p in caught.value.problems}
@@ -56,7 +59,10 @@ def test_a_strategy_for_another_model_is_refused_in_one_sentence(model, sgd) -> 
         resolve_plan(model, sgd, _strategy(other), world_size=2, rank=0)
     (problem,) = caught.value.problems
     assert problem.path == "graph_id"
-    assert "made for another model: none of its 26 variables ('encoder.0.weight', 'encoder.1.weight', 'encoder.2.weight', ...)" in problem.reason
+    assert (
+        "made for another model: none of its 26 variables ('encoder.0.weight', 'encoder.1.weight', 'encoder.2.weight', ...)"
+        in problem.reason
+    )
 
 
 def test_a_frozen_parameter_with_a_synchronizer_is_refused(model, sgd) -> None:
@@ -75,7 +81,9 @@ def test_a_partition_that_does_not_fit_the_real_shape_is_refused(model, sgd) -> 
 def test_a_server_on_a_node_without_a_replica_is_refused(model, sgd) -> None:
     variables = _all(model, {"kind": "allreduce"})
     variables[2]["synchronizer"] = ps("10.9.9.9:CPU:0")
-    with pytest.raises(UnsupportedStrategyError, match=r"variables\[2\].synchronizer \(fc1.weight\).*'10.9.9.9:CPU:0'.*no replica"):
+    with pytest.raises(
+        UnsupportedStrategyError, match=r"variables\[2\].synchronizer \(fc1.weight\).*'10.9.9.9:CPU:0'.*no replica"
+    ):
         resolve_plan(model, sgd, _strategy(variables), world_size=2, rank=0)
 
 
@@ -104,7 +112,9 @@ def test_a_parameter_missing_from_the_optimizer_is_refused(model) -> None:
 
 def test_hierarchical_all_reduce_with_a_compressor_is_refused(model, sgd) -> None:
     variables = _all(model, {"kind": "allreduce", "algorithm": "hierarchical", "compressor": {"kind": "fp16"}})
-    with pytest.raises(UnsupportedStrategyError, match=r"variables\[0\].synchronizer \(emb.weight\): hierarchical .* fp16"):
+    with pytest.raises(
+        UnsupportedStrategyError, match=r"variables\[0\].synchronizer \(emb.weight\): hierarchical .* fp16"
+    ):
         resolve_plan(model, sgd, _strategy(variables), world_size=2, rank=0)
 
 

@@ -15,12 +15,24 @@ from stratagem.errors import UnsupportedStrategyError
 from stratagem.runtime import DistributedOptimizer, distribute
 from stratagem.runtime.comm import FlatBuffer
 
-CASES = ["allreduce_groups", "ps_single", "ps_partitioned", "sharded", "mixed", "ps_local_replication", "allreduce_hierarchical"]
+CASES = [
+    "allreduce_groups",
+    "ps_single",
+    "ps_partitioned",
+    "sharded",
+    "mixed",
+    "ps_local_replication",
+    "allreduce_hierarchical",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("kind", "opt", "sparse"), [("rec", "sgd", True), ("rec", "adagrad", True), ("cnn", "adam", False)])
-def test_each_strategy_on_one_rank_equals_plain_training(one_rank, case: str, kind: str, opt: str, sparse: bool) -> None:
+@pytest.mark.parametrize(
+    ("kind", "opt", "sparse"), [("rec", "sgd", True), ("rec", "adagrad", True), ("cnn", "adam", False)]
+)
+def test_each_strategy_on_one_rank_equals_plain_training(
+    one_rank, case: str, kind: str, opt: str, sparse: bool
+) -> None:
     batches = make_batches(kind, steps=4, batch=6)
     reference = make_model(kind, sparse=sparse)
     train(reference, make_optimizer(opt, reference.parameters()), batches)
@@ -65,7 +77,9 @@ def test_step_stats_split_compute_from_waiting(one_rank) -> None:
 
 def test_two_backward_passes_before_a_step_are_refused_clearly(one_rank) -> None:
     model = make_model("cnn")
-    model, optimizer = distribute(model, make_optimizer("sgd", model.parameters()), make_strategy("allreduce_groups", model, 1))
+    model, optimizer = distribute(
+        model, make_optimizer("sgd", model.parameters()), make_strategy("allreduce_groups", model, 1)
+    )
     images, y = make_batches("cnn", steps=1, batch=6)[0]
     for _ in range(2):
         torch.nn.functional.cross_entropy(model(images), y).backward()
@@ -98,7 +112,13 @@ def test_a_dropped_model_and_optimizer_free_the_runtime_and_its_process_groups(o
 def _kept_buffers(executor) -> list:
     """Every FlatBuffer an executor (or its reducer) keeps."""
     owners = [executor, getattr(executor, "reducer", None)]
-    return [value for owner in owners if owner is not None for value in vars(owner).values() if isinstance(value, FlatBuffer)]
+    return [
+        value
+        for owner in owners
+        if owner is not None
+        for value in vars(owner).values()
+        if isinstance(value, FlatBuffer)
+    ]
 
 
 @pytest.mark.parametrize("case", ["allreduce_groups", "ps_single", "sharded", "allreduce_hierarchical"])

@@ -22,9 +22,23 @@ from runtime_helpers import (
     train,
 )
 
-CASES = ["allreduce_groups", "allreduce_hierarchical", "ps_single", "ps_balanced", "ps_partitioned",
-         "ps_local_replication", "sharded", "mixed"]
-COMBOS = [("rec", "sgd", True), ("rec", "adagrad", True), ("rec", "adam", False), ("cnn", "adam", False), ("cnn", "sgd", False)]
+CASES = [
+    "allreduce_groups",
+    "allreduce_hierarchical",
+    "ps_single",
+    "ps_balanced",
+    "ps_partitioned",
+    "ps_local_replication",
+    "sharded",
+    "mixed",
+]
+COMBOS = [
+    ("rec", "sgd", True),
+    ("rec", "adagrad", True),
+    ("rec", "adam", False),
+    ("cnn", "adam", False),
+    ("cnn", "sgd", False),
+]
 BUILDER_COMBOS = [("rec", "sgd", True), ("cnn", "adam", False)]
 STEPS, GLOBAL_BATCH = 5, 12
 
@@ -34,18 +48,32 @@ def _builder_strategies(world_size: int) -> list[dict[str, Any]]:
     from stratagem import ResourceSpec, capture
     from stratagem.builders import all_builders
 
-    nodes = [{"address": d.rsplit(":", 2)[0], "cpus": [0], "device": "CPU", "chief": i == 0}
-             for i, d in enumerate(replicas(world_size))]
+    nodes = [
+        {"address": d.rsplit(":", 2)[0], "cpus": [0], "device": "CPU", "chief": i == 0}
+        for i, d in enumerate(replicas(world_size))
+    ]
     resources = ResourceSpec.parse({"nodes": nodes})
     runs = []
     for kind, opt_name, sparse in BUILDER_COMBOS:
         model = make_model(kind, sparse=sparse)
         inputs = make_batches(kind, steps=1, batch=GLOBAL_BATCH // world_size)[0][:-1]
-        graph = capture(model, tuple(inputs), batch_size=GLOBAL_BATCH // world_size, optimizer="momentum" if opt_name == "sgd" else "adam")
+        graph = capture(
+            model,
+            tuple(inputs),
+            batch_size=GLOBAL_BATCH // world_size,
+            optimizer="momentum" if opt_name == "sgd" else "adam",
+        )
         for builder in all_builders():
             strategy = builder.build(graph, resources)
-            runs.append({"name": f"builder {type(builder).__name__}/{kind}-{opt_name}", "kind": kind, "opt": opt_name,
-                         "sparse": sparse, "strategy": strategy.model_dump(mode="json")})
+            runs.append(
+                {
+                    "name": f"builder {type(builder).__name__}/{kind}-{opt_name}",
+                    "kind": kind,
+                    "opt": opt_name,
+                    "sparse": sparse,
+                    "strategy": strategy.model_dump(mode="json"),
+                }
+            )
     return runs
 
 
@@ -54,8 +82,15 @@ def _case_runs(world_size: int) -> list[dict[str, Any]]:
     for case in CASES:
         for kind, opt_name, sparse in COMBOS:
             strategy = make_strategy(case, make_model(kind, sparse=sparse), world_size)
-            runs.append({"name": f"{case}/{kind}-{opt_name}", "kind": kind, "opt": opt_name, "sparse": sparse,
-                         "strategy": strategy.model_dump(mode="json")})
+            runs.append(
+                {
+                    "name": f"{case}/{kind}-{opt_name}",
+                    "kind": kind,
+                    "opt": opt_name,
+                    "sparse": sparse,
+                    "strategy": strategy.model_dump(mode="json"),
+                }
+            )
     return runs
 
 
@@ -76,10 +111,17 @@ def sync_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str
         errors[run["name"]] = max_relative_error(model, reference)
         stats[run["name"]] = optimizer.sync_stats.as_dict()
     unsynchronized = make_model("rec")
-    train(unsynchronized, make_optimizer("sgd", unsynchronized.parameters()), make_batches("rec", steps=STEPS, batch=GLOBAL_BATCH),
-          rank=rank, world_size=world_size)
+    train(
+        unsynchronized,
+        make_optimizer("sgd", unsynchronized.parameters()),
+        make_batches("rec", steps=STEPS, batch=GLOBAL_BATCH),
+        rank=rank,
+        world_size=world_size,
+    )
     reference = make_model("rec")
-    train(reference, make_optimizer("sgd", reference.parameters()), make_batches("rec", steps=STEPS, batch=GLOBAL_BATCH))
+    train(
+        reference, make_optimizer("sgd", reference.parameters()), make_batches("rec", steps=STEPS, batch=GLOBAL_BATCH)
+    )
     return {"errors": errors, "stats": stats, "control": max_relative_error(unsynchronized, reference)}
 
 

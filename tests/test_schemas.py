@@ -53,7 +53,9 @@ def test_schema_accepts_a_real_document(name: str, embedding_graph: ModelGraph, 
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTS))
-def test_schema_rejects_an_unknown_field_like_the_code_does(name: str, mlp_graph: ModelGraph, cpu_1x2: ResourceSpec) -> None:
+def test_schema_rejects_an_unknown_field_like_the_code_does(
+    name: str, mlp_graph: ModelGraph, cpu_1x2: ResourceSpec
+) -> None:
     document = real_documents(mlp_graph, cpu_1x2)[name]
     document["surprise"] = 1
     errors = list(validator_for(name).iter_errors(document))

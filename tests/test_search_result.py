@@ -33,7 +33,11 @@ def test_result_ranks_valid_predicted_strategies_with_reasons(recommender_result
         candidate.validate_for(graph, resources)
         assert candidate.predicted is not None and candidate.predicted.feasible
         record = candidate.provenance.search
-        assert record["rank"] == rank and record["found_by"] and record["method"] in {"builder", "proposal", "sampling", "local_search"}
+        assert (
+            record["rank"] == rank
+            and record["found_by"]
+            and record["method"] in {"builder", "proposal", "sampling", "local_search"}
+        )
         assert "data parallel" in record["why"]
         assert candidate.provenance.simulator_version
 

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-compose_spec = pytest.importorskip("compose_spec", reason="compose-spec (a dev dependency) ships the Compose Specification")
+compose_spec = pytest.importorskip(
+    "compose_spec", reason="compose-spec (a dev dependency) ships the Compose Specification"
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

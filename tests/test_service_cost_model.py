@@ -31,7 +31,9 @@ class MeanRatioTrainer:
 
     def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
         self.seen = list(samples)
-        ratios = [math.log(s.measured_step_time_s / s.predicted_step_time_s) for s in samples if s.predicted_step_time_s]
+        ratios = [
+            math.log(s.measured_step_time_s / s.predicted_step_time_s) for s in samples if s.predicted_step_time_s
+        ]
         bias = sum(ratios) / len(ratios) if ratios else 0.0
         return TrainedCostModel(
             model_json=json.dumps({"kind": "mean-log-ratio", "bias": bias}),
@@ -47,8 +49,13 @@ def _record_trials(client: TestClient, times: list[float], *, resources: Resourc
     resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
     strategies = [DataParallel().build(graph, resources), AllReduce().build(graph, resources)]
     for i, step in enumerate(times):
-        body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategies[i % 2].model_dump(mode="json"),
-                "step_times_s": [step], "predicted_step_time_s": step / 2}
+        body = {
+            "graph_id": graph_id,
+            "resource_id": resource_id,
+            "strategy": strategies[i % 2].model_dump(mode="json"),
+            "step_times_s": [step],
+            "predicted_step_time_s": step / 2,
+        }
         assert client.post("/v1/trials", json=body).status_code == 201
     failed = {"graph_id": graph_id, "resource_id": resource_id, "strategy_id": strategies[0].id, "outcome": "crash"}
     assert client.post("/v1/trials", json=failed).status_code == 201
@@ -82,8 +89,11 @@ def test_retraining_stores_a_json_version_and_puts_it_in_use(make_client, databa
     listing = client.get("/v1/cost-model").json()
     assert listing["count"] == 2 and listing["in_use"] == second["id"]
     assert [v["in_use"] for v in listing["data"]] == [True, False]
-    assert listing["data"][0]["metrics"] == {"mape": 0.1, "groups": 1, "promotion": {
-        "in_use": True, "why": "no cross-validated metrics (fewer than two jobs): serves"}}
+    assert listing["data"][0]["metrics"] == {
+        "mape": 0.1,
+        "groups": 1,
+        "promotion": {"in_use": True, "why": "no cross-validated metrics (fewer than two jobs): serves"},
+    }
     engine = make_engine(database_url)
     with make_session_factory(engine)() as session:
         stored = session.scalars(select(CostModelVersion).order_by(CostModelVersion.id)).all()
@@ -108,7 +118,10 @@ def test_a_version_worse_than_the_simulator_alone_is_kept_but_not_put_in_use(mak
     client: TestClient = make_client(workers=0, cost_model_trainer=trainer)
     _record_trials(client, [0.2, 0.4, 0.3])
     first = client.post("/v1/cost-model/retrain").json()
-    trainer.cross_validated = {"simulator": {"top1_regret": 0.04, "log_error": 0.21}, "corrected": {"top1_regret": 0.06, "log_error": 0.19}}
+    trainer.cross_validated = {
+        "simulator": {"top1_regret": 0.04, "log_error": 0.21},
+        "corrected": {"top1_regret": 0.06, "log_error": 0.19},
+    }
     _record_trials(client, [0.5])
     second = client.post("/v1/cost-model/retrain")
     assert second.status_code == 201 and second.json()["in_use"] is False
@@ -120,13 +133,17 @@ def test_a_version_worse_than_the_simulator_alone_is_kept_but_not_put_in_use(mak
 def test_promotion_needs_the_correction_not_worse_in_regret_nor_in_log_error() -> None:
     simulator = {"top1_regret": 0.04, "log_error": 0.21}
     assert promotion({"simulator": simulator, "corrected": {"top1_regret": 0.02, "log_error": 0.15}})[0]
-    assert promotion({"simulator": simulator, "corrected": {"top1_regret": 0.043, "log_error": 0.215}})[0]  # within tolerance
+    assert promotion({"simulator": simulator, "corrected": {"top1_regret": 0.043, "log_error": 0.215}})[
+        0
+    ]  # within tolerance
     assert not promotion({"simulator": simulator, "corrected": {"top1_regret": 0.02, "log_error": 0.30}})[0]
     assert not promotion({"simulator": simulator, "corrected": {"top1_regret": 0.10, "log_error": 0.15}})[0]
     assert promotion({})[0] and promotion({"simulator": simulator, "corrected": {"top1_regret": float("nan")}})[0]
 
 
-def test_a_version_committed_while_the_list_is_read_is_never_named_in_use_without_its_row(make_client, monkeypatch) -> None:
+def test_a_version_committed_while_the_list_is_read_is_never_named_in_use_without_its_row(
+    make_client, monkeypatch
+) -> None:
     """The worker retrains beside the request: a version committed between the route's two reads must
     not leave `in_use` naming a version the listing lacks (seen once on PostgreSQL)."""
     client: TestClient = make_client(workers=0, cost_model_trainer=MeanRatioTrainer())
@@ -141,6 +158,7 @@ def test_a_version_committed_while_the_list_is_read_is_never_named_in_use_withou
             if reads["n"] == 1:
                 assert client.post("/v1/cost-model/retrain").status_code == 201
             return result
+
         return wrapped
 
     monkeypatch.setattr(core, "list_versions", then_retrain(core.list_versions))

@@ -44,11 +44,17 @@ def simulated_step(spec: TrialSpec) -> float:
 
 def slow_executor() -> TrialRunnerExecutor:
     """Every trial measures SLOWDOWN times the simulator's step time (a consistent bias, no noise)."""
-    return TrialRunnerExecutor(FakeBackend(lambda spec: SLOWDOWN * simulated_step(spec)), name="fake", warmup=1, steps=2, timeout_s=30)
+    return TrialRunnerExecutor(
+        FakeBackend(lambda spec: SLOWDOWN * simulated_step(spec)), name="fake", warmup=1, steps=2, timeout_s=30
+    )
 
 
 def run_job(client: TestClient, graph: ModelGraph, resources: ResourceSpec, max_trials: int) -> dict[str, Any]:
-    job = client.post("/v1/optimize", params={"wait": True, "timeout": 120}, json=optimize_body(graph, resources, max_trials=max_trials)).json()
+    job = client.post(
+        "/v1/optimize",
+        params={"wait": True, "timeout": 120},
+        json=optimize_body(graph, resources, max_trials=max_trials),
+    ).json()
     assert job["status"] == "succeeded", job
     return job
 
@@ -63,7 +69,9 @@ def wait_for_version(client: TestClient, timeout_s: float = 120.0) -> dict[str, 
     raise AssertionError("the worker never retrained the cost model")
 
 
-def test_job_a_trials_retrain_the_model_in_the_worker_and_job_b_predictions_move_to_the_measured_scale(make_client) -> None:
+def test_job_a_trials_retrain_the_model_in_the_worker_and_job_b_predictions_move_to_the_measured_scale(
+    make_client,
+) -> None:
     client: TestClient = make_client(trials=slow_executor(), cost_model_retrain_every=3)
     resources = make_t4_cluster(2)
     job_a = run_job(client, make_mlp_graph(), resources, max_trials=4)
@@ -91,7 +99,9 @@ def test_job_a_trials_retrain_the_model_in_the_worker_and_job_b_predictions_move
     assert trials and all(t["median_s"] == pytest.approx(SLOWDOWN * t["predicted_step_time_s"]) for t in trials), trials
 
 
-def test_retraining_with_the_default_trainer_stores_the_booster_json_and_metrics_grouped_by_job(make_client, database_url: str) -> None:
+def test_retraining_with_the_default_trainer_stores_the_booster_json_and_metrics_grouped_by_job(
+    make_client, database_url: str
+) -> None:
     client: TestClient = make_client(trials=slow_executor(), cost_model_retrain_every=0)
     assert client.get("/v1/cost-model").json()["trainer_configured"] is True
     resources = make_t4_cluster(2)
@@ -124,7 +134,9 @@ class BrokenTrainer:
         raise RuntimeError("the trainer ran out of disk")
 
 
-def test_a_failed_retraining_in_the_worker_is_logged_and_jobs_carry_on(make_client, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_retraining_in_the_worker_is_logged_and_jobs_carry_on(
+    make_client, caplog: pytest.LogCaptureFixture
+) -> None:
     trainer = BrokenTrainer()
     client: TestClient = make_client(trials=slow_executor(), cost_model_trainer=trainer, cost_model_retrain_every=1)
     with caplog.at_level(logging.ERROR, logger="optimizer_service.jobs.worker"):
@@ -141,9 +153,13 @@ def test_a_failed_retraining_in_the_worker_is_logged_and_jobs_carry_on(make_clie
 def test_a_version_the_service_cannot_apply_leaves_ranking_to_the_simulator(make_client) -> None:
     class ForeignTrainer:
         def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
-            return TrainedCostModel(model_json='{"kind": "someone else\'s model"}', n_train=len(samples), version="foreign-1")
+            return TrainedCostModel(
+                model_json='{"kind": "someone else\'s model"}', n_train=len(samples), version="foreign-1"
+            )
 
-    client: TestClient = make_client(trials=slow_executor(), cost_model_trainer=ForeignTrainer(), cost_model_retrain_every=0)
+    client: TestClient = make_client(
+        trials=slow_executor(), cost_model_trainer=ForeignTrainer(), cost_model_retrain_every=0
+    )
     run_job(client, make_mlp_graph(), make_t4_cluster(2), max_trials=1)
     assert client.post("/v1/cost-model/retrain").status_code == 201
     job = run_job(client, make_embedding_graph(), make_t4_cluster(2), max_trials=0)
@@ -161,7 +177,10 @@ def ps_averse_model() -> CostModel:
     """Trained on jobs where parameter-server traffic costs 4x what the simulator says and the rest 1x."""
     resources = make_t4_cluster(2)
     records = []
-    graphs = [make_mlp_graph(widths=w, name=f"mlp{i}") for i, w in enumerate([(784, 512, 10), (1024, 1024, 10), (512, 256, 64, 10)])]
+    graphs = [
+        make_mlp_graph(widths=w, name=f"mlp{i}")
+        for i, w in enumerate([(784, 512, 10), (1024, 1024, 10), (512, 256, 64, 10)])
+    ]
     graphs += [make_embedding_graph(rows=rows) for rows in (20_000, 200_000)]
     for graph in graphs:
         strategies = [builder.build(graph, resources) for builder in all_builders()]
@@ -184,7 +203,9 @@ def test_with_a_cost_model_the_pipeline_ranks_by_the_corrected_time_and_keeps_th
     strategies = builders_predicted(graph, resources)
     raw = {s.id: s.predicted for s in strategies}
     plain = run_pipeline(graph, resources, NO_TRIALS, lambda p: None, lambda: False, search=fixed_search(strategies))
-    result = run_pipeline(graph, resources, NO_TRIALS, lambda p: None, lambda: False, search=fixed_search(strategies), cost_model=model)
+    result = run_pipeline(
+        graph, resources, NO_TRIALS, lambda p: None, lambda: False, search=fixed_search(strategies), cost_model=model
+    )
     assert plain.summary["cost_model_version"] is None and result.summary["cost_model_version"] == "cm-test"
     assert all(c.strategy.predicted == raw[c.strategy.id] for c in plain.candidates)  # no model: the simulator alone
     feasible = [c for c in result.candidates if c.strategy.predicted and c.strategy.predicted.feasible]
@@ -197,8 +218,12 @@ def test_with_a_cost_model_the_pipeline_ranks_by_the_corrected_time_and_keeps_th
         assert predicted is not None and before is not None
         assert predicted.simulated_step_time_s == pytest.approx(before.step_time_s)
         assert predicted.breakdown == before.breakdown and candidate.strategy.provenance.cost_model_version == "cm-test"
-        assert predicted.samples_per_s * predicted.step_time_s == pytest.approx(before.samples_per_s * before.step_time_s)
-        ratios.append((predicted.step_time_s / before.step_time_s, before.breakdown.get("ps", 0.0) / before.step_time_s))
+        assert predicted.samples_per_s * predicted.step_time_s == pytest.approx(
+            before.samples_per_s * before.step_time_s
+        )
+        ratios.append(
+            (predicted.step_time_s / before.step_time_s, before.breakdown.get("ps", 0.0) / before.step_time_s)
+        )
     ps_heavy = max(ratios, key=lambda r: r[1])
     no_ps = [ratio for ratio, share in ratios if share == 0]
     assert ps_heavy[1] > 0.2 and no_ps and ps_heavy[0] > 1.3 * max(no_ps), ratios
@@ -206,8 +231,15 @@ def test_with_a_cost_model_the_pipeline_ranks_by_the_corrected_time_and_keeps_th
 
 def fixed_search(strategies: list[Strategy]) -> Any:
     def search(graph: ModelGraph, resources: ResourceSpec, **budgets: Any) -> Any:
-        return SimpleNamespace(candidates=strategies, baselines={}, evaluated=len(strategies), elapsed_s=0.0,
-                               speedup_vs_data_parallel=None, speedup_vs_best_builder=None, summary=dict)
+        return SimpleNamespace(
+            candidates=strategies,
+            baselines={},
+            evaluated=len(strategies),
+            elapsed_s=0.0,
+            speedup_vs_data_parallel=None,
+            speedup_vs_best_builder=None,
+            summary=dict,
+        )
 
     return search
 
@@ -224,14 +256,18 @@ class TimesBackend:
     def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
         self.ran.append(str(strategy.id))
         step = self.factor * strategy.predicted.step_time_s  # type: ignore[union-attr]
-        return TrialRecord(strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step], median_s=step, p90_s=step)
+        return TrialRecord(
+            strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step], median_s=step, p90_s=step
+        )
 
 
 def two_candidates() -> list[Strategy]:
     graph, resources = make_mlp_graph(), make_t4_cluster(2)
     first, second = DataParallel().build(graph, resources), AllReduce(chunk_size=1).build(graph, resources)
     assert first.id != second.id
-    predicted = [PredictedPerformance(step_time_s=t, samples_per_s=256 / t, memory_per_device_bytes=1e9) for t in (1.0, 1.2)]
+    predicted = [
+        PredictedPerformance(step_time_s=t, samples_per_s=256 / t, memory_per_device_bytes=1e9) for t in (1.0, 1.2)
+    ]
     return [s.replace(predicted=p) for s, p in zip((first, second), predicted, strict=True)]
 
 
@@ -240,8 +276,15 @@ def test_the_answer_is_predicted_only_when_its_interval_clears_every_measurement
     strategies = two_candidates()
     backend = TimesBackend(factor)
     options = PipelineOptions(max_trials=1, time_budget_s=0.5, max_candidates=10, top_k=2, seed=0)
-    result = run_pipeline(make_mlp_graph(), make_t4_cluster(2), options, lambda p: None, lambda: False,
-                          search=fixed_search(strategies), trials=backend)
+    result = run_pipeline(
+        make_mlp_graph(),
+        make_t4_cluster(2),
+        options,
+        lambda p: None,
+        lambda: False,
+        search=fixed_search(strategies),
+        trials=backend,
+    )
     assert backend.ran == [strategies[0].id]  # the predicted best is tried first, and the budget is one trial
     assert result.summary["answer_basis"] == basis
     expected = strategies[1].id if basis == "predicted" else strategies[0].id
@@ -259,6 +302,13 @@ def test_when_every_offered_candidate_fails_the_job_fails_with_the_reasons() -> 
 
     options = PipelineOptions(max_trials=4, time_budget_s=0.5, max_candidates=10, top_k=2, seed=0)
     with pytest.raises(JobInterrupted, match=r"every candidate failed its trial.*rank 0 segfaulted") as stop:
-        run_pipeline(make_mlp_graph(), make_t4_cluster(2), options, lambda p: None, lambda: False,
-                     search=fixed_search(two_candidates()), trials=Crashing(1.0))
+        run_pipeline(
+            make_mlp_graph(),
+            make_t4_cluster(2),
+            options,
+            lambda p: None,
+            lambda: False,
+            search=fixed_search(two_candidates()),
+            trials=Crashing(1.0),
+        )
     assert stop.value.status == "failed"

@@ -49,7 +49,10 @@ def test_a_stored_graph_comes_back_identical(make_client) -> None:
 
 def test_graph_listing_pages_with_a_total_count(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    ids = {client.post("/v1/graphs", json=make_mlp_graph(batch_size=b).model_dump(mode="json")).json()["id"] for b in (8, 16, 32)}
+    ids = {
+        client.post("/v1/graphs", json=make_mlp_graph(batch_size=b).model_dump(mode="json")).json()["id"]
+        for b in (8, 16, 32)
+    }
     page = client.get("/v1/graphs", params={"limit": 2, "offset": 0}).json()
     rest = client.get("/v1/graphs", params={"limit": 2, "offset": 2}).json()
     assert (page["count"], len(page["data"]), len(rest["data"])) == (3, 2, 1)
@@ -79,7 +82,12 @@ def test_a_spec_stored_with_an_earlier_releases_id_is_not_stored_again_when_post
 
 def test_unknown_and_malformed_ids_are_404(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    for path in ("/v1/graphs/" + "0" * 64, "/v1/graphs/not-an-id", "/v1/resources/" + "a" * 64, "/v1/strategies/" + "b" * 64):
+    for path in (
+        "/v1/graphs/" + "0" * 64,
+        "/v1/graphs/not-an-id",
+        "/v1/resources/" + "a" * 64,
+        "/v1/strategies/" + "b" * 64,
+    ):
         response = client.get(path)
         assert response.status_code == 404, path
         assert "no " in response.json()["detail"]
@@ -136,7 +144,10 @@ def test_bad_autodist_yaml_points_into_body_resources(make_client) -> None:
 
 def test_an_invalid_inline_resource_spec_has_no_union_tag_in_its_path(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    body = {"graph": make_mlp_graph().model_dump(mode="json"), "resources": {"nodes": [{"address": "a", "gpus": [0], "bogus": 1}]}}
+    body = {
+        "graph": make_mlp_graph().model_dump(mode="json"),
+        "resources": {"nodes": [{"address": "a", "gpus": [0], "bogus": 1}]},
+    }
     problems = client.post("/v1/optimize", json=body).json()["detail"]
     assert {"loc": ["body", "resources", "nodes", 0, "bogus"], "msg": "Extra inputs are not permitted"} in problems
 
@@ -147,7 +158,10 @@ def test_optimize_needs_exactly_one_graph_and_one_resources(make_client) -> None
     neither = client.post("/v1/optimize", json={"graph": graph})
     both = client.post("/v1/optimize", json={"graph": graph, "graph_id": "a" * 64, "resources": AUTODIST_YAML})
     assert neither.status_code == both.status_code == 422
-    assert "resources: give exactly one of 'resources' and 'resource_id'; neither was given" in neither.json()["detail"][0]["msg"]
+    assert (
+        "resources: give exactly one of 'resources' and 'resource_id'; neither was given"
+        in neither.json()["detail"][0]["msg"]
+    )
     assert "graph: give exactly one of 'graph' and 'graph_id'; both were given" in both.json()["detail"][0]["msg"]
 
 

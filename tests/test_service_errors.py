@@ -71,7 +71,9 @@ class ExplodingTrainer:
         raise RuntimeError("the trainer fell over")
 
 
-def test_an_unexpected_error_is_a_json_500_with_a_request_id_and_a_logged_trace(make_client, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unexpected_error_is_a_json_500_with_a_request_id_and_a_logged_trace(
+    make_client, caplog: pytest.LogCaptureFixture
+) -> None:
     client: TestClient = make_client(workers=0, cost_model_trainer=ExplodingTrainer())
     graph, resources = make_mlp_graph(), make_t4_cluster(1)
     graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
@@ -81,7 +83,12 @@ def test_an_unexpected_error_is_a_json_500_with_a_request_id_and_a_logged_trace(
     strategy = DataParallel().build(graph, resources)
     recorded = client.post(
         "/v1/trials",
-        json={"graph_id": graph_id, "resource_id": resource_id, "strategy": strategy.model_dump(mode="json"), "step_times_s": [0.1]},
+        json={
+            "graph_id": graph_id,
+            "resource_id": resource_id,
+            "strategy": strategy.model_dump(mode="json"),
+            "step_times_s": [0.1],
+        },
     )
     assert recorded.status_code == 201
     with caplog.at_level(logging.ERROR):
@@ -106,10 +113,17 @@ def test_every_response_carries_a_request_id(make_client) -> None:
 
 def test_a_failed_submission_leaves_nothing_behind(make_client) -> None:
     client: TestClient = make_client(workers=0, max_queue_length=1)
-    client.post("/v1/optimize", json={"graph": make_mlp_graph().model_dump(mode="json"), "resources": make_t4_cluster(1).model_dump(mode="json")})
+    client.post(
+        "/v1/optimize",
+        json={
+            "graph": make_mlp_graph().model_dump(mode="json"),
+            "resources": make_t4_cluster(1).model_dump(mode="json"),
+        },
+    )
     other_graph = make_mlp_graph(batch_size=3)
     refused = client.post(
-        "/v1/optimize", json={"graph": other_graph.model_dump(mode="json"), "resources": make_t4_cluster(3).model_dump(mode="json")}
+        "/v1/optimize",
+        json={"graph": other_graph.model_dump(mode="json"), "resources": make_t4_cluster(3).model_dump(mode="json")},
     )
     assert refused.status_code == 429
     assert client.get(f"/v1/graphs/{other_graph.id}").status_code == 404
@@ -119,13 +133,22 @@ def test_a_failed_submission_leaves_nothing_behind(make_client) -> None:
 @pytest.mark.parametrize(
     ("content", "headers", "message"),
     [
-        (b'{"graph_id": "ab', {"content-type": "application/json"},
-         "the body is not valid JSON: Unterminated string starting at line 1 column 14 (char 13)"),
-        (b'{\n  "max_trials": 4,\n  "device": }', {"content-type": "application/json"},
-         "the body is not valid JSON: Expecting value at line 3 column 13 (char 33)"),
+        (
+            b'{"graph_id": "ab',
+            {"content-type": "application/json"},
+            "the body is not valid JSON: Unterminated string starting at line 1 column 14 (char 13)",
+        ),
+        (
+            b'{\n  "max_trials": 4,\n  "device": }',
+            {"content-type": "application/json"},
+            "the body is not valid JSON: Expecting value at line 3 column 13 (char 33)",
+        ),
         (b"", {"content-type": "application/json"}, "the body is empty; expected a JSON object"),
-        (b'{"graph_id": "ab"}', {"content-type": "application/x-www-form-urlencoded"},
-         "the body was not read as JSON: send it with 'Content-Type: application/json'"),
+        (
+            b'{"graph_id": "ab"}',
+            {"content-type": "application/x-www-form-urlencoded"},
+            "the body was not read as JSON: send it with 'Content-Type: application/json'",
+        ),
     ],
 )
 def test_a_body_that_is_not_a_json_object_says_what_the_client_sent(

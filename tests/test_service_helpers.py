@@ -34,10 +34,17 @@ def service_settings(database_url: str, **overrides: Any) -> Settings:
 QUICK_SEARCH = {"time_budget_s": 0.5, "max_candidates": 500, "top_k": 3, "seed": 1}
 
 
-def optimize_body(graph: ModelGraph | None = None, resources: ResourceSpec | None = None, **extra: Any) -> dict[str, Any]:
+def optimize_body(
+    graph: ModelGraph | None = None, resources: ResourceSpec | None = None, **extra: Any
+) -> dict[str, Any]:
     graph = graph or make_mlp_graph()
     resources = resources or make_t4_cluster(2)
-    return {"graph": graph.model_dump(mode="json"), "resources": resources.model_dump(mode="json"), "search": QUICK_SEARCH, **extra}
+    return {
+        "graph": graph.model_dump(mode="json"),
+        "resources": resources.model_dump(mode="json"),
+        "search": QUICK_SEARCH,
+        **extra,
+    }
 
 
 def wait_for(client: TestClient, url: str, statuses: set[str], timeout_s: float = 30.0) -> dict[str, Any]:
@@ -56,5 +63,3 @@ def slow_search(graph: ModelGraph, resources: ResourceSpec, *, progress: Any, **
         progress(SimpleNamespace(evaluated=evaluated, best_step_time_s=None))
         time.sleep(0.01)
     return search(graph, resources, progress=progress, **budgets)
-
-

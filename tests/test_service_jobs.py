@@ -15,6 +15,7 @@ from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 pytest_plugins = ["service_fixtures"]
 
+
 def test_a_job_runs_to_a_valid_best_strategy(make_client) -> None:
     client: TestClient = make_client()
     graph, resources = make_mlp_graph(), make_t4_cluster(2)
@@ -33,7 +34,9 @@ def test_a_job_runs_to_a_valid_best_strategy(make_client) -> None:
 
 def test_candidates_are_ranked_by_predicted_step_time(make_client) -> None:
     client: TestClient = make_client()
-    job = client.post("/v1/optimize", params={"wait": True, "timeout": 60}, json=optimize_body(make_embedding_graph())).json()
+    job = client.post(
+        "/v1/optimize", params={"wait": True, "timeout": 60}, json=optimize_body(make_embedding_graph())
+    ).json()
     candidates = client.get(f"{job['url']}/strategies").json()
     assert candidates["count"] >= 2
     assert [c["rank"] for c in candidates["data"]] == list(range(1, candidates["count"] + 1))
@@ -85,7 +88,9 @@ def test_a_queued_job_already_shows_its_trial_budget(make_client) -> None:
 
 def test_jobs_list_filters_by_status_and_pages(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    ids = [client.post("/v1/optimize", json=optimize_body(make_mlp_graph(batch_size=b))).json()["id"] for b in (4, 8, 16)]
+    ids = [
+        client.post("/v1/optimize", json=optimize_body(make_mlp_graph(batch_size=b))).json()["id"] for b in (4, 8, 16)
+    ]
     client.post(f"/v1/jobs/{ids[0]}/cancel")
     queued = client.get("/v1/jobs", params={"status": "queued"}).json()
     cancelled = client.get("/v1/jobs", params={"status": "cancelled"}).json()

@@ -27,12 +27,17 @@ def test_metrics_count_requests_by_route_and_jobs_by_status(make_client) -> None
         client.post("/v1/optimize", json=body)
     client.get("/v1/jobs")
     found = samples(client)
-    assert found[("stratagem_http_requests_total", (("method", "POST"), ("route", "/v1/optimize"), ("status", "202")))] == 3
+    assert (
+        found[("stratagem_http_requests_total", (("method", "POST"), ("route", "/v1/optimize"), ("status", "202")))]
+        == 3
+    )
     assert found[("stratagem_http_requests_total", (("method", "GET"), ("route", "/v1/jobs"), ("status", "200")))] == 1
     assert found[("stratagem_jobs", (("status", "queued"),))] == 3
     assert found[("stratagem_jobs", (("status", "running"),))] == 0
     assert found[("stratagem_queue_length", ())] == 3
-    assert found[("stratagem_http_request_duration_seconds_count", (("method", "POST"), ("route", "/v1/optimize")))] == 3
+    assert (
+        found[("stratagem_http_request_duration_seconds_count", (("method", "POST"), ("route", "/v1/optimize")))] == 3
+    )
 
 
 def test_two_apps_in_one_process_keep_separate_registries(make_client) -> None:

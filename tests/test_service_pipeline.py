@@ -37,22 +37,36 @@ class TimedBackend:
             return TrialRecord(strategy=strategy, outcome="crash", backend=self.backend, error="rank 1 raised")
         assert strategy.predicted is not None
         step = strategy.predicted.step_time_s * 1.5
-        return TrialRecord(strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step] * 3, median_s=step, p90_s=step)
+        return TrialRecord(
+            strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step] * 3, median_s=step, p90_s=step
+        )
 
 
 def test_without_trials_the_answer_is_the_top_prediction_and_progress_walks_the_phases() -> None:
     phases: list[JobPhase] = []
-    result = run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: phases.append(p.phase), lambda: False)
+    result = run_pipeline(
+        make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: phases.append(p.phase), lambda: False
+    )
     assert result.best is result.candidates[0] and result.best.rank == 1
     assert result.summary["answer_basis"] == "predicted" and result.summary["trials_ran"] == 0
     assert phases[0] == JobPhase.searching and phases[-1] == JobPhase.finalizing
-    steps = [c.strategy.predicted.step_time_s for c in result.candidates if c.strategy.predicted and c.strategy.predicted.feasible]
+    steps = [
+        c.strategy.predicted.step_time_s
+        for c in result.candidates
+        if c.strategy.predicted and c.strategy.predicted.feasible
+    ]
     assert steps == sorted(steps)
 
 
 def test_the_search_shows_the_trial_budget_to_come_and_a_job_without_trials_ends_at_none() -> None:
     budgets: list[tuple[JobPhase, int]] = []
-    run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: budgets.append((p.phase, p.trials_budget)), lambda: False)
+    run_pipeline(
+        make_mlp_graph(),
+        make_t4_cluster(2),
+        OPTIONS,
+        lambda p: budgets.append((p.phase, p.trials_budget)),
+        lambda: False,
+    )
     assert budgets[0] == (JobPhase.searching, OPTIONS.max_trials)
     assert budgets[-1] == (JobPhase.finalizing, 0)  # no backend: nothing ran, and the job says 0/0 with a note
 
@@ -60,8 +74,15 @@ def test_the_search_shows_the_trial_budget_to_come_and_a_job_without_trials_ends
 def test_trials_decide_the_answer_and_each_is_reported() -> None:
     backend = TimedBackend()
     reported: list[TrialRecord] = []
-    result = run_pipeline(make_embedding_graph(), make_t4_cluster(2), OPTIONS, lambda p: None, lambda: False,
-                          trials=backend, on_trial=reported.append)
+    result = run_pipeline(
+        make_embedding_graph(),
+        make_t4_cluster(2),
+        OPTIONS,
+        lambda p: None,
+        lambda: False,
+        trials=backend,
+        on_trial=reported.append,
+    )
     assert [r.strategy.id for r in reported] == backend.ran and 1 <= len(reported) <= 2
     assert result.summary["answer_basis"] == "measured"
     measured = [c for c in result.candidates if c.strategy.measured is not None]
@@ -76,11 +97,16 @@ def test_a_failed_trial_is_recorded_and_never_chosen() -> None:
     assert result.trials[0].outcome == "crash" and result.trials[0].error == "rank 1 raised"
     assert result.best.strategy.id != backend.ran[0]
     assert len(result.trials) == 2 and result.summary["trials_ok"] == 1
-    assert "1 of 2 trials failed and were not considered for the answer (first: crash: rank 1 raised)" in result.summary["notes"]
+    assert (
+        "1 of 2 trials failed and were not considered for the answer (first: crash: rank 1 raised)"
+        in result.summary["notes"]
+    )
 
 
 def test_a_broken_backend_ends_the_trials_with_a_note_not_the_job() -> None:
-    result = run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: None, lambda: False, trials=BrokenBackend())
+    result = run_pipeline(
+        make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: None, lambda: False, trials=BrokenBackend()
+    )
     assert result.summary["answer_basis"] == "predicted"
     assert any("the ray backend failed (ConnectionError" in note for note in result.summary["notes"])
 

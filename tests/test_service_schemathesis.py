@@ -23,7 +23,10 @@ from optimizer_service.app import create_app  # noqa: E402
 from optimizer_service.settings import Settings  # noqa: E402
 
 MAX_EXAMPLES = int(os.environ.get("STRATAGEM_FUZZ_EXAMPLES", "8"))
-DATABASE = os.environ.get("STRATAGEM_FUZZ_DATABASE_URL") or f"sqlite:///{Path(tempfile.mkdtemp(prefix='stratagem-fuzz-')) / 'stratagem.db'}"
+DATABASE = (
+    os.environ.get("STRATAGEM_FUZZ_DATABASE_URL")
+    or f"sqlite:///{Path(tempfile.mkdtemp(prefix='stratagem-fuzz-')) / 'stratagem.db'}"
+)
 """A fresh SQLite file by default; point it at an empty PostgreSQL database to fuzz that backend."""
 
 # No workers: submitted jobs stay queued, so fuzzing exercises the API, not the search. A trainer is
@@ -35,6 +38,8 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 @pytest.mark.slow
 @schema.parametrize()
-@hypothesis.settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.settings(
+    max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(hypothesis.HealthCheck)
+)
 def test_no_request_makes_the_service_answer_5xx(case: object) -> None:
     case.call_and_validate(checks=[not_a_server_error])  # type: ignore[attr-defined]

@@ -29,12 +29,21 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_the_served_app_answers_the_sdk_and_stops_cleanly(tmp_path: Path) -> None:
     port = _free_port()
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'served.db'}", "STRATAGEM_WORKERS": "1",
-           "STRATAGEM_SEARCH_TIME_BUDGET_S": "0.5", "STRATAGEM_MAX_TRIALS": "0"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'served.db'}",
+        "STRATAGEM_WORKERS": "1",
+        "STRATAGEM_SEARCH_TIME_BUDGET_S": "0.5",
+        "STRATAGEM_MAX_TRIALS": "0",
+    }
     env.pop("RAY_ADDRESS", None)
     server = subprocess.Popen(
         [sys.executable, "-m", "optimizer_service", "--port", str(port), "--log-level", "info"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -15,7 +15,12 @@ def _store(client: TestClient, strategy: Strategy) -> None:
     graph, resources = make_mlp_graph(), make_t4_cluster(2)
     graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
     resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
-    body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategy.model_dump(mode="json"), "step_times_s": [0.2]}
+    body = {
+        "graph_id": graph_id,
+        "resource_id": resource_id,
+        "strategy": strategy.model_dump(mode="json"),
+        "step_times_s": [0.2],
+    }
     assert client.post("/v1/trials", json=body).status_code == 201
 
 
@@ -33,7 +38,9 @@ def test_a_strategy_comes_back_as_json_and_as_autodist_text(make_client) -> None
 def test_a_strategy_autodist_cannot_express_is_422_with_the_reason(make_client) -> None:
     client: TestClient = make_client(workers=0)
     base = PS().build(make_mlp_graph(), make_t4_cluster(2))
-    sharded = base.replace(variables=[v.model_copy(update={"synchronizer": ShardedSynchronizer()}) for v in base.variables])
+    sharded = base.replace(
+        variables=[v.model_copy(update={"synchronizer": ShardedSynchronizer()}) for v in base.variables]
+    )
     _store(client, sharded)
     response = client.get(f"/v1/strategies/{sharded.id}", params={"format": "autodist"})
     assert response.status_code == 422

@@ -29,8 +29,13 @@ def test_a_trial_measured_elsewhere_is_recorded_with_its_summaries(make_client) 
     graph, resources = make_mlp_graph(batch_size=16), make_t4_cluster(2)
     graph_id, resource_id = _upload(client, graph, resources)
     strategy = DataParallel().build(graph, resources)
-    body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategy.model_dump(mode="json"),
-            "step_times_s": [0.4, 0.1, 0.2, 0.3, 0.5], "peak_memory_bytes": 1e9}
+    body = {
+        "graph_id": graph_id,
+        "resource_id": resource_id,
+        "strategy": strategy.model_dump(mode="json"),
+        "step_times_s": [0.4, 0.1, 0.2, 0.3, 0.5],
+        "peak_memory_bytes": 1e9,
+    }
     response = client.post("/v1/trials", json=body)
     assert response.status_code == 201, response.text
     trial = response.json()
@@ -48,8 +53,13 @@ def test_a_failed_trial_is_recorded_without_a_step_time(make_client) -> None:
     graph, resources = make_mlp_graph(), make_t4_cluster(1)
     graph_id, resource_id = _upload(client, graph, resources)
     strategy = AllReduce().build(graph, resources)
-    body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategy.model_dump(mode="json"),
-            "outcome": "oom", "error": "CUDA out of memory on rank 3"}
+    body = {
+        "graph_id": graph_id,
+        "resource_id": resource_id,
+        "strategy": strategy.model_dump(mode="json"),
+        "outcome": "oom",
+        "error": "CUDA out of memory on rank 3",
+    }
     trial = client.post("/v1/trials", json=body).json()
     assert (trial["outcome"], trial["median_s"], trial["error"]) == ("oom", None, "CUDA out of memory on rank 3")
 
@@ -59,10 +69,18 @@ def test_a_trial_is_checked_against_its_graph_and_cluster(make_client) -> None:
     graph, resources = make_mlp_graph(), make_t4_cluster(1)
     graph_id, resource_id = _upload(client, graph, resources)
     foreign = DataParallel().build(graph, make_t4_cluster(2))
-    body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": foreign.model_dump(mode="json"), "step_times_s": [0.1]}
+    body = {
+        "graph_id": graph_id,
+        "resource_id": resource_id,
+        "strategy": foreign.model_dump(mode="json"),
+        "step_times_s": [0.1],
+    }
     response = client.post("/v1/trials", json=body)
     assert response.status_code == 422
-    assert any(p["loc"][:3] == ["body", "strategy", "replicas"] and "not in the resource spec" in p["msg"] for p in response.json()["detail"])
+    assert any(
+        p["loc"][:3] == ["body", "strategy", "replicas"] and "not in the resource spec" in p["msg"]
+        for p in response.json()["detail"]
+    )
     missing = client.post("/v1/trials", json={**body, "graph_id": "d" * 64})
     assert missing.status_code == 404 and missing.json()["detail"][0]["loc"] == ["body", "graph_id"]
     no_times = client.post("/v1/trials", json={**body, "step_times_s": []})
@@ -73,8 +91,10 @@ def test_a_trial_filter_naming_nothing_stored_is_404_not_an_empty_page(make_clie
     client: TestClient = make_client(workers=0)
     graph_id, _ = _upload(client, make_mlp_graph(), make_t4_cluster(1))
     assert client.get("/v1/trials", params={"graph_id": graph_id}).json()["count"] == 0  # stored, no trials yet: empty
-    for params, loc in (({"job_id": "00000000-0000-4000-8000-000000000000"}, ["query", "job_id"]),
-                        ({"graph_id": "e" * 64}, ["query", "graph_id"])):
+    for params, loc in (
+        ({"job_id": "00000000-0000-4000-8000-000000000000"}, ["query", "job_id"]),
+        ({"graph_id": "e" * 64}, ["query", "graph_id"]),
+    ):
         response = client.get("/v1/trials", params=params)
         assert response.status_code == 404 and response.json()["detail"][0]["loc"] == loc, response.text
 
@@ -98,14 +118,20 @@ def test_a_job_with_trials_answers_with_the_fastest_measured_strategy(make_clien
         return measured[str(spec.strategy.id)]
 
     client: TestClient = make_client(trials=fake_executor(respond))
-    job = client.post("/v1/optimize", params={"wait": True, "timeout": 60}, json=optimize_body(graph, resources, max_trials=3)).json()
+    job = client.post(
+        "/v1/optimize", params={"wait": True, "timeout": 60}, json=optimize_body(graph, resources, max_trials=3)
+    ).json()
     assert job["status"] == "succeeded", job
     ran = job["result"]["trials_ran"]
     assert job["result"]["answer_basis"] == "measured" and 2 <= ran <= 3 and job["result"]["trials_ok"] == ran - 1
     assert (job["progress"]["trials_done"], job["progress"]["trials_budget"]) == (ran, 3)
     fastest = min((t, s) for s, t in measured.items() if t > 0)[1]
     best = Strategy.parse(client.get(f"{job['url']}/best").json())
-    assert best.id == fastest and best.measured is not None and best.measured.step_time_s == pytest.approx(measured[fastest])
+    assert (
+        best.id == fastest
+        and best.measured is not None
+        and best.measured.step_time_s == pytest.approx(measured[fastest])
+    )
     trials = client.get("/v1/trials", params={"job_id": job["id"]}).json()
     assert trials["count"] == ran
     assert sorted(t["outcome"] for t in trials["data"]) == sorted(["oom"] + ["ok"] * (ran - 1))
@@ -139,14 +165,18 @@ def test_a_graph_from_an_allow_listed_zoo_model_trains_that_model_else_a_replay(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.timeout(300))])
-def test_a_job_runs_a_real_trial_on_the_configured_backend(sqlite_url: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_runs_a_real_trial_on_the_configured_backend(
+    sqlite_url: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The settings alone pick the backend: two gloo ranks as local processes, or two actors on a local Ray."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     graph, resources = make_mlp_graph(batch_size=8, widths=(64, 32, 8)), make_cpu_cluster(2)
     settings = service_settings(sqlite_url, trials_backend=backend, trial_warmup=1, trial_steps=3, trial_timeout_s=120)
     with TestClient(create_app(settings)) as client:
-        job = client.post("/v1/optimize", params={"wait": True, "timeout": 240}, json=optimize_body(graph, resources, max_trials=1)).json()
+        job = client.post(
+            "/v1/optimize", params={"wait": True, "timeout": 240}, json=optimize_body(graph, resources, max_trials=1)
+        ).json()
         trials = client.get("/v1/trials", params={"job_id": job["id"]}).json()["data"]
     assert job["status"] == "succeeded", job
     assert len(trials) == 1 and trials[0]["outcome"] == "ok" and trials[0]["backend"] == backend, trials

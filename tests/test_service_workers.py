@@ -24,7 +24,11 @@ def _age_heartbeat(database_url: str, job_id: str, minutes: int = 10) -> None:
     engine = make_engine(database_url)
     try:
         with make_session_factory(engine).begin() as session:
-            session.execute(update(Job).where(Job.id == uuid.UUID(job_id)).values(heartbeat_at=utcnow() - timedelta(minutes=minutes)))
+            session.execute(
+                update(Job)
+                .where(Job.id == uuid.UUID(job_id))
+                .values(heartbeat_at=utcnow() - timedelta(minutes=minutes))
+            )
     finally:
         engine.dispose()
 
@@ -39,7 +43,9 @@ def test_two_replicas_on_one_postgresql_run_twenty_jobs_each_exactly_once(postgr
         for i in range(20):
             body = optimize_body(make_mlp_graph(batch_size=8 + i), make_t4_cluster(1 + i % 2))
             ids.append((a if i % 2 else b).post("/v1/optimize", json=body).json()["id"])
-        jobs = [wait_for(a, f"/v1/jobs/{job_id}", {"succeeded", "failed", "cancelled"}, timeout_s=120) for job_id in ids]
+        jobs = [
+            wait_for(a, f"/v1/jobs/{job_id}", {"succeeded", "failed", "cancelled"}, timeout_s=120) for job_id in ids
+        ]
         pools = [first.state.stratagem.workers, second.state.stratagem.workers]
         processed = [job_id for pool in pools for job_id in pool.processed]
     assert [job["status"] for job in jobs] == ["succeeded"] * 20
@@ -54,7 +60,8 @@ def test_a_job_left_running_by_a_dead_replica_is_requeued_and_finished(make_clie
     engine = make_engine(database_url)
     with make_session_factory(engine).begin() as session:
         session.execute(
-            update(Job).where(Job.id == uuid.UUID(job_id))
+            update(Job)
+            .where(Job.id == uuid.UUID(job_id))
             .values(status=JobStatus.running, worker_id="crashed-host:1:dead", attempts=1, started_at=utcnow())
         )
     engine.dispose()
@@ -72,8 +79,14 @@ def test_a_job_that_keeps_losing_its_worker_fails_with_a_clear_error(make_client
     engine = make_engine(database_url)
     with make_session_factory(engine).begin() as session:
         session.execute(
-            update(Job).where(Job.id == uuid.UUID(job_id))
-            .values(status=JobStatus.running, worker_id="flaky:2:gone", attempts=2, heartbeat_at=utcnow() - timedelta(hours=1))
+            update(Job)
+            .where(Job.id == uuid.UUID(job_id))
+            .values(
+                status=JobStatus.running,
+                worker_id="flaky:2:gone",
+                attempts=2,
+                heartbeat_at=utcnow() - timedelta(hours=1),
+            )
         )
     engine.dispose()
     recovering: TestClient = make_client(stale_after_s=5, max_attempts=2)

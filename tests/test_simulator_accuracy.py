@@ -38,11 +38,24 @@ def accuracy():
 
 def cpu_spec(**device: float | None) -> ResourceSpec:
     """Two CPU ranks on loopback, with a device kind whose figures the test sets."""
-    figures = {"peak_flops": {"float32": 50e9}, "memory_bytes": 8e9, "memory_bandwidth": 8e9, "matmul_efficiency": 1.0,
-               "elementwise_efficiency": 0.5, "launch_overhead_s": 20e-6, "is_gpu": False, **device}
+    figures = {
+        "peak_flops": {"float32": 50e9},
+        "memory_bytes": 8e9,
+        "memory_bandwidth": 8e9,
+        "matmul_efficiency": 1.0,
+        "elementwise_efficiency": 0.5,
+        "launch_overhead_s": 20e-6,
+        "is_gpu": False,
+        **device,
+    }
     link = Link(kind="loopback", bandwidth_gbps=4.0, latency_us=100.0, efficiency=1.0)
-    return ResourceSpec(name="cpu-test", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
-                        network=link, intra_node=link, devices={"CPU": DeviceSpec(name="CPU", **figures)})
+    return ResourceSpec(
+        name="cpu-test",
+        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
+        network=link,
+        intra_node=link,
+        devices={"CPU": DeviceSpec(name="CPU", **figures)},
+    )
 
 
 # -- metrics and records --------------------------------------------------------------------------------
@@ -95,7 +108,9 @@ def test_records_round_trip_into_pairs_with_rounds_and_failures(accuracy, tmp_pa
 def test_compressed_records_read_as_the_plain_file(accuracy, tmp_path, suffix, compress):
     graph, resources = make_mlp_graph(), cpu_spec()
     strategy = AllReduce().build(graph, resources)
-    text = "".join(accuracy.record_line(graph, resources, strategy, {"outcome": "ok", "median_s": m}) + "\n" for m in (0.1, 0.2))
+    text = "".join(
+        accuracy.record_line(graph, resources, strategy, {"outcome": "ok", "median_s": m}) + "\n" for m in (0.1, 0.2)
+    )
     plain, packed = tmp_path / "records.jsonl", tmp_path / f"records.jsonl{suffix}"
     plain.write_text(text)
     packed.write_bytes(compress(text.encode()))
@@ -114,7 +129,13 @@ def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
         return accuracy.Measured(model, f"{model}-{measured}", graph, trials)
 
     # model a: ranked right, 10% off; model b: ranked backwards, exact on average
-    pairs = [pair("a", 1.0, 1.1), pair("a", 2.0, 2.2), pair("a", 3.0, 3.3), pair("b", 10.0, 12.0), pair("b", 12.0, 10.0)]
+    pairs = [
+        pair("a", 1.0, 1.1),
+        pair("a", 2.0, 2.2),
+        pair("a", 3.0, 3.3),
+        pair("b", 10.0, 12.0),
+        pair("b", 12.0, 10.0),
+    ]
     report = accuracy.accuracy_report(pairs)
     assert report["models"]["a"] == {"n": 3, "mape": pytest.approx(0.1), "kendall_tau": pytest.approx(1.0)}
     assert report["models"]["b"]["kendall_tau"] == pytest.approx(-1.0)
@@ -136,6 +157,7 @@ def test_split_half_tau_ranks_the_even_rounds_against_the_odd_ones(accuracy):
     assert accuracy.split_half_tau([pair("x", [1.0]), pair("y", [2.0])]) is None  # one round: nothing to split
     assert accuracy.noise_report(members)["kendall_tau_split_half_within"] == pytest.approx(1 / 3, abs=1e-4)
 
+
 def test_load_adjustment_divides_out_what_moved_a_whole_block(accuracy):
     graph = make_mlp_graph()
     blocks = [cpu_spec(launch_overhead_s=20e-6 * (i + 1)) for i in range(4)]
@@ -143,10 +165,16 @@ def test_load_adjustment_divides_out_what_moved_a_whole_block(accuracy):
     load = [1.0, 2.0, 1.0, 4.0]  # the machine's drift: every strategy in block 2 and 4 ran slower alike
 
     def pair(name: str, base: float, jitter: list[float]):
-        trials = [accuracy.Trial(spec, None, base * factor * j) for spec, factor, j in zip(blocks, load, jitter, strict=True)]
+        trials = [
+            accuracy.Trial(spec, None, base * factor * j) for spec, factor, j in zip(blocks, load, jitter, strict=True)
+        ]
         return accuracy.Measured("m", name, graph, trials)
 
-    members = [pair("x", 1.0, [1.0, 1.0, 1.0, 1.0]), pair("y", 1.5, [1.0, 1.0, 1.0, 1.0]), pair("z", 3.0, [1.0, 1.0, 1.0, 1.0])]
+    members = [
+        pair("x", 1.0, [1.0, 1.0, 1.0, 1.0]),
+        pair("y", 1.5, [1.0, 1.0, 1.0, 1.0]),
+        pair("z", 3.0, [1.0, 1.0, 1.0, 1.0]),
+    ]
     adjusted = accuracy.load_adjusted(members)
     for before, after, base in zip(members, adjusted, (1.0, 1.5, 3.0), strict=True):
         times = [t.median_s for t in after.trials]
@@ -167,7 +195,11 @@ def test_discordant_pairs_tell_systematic_misses_from_coin_flips(accuracy):
         return accuracy.Measured("m", name, graph, trials)
 
     # x beats y in 4 of 4 rounds and z in 2 of 4; the prediction puts x last
-    members = [pair("x", [1.0, 1.0, 1.0, 1.0], 3.0), pair("y", [2.0, 2.0, 2.0, 2.0], 2.0), pair("z", [0.9, 1.1, 0.95, 1.15], 1.0)]
+    members = [
+        pair("x", [1.0, 1.0, 1.0, 1.0], 3.0),
+        pair("y", [2.0, 2.0, 2.0, 2.0], 2.0),
+        pair("z", [0.9, 1.1, 0.95, 1.15], 1.0),
+    ]
     found = {(d["faster"], d["slower"]): d for d in accuracy.discordant_pairs(members)}
     assert set(found) == {("x", "y"), ("x", "z")}  # z's median is 1.025, so x is measured faster than both
     assert found[("x", "y")]["rounds_agreeing"] == 1.0 and found[("x", "y")]["systematic"]
@@ -181,18 +213,25 @@ def test_sign_test_matches_the_binomial_tails(accuracy):
 
 
 def test_resolved_pairs_score_only_the_order_the_rounds_establish(accuracy):
-    rounds = {"m": {
-        "fast": ([1.0] * 8, [1.5] * 8),
-        "slow": ([2.0] * 8, [2.0] * 8),
-        "tied": ([4.0, 4.0, None, 4.0, 4.0, 4.0, 4.0, 4.0], [2.0] * 8),  # priced as "slow": ordered neither way
-        "miss": ([1.5] * 8, [0.5] * 8),  # measured slower than "fast" in every round, priced faster
-        "coin": ([0.5, 3.0] * 4, [1.0] * 8),  # beats fast, slow and miss in half the rounds: unresolved
-    }}
+    rounds = {
+        "m": {
+            "fast": ([1.0] * 8, [1.5] * 8),
+            "slow": ([2.0] * 8, [2.0] * 8),
+            "tied": ([4.0, 4.0, None, 4.0, 4.0, 4.0, 4.0, 4.0], [2.0] * 8),  # priced as "slow": ordered neither way
+            "miss": ([1.5] * 8, [0.5] * 8),  # measured slower than "fast" in every round, priced faster
+            "coin": ([0.5, 3.0] * 4, [1.0] * 8),  # beats fast, slow and miss in half the rounds: unresolved
+        }
+    }
     # resolved: fast-slow, fast-tied, slow-miss, tied-miss, tied-coin (coin faster in 7 of 7) right;
     # fast-miss wrong; slow-tied priced equal
     report = accuracy.resolved_pairs(rounds)
-    assert report["models"]["m"] == {"pairs": 10, "resolved": 7, "ordered_right": 5, "ordered_wrong": 1,
-                                     "kendall_tau_resolved": pytest.approx(4 / 7, abs=1e-4)}
+    assert report["models"]["m"] == {
+        "pairs": 10,
+        "resolved": 7,
+        "ordered_right": 5,
+        "ordered_wrong": 1,
+        "kendall_tau_resolved": pytest.approx(4 / 7, abs=1e-4),
+    }
     assert report["overall"]["resolved"] == 7 and report["alpha"] == 0.05
     flat = ([1.0] * 8, [1.0] * 8)
     assert accuracy.resolved_pairs({"m": {"a": flat, "b": flat}})["overall"]["kendall_tau_resolved"] is None
@@ -202,9 +241,19 @@ def test_resolved_pairs_score_only_the_order_the_rounds_establish(accuracy):
 
 
 def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
-    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9,
-               "elementwise_rate": 2e9, "norm_rate": 1e9, "optimizer_rate": 12e9, "layer_overhead_s": 30e-6, "overlap": -0.05,
-               "cast_rate": 6e9, "select_rate": 0.08e9}
+    figures = {
+        "matmul_flops": 80e9,
+        "bf16_flops": 300e9,
+        "conv_flops": 40e9,
+        "copy_bandwidth": 8e9,
+        "elementwise_rate": 2e9,
+        "norm_rate": 1e9,
+        "optimizer_rate": 12e9,
+        "layer_overhead_s": 30e-6,
+        "overlap": -0.05,
+        "cast_rate": 6e9,
+        "select_rate": 0.08e9,
+    }
     device = device_spec(figures, memory_bytes=4e9)
     assert device.name == DEVICE_KIND and not device.is_gpu
     assert device.flops_for("float32") == 80e9 and device.matmul_efficiency == 1.0
@@ -219,10 +268,22 @@ def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
 
 
 def test_ranks_without_a_spare_core_take_the_shared_core_figures_instead_of_a_measured_overlap():
-    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9, "elementwise_rate": 2e9,
-               "norm_rate": 1e9, "optimizer_rate": 4e9, "layer_overhead_s": 30e-6, "overlap": 0.4}
+    figures = {
+        "matmul_flops": 80e9,
+        "bf16_flops": 300e9,
+        "conv_flops": 40e9,
+        "copy_bandwidth": 8e9,
+        "elementwise_rate": 2e9,
+        "norm_rate": 1e9,
+        "optimizer_rate": 4e9,
+        "layer_overhead_s": 30e-6,
+        "overlap": 0.4,
+    }
     shared = device_spec({**figures, "spare_cores": 0}, memory_bytes=4e9)
-    assert (shared.comm_overlap, shared.comm_latency_contention) == (SHARED_CORE_OVERLAP, SHARED_CORE_LATENCY_CONTENTION)
+    assert (shared.comm_overlap, shared.comm_latency_contention) == (
+        SHARED_CORE_OVERLAP,
+        SHARED_CORE_LATENCY_CONTENTION,
+    )
     spare = device_spec({**figures, "spare_cores": 2}, memory_bytes=4e9)
     assert (spare.comm_overlap, spare.comm_latency_contention) == (pytest.approx(0.4), 0.0)
     unrecorded = device_spec(figures, memory_bytes=4e9)  # an old calibration measured whatever it recorded
@@ -230,21 +291,41 @@ def test_ranks_without_a_spare_core_take_the_shared_core_figures_instead_of_a_me
 
 
 def test_root_collectives_may_beat_the_all_reduce_bandwidth_and_tensor_costs_pass_through():
-    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 8e9, "elementwise_rate": 2e9,
-               "norm_rate": 1e9, "optimizer_rate": 4e9, "layer_overhead_s": 30e-6, "overlap": 0.0,
-               "reduce_efficiency": 0.9, "broadcast_efficiency": 2.4, "optimizer_tensor_s": 25e-6}
+    figures = {
+        "matmul_flops": 80e9,
+        "bf16_flops": 300e9,
+        "conv_flops": 40e9,
+        "copy_bandwidth": 8e9,
+        "elementwise_rate": 2e9,
+        "norm_rate": 1e9,
+        "optimizer_rate": 4e9,
+        "layer_overhead_s": 30e-6,
+        "overlap": 0.0,
+        "reduce_efficiency": 0.9,
+        "broadcast_efficiency": 2.4,
+        "optimizer_tensor_s": 25e-6,
+    }
     device = device_spec(figures, memory_bytes=4e9)
     assert device.reduce_efficiency == pytest.approx(0.9)
-    assert device.broadcast_efficiency == pytest.approx(2.4)  # a broadcast does no arithmetic: faster than the all-reduce's fit
+    assert device.broadcast_efficiency == pytest.approx(
+        2.4
+    )  # a broadcast does no arithmetic: faster than the all-reduce's fit
     assert device.optimizer_tensor_s == pytest.approx(25e-6)
     assert device_spec({**figures, "broadcast_efficiency": 50.0}, memory_bytes=4e9).broadcast_efficiency == 8.0
-    older = {k: v for k, v in figures.items() if k not in ("reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s")}
-    assert (device_spec(older, memory_bytes=4e9).reduce_efficiency, device_spec(older, memory_bytes=4e9).optimizer_tensor_s) == (None, None)
+    older = {
+        k: v for k, v in figures.items() if k not in ("reduce_efficiency", "broadcast_efficiency", "optimizer_tensor_s")
+    }
+    assert (
+        device_spec(older, memory_bytes=4e9).reduce_efficiency,
+        device_spec(older, memory_bytes=4e9).optimizer_tensor_s,
+    ) == (None, None)
 
 
 def test_the_slowest_rank_decides_each_figure():
-    ranks = [{"matmul_flops": 80e9, "layer_overhead_s": 20e-6, "allreduce_seconds": [1e-4, 2e-3]},
-             {"matmul_flops": 60e9, "layer_overhead_s": 30e-6, "allreduce_seconds": [2e-4, 1e-3]}]
+    ranks = [
+        {"matmul_flops": 80e9, "layer_overhead_s": 20e-6, "allreduce_seconds": [1e-4, 2e-3]},
+        {"matmul_flops": 60e9, "layer_overhead_s": 30e-6, "allreduce_seconds": [2e-4, 1e-3]},
+    ]
     assert combine(ranks) == {"matmul_flops": 60e9, "layer_overhead_s": 30e-6, "allreduce_seconds": [2e-4, 2e-3]}
 
 
@@ -276,7 +357,9 @@ def test_each_collective_hidden_behind_backward_also_takes_its_latency_times_the
     busy, latency = float(full.detail["allreduce_busy"][0]), float(full.detail["collective_latency"][0])
     hidden = busy - float(full.component("allreduce")[0])
     assert 0 < latency < busy and hidden > 0
-    plain, contended = (_allreduce_detail(cpu_spec(comm_overlap=0.2, comm_latency_contention=c), graph) for c in (0.0, 1.5))
+    plain, contended = (
+        _allreduce_detail(cpu_spec(comm_overlap=0.2, comm_latency_contention=c), graph) for c in (0.0, 1.5)
+    )
     assert float(plain.step_time[0]) == pytest.approx(float(full.step_time[0]) + 0.8 * hidden)
     assert float(contended.step_time[0]) == pytest.approx(float(plain.step_time[0]) + 1.5 * hidden * latency / busy)
     assert float(contended.breakdown[0].sum()) == pytest.approx(float(contended.step_time[0]))
@@ -311,8 +394,16 @@ def _ps_on(graph: ModelGraph, resources: ResourceSpec, servers: dict[str, str]) 
 
 def test_parameter_server_traffic_on_the_replicas_cores_is_charged_the_same_way():
     graph = make_mlp_graph(batch_size=256, widths=(1024, 1024, 1024, 1024, 10))
-    early = {"fc4.weight": "127.0.0.1:CPU:1", "fc4.bias": "127.0.0.1:CPU:1", "fc3.weight": "127.0.0.1:CPU:1", "fc3.bias": "127.0.0.1:CPU:1"}
-    overlapped, serial = (simulate(graph, spec, [_ps_on(graph, spec, early)])[0] for spec in (cpu_spec(comm_overlap=o) for o in (1.0, 0.0)))
+    early = {
+        "fc4.weight": "127.0.0.1:CPU:1",
+        "fc4.bias": "127.0.0.1:CPU:1",
+        "fc3.weight": "127.0.0.1:CPU:1",
+        "fc3.bias": "127.0.0.1:CPU:1",
+    }
+    overlapped, serial = (
+        simulate(graph, spec, [_ps_on(graph, spec, early)])[0]
+        for spec in (cpu_spec(comm_overlap=o) for o in (1.0, 0.0))
+    )
     assert serial.step_time_s > overlapped.step_time_s
     assert serial.breakdown["ps"] > overlapped.breakdown["ps"] and serial.breakdown["allreduce"] == 0.0
     assert sum(serial.breakdown.values()) == pytest.approx(serial.step_time_s)
@@ -323,31 +414,56 @@ def test_a_fused_ps_bucket_pushes_when_its_last_gradient_is_ready():
     bucket of every variable leaves after backward: however little the cores overlap, nothing of it
     runs during compute (with a second server for the first gradients, some does: the test above)."""
     graph = make_mlp_graph(batch_size=256, widths=(1024, 1024, 1024, 1024, 10))
-    overlapped, serial = (simulate(graph, spec, [PS().build(graph, spec)])[0] for spec in (cpu_spec(comm_overlap=o) for o in (1.0, 0.0)))
+    overlapped, serial = (
+        simulate(graph, spec, [PS().build(graph, spec)])[0] for spec in (cpu_spec(comm_overlap=o) for o in (1.0, 0.0))
+    )
     assert serial.step_time_s == pytest.approx(overlapped.step_time_s)
     assert serial.breakdown["ps"] >= max(serial.ps_load.values())
 
 
 def _conv_graph() -> ModelGraph:
     flops = 4e9
-    conv = Layer(name="conv", type="Conv2d", kind="conv", fwd_flops=flops, bwd_flops=2 * flops, bytes_moved=1e6,
-                 output_bytes=1e6, variables=["conv.weight"])
-    fc = Layer(name="fc", type="Linear", kind="matmul", fwd_flops=flops, bwd_flops=2 * flops, bytes_moved=1e6,
-               output_bytes=1e3, inputs=["conv"], variables=["fc.weight"])
+    conv = Layer(
+        name="conv",
+        type="Conv2d",
+        kind="conv",
+        fwd_flops=flops,
+        bwd_flops=2 * flops,
+        bytes_moved=1e6,
+        output_bytes=1e6,
+        variables=["conv.weight"],
+    )
+    fc = Layer(
+        name="fc",
+        type="Linear",
+        kind="matmul",
+        fwd_flops=flops,
+        bwd_flops=2 * flops,
+        bytes_moved=1e6,
+        output_bytes=1e3,
+        inputs=["conv"],
+        variables=["fc.weight"],
+    )
     variables = [Variable(name="conv.weight", shape=[64, 64, 3, 3]), Variable(name="fc.weight", shape=[10, 1000])]
     return ModelGraph(name="convnet", batch_size=8, layers=[conv, fc], variables=variables)
 
 
 def test_convolutions_compute_at_their_own_efficiency_and_matmuls_do_not_change():
     graph = _conv_graph()
-    same, slow = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(conv_efficiency=0.25)))
+    same, slow = (
+        simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
+        for spec in (cpu_spec(), cpu_spec(conv_efficiency=0.25))
+    )
     conv_seconds = 3 * 4e9 / 50e9
     assert slow.breakdown["compute"] - same.breakdown["compute"] == pytest.approx(conv_seconds * (1 / 0.25 - 1))
 
 
 def test_the_optimizer_update_streams_at_the_optimizer_efficiency():
     graph = _conv_graph()
-    default, slow = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(optimizer_efficiency=0.125)))
+    default, slow = (
+        simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
+        for spec in (cpu_spec(), cpu_spec(optimizer_efficiency=0.125))
+    )
     assert slow.breakdown["optimizer_update"] == pytest.approx(default.breakdown["optimizer_update"] * 0.5 / 0.125)
 
 
@@ -356,11 +472,19 @@ def test_a_server_on_a_replica_does_not_send_its_own_worker_gradients_over_the_l
     it), the same bytes a two-rank all-reduce moves per rank; a separate server would receive both."""
     graph = make_mlp_graph(batch_size=8, widths=(1024, 1024, 1024, 10))
     on_replica = cpu_spec(comm_overlap=0.0)
-    separate = on_replica.replace(nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1, 2], device="CPU").model_dump()])
+    separate = on_replica.replace(
+        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1, 2], device="CPU").model_dump()]
+    )
     ps_here = PS().build(graph, on_replica)
-    ps_apart = Strategy.parse(ps_here.model_dump(mode="json", exclude={"id", "resources_id"}) | {
-        "variables": [{"var_name": v.var_name, "synchronizer": {"kind": "ps", "reduction_destination": "127.0.0.1:CPU:2"}}
-                      for v in ps_here.variables]})
+    ps_apart = Strategy.parse(
+        ps_here.model_dump(mode="json", exclude={"id", "resources_id"})
+        | {
+            "variables": [
+                {"var_name": v.var_name, "synchronizer": {"kind": "ps", "reduction_destination": "127.0.0.1:CPU:2"}}
+                for v in ps_here.variables
+            ]
+        }
+    )
     here = simulate(graph, on_replica, [ps_here])[0].ps_load["127.0.0.1"]
     apart = simulate(graph, separate, [ps_apart])[0].ps_load["127.0.0.1"]
     link = on_replica.intra_node.bytes_per_s
@@ -381,7 +505,9 @@ def test_dense_shards_on_one_server_pay_one_round_trip_and_sparse_shards_three_e
     extra_shards = 2 - 1  # PartitionedPS splits the 1000-row table into its smallest divisor >= 2
     assert table.shape[0] % 2 == 0
     # a sparse exchange sends a row count, indices and values each way: three round trips of 2α
-    assert split.ps_load["127.0.0.1"] - one.ps_load["127.0.0.1"] == pytest.approx(extra_shards * 3 * 2 * alpha, rel=1e-6)
+    assert split.ps_load["127.0.0.1"] - one.ps_load["127.0.0.1"] == pytest.approx(
+        extra_shards * 3 * 2 * alpha, rel=1e-6
+    )
 
 
 def test_every_sparse_pull_is_exposed_as_the_runtime_exchanges_its_shards_one_after_another():
@@ -389,7 +515,10 @@ def test_every_sparse_pull_is_exposed_as_the_runtime_exchanges_its_shards_one_af
     pull is never hidden behind another exchange: with one dense bucket besides, every pulled byte is on
     the step's critical path, at the pull's speed."""
     graph = make_embedding_graph(batch_size=64, rows=100_000, dim=16)
-    slow, fast = cpu_spec(comm_overlap=1.0, broadcast_efficiency=0.5), cpu_spec(comm_overlap=1.0, broadcast_efficiency=2.0)
+    slow, fast = (
+        cpu_spec(comm_overlap=1.0, broadcast_efficiency=0.5),
+        cpu_spec(comm_overlap=1.0, broadcast_efficiency=2.0),
+    )
     table = next(v for v in graph.trainable_variables if v.sparse)
     pulled = sum(v.nbytes for v in graph.trainable_variables if not v.sparse) + table.lookups_per_step * table.row_bytes
     steps = [simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s for spec in (slow, fast)]
@@ -402,7 +531,10 @@ def test_sparse_tables_under_allreduce_all_gather_one_count_exchange_then_their_
     table = next(v for v in graph.trainable_variables if v.sparse)
     context = compile_context(graph, resources)
     fused, unfused = (encode(context, [b.build(graph, resources)]) for b in (AllReduce(), AllReduce(chunk_size=1)))
-    fused_result, unfused_result = simulate_batch(context, fused, detail=True), simulate_batch(context, unfused, detail=True)
+    fused_result, unfused_result = (
+        simulate_batch(context, fused, detail=True),
+        simulate_batch(context, unfused, detail=True),
+    )
     rows = table.lookups_per_step
     wire = rows * (table.row_bytes + 8)  # values and int64 indices, from the one peer of two ranks
     dense = sum(v.nbytes for v in graph.trainable_variables if not v.sparse)
@@ -417,10 +549,24 @@ def test_sparse_tables_under_allreduce_all_gather_one_count_exchange_then_their_
 
 def test_normalizations_stream_at_their_own_efficiency_and_activations_do_not_change():
     nbytes = 64e6
-    norm = Layer(name="norm", type="LayerNorm", kind="norm", bytes_moved=nbytes, output_bytes=nbytes / 2, variables=["norm.weight"])
-    act = Layer(name="act", type="GELU", kind="elementwise", bytes_moved=nbytes, output_bytes=nbytes / 2, inputs=["norm"])
-    graph = ModelGraph(name="norms", batch_size=8, layers=[norm, act], variables=[Variable(name="norm.weight", shape=[1024])])
-    same, slow = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(norm_efficiency=0.125)))
+    norm = Layer(
+        name="norm",
+        type="LayerNorm",
+        kind="norm",
+        bytes_moved=nbytes,
+        output_bytes=nbytes / 2,
+        variables=["norm.weight"],
+    )
+    act = Layer(
+        name="act", type="GELU", kind="elementwise", bytes_moved=nbytes, output_bytes=nbytes / 2, inputs=["norm"]
+    )
+    graph = ModelGraph(
+        name="norms", batch_size=8, layers=[norm, act], variables=[Variable(name="norm.weight", shape=[1024])]
+    )
+    same, slow = (
+        simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
+        for spec in (cpu_spec(), cpu_spec(norm_efficiency=0.125))
+    )
     norm_seconds = 3 * nbytes / (8e9 * 0.5)  # forward once, backward twice, at the elementwise rate
     assert slow.breakdown["compute"] - same.breakdown["compute"] == pytest.approx(norm_seconds * (0.5 / 0.125 - 1))
 
@@ -429,15 +575,30 @@ def two_tensor_graph() -> ModelGraph:
     """A 256 KB and a 16 MB weight, each behind a cheap Linear: tensor size is all that differs."""
     small = Variable(name="small.weight", shape=[256, 256])
     large = Variable(name="large.weight", shape=[2048, 2048])
-    layers = [Layer(name=v.name.split(".")[0], type="Linear", kind="matmul", fwd_flops=1e6, bwd_flops=2e6, bytes_moved=1e3,
-                    output_bytes=1e3, variables=[v.name]) for v in (small, large)]
+    layers = [
+        Layer(
+            name=v.name.split(".")[0],
+            type="Linear",
+            kind="matmul",
+            fwd_flops=1e6,
+            bwd_flops=2e6,
+            bytes_moved=1e3,
+            output_bytes=1e3,
+            variables=[v.name],
+        )
+        for v in (small, large)
+    ]
     return ModelGraph(name="two-tensors", batch_size=8, layers=layers, variables=[small, large])
+
 
 def test_large_tensors_update_slower_per_byte_past_the_knee():
     graph = two_tensor_graph()
     small, large = graph.variables
     knee = 4e6
-    flat, sized = (simulate(graph, spec, [AllReduce().build(graph, spec)])[0] for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
+    flat, sized = (
+        simulate(graph, spec, [AllReduce().build(graph, spec)])[0]
+        for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee))
+    )
     rate = 8e9 * 0.5  # the optimizer streams at the elementwise efficiency here
     per_param = 3 * 4 + 2 * 8
     expected = sum(v.numel * per_param / rate * v.nbytes / knee for v in (small, large))
@@ -464,7 +625,9 @@ def test_compression_passes_over_large_tensors_follow_the_same_size_law():
     graph = two_tensor_graph()
     small, large = graph.variables
     knee = 4e6
-    flat, sized = (compile_context(graph, spec).compression for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee)))
+    flat, sized = (
+        compile_context(graph, spec).compression for spec in (cpu_spec(), cpu_spec(optimizer_knee_bytes=knee))
+    )
     scale = 1 + np.array([small.nbytes, large.nbytes]) / knee
     np.testing.assert_allclose(sized.byte_passes, flat.byte_passes * scale)
     np.testing.assert_allclose(sized.cast_bytes, flat.cast_bytes * scale)
@@ -479,9 +642,19 @@ def test_compression_passes_over_large_tensors_follow_the_same_size_law():
 def test_the_lowrank_probes_give_powersgd_its_own_size_law():
     small, large = LOWRANK_MATRIX_BYTES
     knee, base = 8e6, 10e9
-    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 20e9, "elementwise_rate": 2e9,
-               "norm_rate": 1e9, "optimizer_rate": 5e9, "layer_overhead_s": 30e-6, "overlap": 0.0,
-               "lowrank_rate": base / (1 + small / knee), "lowrank_large_rate": base / (1 + large / knee)}
+    figures = {
+        "matmul_flops": 80e9,
+        "bf16_flops": 300e9,
+        "conv_flops": 40e9,
+        "copy_bandwidth": 20e9,
+        "elementwise_rate": 2e9,
+        "norm_rate": 1e9,
+        "optimizer_rate": 5e9,
+        "layer_overhead_s": 30e-6,
+        "overlap": 0.0,
+        "lowrank_rate": base / (1 + small / knee),
+        "lowrank_large_rate": base / (1 + large / knee),
+    }
     device = device_spec(figures, memory_bytes=4e9)
     assert device.lowrank_knee_bytes == pytest.approx(knee) and device.lowrank_efficiency == pytest.approx(base / 20e9)
     assert size_law(5e9, 5e9, LOWRANK_MATRIX_BYTES) == (5e9, None)
@@ -494,11 +667,22 @@ def test_optimizer_size_law_recovers_the_knee_from_the_two_probes():
     rate, fitted = optimizer_size_law(rate_small, rate_large)
     assert fitted == pytest.approx(knee) and rate == pytest.approx(base)
     assert optimizer_size_law(10e9, 9.9e9) == (10e9, None)  # no slower per byte: no knee
-    figures = {"matmul_flops": 80e9, "bf16_flops": 300e9, "conv_flops": 40e9, "copy_bandwidth": 20e9, "elementwise_rate": 2e9,
-               "norm_rate": 1e9, "optimizer_rate": rate_small, "optimizer_large_rate": rate_large, "layer_overhead_s": 30e-6,
-               "overlap": 0.0}
+    figures = {
+        "matmul_flops": 80e9,
+        "bf16_flops": 300e9,
+        "conv_flops": 40e9,
+        "copy_bandwidth": 20e9,
+        "elementwise_rate": 2e9,
+        "norm_rate": 1e9,
+        "optimizer_rate": rate_small,
+        "optimizer_large_rate": rate_large,
+        "layer_overhead_s": 30e-6,
+        "overlap": 0.0,
+    }
     device = device_spec(figures, memory_bytes=4e9)
-    assert device.optimizer_knee_bytes == pytest.approx(knee) and device.optimizer_efficiency == pytest.approx(base / 20e9)
+    assert device.optimizer_knee_bytes == pytest.approx(knee) and device.optimizer_efficiency == pytest.approx(
+        base / 20e9
+    )
 
 
 def test_topk_and_fp16_pay_selection_and_casts_at_their_own_rates():
@@ -523,8 +707,9 @@ def test_topk_and_fp16_pay_selection_and_casts_at_their_own_rates():
     fast_busy = simulate_batch(fast, fast_batch, detail=True).detail["allreduce_busy"][0]
     assert slow_busy - fast_busy == pytest.approx(nbytes / (8e9 * 0.01) - nbytes / (8e9 * 0.5), rel=1e-6)
     # fp16: 4.5 b of casts at the cast rate
-    assert allreduce_busy("HorovodCompressor", cast_efficiency=0.05) - allreduce_busy("HorovodCompressor") == pytest.approx(
-        4.5 * nbytes / (8e9 * 0.05) - 4.5 * nbytes / (8e9 * 0.5), rel=1e-6)
+    assert allreduce_busy("HorovodCompressor", cast_efficiency=0.05) - allreduce_busy(
+        "HorovodCompressor"
+    ) == pytest.approx(4.5 * nbytes / (8e9 * 0.05) - 4.5 * nbytes / (8e9 * 0.5), rel=1e-6)
 
 
 def test_reduce_scatter_and_all_gather_run_at_the_scatter_efficiency():
@@ -534,7 +719,9 @@ def test_reduce_scatter_and_all_gather_run_at_the_scatter_efficiency():
     def sharded_seconds(**device: float) -> float:
         spec = cpu_spec(comm_overlap=1.0, **device)
         strategy = AllReduce().build(graph, spec)
-        sharded = strategy.replace(variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables])
+        sharded = strategy.replace(
+            variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables]
+        )
         return simulate(graph, spec, [sharded])[0].breakdown["sharded"]
 
     bandwidth = 4.0e9 / 8  # the loopback link: 4 Gbit/s
@@ -546,7 +733,9 @@ def test_reduce_scatter_and_all_gather_run_at_the_scatter_efficiency():
 # -- collectives as gloo runs them: half-precision sums, per-rank gathers, fused PS pulls ---------------
 
 
-def _allreduce_busy(graph: ModelGraph, compressor: int, param: float, *, latency_us: float = 100.0, **device: float) -> float:
+def _allreduce_busy(
+    graph: ModelGraph, compressor: int, param: float, *, latency_us: float = 100.0, **device: float
+) -> float:
     """The collective stream's busy seconds with every dense variable under one compressor kind."""
     spec = cpu_spec(**device)
     link = Link(kind="loopback", bandwidth_gbps=4.0, latency_us=latency_us, efficiency=1.0).model_dump(mode="json")
@@ -572,7 +761,9 @@ def test_compression_streams_its_plain_passes_at_the_stream_efficiency():
     # fp16: adding, scaling and subtracting the error (8 passes) and the copy back (2)
     extra = _allreduce_busy(graph, 1, 1.0, stream_efficiency=0.05) - _allreduce_busy(graph, 1, 1.0)
     assert extra == pytest.approx(10 * nbytes / (8e9 * 0.05) - 10 * nbytes / (8e9 * 0.5), rel=1e-6)
-    unset = _allreduce_busy(graph, 1, 1.0, stream_efficiency=None) - _allreduce_busy(graph, 1, 1.0, stream_efficiency=0.5)
+    unset = _allreduce_busy(graph, 1, 1.0, stream_efficiency=None) - _allreduce_busy(
+        graph, 1, 1.0, stream_efficiency=0.5
+    )
     assert unset == pytest.approx(0.0, abs=1e-12)
 
 
@@ -617,7 +808,10 @@ def test_a_fused_ps_bucket_pulls_only_after_its_push_and_update():
     graph = make_mlp_graph(batch_size=1, widths=(2048, 2048, 10))
     nbytes = sum(v.nbytes for v in graph.trainable_variables)
     data = cpu_spec(comm_overlap=1.0).model_dump(mode="json", exclude={"id"})
-    slow_link, fast_link = (ResourceSpec.parse({**data, "intra_node": {**data["intra_node"], "bandwidth_gbps": gbps}}) for gbps in (4.0, 8.0))
+    slow_link, fast_link = (
+        ResourceSpec.parse({**data, "intra_node": {**data["intra_node"], "bandwidth_gbps": gbps}})
+        for gbps in (4.0, 8.0)
+    )
     slow, fast = (simulate(graph, spec, [PS().build(graph, spec)])[0].step_time_s for spec in (slow_link, fast_link))
     # the worker that is not the server pushes nbytes and pulls them back, one after the other
     assert slow - fast == pytest.approx(2 * (nbytes / 0.5e9 - nbytes / 1.0e9), rel=0.02)
@@ -647,7 +841,9 @@ def test_every_tensor_the_optimizer_steps_costs_the_optimizer_tensor_seconds():
         spec = cpu_spec(comm_overlap=1.0, **device)
         strategy = AllReduce().build(graph, spec)
         if builder == "sharded":
-            strategy = strategy.replace(variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables])
+            strategy = strategy.replace(
+                variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables]
+            )
         prediction = simulate(graph, spec, [strategy if builder != "ps" else PS().build(graph, spec)])[0]
         return prediction.breakdown["optimizer_update"] + prediction.breakdown["ps"]
 
@@ -660,14 +856,21 @@ def test_every_tensor_the_optimizer_steps_costs_the_optimizer_tensor_seconds():
 
 def test_a_compute_bound_step_names_what_compute_does_not_hide():
     graph = make_mlp_graph(batch_size=256, widths=(1024, 1024, 1024, 1024, 10))
-    serial, overlapped = (simulate(graph, cpu_spec(comm_overlap=o), [PS().build(graph, cpu_spec(comm_overlap=o))])[0] for o in (0.0, 1.0))
-    assert serial.bottleneck.startswith("compute-bound") and "next comes the parameter-server exchange" in serial.bottleneck
+    serial, overlapped = (
+        simulate(graph, cpu_spec(comm_overlap=o), [PS().build(graph, cpu_spec(comm_overlap=o))])[0] for o in (0.0, 1.0)
+    )
+    assert (
+        serial.bottleneck.startswith("compute-bound")
+        and "next comes the parameter-server exchange" in serial.bottleneck
+    )
     assert serial.breakdown["ps"] > 0.05 * serial.step_time_s
     assert "next comes the parameter-server exchange" in overlapped.bottleneck  # 29% of the step even when it overlaps
     large = make_mlp_graph(batch_size=4096, widths=(1024, 1024, 1024, 1024, 10))
     hidden = simulate(large, cpu_spec(comm_overlap=1.0), [AllReduce().build(large, cpu_spec(comm_overlap=1.0))])[0]
     assert max(v for k, v in hidden.breakdown.items() if k != "compute") < 0.05 * hidden.step_time_s
-    assert hidden.bottleneck.startswith("compute-bound") and hidden.bottleneck.endswith("communication is hidden behind it")
+    assert hidden.bottleneck.startswith("compute-bound") and hidden.bottleneck.endswith(
+        "communication is hidden behind it"
+    )
 
 
 def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
@@ -683,7 +886,10 @@ def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
     busy = [_allreduce_busy(graph, 0, 1.0, coalesce_efficiency=c) for c in (0.05, None)]
     assert busy[0] - busy[1] == pytest.approx(3 * extra_per_pass, rel=1e-6)
     # and Adagrad's sparse step costs two coalesces of the rows it is handed
-    update = [simulate(graph, spec, [AllReduce().build(graph, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)]
+    update = [
+        simulate(graph, spec, [AllReduce().build(graph, spec)])[0].breakdown["optimizer_update"]
+        for spec in (slow, fast)
+    ]
     assert update[0] - update[1] == pytest.approx(sparse_step * extra_per_pass, rel=1e-6)
     # a server coalesces its rows where they are pushed, both pushes, steps them and finds the rows that changed
     ps = [simulate(graph, spec, [PS().build(graph, spec)])[0].breakdown["ps"] for spec in (slow, fast)]
@@ -691,17 +897,32 @@ def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
     assert ps[0] - ps[1] == pytest.approx(passes * extra_per_pass, rel=1e-6)
     # SGD adds the sorted rows into the parameter: one coalesce, not Adagrad's two
     sgd = graph.replace(optimizer={"kind": "sgd", "state_bytes_per_param": 0.0})
-    update = [simulate(sgd, spec, [AllReduce().build(sgd, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)]
+    update = [
+        simulate(sgd, spec, [AllReduce().build(sgd, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)
+    ]
     assert update[0] - update[1] == pytest.approx(extra_per_pass, rel=1e-6)
 
 
 def test_before_1_11_prices_a_spec_as_earlier_versions_read_it(accuracy):
     from stratagem.calibrate import spec_from_figures
 
-    figures = {"ranks": 2, "threads": 1, "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
-               "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2], "spare_cores": 0, "matmul_flops": 5e10,
-               "bf16_flops": 1e10, "conv_flops": 3e10, "copy_bandwidth": 1e10, "elementwise_rate": 5e9, "norm_rate": 3e9,
-               "layer_overhead_s": 1e-5, "optimizer_rate": 3e9, "overlap": 0.0, "half_reduce_efficiency": 0.5}
+    figures = {
+        "ranks": 2,
+        "threads": 1,
+        "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
+        "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2],
+        "spare_cores": 0,
+        "matmul_flops": 5e10,
+        "bf16_flops": 1e10,
+        "conv_flops": 3e10,
+        "copy_bandwidth": 1e10,
+        "elementwise_rate": 5e9,
+        "norm_rate": 3e9,
+        "layer_overhead_s": 1e-5,
+        "optimizer_rate": 3e9,
+        "overlap": 0.0,
+        "half_reduce_efficiency": 0.5,
+    }
     new = spec_from_figures({**figures, "stream_rate": 9e9, "half_wire_efficiency": 0.93})
     assert new.device_spec("CPU").stream_efficiency == pytest.approx(0.9)
     old = accuracy.before_1_11(new).device_spec("CPU")

@@ -39,13 +39,19 @@ def test_builder_strategies_survive_encode_decode():
         assert {c.var_name: [s.kind for s in c.synchronizers] for c in again.variables} == {
             c.var_name: [s.kind for s in c.synchronizers] for c in original.variables
         }
-    np.testing.assert_array_equal(simulate_batch(context, encode(context, decoded)).step_time, simulate_batch(context, batch).step_time)
+    np.testing.assert_array_equal(
+        simulate_batch(context, encode(context, decoded)).step_time, simulate_batch(context, batch).step_time
+    )
 
 
 def test_a_strategy_for_another_graph_is_refused_with_its_index_and_field():
     graph, spec = make_mlp_graph(), make_t4_cluster(2)
     good = all_builders()[0].build(graph, spec)
-    bad = good.replace(variables=[c.model_dump() | {"var_name": "nope"} if i == 0 else c.model_dump() for i, c in enumerate(good.variables)])
+    bad = good.replace(
+        variables=[
+            c.model_dump() | {"var_name": "nope"} if i == 0 else c.model_dump() for i, c in enumerate(good.variables)
+        ]
+    )
     with pytest.raises(InvalidStrategyError, match=r"strategies\[1\]\.variables\[0\]\.var_name"):
         simulate(graph, spec, [good, bad])
 
@@ -53,7 +59,11 @@ def test_a_strategy_for_another_graph_is_refused_with_its_index_and_field():
 def test_simulate_each_predicts_the_rest_of_a_batch_and_marks_the_refused_one(caplog: pytest.LogCaptureFixture):
     graph, spec = make_mlp_graph(), make_t4_cluster(2)
     good = all_builders()[0].build(graph, spec)
-    bad = good.replace(variables=[c.model_dump() | {"var_name": "nope"} if i == 0 else c.model_dump() for i, c in enumerate(good.variables)])
+    bad = good.replace(
+        variables=[
+            c.model_dump() | {"var_name": "nope"} if i == 0 else c.model_dump() for i, c in enumerate(good.variables)
+        ]
+    )
     first, refused, last = simulate_each(graph, spec, [good, bad, good])
     assert refused is None and "nope" in caplog.text
     assert first is not None and last is not None

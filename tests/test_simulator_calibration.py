@@ -45,10 +45,22 @@ def test_a_sweep_of_one_size_is_refused_by_name():
 def test_reread_rebuilds_a_calibrated_spec_from_its_figures_and_leaves_others_alone(t4_2x4: ResourceSpec):
     from stratagem.calibrate import reread, spec_from_figures
 
-    figures = {"ranks": 2, "threads": 1, "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
-               "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2], "spare_cores": 0, "matmul_flops": 5e10,
-               "bf16_flops": 1e10, "conv_flops": 3e10, "copy_bandwidth": 1e10, "elementwise_rate": 5e9, "norm_rate": 3e9,
-               "layer_overhead_s": 1e-5, "optimizer_rate": 3e9, "overlap": 0.0}
+    figures = {
+        "ranks": 2,
+        "threads": 1,
+        "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
+        "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2],
+        "spare_cores": 0,
+        "matmul_flops": 5e10,
+        "bf16_flops": 1e10,
+        "conv_flops": 3e10,
+        "copy_bandwidth": 1e10,
+        "elementwise_rate": 5e9,
+        "norm_rate": 3e9,
+        "layer_overhead_s": 1e-5,
+        "optimizer_rate": 3e9,
+        "overlap": 0.0,
+    }
     spec = spec_from_figures(figures, address="10.0.0.7")
     stale = spec.replace(network={**spec.network.model_dump(mode="json"), "bandwidth_gbps": 1.0})
     assert reread(stale) == spec
@@ -104,7 +116,13 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
     assert main(["calibrate", "--ranks", "2", "-o", str(path)]) == 0
     spec = ResourceSpec.load(path)
     device = spec.devices[DEVICE_KIND]
-    figures = [device.peak_flops["float32"], device.memory_bandwidth, device.launch_overhead_s, spec.intra_node.bandwidth_gbps, spec.intra_node.latency_us]
+    figures = [
+        device.peak_flops["float32"],
+        device.memory_bandwidth,
+        device.launch_overhead_s,
+        spec.intra_node.bandwidth_gbps,
+        spec.intra_node.latency_us,
+    ]
     assert all(math.isfinite(x) and x > 0 for x in figures), figures
     assert 0 < device.reduce_efficiency <= 8 and 0 < device.broadcast_efficiency <= 8
     assert 0 < device.optimizer_tensor_s < 1e-2  # a few dozen microseconds per tensor on a CPU
@@ -115,10 +133,24 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
     assert spec.compute_devices == ["127.0.0.1:CPU:0", "127.0.0.1:CPU:1"]
 
     weight = Variable(name="w", shape=[256, 256])
-    graph = ModelGraph(batch_size=8, variables=[weight], layers=[
-        Layer(name="fc", kind="matmul", fwd_flops=2 * 8 * 256 * 256, bwd_flops=4 * 8 * 256 * 256, bytes_moved=4 * 256 * 256, output_bytes=4 * 8 * 256, variables=["w"]),
-    ])
-    strategy = Strategy(replicas=spec.compute_devices, variables=[VariableConfig(var_name="w", synchronizer=AllReduceSynchronizer())])
+    graph = ModelGraph(
+        batch_size=8,
+        variables=[weight],
+        layers=[
+            Layer(
+                name="fc",
+                kind="matmul",
+                fwd_flops=2 * 8 * 256 * 256,
+                bwd_flops=4 * 8 * 256 * 256,
+                bytes_moved=4 * 256 * 256,
+                output_bytes=4 * 8 * 256,
+                variables=["w"],
+            ),
+        ],
+    )
+    strategy = Strategy(
+        replicas=spec.compute_devices, variables=[VariableConfig(var_name="w", synchronizer=AllReduceSynchronizer())]
+    )
     prediction = simulate(graph, spec, [strategy])[0]
     assert math.isfinite(prediction.step_time_s) and prediction.step_time_s > 0
     assert prediction.breakdown["compute"] > 0 and prediction.breakdown["allreduce"] >= 0
@@ -151,7 +183,10 @@ def bucket_paths(rank: int, world: int, payload: dict) -> dict:
     calibrate.ps_pull(dist, torch, g, torch.arange(16, dtype=torch.float32))
     out["pulled"] = [x.tolist() for x in g]
     # three repeats: the median rides out one stall of a busy machine, which a single timing cannot
-    out["efficiencies"] = [*calibrate.root_efficiencies(dist, torch, repeats=3), calibrate.scatter_efficiency(dist, torch, repeats=3)]
+    out["efficiencies"] = [
+        *calibrate.root_efficiencies(dist, torch, repeats=3),
+        calibrate.scatter_efficiency(dist, torch, repeats=3),
+    ]
     out["lowrank_round_s"] = calibrate.lowrank_round_seconds(dist, torch, repeats=3)
     out["half"] = calibrate.half_reduce_efficiencies(dist, torch, repeats=3)
     return out
@@ -164,7 +199,12 @@ def test_the_probes_run_each_bucket_the_way_its_runtime_executor_does():
         assert result["allreduce_scratch"] == [[mean] * 6, [mean] * 10] and result["scratch_size"] == 16
         assert result["sharded"] == [[mean] * 6, [mean] * 10]  # reduce-scatter, divide the chunk, gather, copy back
         if rank == 0:
-            assert result["pushed"] == [mean] * 16  # the server holds the average (gloo uses the others' buffers as scratch)
-        assert result["pulled"] == [list(map(float, range(6))), list(map(float, range(6, 16)))]  # the server's kept version
+            assert (
+                result["pushed"] == [mean] * 16
+            )  # the server holds the average (gloo uses the others' buffers as scratch)
+        assert result["pulled"] == [
+            list(map(float, range(6))),
+            list(map(float, range(6, 16))),
+        ]  # the server's kept version
         assert all(0 < e < 10 for e in [*result["efficiencies"], *result["half"]])
         assert 0 <= result["lowrank_round_s"] < 0.5  # two real gloo round trips, less the reducer's compute

@@ -33,8 +33,12 @@ def setup():
 
 def test_trial_spec_round_trips_through_json_and_carries_no_objects(setup):
     graph, resources, strategy = setup
-    spec = TrialSpec(workload=FaultWorkload(inner=ReplayWorkload(graph), fault="raise", rank=1), resources=resources,
-                     strategy=strategy, seed=7)
+    spec = TrialSpec(
+        workload=FaultWorkload(inner=ReplayWorkload(graph), fault="raise", rank=1),
+        resources=resources,
+        strategy=strategy,
+        seed=7,
+    )
     text = spec.to_json()
     assert json.loads(text)["workload"]["inner"]["graph"]["id"] == graph.id
     again = TrialSpec.parse(text)
@@ -46,9 +50,13 @@ def test_zoo_workloads_only_name_models_on_the_allow_list():
     with pytest.raises(ValueError, match=r"unknown zoo model 'os\.system'"):
         ZooWorkload("os.system")
     with pytest.raises(InvalidDocumentError, match=r"workload\.zoo\.name"):
-        TrialSpec.parse({"workload": {"kind": "zoo", "name": "examples.evil:run"},
-                         "resources": {"nodes": [{"address": "a", "cpus": [0], "device": "CPU"}]},
-                         "strategy": {"replicas": ["a:CPU:0"], "variables": []}})
+        TrialSpec.parse(
+            {
+                "workload": {"kind": "zoo", "name": "examples.evil:run"},
+                "resources": {"nodes": [{"address": "a", "cpus": [0], "device": "CPU"}]},
+                "strategy": {"replicas": ["a:CPU:0"], "variables": []},
+            }
+        )
 
 
 def test_bad_arguments_raise_a_clear_error_naming_the_field(setup):
@@ -74,8 +82,12 @@ def test_a_strategy_that_does_not_fit_the_graph_is_an_invalid_outcome_and_nothin
 
 def test_a_replica_outside_the_cluster_is_an_invalid_outcome(setup):
     _, resources, strategy = setup
-    elsewhere = Strategy.parse({**strategy.model_dump(mode="json", exclude={"id", "resources_id", "graph_id"}),
-                                "replicas": ["10.9.9.9:CPU:0", "10.9.9.9:CPU:1"]})
+    elsewhere = Strategy.parse(
+        {
+            **strategy.model_dump(mode="json", exclude={"id", "resources_id", "graph_id"}),
+            "replicas": ["10.9.9.9:CPU:0", "10.9.9.9:CPU:1"],
+        }
+    )
     result = run_trial(ZooWorkload("gpt", batch_size=2), resources, elsewhere, backend=FakeBackend(lambda spec: 1.0))
     assert result.outcome == Outcome.invalid
     assert "strategy.replicas[0]: device '10.9.9.9:CPU:0' is not in the resource spec" in result.error

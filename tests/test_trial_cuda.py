@@ -25,14 +25,18 @@ def one_gpu() -> ResourceSpec:
 
 
 def compressed(strategy: Strategy, compressor: Compressor) -> Strategy:
-    variables = [v.model_copy(update={"synchronizer": v.synchronizer.model_copy(update={"compressor": compressor})})
-                 for v in strategy.variables]
+    variables = [
+        v.model_copy(update={"synchronizer": v.synchronizer.model_copy(update={"compressor": compressor})})
+        for v in strategy.variables
+    ]
     return strategy.replace(variables=variables)
 
 
 def _trial(strategy: Strategy, resources: ResourceSpec) -> None:
     graph = make_mlp_graph(batch_size=8, widths=(256, 256, 10))
-    result = run_trial(ReplayWorkload(graph), resources, strategy, warmup=1, steps=3, timeout=300, backend=LocalBackend())
+    result = run_trial(
+        ReplayWorkload(graph), resources, strategy, warmup=1, steps=3, timeout=300, backend=LocalBackend()
+    )
     assert result.outcome == Outcome.ok, result.error
     assert [r.device for r in result.ranks] == ["cuda:0"]
     assert len(result.step_times_s) == 3 and all(t > 0 for t in result.step_times_s)
@@ -45,18 +49,30 @@ def test_every_builder_trains_on_a_gpu_over_nccl(builder):
     _trial(builder.build(graph, resources), resources)
 
 
-@pytest.mark.parametrize("compressor", [Compressor(kind="fp16"), Compressor(kind="bf16"), Compressor(kind="powersgd", rank=4),
-                                        Compressor(kind="topk", ratio=0.01)], ids=lambda c: c.kind)
+@pytest.mark.parametrize(
+    "compressor",
+    [
+        Compressor(kind="fp16"),
+        Compressor(kind="bf16"),
+        Compressor(kind="powersgd", rank=4),
+        Compressor(kind="topk", ratio=0.01),
+    ],
+    ids=lambda c: c.kind,
+)
 def test_compressed_all_reduce_trains_on_a_gpu_over_nccl(compressor):
     graph, resources = make_mlp_graph(batch_size=8, widths=(256, 256, 10)), one_gpu()
     _trial(compressed(AllReduce().build(graph, resources), compressor), resources)
 
 
-@pytest.mark.parametrize("reducer", [
-    lambda team: CastReducer(team, wire_dtype=torch.float16, error_feedback=True),
-    lambda team: TopKReducer(team, ratio=1.0, error_feedback=True),
-    lambda team: PowerSGDReducer(team, rank=64, error_feedback=True, seed=0),
-], ids=["fp16", "topk-all", "powersgd-full-rank"])
+@pytest.mark.parametrize(
+    "reducer",
+    [
+        lambda team: CastReducer(team, wire_dtype=torch.float16, error_feedback=True),
+        lambda team: TopKReducer(team, ratio=1.0, error_feedback=True),
+        lambda team: PowerSGDReducer(team, rank=64, error_feedback=True, seed=0),
+    ],
+    ids=["fp16", "topk-all", "powersgd-full-rank"],
+)
 def test_a_reducer_on_cuda_returns_cuda_gradients_of_the_right_shape(reducer):
     grads = [torch.randn(64, 64, device="cuda"), torch.randn(64, device="cuda")]
     team = reducer(Team([0], [0], None))
@@ -74,7 +90,9 @@ def test_a_real_gpu_calibrates_into_figures_near_its_kind():
     assert all(math.isfinite(v) and v > 0 for v in (*device.peak_flops.values(), device.memory_bandwidth))
     if catalog is not None:  # a kernel reaches a share of the data sheet, never more than it
         assert 0.2 * catalog.memory_bandwidth < device.memory_bandwidth < 1.1 * catalog.memory_bandwidth
-        assert 0.2 * catalog.peak_flops["bfloat16"] < device.peak_flops["bfloat16"] < 1.1 * catalog.peak_flops["bfloat16"]
+        assert (
+            0.2 * catalog.peak_flops["bfloat16"] < device.peak_flops["bfloat16"] < 1.1 * catalog.peak_flops["bfloat16"]
+        )
 
 
 def test_step_stats_on_cuda_leave_the_host_free_to_queue_ahead():

@@ -32,12 +32,19 @@ def _alive(pid: int) -> bool:
 
 def test_a_healthy_replay_trial_measures_every_step_memory_and_the_sync_split(setup):
     graph, resources, strategy = setup
-    result = run_trial(ReplayWorkload(graph), resources, strategy, warmup=1, steps=4, timeout=120, backend=LocalBackend())
+    result = run_trial(
+        ReplayWorkload(graph), resources, strategy, warmup=1, steps=4, timeout=120, backend=LocalBackend()
+    )
     assert result.outcome == Outcome.ok, result.error
     assert result.world_size == 2 and result.backend == "local" and result.workload == "replay:mlp"
     assert len(result.step_times_s) == 4 and all(t > 0 for t in result.step_times_s)
-    assert [len(r.step_times_s) for r in result.ranks] == [4, 4] and [len(r.warmup_times_s) for r in result.ranks] == [1, 1]
-    assert result.step_times_s == [max(a, b) for a, b in zip(result.ranks[0].step_times_s, result.ranks[1].step_times_s, strict=True)]
+    assert [len(r.step_times_s) for r in result.ranks] == [4, 4] and [len(r.warmup_times_s) for r in result.ranks] == [
+        1,
+        1,
+    ]
+    assert result.step_times_s == [
+        max(a, b) for a, b in zip(result.ranks[0].step_times_s, result.ranks[1].step_times_s, strict=True)
+    ]
     assert result.p90_s >= result.median_s > 0
     assert result.samples_per_s == pytest.approx(16 / result.median_s)
     assert all(peak > 100e6 for peak in result.peak_memory_bytes)  # RSS high-water: interpreter, torch, model
@@ -54,8 +61,15 @@ def test_a_zoo_model_trains_under_a_parameter_server_strategy():
     module, make_batch = zoo.build("gpt", "small")
     graph = capture(module, make_batch(4), batch_size=4, optimizer="adam")
     resources = make_cpu_cluster(2)
-    result = run_trial(ZooWorkload("gpt", batch_size=4), resources, PS().build(graph, resources), warmup=1, steps=2,
-                       timeout=120, measure_undistributed=False)
+    result = run_trial(
+        ZooWorkload("gpt", batch_size=4),
+        resources,
+        PS().build(graph, resources),
+        warmup=1,
+        steps=2,
+        timeout=120,
+        measure_undistributed=False,
+    )
     assert result.outcome == Outcome.ok, result.error
     assert result.workload == "zoo:gpt" and len(result.step_times_s) == 2
     assert all("ps" in r.wait_by_kind_s for r in result.ranks)

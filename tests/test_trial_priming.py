@@ -48,7 +48,9 @@ def test_priming_fills_the_state_with_one_step_that_is_identical_on_every_rank()
         assert all(p.grad is None for p in built.model.parameters())
         assert zero_share(optimizer, built) < 0.2
     models = [built.model for built, _, _ in ranks]
-    for first, second, start in zip(models[0].parameters(), models[1].parameters(), untouched.parameters(), strict=True):
+    for first, second, start in zip(
+        models[0].parameters(), models[1].parameters(), untouched.parameters(), strict=True
+    ):
         assert torch.equal(first, second)
         assert not torch.equal(first, start)
 

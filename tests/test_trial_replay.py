@@ -15,8 +15,11 @@ from trial_runner.replay import ReplayModel, replay_batch_maker, replay_loss
 def _step(model: ReplayModel, graph: ModelGraph) -> list[str]:
     """One forward/backward; returns parameter names in the order their gradients became ready."""
     ready: list[str] = []
-    handles = [p.register_post_accumulate_grad_hook(lambda _p, n=name: ready.append(n))
-               for name, p in model.named_parameters() if p.requires_grad]
+    handles = [
+        p.register_post_accumulate_grad_hook(lambda _p, n=name: ready.append(n))
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    ]
     replay_loss(model(*replay_batch_maker(graph)(graph.batch_size))).backward()
     for handle in handles:
         handle.remove()
@@ -65,8 +68,11 @@ def test_sparse_variable_gets_a_sparse_gradient_of_the_recorded_lookups():
 
 @pytest.mark.parametrize("fwd,bwd", [(2.5e9, 5.0e9), (5.0e6, 1.0e7)])
 def test_replayed_flops_match_the_recorded_flops(fwd, bwd):
-    graph = ModelGraph(batch_size=4, layers=[{"name": "big", "fwd_flops": fwd, "bwd_flops": bwd, "variables": ["big.w"]}],
-                       variables=[{"name": "big.w", "shape": [8, 8]}])
+    graph = ModelGraph(
+        batch_size=4,
+        layers=[{"name": "big", "fwd_flops": fwd, "bwd_flops": bwd, "variables": ["big.w"]}],
+        variables=[{"name": "big.w", "shape": [8, 8]}],
+    )
     model = ReplayModel(graph)
     batch = replay_batch_maker(graph)(4)
     with FlopCounterMode(display=False) as forward:
@@ -78,8 +84,11 @@ def test_replayed_flops_match_the_recorded_flops(fwd, bwd):
 
 
 def test_work_scales_with_the_rows_fed_so_micro_batches_cost_their_share():
-    graph = ModelGraph(batch_size=8, layers=[{"name": "l", "fwd_flops": 4e9, "variables": ["l.w"]}],
-                       variables=[{"name": "l.w", "shape": [4]}])
+    graph = ModelGraph(
+        batch_size=8,
+        layers=[{"name": "l", "fwd_flops": 4e9, "variables": ["l.w"]}],
+        variables=[{"name": "l.w", "shape": [4]}],
+    )
     model = ReplayModel(graph)
     with FlopCounterMode(display=False) as counter:
         model(*replay_batch_maker(graph)(2))
@@ -87,8 +96,11 @@ def test_work_scales_with_the_rows_fed_so_micro_batches_cost_their_share():
 
 
 def test_activation_bytes_are_held_until_backward():
-    graph = ModelGraph(batch_size=2, layers=[{"name": "l", "activation_bytes": 64e6, "variables": ["l.w"]}],
-                       variables=[{"name": "l.w", "shape": [4]}])
+    graph = ModelGraph(
+        batch_size=2,
+        layers=[{"name": "l", "activation_bytes": 64e6, "variables": ["l.w"]}],
+        variables=[{"name": "l.w", "shape": [4]}],
+    )
     model = ReplayModel(graph)
     output = model(*replay_batch_maker(graph)(2))
     work = output.grad_fn  # the layer's _Work node, which is also its autograd context
@@ -98,16 +110,22 @@ def test_activation_bytes_are_held_until_backward():
 
 
 def test_a_lookup_layer_burns_its_recorded_bytes_less_what_its_real_lookups_moved():
-    graph = ModelGraph(batch_size=16, layers=[{"name": "emb", "kind": "embedding", "bytes_moved": 1e6, "variables": ["emb.weight"]}],
-                       variables=[{"name": "emb.weight", "shape": [5000, 32], "sparse": True, "lookups_per_step": 64}])
+    graph = ModelGraph(
+        batch_size=16,
+        layers=[{"name": "emb", "kind": "embedding", "bytes_moved": 1e6, "variables": ["emb.weight"]}],
+        variables=[{"name": "emb.weight", "shape": [5000, 32], "sparse": True, "lookups_per_step": 64}],
+    )
     output = ReplayModel(graph)(*replay_batch_maker(graph)(16))
     indices, rows = 16 * 4 * 8, 16 * 4 * 32 * 4  # four int64 lookups per sample, each a row of 32 floats
     assert output.grad_fn.cost.bytes_moved == 1e6 - (indices + 2 * rows)
 
 
 def test_variable_names_torch_cannot_hold_are_refused_with_their_path():
-    graph = ModelGraph(batch_size=1, layers=[{"name": "l", "variables": ["a", "a.b"]}],
-                       variables=[{"name": "a", "shape": [2]}, {"name": "a.b", "shape": [2]}])
+    graph = ModelGraph(
+        batch_size=1,
+        layers=[{"name": "l", "variables": ["a", "a.b"]}],
+        variables=[{"name": "a", "shape": [2]}, {"name": "a.b", "shape": [2]}],
+    )
     with pytest.raises(InvalidGraphError, match=r"variables\[1\]\.name"):
         ReplayModel(graph)
 
@@ -125,6 +143,9 @@ def test_an_optimizer_that_cannot_apply_sparse_gradients_is_refused_naming_the_v
     from trial_runner.build import make_optimizer
 
     model = ReplayModel(make_embedding_graph(batch_size=4, rows=100))
-    with pytest.raises(InvalidDocumentError, match=r"workload\.optimizer: rmsprop cannot apply the sparse gradient of 'embedding\.weight'"):
+    with pytest.raises(
+        InvalidDocumentError,
+        match=r"workload\.optimizer: rmsprop cannot apply the sparse gradient of 'embedding\.weight'",
+    ):
         make_optimizer("rmsprop", model)
     assert isinstance(make_optimizer("adagrad", model), torch.optim.Adagrad)

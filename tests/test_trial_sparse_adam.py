@@ -54,7 +54,9 @@ def test_a_multi_optimizer_steps_like_its_parts_would_alone() -> None:
     model, twin = Tiny(), Tiny()
     twin.load_state_dict(model.state_dict())
     ids = torch.tensor([1, 7, 7, 30])
-    combined = MultiOptimizer([torch.optim.SparseAdam([model.table.weight], lr=0.1), torch.optim.Adam(model.head.parameters(), lr=0.1)])
+    combined = MultiOptimizer(
+        [torch.optim.SparseAdam([model.table.weight], lr=0.1), torch.optim.Adam(model.head.parameters(), lr=0.1)]
+    )
     alone = [torch.optim.SparseAdam([twin.table.weight], lr=0.1), torch.optim.Adam(twin.head.parameters(), lr=0.1)]
     for _ in range(3):
         combined.zero_grad()
@@ -69,14 +71,18 @@ def test_a_multi_optimizer_steps_like_its_parts_would_alone() -> None:
         assert torch.equal(mine, theirs)
     assert not torch.equal(model.table.weight[0], model.table.weight[1])  # untouched rows differ from updated ones
     assert len(combined.state) == 3 and model.table.weight in combined.state
-    restored = MultiOptimizer([torch.optim.SparseAdam([model.table.weight], lr=0.1), torch.optim.Adam(model.head.parameters(), lr=0.1)])
+    restored = MultiOptimizer(
+        [torch.optim.SparseAdam([model.table.weight], lr=0.1), torch.optim.Adam(model.head.parameters(), lr=0.1)]
+    )
     restored.load_state_dict(combined.state_dict())
     assert torch.equal(restored.state[model.head.bias]["exp_avg"], combined.state[model.head.bias]["exp_avg"])
 
 
 def test_server_updates_clone_the_part_that_owns_the_group() -> None:
     model = Tiny()
-    optimizer = MultiOptimizer([torch.optim.SparseAdam([model.table.weight], lr=0.05), torch.optim.Adam(model.head.parameters(), lr=0.2)])
+    optimizer = MultiOptimizer(
+        [torch.optim.SparseAdam([model.table.weight], lr=0.05), torch.optim.Adam(model.head.parameters(), lr=0.2)]
+    )
     table_clone = clone_optimizer(optimizer, 0, [model.table.weight.detach().clone()])
     head_clone = clone_optimizer(optimizer, 1, [model.head.weight.detach().clone()])
     assert isinstance(table_clone, torch.optim.SparseAdam) and table_clone.param_groups[0]["lr"] == 0.05
@@ -100,8 +106,16 @@ def test_a_dlrm_trial_with_adam_ends_ok(builder) -> None:
     assert any(v.sparse for v in graph.variables)
     resources = make_cpu_cluster(2)
     strategy = builder.build(graph, resources)
-    result = run_trial(ZooWorkload("dlrm", batch_size=8, optimizer="adam"), resources, strategy, warmup=1, steps=2,
-                       timeout=120, backend=LocalBackend(), measure_undistributed=False)
+    result = run_trial(
+        ZooWorkload("dlrm", batch_size=8, optimizer="adam"),
+        resources,
+        strategy,
+        warmup=1,
+        steps=2,
+        timeout=120,
+        backend=LocalBackend(),
+        measure_undistributed=False,
+    )
     assert result.outcome == Outcome.ok, result.error
     assert len(result.step_times_s) == 2 and result.median_s > 0
     kinds = {kind for rank in result.ranks for kind in rank.wait_by_kind_s}

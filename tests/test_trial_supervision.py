@@ -34,8 +34,14 @@ class VirtualClock:
 class ScriptedRank:
     """A rank whose progress and end follow a script: [(time, Progress)], then `finish` at `ends_at`."""
 
-    def __init__(self, rank: int, clock: VirtualClock, script: list[tuple[float, Progress]],
-                 ends_at: float | None = None, finish: RankReport | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        clock: VirtualClock,
+        script: list[tuple[float, Progress]],
+        ends_at: float | None = None,
+        finish: RankReport | None = None,
+    ) -> None:
         self.rank, self.clock, self.script = rank, clock, script
         self.ends_at, self.finish = ends_at, finish
         self.killed_at: float | None = None
@@ -56,8 +62,9 @@ class ScriptedRank:
 def _spec(**options) -> TrialSpec:
     graph = make_mlp_graph(batch_size=4, widths=(8, 8, 2))
     resources = make_cpu_cluster(2)
-    return TrialSpec(workload=ReplayWorkload(graph), resources=resources,
-                     strategy=DataParallel().build(graph, resources), **options)
+    return TrialSpec(
+        workload=ReplayWorkload(graph), resources=resources, strategy=DataParallel().build(graph, resources), **options
+    )
 
 
 def _steps(start: float, every: float, count: int) -> list[tuple[float, Progress]]:
@@ -116,8 +123,10 @@ def test_slow_but_steady_steps_are_not_a_hang():
 def test_peers_of_a_failed_rank_are_killed_after_the_grace_period():
     clock = VirtualClock()
     failure = RankReport(rank=1, outcome=Outcome.crash, error="ValueError: boom", finished_at=2.0)
-    ranks = [ScriptedRank(0, clock, _steps(1.0, 0.5, 2)),
-             ScriptedRank(1, clock, _steps(1.0, 0.5, 2), ends_at=2.0, finish=failure)]
+    ranks = [
+        ScriptedRank(0, clock, _steps(1.0, 0.5, 2)),
+        ScriptedRank(1, clock, _steps(1.0, 0.5, 2), ends_at=2.0, finish=failure),
+    ]
     reports = _watch(_spec(timeout_s=600.0, min_stall_s=100.0), ranks, clock, grace=3.0)
     assert ranks[0].killed_at == pytest.approx(5.0, abs=0.2)
     assert reports[0].killed and "after rank 1 failed" in (reports[0].error or "")
@@ -138,15 +147,21 @@ def test_root_cause_prefers_a_rank_own_error_over_a_kill_and_the_earliest_among_
     assert root_cause([killed, late, early]) is early
 
 
-@pytest.mark.parametrize("error,outcome", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.oom),
-    (MemoryError(), Outcome.oom),
-    (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1125899906842624 bytes"), Outcome.oom),
-    (UnsupportedStrategyError("mesh.tensor > 1 is not supported"), Outcome.invalid),
-    (InvalidStrategyError("variables: no synchronizer for 'w'"), Outcome.invalid),
-    (ValueError("shapes do not match"), Outcome.crash),
-    (RuntimeError("Connection closed by peer"), Outcome.crash),
-])
+@pytest.mark.parametrize(
+    "error,outcome",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.oom),
+        (MemoryError(), Outcome.oom),
+        (
+            RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1125899906842624 bytes"),
+            Outcome.oom,
+        ),
+        (UnsupportedStrategyError("mesh.tensor > 1 is not supported"), Outcome.invalid),
+        (InvalidStrategyError("variables: no synchronizer for 'w'"), Outcome.invalid),
+        (ValueError("shapes do not match"), Outcome.crash),
+        (RuntimeError("Connection closed by peer"), Outcome.crash),
+    ],
+)
 def test_exceptions_are_classified_into_outcomes_with_their_text(error, outcome):
     got, text = classify(error)
     assert got == outcome
@@ -154,14 +169,23 @@ def test_exceptions_are_classified_into_outcomes_with_their_text(error, outcome)
 
 
 def test_root_cause_prefers_a_rank_that_died_over_the_connection_error_its_peer_saw_first():
-    echo = RankReport(rank=0, outcome=Outcome.crash, peer_lost=True, finished_at=1.00,
-                      error="RuntimeError: Read error [127.0.0.1]:56216: Connection reset by peer")
-    died = RankReport(rank=1, outcome=Outcome.crash, error="the rank exited with status 17 without a report", finished_at=1.05)
+    echo = RankReport(
+        rank=0,
+        outcome=Outcome.crash,
+        peer_lost=True,
+        finished_at=1.00,
+        error="RuntimeError: Read error [127.0.0.1]:56216: Connection reset by peer",
+    )
+    died = RankReport(
+        rank=1, outcome=Outcome.crash, error="the rank exited with status 17 without a report", finished_at=1.05
+    )
     assert root_cause([echo, died]) is died
 
 
 def test_a_collective_broken_by_a_vanished_peer_is_recognised_as_an_echo():
     from trial_runner.worker import is_peer_lost
 
-    assert is_peer_lost(RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:8105: Connection reset by peer."))
+    assert is_peer_lost(
+        RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:8105: Connection reset by peer.")
+    )
     assert not is_peer_lost(RuntimeError("injected fault: this rank raised on purpose"))

@@ -49,7 +49,9 @@ def test_small_model_captures_with_all_its_parameters(name: str) -> None:
         ("dlrm", "full", 12.6e6 * 64, 0.01),  # tables dominate
     ],
 )
-def test_full_configs_have_the_published_parameter_counts(name: str, size: str, expected: float, tolerance: float) -> None:
+def test_full_configs_have_the_published_parameter_counts(
+    name: str, size: str, expected: float, tolerance: float
+) -> None:
     assert count_parameters(name, size) == pytest.approx(expected, rel=tolerance)
 
 
@@ -65,8 +67,18 @@ def test_gpt_7b_is_llama_7b_sized_and_builds_on_meta_only() -> None:
 
 @pytest.mark.parametrize(
     ("size", "billions"),
-    [("1.7b", 1.7), ("3.6b", 3.6), ("7.5b", 7.5), ("18b", 18.4), ("39b", 39.1), ("76b", 76.1),
-     ("145b", 145.6), ("310b", 310.1), ("530b", 529.6), ("1t", 1008.0)],
+    [
+        ("1.7b", 1.7),
+        ("3.6b", 3.6),
+        ("7.5b", 7.5),
+        ("18b", 18.4),
+        ("39b", 39.1),
+        ("76b", 76.1),
+        ("145b", 145.6),
+        ("310b", 310.1),
+        ("530b", 529.6),
+        ("1t", 1008.0),
+    ],
 )
 def test_megatron_presets_match_the_paper(size: str, billions: float) -> None:
     config = resolve_config(PRESETS["gpt"], size, {})

@@ -46,7 +46,9 @@ def derive_seed(seed: int, rank: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def batch_for(built: BuiltWorkload, *, seed: int, rank: int, step: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def batch_for(
+    built: BuiltWorkload, *, seed: int, rank: int, step: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
     torch.manual_seed(derive_seed(seed, rank, step))
     batch = built.make_batch(built.batch_size)
     if isinstance(batch, torch.Tensor):
@@ -58,8 +60,9 @@ PRIMING_STEP = -1
 """The step number whose batch primes the optimizer state: never one of the trial's own steps."""
 
 
-def prime_optimizer_state(built: BuiltWorkload, optimizer: torch.optim.Optimizer, strategy: Strategy, *, seed: int,
-                          device: torch.device) -> bool:
+def prime_optimizer_state(
+    built: BuiltWorkload, optimizer: torch.optim.Optimizer, strategy: Strategy, *, seed: int, device: torch.device
+) -> bool:
     """Take one undistributed step so the timed steps see steady-state optimizer state; False when skipped.
 
     Adam's update takes the square root of its second moment, and on these CPUs the square root of
@@ -87,12 +90,20 @@ def build_workload(workload: ZooWorkload | ReplayWorkload | FaultWorkload, *, se
     torch.manual_seed(seed)
     if isinstance(workload, ReplayWorkload):
         return BuiltWorkload(
-            model=ReplayModel(workload.graph), make_batch=replay_batch_maker(workload.graph),
-            batch_size=workload.batch_size, loss=replay_loss, optimizer_kind=workload.optimizer,
+            model=ReplayModel(workload.graph),
+            make_batch=replay_batch_maker(workload.graph),
+            batch_size=workload.batch_size,
+            loss=replay_loss,
+            optimizer_kind=workload.optimizer,
         )
     model, make_batch = _zoo_builder(workload.name)(size=workload.size, **workload.overrides)
-    return BuiltWorkload(model=model, make_batch=make_batch, batch_size=workload.batch_size,
-                         loss=output_loss, optimizer_kind=workload.optimizer)
+    return BuiltWorkload(
+        model=model,
+        make_batch=make_batch,
+        batch_size=workload.batch_size,
+        loss=output_loss,
+        optimizer_kind=workload.optimizer,
+    )
 
 
 def _zoo_builder(name: str) -> Callable[..., tuple[nn.Module, Callable[[int], tuple[torch.Tensor, ...]]]]:
@@ -103,7 +114,8 @@ def _zoo_builder(name: str) -> Callable[..., tuple[nn.Module, Callable[[int], tu
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise InvalidDocumentError(
-            [Problem("workload.name", f"the zoo ({module_name}) is not importable on this worker: {error}")], document="workload"
+            [Problem("workload.name", f"the zoo ({module_name}) is not importable on this worker: {error}")],
+            document="workload",
         ) from None
     return getattr(module, function)
 
@@ -119,7 +131,9 @@ def output_loss(output: Any) -> torch.Tensor:
     if isinstance(output, (list, tuple)):
         losses = [output_loss(item) for item in output]
         return sum(losses[1:], losses[0]) if losses else torch.zeros(())
-    raise InvalidDocumentError([Problem("workload", f"the model returned {type(output).__name__}, not tensors")], document="workload")
+    raise InvalidDocumentError(
+        [Problem("workload", f"the model returned {type(output).__name__}, not tensors")], document="workload"
+    )
 
 
 def _build_fault(workload: FaultWorkload, *, seed: int, rank: int) -> BuiltWorkload:
@@ -128,6 +142,7 @@ def _build_fault(workload: FaultWorkload, *, seed: int, rank: int) -> BuiltWorkl
         strike(workload.fault)
     built = build_workload(workload.inner, seed=seed, rank=rank)
     if strikes_here:
+
         def before_step(step: int, _rank: int) -> None:
             if step == workload.step:
                 strike(workload.fault)
@@ -205,6 +220,15 @@ def _check_sparse_capable(kind: str, sparse: dict[str, nn.Parameter]) -> None:
     if not sparse or kind in SPARSE_CAPABLE or kind in SPARSE_ADAM_KINDS:
         return
     variable = next(iter(sparse))
-    raise InvalidDocumentError([Problem("workload.optimizer", (
-        f"{kind} cannot apply the sparse gradient of {variable!r} (an embedding with sparse=True); "
-        f"train such a model with one of {', '.join(SPARSE_CAPABLE + SPARSE_ADAM_KINDS)}"))], document="workload")
+    raise InvalidDocumentError(
+        [
+            Problem(
+                "workload.optimizer",
+                (
+                    f"{kind} cannot apply the sparse gradient of {variable!r} (an embedding with sparse=True); "
+                    f"train such a model with one of {', '.join(SPARSE_CAPABLE + SPARSE_ADAM_KINDS)}"
+                ),
+            )
+        ],
+        document="workload",
+    )

@@ -32,8 +32,15 @@ TOUCH_SCALE = 1e-3
 """Keeps the hidden state small whatever the parameters hold; only the gradient's existence matters."""
 
 _TORCH_DTYPES = {
-    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
     "bool": torch.bool,
 }
 
@@ -69,8 +76,13 @@ class ReplayModel(nn.Module):
         for layer in self._plan:
             touched, looked_up = self._touch(layer, indices)
             hidden = hidden + touched
-            cost = _Cost(layer.fwd_flops * scale, layer.bwd_flops * scale, max(0.0, layer.bytes_moved * scale - looked_up),
-                         layer.activation_bytes * scale, self.compute_dtype)
+            cost = _Cost(
+                layer.fwd_flops * scale,
+                layer.bwd_flops * scale,
+                max(0.0, layer.bytes_moved * scale - looked_up),
+                layer.activation_bytes * scale,
+                self.compute_dtype,
+            )
             hidden = _Work.apply(hidden, cost)
         return hidden
 
@@ -89,7 +101,9 @@ class ReplayModel(nn.Module):
         for name, position in layer.sparse:
             rows = F.embedding(indices[position], self._parameter(name), sparse=True)
             total = total + rows.float().mean()
-            looked_up += indices[position].numel() * indices[position].element_size() + 2 * rows.numel() * rows.element_size()
+            looked_up += (
+                indices[position].numel() * indices[position].element_size() + 2 * rows.numel() * rows.element_size()
+            )
         return total * TOUCH_SCALE, looked_up
 
 
@@ -136,13 +150,21 @@ def _attach(root: nn.Module, variable: Variable, index: int) -> tuple[nn.Module,
     if problem is None and (leaf in module._modules or leaf in module._parameters):
         problem = f"{leaf!r} already names a module or parameter there"
     if problem is not None:
-        raise InvalidGraphError([Problem(f"variables[{index}].name", f"{variable.name!r} cannot be a parameter name: {problem}")])
+        raise InvalidGraphError(
+            [Problem(f"variables[{index}].name", f"{variable.name!r} cannot be a parameter name: {problem}")]
+        )
     module._parameters[leaf] = _parameter(variable)
     return module, leaf
 
 
 def _is_embedding(variable: Variable, leaf: str) -> bool:
-    return variable.sparse and variable.trainable and leaf == "weight" and len(variable.shape) == 2 and variable.dtype.is_floating
+    return (
+        variable.sparse
+        and variable.trainable
+        and leaf == "weight"
+        and len(variable.shape) == 2
+        and variable.dtype.is_floating
+    )
 
 
 def _embedding(variable: Variable) -> nn.Embedding:

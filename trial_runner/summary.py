@@ -20,7 +20,9 @@ def root_cause(reports: list[RankReport]) -> RankReport | None:
     return min(failed, key=lambda r: (r.killed, r.peer_lost, _CAUSE_PRIORITY[r.outcome], r.finished_at or 0.0, r.rank))
 
 
-def summarize(spec: TrialSpec, reports: list[RankReport], *, backend: str, started: datetime, finished: datetime) -> TrialResult:
+def summarize(
+    spec: TrialSpec, reports: list[RankReport], *, backend: str, started: datetime, finished: datetime
+) -> TrialResult:
     cause = root_cause(reports)
     steps = _global_step_times(reports)
     middle = median(steps) if steps else None
@@ -76,8 +78,9 @@ def _split(reports: list[RankReport], middle: float | None) -> tuple[float | Non
     waits = [r.sync_wait_times_s for r in reports]
     if all(len(w) == len(r.step_times_s) and w for w, r in zip(waits, reports, strict=True)):
         wait = _per_rank_worst(reports, waits)
-        busy = _per_rank_worst(reports, [[s - w for s, w in zip(r.step_times_s, r.sync_wait_times_s, strict=True)]
-                                         for r in reports])
+        busy = _per_rank_worst(
+            reports, [[s - w for s, w in zip(r.step_times_s, r.sync_wait_times_s, strict=True)] for r in reports]
+        )
         return busy, wait, undistributed
     if middle is None or undistributed is None:
         return None, None, undistributed

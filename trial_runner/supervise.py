@@ -70,15 +70,23 @@ class Supervisor:
             running = [h for h in handles if watches[h.rank].report is None]
             if not running:
                 break
-            if failed_at is None and any(w.report is not None and w.report.outcome != Outcome.ok for w in watches.values()):
+            if failed_at is None and any(
+                w.report is not None and w.report.outcome != Outcome.ok for w in watches.values()
+            ):
                 failed_at = now
             verdict = self._verdict(watches, running, start, now, failed_at)
             if verdict is not None:
                 outcome, reason = verdict
                 for handle in running:
                     handle.kill()
-                    watches[handle.rank].report = RankReport(rank=handle.rank, outcome=outcome, error=reason, killed=True,
-                                                             phase=watches[handle.rank].phase, finished_at=time.time())
+                    watches[handle.rank].report = RankReport(
+                        rank=handle.rank,
+                        outcome=outcome,
+                        error=reason,
+                        killed=True,
+                        phase=watches[handle.rank].phase,
+                        finished_at=time.time(),
+                    )
                 break
             self.sleep(self.poll_interval_s)
         return [watches[h.rank].report for h in sorted(handles, key=lambda h: h.rank)]  # type: ignore[misc]
@@ -91,11 +99,14 @@ class Supervisor:
         if (progress.phase, progress.step) != (watch.phase, watch.step):
             watch.phase, watch.step, watch.changed_at = progress.phase, progress.step, now
 
-    def _verdict(self, watches: dict[int, _Watch], running: list[RankHandle], start: float, now: float,
-                 failed_at: float | None) -> tuple[Outcome, str] | None:
+    def _verdict(
+        self, watches: dict[int, _Watch], running: list[RankHandle], start: float, now: float, failed_at: float | None
+    ) -> tuple[Outcome, str] | None:
         if failed_at is not None and now - failed_at >= self.failure_grace_s:
-            first = min((w.report for w in watches.values() if w.report is not None and w.report.outcome != Outcome.ok),
-                        key=lambda r: r.finished_at or 0.0)
+            first = min(
+                (w.report for w in watches.values() if w.report is not None and w.report.outcome != Outcome.ok),
+                key=lambda r: r.finished_at or 0.0,
+            )
             return Outcome.crash, f"killed {self.failure_grace_s:.0f} s after rank {first.rank} failed"
         if now - start >= self.spec.timeout_s:
             where = ", ".join(f"rank {h.rank} in {watches[h.rank].phase}" for h in running)
@@ -104,7 +115,11 @@ class Supervisor:
         if slowest <= 0:
             return None
         limit = max(self.spec.min_stall_s, self.spec.stall_factor * slowest)
-        stalled = [h.rank for h in running if watches[h.rank].phase in STEP_PHASES and now - watches[h.rank].changed_at >= limit]
+        stalled = [
+            h.rank
+            for h in running
+            if watches[h.rank].phase in STEP_PHASES and now - watches[h.rank].changed_at >= limit
+        ]
         if stalled and len(stalled) == len([h for h in running if watches[h.rank].phase in STEP_PHASES]):
             steps = ", ".join(f"rank {r} at step {watches[r].step}" for r in stalled)
             return Outcome.hang, (f"no progress for {limit:.1f} s (slowest step so far {slowest:.2f} s): {steps}")

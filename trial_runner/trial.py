@@ -18,8 +18,18 @@ from trial_runner.summary import now_utc
 from trial_runner.workloads import FaultWorkload, ReplayWorkload
 
 
-def run_trial(workload: Workload, resources: ResourceSpec, strategy: Strategy, *, warmup: int = 2, steps: int = 5,
-              timeout: float = 120.0, backend: TrialBackend | None = None, seed: int = 0, **options: Any) -> TrialResult:
+def run_trial(
+    workload: Workload,
+    resources: ResourceSpec,
+    strategy: Strategy,
+    *,
+    warmup: int = 2,
+    steps: int = 5,
+    timeout: float = 120.0,
+    backend: TrialBackend | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> TrialResult:
     """Run `strategy` for `warmup` + `steps` steps and measure it.
 
     Arguments that are not a valid trial (wrong types, negative steps) raise InvalidDocumentError
@@ -28,8 +38,16 @@ def run_trial(workload: Workload, resources: ResourceSpec, strategy: Strategy, *
     `options` are further TrialSpec fields (min_stall_s, threads_per_rank, measure_undistributed, ...).
     """
     try:
-        spec = TrialSpec(workload=workload, resources=resources, strategy=strategy, warmup=warmup, steps=steps,
-                         timeout_s=timeout, seed=seed, **options)
+        spec = TrialSpec(
+            workload=workload,
+            resources=resources,
+            strategy=strategy,
+            warmup=warmup,
+            steps=steps,
+            timeout_s=timeout,
+            seed=seed,
+            **options,
+        )
     except ValidationError as error:
         raise InvalidDocumentError(problems_from_validation_error(error), document="trial spec") from None
     backend = backend or LocalBackend()
@@ -43,23 +61,41 @@ def preflight_problems(spec: TrialSpec) -> list[Problem]:
     """What can be refused before a single process starts: the strategy against the graph and cluster."""
     workload = spec.workload.inner if isinstance(spec.workload, FaultWorkload) else spec.workload
     if isinstance(workload, ReplayWorkload):
-        return [Problem(f"strategy.{p.path}", p.reason) for p in strategy_problems(spec.strategy, workload.graph, spec.resources)]
+        return [
+            Problem(f"strategy.{p.path}", p.reason)
+            for p in strategy_problems(spec.strategy, workload.graph, spec.resources)
+        ]
     devices = set(spec.resources.all_devices)
     problems = [
         Problem(f"strategy.replicas[{i}]", f"device {device!r} is not in the resource spec")
-        for i, device in enumerate(spec.strategy.replicas) if device not in devices
+        for i, device in enumerate(spec.strategy.replicas)
+        if device not in devices
     ]
     if spec.strategy.resources_id is not None and spec.strategy.resources_id != spec.resources.id:
-        problems.append(Problem("strategy.resources_id", f"made for resource spec {spec.strategy.resources_id[:12]}, "
-                                                         f"not {str(spec.resources.id)[:12]}"))
+        problems.append(
+            Problem(
+                "strategy.resources_id",
+                f"made for resource spec {spec.strategy.resources_id[:12]}, not {str(spec.resources.id)[:12]}",
+            )
+        )
     return problems
 
 
 def invalid_result(spec: TrialSpec, problems: list[Problem], *, backend: str) -> TrialResult:
     now = now_utc()
-    shown = "; ".join(str(p) for p in problems[:10]) + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
+    shown = "; ".join(str(p) for p in problems[:10]) + (
+        f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+    )
     return TrialResult(
-        outcome=Outcome.invalid, error=shown, world_size=spec.world_size, backend=backend, workload=spec.workload.label,
-        strategy_id=spec.strategy.id, resources_id=spec.resources.id, global_batch_size=spec.global_batch_size,
-        started_at=now.isoformat(), finished_at=now.isoformat(), wall_s=0.0,
+        outcome=Outcome.invalid,
+        error=shown,
+        world_size=spec.world_size,
+        backend=backend,
+        workload=spec.workload.label,
+        strategy_id=spec.strategy.id,
+        resources_id=spec.resources.id,
+        global_batch_size=spec.global_batch_size,
+        started_at=now.isoformat(),
+        finished_at=now.isoformat(),
+        wall_s=0.0,
     )

@@ -31,14 +31,20 @@ from trial_runner.workloads import FaultWorkload
 ProgressFn = Callable[[Progress], None]
 
 UNDISTRIBUTED_STEPS = 3
-PEER_LOST_MARKERS = ("connection reset by peer", "connection closed by peer", "broken pipe", "connection refused",
-                     "communicator was aborted")
+PEER_LOST_MARKERS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "communicator was aborted",
+)
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 ERROR_TEXT_LIMIT = 4000
 
 
-def run_rank(spec: TrialSpec, *, rank: int, master_addr: str, master_port: int, threads: int,
-             progress: ProgressFn) -> RankReport:
+def run_rank(
+    spec: TrialSpec, *, rank: int, master_addr: str, master_port: int, threads: int, progress: ProgressFn
+) -> RankReport:
     report = RankReport(rank=rank)
 
     def advance(phase: str, step: int = 0) -> None:
@@ -71,7 +77,9 @@ def _init_process_group(spec: TrialSpec, rank: int, device: torch.device, addres
     )
 
 
-def _train(spec: TrialSpec, rank: int, device: torch.device, report: RankReport, advance: Callable[[str, int], None]) -> None:
+def _train(
+    spec: TrialSpec, rank: int, device: torch.device, report: RankReport, advance: Callable[[str, int], None]
+) -> None:
     advance("build")
     report.baseline_memory_bytes = current_memory_bytes(device)
     built = build_workload(spec.workload, seed=spec.seed, rank=rank)
@@ -85,7 +93,9 @@ def _train(spec: TrialSpec, rank: int, device: torch.device, report: RankReport,
     for step in range(spec.warmup + spec.steps):
         warm = step < spec.warmup
         built.before_step(step, rank)
-        seconds = _train_step(model, optimizer, built, batch_for(built, seed=spec.seed, rank=rank, step=step, device=device), device)
+        seconds = _train_step(
+            model, optimizer, built, batch_for(built, seed=spec.seed, rank=rank, step=step, device=device), device
+        )
         (report.warmup_times_s if warm else report.step_times_s).append(seconds)
         if not warm:
             _record_sync(report, getattr(optimizer, "sync_stats", None))
@@ -98,8 +108,13 @@ def _train(spec: TrialSpec, rank: int, device: torch.device, report: RankReport,
         report.undistributed_times_s = _measure_undistributed(spec, rank, device)
 
 
-def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, built: BuiltWorkload,
-                batch: tuple[torch.Tensor, ...], device: torch.device) -> float:
+def _train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    built: BuiltWorkload,
+    batch: tuple[torch.Tensor, ...],
+    device: torch.device,
+) -> float:
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     loss = built.loss(model(*batch))
@@ -191,8 +206,14 @@ def main(argv: list[str] | None = None) -> None:
     progress(Progress("start", 0))
     try:
         spec = TrialSpec.parse(args.spec.read_text())
-        report = run_rank(spec, rank=args.rank, master_addr=args.master_addr, master_port=args.master_port,
-                          threads=args.threads, progress=progress)
+        report = run_rank(
+            spec,
+            rank=args.rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            threads=args.threads,
+            progress=progress,
+        )
     except InvalidDocumentError as error:
         report = RankReport(rank=args.rank, outcome=Outcome.invalid, error=str(error), finished_at=time.time())
     scratch = args.result.with_suffix(".tmp")

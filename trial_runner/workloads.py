@@ -120,8 +120,13 @@ def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
     zoo = graph.provenance.get("zoo")
     if isinstance(zoo, dict) and zoo.get("name") in ZOO_ALLOW_LIST:
         try:
-            return ZooWorkload(zoo["name"], size=zoo.get("size", "small"), batch_size=graph.batch_size,
-                               overrides=zoo.get("overrides") or {}, optimizer=graph.optimizer.kind)
+            return ZooWorkload(
+                zoo["name"],
+                size=zoo.get("size", "small"),
+                batch_size=graph.batch_size,
+                overrides=zoo.get("overrides") or {},
+                optimizer=graph.optimizer.kind,
+            )
         except ValueError:
             pass
     return ReplayWorkload(graph)

@@ -57,7 +57,9 @@ def upgrade() -> None:
         sa.Column("json", sa.JSON(), nullable=False),
         _timestamp("created_at"),
         sa.ForeignKeyConstraint(["graph_id"], ["graphs.id"], name="fk_strategies_graph_id_graphs"),
-        sa.ForeignKeyConstraint(["resource_id"], ["resource_specs.id"], name="fk_strategies_resource_id_resource_specs"),
+        sa.ForeignKeyConstraint(
+            ["resource_id"], ["resource_specs.id"], name="fk_strategies_resource_id_resource_specs"
+        ),
         sa.PrimaryKeyConstraint("id", name="pk_strategies"),
     )
     op.create_index("ix_strategies_graph_id", "strategies", ["graph_id"])

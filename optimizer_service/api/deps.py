@@ -54,11 +54,15 @@ def _check_key(settings: Settings, credentials: HTTPAuthorizationCredentials | N
         )
 
 
-def require_write_key(settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+def require_write_key(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     _check_key(settings, credentials)
 
 
-def require_read_key(settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+def require_read_key(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     if settings.read_requires_key:
         _check_key(settings, credentials)
 

@@ -117,7 +117,10 @@ async def _on_http(request: Request, error: Exception) -> JSONResponse:
 
 
 def internal_error_body(request_id: str | None) -> dict[str, Any]:
-    return {"detail": "internal server error; the service logged the details under this request id", "request_id": request_id}
+    return {
+        "detail": "internal server error; the service logged the details under this request id",
+        "request_id": request_id,
+    }
 
 
 def install(app: FastAPI) -> None:

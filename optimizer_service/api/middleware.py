@@ -20,7 +20,9 @@ from optimizer_service.metrics import ServiceMetrics
 log = logging.getLogger(__name__)
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     payload = json.dumps(body).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *(headers or [])]
     await send({"type": "http.response.start", "status": status, "headers": head})
@@ -52,7 +54,9 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            log.exception("unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id)
+            log.exception(
+                "unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id
+            )
             if not status["started"]:
                 status["code"] = 500
                 await _send_json(send, 500, internal_error_body(request_id), [(b"x-request-id", request_id.encode())])

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from models import JobPhase, JobStatus
 from stratagem.ir import MeasuredPerformance, ModelGraph, PredictedPerformance, ResourceSpec, Strategy
 
-ContentId = Annotated[str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$", description="sha256 content id")]
+ContentId = Annotated[
+    str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$", description="sha256 content id")
+]
 TrialOutcome = Literal["ok", "oom", "crash", "timeout", "hang", "invalid"]
 
 # Tags of the `resources` union; the validation-error handler drops them from error locations.

@@ -27,10 +27,14 @@ def register(subparsers: Any) -> None:
     upgrade = actions.add_parser("upgrade", help="migrate to the newest schema (or --revision)")
     upgrade.add_argument("--revision", default="head", help="target revision (default head)")
     upgrade.set_defaults(func=run_upgrade)
-    current = actions.add_parser("current", help="the database's revision, and whether it is the newest (exit 1 when behind)")
+    current = actions.add_parser(
+        "current", help="the database's revision, and whether it is the newest (exit 1 when behind)"
+    )
     current.set_defaults(func=run_current)
     for action in (upgrade, current):
-        action.add_argument("--database-url", default=None, help="SQLAlchemy URL (default: $DATABASE_URL or sqlite:///./stratagem.db)")
+        action.add_argument(
+            "--database-url", default=None, help="SQLAlchemy URL (default: $DATABASE_URL or sqlite:///./stratagem.db)"
+        )
 
 
 def run_upgrade(args: argparse.Namespace) -> int:

@@ -28,12 +28,20 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     parser.add_argument(
-        "--workers", type=int, default=None,
+        "--workers",
+        type=int,
+        default=None,
         help="worker threads that run jobs in this process; 0 serves the API only (default: $STRATAGEM_WORKERS or 1)",
     )
-    parser.add_argument("--database-url", default=None, help="SQLAlchemy URL (default: $DATABASE_URL or sqlite:///./stratagem.db)")
-    parser.add_argument("--trials-backend", choices=("ray", "local", "none"), default=None,
-                        help="where trials run (default: ray when RAY_ADDRESS is set, else none)")
+    parser.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: $DATABASE_URL or sqlite:///./stratagem.db)"
+    )
+    parser.add_argument(
+        "--trials-backend",
+        choices=("ray", "local", "none"),
+        default=None,
+        help="where trials run (default: ray when RAY_ADDRESS is set, else none)",
+    )
     parser.add_argument("--ray-address", default=None, help="Ray cluster for trials (default: $RAY_ADDRESS)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.set_defaults(func=run)
@@ -48,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise StratagemError(f"`stratagem serve` needs the service: {error}; {SERVICE_EXTRAS_HINT}") from None
     settings = service_settings(
-        database_url=args.database_url, workers=args.workers, trials_backend=args.trials_backend,
+        database_url=args.database_url,
+        workers=args.workers,
+        trials_backend=args.trials_backend,
         ray_address=args.ray_address,
     )
     check_database(settings.database_url)
@@ -89,6 +99,7 @@ def service_settings(**overrides: Any) -> Any:
         return Settings(**given)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc']) or 'settings'}: {item['msg']}" for item in error.errors(include_url=False)
+            f"{'.'.join(str(part) for part in item['loc']) or 'settings'}: {item['msg']}"
+            for item in error.errors(include_url=False)
         )
         raise StratagemError(f"invalid service settings: {problems}") from None

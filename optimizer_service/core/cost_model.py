@@ -68,7 +68,9 @@ def list_versions(session: Session, *, limit: int, offset: int) -> tuple[list[Co
 
 
 def version_in_use(session: Session) -> CostModelVersion | None:
-    return session.scalars(select(CostModelVersion).where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc())).first()
+    return session.scalars(
+        select(CostModelVersion).where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc())
+    ).first()
 
 
 def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVersion:
@@ -92,8 +94,12 @@ def retrain(session: Session, trainer: CostModelTrainer | None) -> CostModelVers
     else:
         log.warning("cost model %s not put in use: %s", trained.version, why)
     version = CostModelVersion(
-        version=trained.version[:64], booster=trained.model_json, n_train=trained.n_train,
-        metrics=json_safe({**trained.metrics, "promotion": {"in_use": serves, "why": why}}), in_use=serves, created_at=started,
+        version=trained.version[:64],
+        booster=trained.model_json,
+        n_train=trained.n_train,
+        metrics=json_safe({**trained.metrics, "promotion": {"in_use": serves, "why": why}}),
+        in_use=serves,
+        created_at=started,
     )
     session.add(version)
     session.commit()
@@ -163,10 +169,17 @@ class LearnedCostModelTrainer:
     def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
         trained = self._trainer.train(samples)
         if trained.n_train == 0:
-            raise rejected(f"none of the {len(samples)} successful trials could be simulated again "
-                           "(their strategies no longer match their graph or cluster): nothing to train on", status=409)
-        return TrainedCostModel(model_json=trained.model_json, n_train=trained.n_train, version=trained.version,
-                                metrics={**trained.metrics, "skipped": trained.skipped})
+            raise rejected(
+                f"none of the {len(samples)} successful trials could be simulated again "
+                "(their strategies no longer match their graph or cluster): nothing to train on",
+                status=409,
+            )
+        return TrainedCostModel(
+            model_json=trained.model_json,
+            n_train=trained.n_train,
+            version=trained.version,
+            metrics={**trained.metrics, "skipped": trained.skipped},
+        )
 
 
 def default_trainer(settings: Settings) -> CostModelTrainer | None:
@@ -190,7 +203,9 @@ class InUseCostModel:
         with self._factory() as session:
             row = session.execute(
                 select(CostModelVersion.id, CostModelVersion.version)
-                .where(CostModelVersion.in_use.is_(True)).order_by(CostModelVersion.id.desc()).limit(1)
+                .where(CostModelVersion.in_use.is_(True))
+                .order_by(CostModelVersion.id.desc())
+                .limit(1)
             ).first()
             if row is None:
                 return None

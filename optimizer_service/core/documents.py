@@ -29,7 +29,14 @@ def insert_if_absent(session: Session, table: type[Any], values: dict[str, Any])
 
 def store_graph(session: Session, graph: ModelGraph) -> tuple[GraphRow, bool]:
     created = insert_if_absent(
-        session, GraphRow, {"id": graph.id, "name": column_text(graph.name, 200), "json": graph.model_dump(mode="json"), "created_at": utcnow()}
+        session,
+        GraphRow,
+        {
+            "id": graph.id,
+            "name": column_text(graph.name, 200),
+            "json": graph.model_dump(mode="json"),
+            "created_at": utcnow(),
+        },
     )
     return _get(session, GraphRow, str(graph.id), "graph"), created
 
@@ -39,7 +46,12 @@ def store_resources(session: Session, resources: ResourceSpec) -> tuple[Resource
     earlier release computed for it (`ResourceSpec.legacy_ids`), which the stored row keeps."""
     if (earlier := _stored_under_legacy_id(session, resources)) is not None:
         return earlier, False
-    values = {"id": resources.id, "name": column_text(resources.name, 200), "json": resources.model_dump(mode="json"), "created_at": utcnow()}
+    values = {
+        "id": resources.id,
+        "name": column_text(resources.name, 200),
+        "json": resources.model_dump(mode="json"),
+        "created_at": utcnow(),
+    }
     created = insert_if_absent(session, ResourceSpecRow, values)
     return _get(session, ResourceSpecRow, str(resources.id), "resource spec"), created
 
@@ -49,12 +61,17 @@ def _stored_under_legacy_id(session: Session, resources: ResourceSpec) -> Resour
     legacy = [i for i in resources.legacy_ids() if i != resources.id]
     if not legacy:
         return None
-    rows = session.scalars(select(ResourceSpecRow).where(ResourceSpecRow.id.in_([resources.id, *legacy]))
-                           .order_by(ResourceSpecRow.created_at)).all()
+    rows = session.scalars(
+        select(ResourceSpecRow)
+        .where(ResourceSpecRow.id.in_([resources.id, *legacy]))
+        .order_by(ResourceSpecRow.created_at)
+    ).all()
     return None if any(row.id == resources.id for row in rows) else next(iter(rows), None)
 
 
-def store_strategy(session: Session, strategy: Strategy, *, graph_id: str | None, resource_id: str | None) -> StrategyRow:
+def store_strategy(
+    session: Session, strategy: Strategy, *, graph_id: str | None, resource_id: str | None
+) -> StrategyRow:
     values = {
         "id": strategy.id,
         "graph_id": graph_id,

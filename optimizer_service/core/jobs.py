@@ -107,7 +107,12 @@ def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued)
-        .values(status=JobStatus.cancelled, finished_at=now, error="cancelled on request before it started", cancel_requested=True)
+        .values(
+            status=JobStatus.cancelled,
+            finished_at=now,
+            error="cancelled on request before it started",
+            cancel_requested=True,
+        )
     )
     session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.running).values(cancel_requested=True))
     session.commit()
@@ -147,7 +152,9 @@ def best_strategy(session: Session, job_id: uuid.UUID) -> Strategy:
         state = f"{job.status.value}" + (f": {job.error}" if job.error else "")
         # "yet" only while one may still come: a failed or cancelled job will never have one
         pending = job.status in (JobStatus.queued, JobStatus.running)
-        raise rejected(f"job {job_id} has no answer {'yet' if pending else 'and will get none'} (it is {state})", status=409)
+        raise rejected(
+            f"job {job_id} has no answer {'yet' if pending else 'and will get none'} (it is {state})", status=409
+        )
     for candidate, row in job_candidates(session, job_id):
         if row.id == job.best_strategy_id:
             return _with_notes(annotated_strategy(candidate, row), job)
@@ -157,9 +164,11 @@ def best_strategy(session: Session, job_id: uuid.UUID) -> Strategy:
 def _with_notes(strategy: Strategy, job: Job) -> Strategy:
     summary = job.result or {}
     notes = [*strategy.provenance.notes, *[str(n) for n in summary.get("notes", [])]]
-    notes.append(f"job {job.id}: answer basis {summary.get('answer_basis', 'predicted')}, {summary.get('trials_ok', 0)} of {summary.get('trials_ran', 0)} trials ok")
+    notes.append(
+        f"job {job.id}: answer basis {summary.get('answer_basis', 'predicted')}, {summary.get('trials_ok', 0)} of {summary.get('trials_ran', 0)} trials ok"
+    )
     # The stored row is shared by every job that met this strategy; which cost model ranked it is this job's.
-    provenance = strategy.provenance.model_copy(update={"notes": list(dict.fromkeys(notes)),
-                                                        "cost_model_version": summary.get("cost_model_version")})
+    provenance = strategy.provenance.model_copy(
+        update={"notes": list(dict.fromkeys(notes)), "cost_model_version": summary.get("cost_model_version")}
+    )
     return strategy.model_copy(update={"provenance": provenance})
-

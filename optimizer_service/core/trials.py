@@ -55,7 +55,9 @@ def _record(body: TrialCreate, strategy: Strategy, *, global_batch: int) -> Tria
     """Summaries a client left out are computed from its samples, the way trial_runner computes them."""
     times = sorted(body.step_times_s)
     median = body.median_s if body.median_s is not None else (statistics.median(times) if times else None)
-    p90 = body.p90_s if body.p90_s is not None else (times[min(len(times) - 1, int(0.9 * len(times)))] if times else None)
+    p90 = (
+        body.p90_s if body.p90_s is not None else (times[min(len(times) - 1, int(0.9 * len(times)))] if times else None)
+    )
     samples = body.samples_per_s if body.samples_per_s is not None else (global_batch / median if median else None)
     return TrialRecord(
         strategy=strategy,

@@ -49,7 +49,10 @@ def metric_rows(metrics: dict[str, Any]) -> list[MetricRow]:
     corrected = metrics.get("corrected") if nested else metrics
     simulator = simulator if isinstance(simulator, dict) else {}
     corrected = corrected if isinstance(corrected, dict) else {}
-    rows = [MetricRow(key, label, _number(simulator.get(key)), _number(corrected.get(key))) for key, label in METRICS.items()]
+    rows = [
+        MetricRow(key, label, _number(simulator.get(key)), _number(corrected.get(key)))
+        for key, label in METRICS.items()
+    ]
     return [row for row in rows if row.simulator is not None or row.corrected is not None]
 
 
@@ -94,8 +97,11 @@ def read_model(model_text: str | None) -> StoredModel:
     if not model.boosters_:
         return StoredModel({}, "the model has no boosters (it was trained on no trials), so it is the simulator alone")
     if not shares:
-        return StoredModel({}, "no tree splits on any feature yet (too few trials to learn more than a constant correction)",
-                           model.scale_)
+        return StoredModel(
+            {},
+            "no tree splits on any feature yet (too few trials to learn more than a constant correction)",
+            model.scale_,
+        )
     return StoredModel(shares, None, model.scale_)
 
 
@@ -106,10 +112,16 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
     if version_id is not None and selected is None:
         return None
     context: dict[str, Any] = {
-        "title": "Cost model", "versions": versions, "selected": selected, "metric_rows": [],
+        "title": "Cost model",
+        "versions": versions,
+        "selected": selected,
+        "metric_rows": [],
         "headline": {v.id: {k: headline(v.metrics or {}, k) for k in CHARTED} for v in versions},
         "kept_out": {v.id for v in versions if (promotion(v.metrics or {}) or {}).get("in_use") is False},
-        "importance_note": None, "figures": {}, "promotion": None, "applied_share": None,
+        "importance_note": None,
+        "figures": {},
+        "promotion": None,
+        "applied_share": None,
     }
     if selected is None:
         return context
@@ -117,12 +129,17 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
     stored = read_model(queries.cost_model_text(session, selected.id))
     charted = [row for row in rows if row.key in CHARTED]
     if charted:
-        context["figures"]["metrics"] = charts.metrics_chart([SHORT[r.key] for r in charted], [r.simulator for r in charted],
-                                                             [r.corrected for r in charted])
+        context["figures"]["metrics"] = charts.metrics_chart(
+            [SHORT[r.key] for r in charted], [r.simulator for r in charted], [r.corrected for r in charted]
+        )
     if stored.importances:
         context["figures"]["importance"] = charts.importance_chart(stored.importances)
-    context.update(metric_rows=rows, importance_note=stored.note, promotion=promotion(selected.metrics or {}),
-                   applied_share=stored.applied_share)
+    context.update(
+        metric_rows=rows,
+        importance_note=stored.note,
+        promotion=promotion(selected.metrics or {}),
+        applied_share=stored.applied_share,
+    )
     return context
 
 

@@ -55,9 +55,18 @@ def job_context(session: Session, job_id: uuid.UUID) -> dict[str, Any] | None:
     context: dict[str, Any] = {
         "title": f"Job {str(job.id)[:8]}",
         "job": job,
-        "graph": {"id": graph_row.id, "name": graph_row.name, "layers": len(graph_row.json.get("layers", [])),
-                  "variables": len(graph_row.json.get("variables", [])), "batch_size": graph_row.json.get("batch_size")},
-        "cluster": {"id": resources_row.id, "name": resources_row.name, "devices": queries.count_devices(resources_row.json)},
+        "graph": {
+            "id": graph_row.id,
+            "name": graph_row.name,
+            "layers": len(graph_row.json.get("layers", [])),
+            "variables": len(graph_row.json.get("variables", [])),
+            "batch_size": graph_row.json.get("batch_size"),
+        },
+        "cluster": {
+            "id": resources_row.id,
+            "name": resources_row.name,
+            "devices": queries.count_devices(resources_row.json),
+        },
         "progress": progress_of(job),
         "result": job.result or {},
         "search": (job.result or {}).get("search") or {},
@@ -84,8 +93,15 @@ def _candidate_view(candidate: JobCandidate, row: StrategyRow, trialled: tuple[f
         description = Strategy.parse(row.json).describe()
     except StratagemError as error:
         description = f"(unreadable strategy: {error})"
-    return CandidateView(rank=candidate.rank, source=candidate.source, strategy_id=row.id, description=description,
-                         predicted=predicted, measured_s=measured, trials=trialled[1] if trialled else 0)
+    return CandidateView(
+        rank=candidate.rank,
+        source=candidate.source,
+        strategy_id=row.id,
+        description=description,
+        predicted=predicted,
+        measured_s=measured,
+        trials=trialled[1] if trialled else 0,
+    )
 
 
 def _space(job: Job, graph_json: dict[str, Any], resources_json: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -98,7 +114,9 @@ def _space(job: Job, graph_json: dict[str, Any], resources_json: dict[str, Any])
     except ImportError as error:
         return None, f"the strategy search is not installed in this service ({error})"
     search = (job.options or {}).get("search", {})
-    options = SearchOptions(allow_compression=bool(search.get("allow_compression")), allow_async=bool(search.get("allow_async")))
+    options = SearchOptions(
+        allow_compression=bool(search.get("allow_compression")), allow_async=bool(search.get("allow_async"))
+    )
     try:
         size = space_size(ModelGraph.parse(graph_json), ResourceSpec.parse(resources_json), options)
     except StratagemError as error:
@@ -110,11 +128,15 @@ def _figures(candidates: list[CandidateView], space: dict[str, Any] | None) -> d
     figures: dict[str, charts.Figure] = {}
     predicted = [c for c in candidates if c.predicted is not None]
     if predicted:
-        figures["breakdown"] = charts.breakdown_chart([c.label for c in predicted], [c.predicted.breakdown for c in predicted if c.predicted])
+        figures["breakdown"] = charts.breakdown_chart(
+            [c.label for c in predicted], [c.predicted.breakdown for c in predicted if c.predicted]
+        )
     if any(c.measured_s is not None for c in candidates):
         figures["versus"] = charts.predicted_vs_measured_bars(
-            [c.label for c in candidates], [c.predicted.step_time_s if c.predicted else None for c in candidates],
-            [c.measured_s for c in candidates])
+            [c.label for c in candidates],
+            [c.predicted.step_time_s if c.predicted else None for c in candidates],
+            [c.measured_s for c in candidates],
+        )
     if space and space.get("knobs"):
         figures["space"] = charts.space_chart({k: float(v) for k, v in space["knobs"].items()})
     return figures

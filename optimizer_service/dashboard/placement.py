@@ -143,9 +143,11 @@ def _same(values: list[str]) -> str:
 def _variable_row(config: VariableConfig, variable: Variable | None, pieces: list[Shard]) -> VariableRow:
     syncs = [piece.sync for piece in pieces]
     sizes = [piece.nbytes for piece in pieces]
-    shard_rows = [
-        ShardRow(p.index, p.nbytes, p.sync.kind, _where(p.sync), _compressor(p.sync), _detail(p.sync)) for p in pieces
-    ] if config.partition is not None else []
+    shard_rows = (
+        [ShardRow(p.index, p.nbytes, p.sync.kind, _where(p.sync), _compressor(p.sync), _detail(p.sync)) for p in pieces]
+        if config.partition is not None
+        else []
+    )
     partition = f"axis {config.partition.axis} × {config.partition.shards}" if config.partition else "—"
     return VariableRow(
         name=config.var_name,
@@ -163,9 +165,18 @@ def _variable_row(config: VariableConfig, variable: Variable | None, pieces: lis
 
 
 def _frozen_row(variable: Variable) -> VariableRow:
-    return VariableRow(name=variable.name, shape=list(variable.shape), dtype=variable.dtype.value, nbytes=float(variable.nbytes),
-                       sparse=variable.sparse, kind="not synchronized", where="—", partition="—", compressor="—",
-                       detail="frozen (not trainable)" if not variable.trainable else "no synchronizer")
+    return VariableRow(
+        name=variable.name,
+        shape=list(variable.shape),
+        dtype=variable.dtype.value,
+        nbytes=float(variable.nbytes),
+        sparse=variable.sparse,
+        kind="not synchronized",
+        where="—",
+        partition="—",
+        compressor="—",
+        detail="frozen (not trainable)" if not variable.trainable else "no synchronizer",
+    )
 
 
 def _layer_of(graph: ModelGraph) -> dict[str, str]:
@@ -191,12 +202,19 @@ def placement(strategy: Strategy, graph: ModelGraph | None) -> Placement:
             label = destination(piece.sync)
             by_destination[label] = by_destination.get(label, 0.0) + piece.nbytes
             by_kind[piece.sync.kind] = by_kind.get(piece.sync.kind, 0.0) + piece.nbytes
-    rows = {c.var_name: _variable_row(c, variables.get(c.var_name), pieces.get(c.var_name, [])) for c in strategy.variables}
+    rows = {
+        c.var_name: _variable_row(c, variables.get(c.var_name), pieces.get(c.var_name, [])) for c in strategy.variables
+    }
     for variable in variables.values():
         rows.setdefault(variable.name, _frozen_row(variable))
     layers = _group_by_layer(rows, graph)
     total = sum(by_kind.values()) if graph is not None else None
-    return Placement(layers=layers, bytes_by_destination=dict(sorted(by_destination.items())), bytes_by_kind=by_kind, total_bytes=total)
+    return Placement(
+        layers=layers,
+        bytes_by_destination=dict(sorted(by_destination.items())),
+        bytes_by_kind=by_kind,
+        total_bytes=total,
+    )
 
 
 def _group_by_layer(rows: dict[str, VariableRow], graph: ModelGraph | None) -> list[LayerRows]:
@@ -207,7 +225,9 @@ def _group_by_layer(rows: dict[str, VariableRow], graph: ModelGraph | None) -> l
     for name, row in rows.items():
         grouped.setdefault(owner.get(name, NO_LAYER), []).append(row)
     types = {layer.name: layer.type for layer in graph.layers}
-    order = [layer.name for layer in graph.layers if layer.name in grouped] + ([NO_LAYER] if NO_LAYER in grouped else [])
+    order = [layer.name for layer in graph.layers if layer.name in grouped] + (
+        [NO_LAYER] if NO_LAYER in grouped else []
+    )
     return [
         LayerRows(name=name, type=types.get(name, ""), nbytes=_sum(grouped[name]), variables=grouped[name])
         for name in order

@@ -72,8 +72,13 @@ def list_jobs(session: Session, *, limit: int) -> tuple[list[JobSummary], int]:
     measured, trials = _measured_by_job(session, ids)
     summaries = [
         JobSummary(
-            job=job, graph_name=graph_name, cluster_name=cluster_name, num_devices=count_devices(resources_json),
-            best_predicted_s=predicted.get(job.id), best_measured_s=measured.get(job.id), trials=trials.get(job.id, 0),
+            job=job,
+            graph_name=graph_name,
+            cluster_name=cluster_name,
+            num_devices=count_devices(resources_json),
+            best_predicted_s=predicted.get(job.id),
+            best_measured_s=measured.get(job.id),
+            trials=trials.get(job.id, 0),
         )
         for job, graph_name, cluster_name, resources_json in rows
     ]
@@ -85,7 +90,13 @@ def _best_predicted(session: Session, job_ids: list[uuid.UUID]) -> dict[uuid.UUI
     if not job_ids:
         return {}
     rows = session.execute(
-        select(JobCandidate.job_id, JobCandidate.strategy_id, JobCandidate.rank, JobCandidate.predicted_step_time_s, Job.best_strategy_id)
+        select(
+            JobCandidate.job_id,
+            JobCandidate.strategy_id,
+            JobCandidate.rank,
+            JobCandidate.predicted_step_time_s,
+            Job.best_strategy_id,
+        )
         .join(Job, Job.id == JobCandidate.job_id)
         .where(JobCandidate.job_id.in_(job_ids))
         .order_by(JobCandidate.rank)
@@ -108,7 +119,9 @@ def _measured_by_job(session: Session, job_ids: list[uuid.UUID]) -> tuple[dict[u
         .group_by(Trial.job_id)
     )
     counts = session.execute(select(Trial.job_id, func.count()).where(Trial.job_id.in_(job_ids)).group_by(Trial.job_id))
-    return {job_id: float(t) for job_id, t in fastest if job_id is not None}, {job_id: int(n) for job_id, n in counts if job_id is not None}
+    return {job_id: float(t) for job_id, t in fastest if job_id is not None}, {
+        job_id: int(n) for job_id, n in counts if job_id is not None
+    }
 
 
 def get_job(session: Session, job_id: uuid.UUID) -> tuple[Job, GraphRow, ResourceSpecRow] | None:
@@ -123,9 +136,7 @@ def get_job(session: Session, job_id: uuid.UUID) -> tuple[Job, GraphRow, Resourc
 
 def measured_by_strategy(session: Session, job_id: uuid.UUID) -> dict[str, tuple[float, int]]:
     """Per strategy of a job: the fastest median of its successful trials and how many trials ran."""
-    rows = session.execute(
-        select(Trial.strategy_id, Trial.outcome, Trial.median_s).where(Trial.job_id == job_id)
-    )
+    rows = session.execute(select(Trial.strategy_id, Trial.outcome, Trial.median_s).where(Trial.job_id == job_id))
     fastest: dict[str, float] = {}
     counts: dict[str, int] = {}
     for strategy_id, outcome, median in rows:
@@ -190,17 +201,25 @@ def _filtered(query: Select[Any], where: TrialFilter) -> Select[Any]:
 def _sort_key(sort: TrialSort) -> ColumnElement[Any]:
     error = func.abs(Trial.predicted_step_time_s - Trial.median_s) / Trial.median_s
     columns: dict[str, ColumnElement[Any]] = {
-        "created": Trial.created_at, "outcome": Trial.outcome, "measured": Trial.median_s,
-        "predicted": Trial.predicted_step_time_s, "error": error, "backend": Trial.backend,
+        "created": Trial.created_at,
+        "outcome": Trial.outcome,
+        "measured": Trial.median_s,
+        "predicted": Trial.predicted_step_time_s,
+        "error": error,
+        "backend": Trial.backend,
     }
     return columns[sort]
 
 
-def list_trials(session: Session, where: TrialFilter, *, sort: TrialSort, descending: bool, limit: int) -> tuple[list[TrialRow], int]:
+def list_trials(
+    session: Session, where: TrialFilter, *, sort: TrialSort, descending: bool, limit: int
+) -> tuple[list[TrialRow], int]:
     key = _sort_key(sort)
     order = (key.desc() if descending else key.asc()).nulls_last()
     query = _filtered(
-        select(Trial, GraphRow.name).join(GraphRow, GraphRow.id == Trial.graph_id).options(defer(Trial.step_times_s), defer(Trial.details)),
+        select(Trial, GraphRow.name)
+        .join(GraphRow, GraphRow.id == Trial.graph_id)
+        .options(defer(Trial.step_times_s), defer(Trial.details)),
         where,
     )
     rows = session.execute(query.order_by(order, Trial.created_at.desc(), Trial.id).limit(limit))
@@ -223,7 +242,15 @@ class MeasuredTrial:
 
 def measured_in_time_order(session: Session, where: TrialFilter, *, limit: int) -> list[MeasuredTrial]:
     """The newest `limit` successful matching trials, oldest first (for charts over time)."""
-    columns = (Trial.id, Trial.strategy_id, Trial.graph_id, Trial.backend, Trial.median_s, Trial.predicted_step_time_s, Trial.created_at)
+    columns = (
+        Trial.id,
+        Trial.strategy_id,
+        Trial.graph_id,
+        Trial.backend,
+        Trial.median_s,
+        Trial.predicted_step_time_s,
+        Trial.created_at,
+    )
     query = _filtered(select(*columns), where).where(Trial.outcome == "ok", Trial.median_s.is_not(None))
     rows = session.execute(query.order_by(Trial.created_at.desc(), Trial.id).limit(limit))
     return sorted((MeasuredTrial(*row) for row in rows), key=lambda t: t.created_at)
@@ -241,7 +268,9 @@ def graphs_by_id(session: Session, ids: set[str]) -> dict[str, GraphRow]:
     return {row.id: row for row in session.scalars(select(GraphRow).where(GraphRow.id.in_(ids)))}
 
 
-def trial_filter_choices(session: Session, *, limit: int = 200) -> tuple[list[tuple[uuid.UUID, str]], list[tuple[str, str]]]:
+def trial_filter_choices(
+    session: Session, *, limit: int = 200
+) -> tuple[list[tuple[uuid.UUID, str]], list[tuple[str, str]]]:
     """Jobs and graphs that have trials, for the filter menus: (id, label)."""
     jobs = session.execute(
         select(Job.id, GraphRow.name, Job.created_at)
@@ -264,9 +293,14 @@ def trial_filter_choices(session: Session, *, limit: int = 200) -> tuple[list[tu
 
 def cost_model_versions(session: Session, *, limit: int) -> list[CostModelVersion]:
     """Newest first, without the (large) model text."""
-    return list(session.scalars(
-        select(CostModelVersion).options(defer(CostModelVersion.booster)).order_by(CostModelVersion.id.desc()).limit(limit)
-    ))
+    return list(
+        session.scalars(
+            select(CostModelVersion)
+            .options(defer(CostModelVersion.booster))
+            .order_by(CostModelVersion.id.desc())
+            .limit(limit)
+        )
+    )
 
 
 def cost_model_version(session: Session, version_id: int) -> CostModelVersion | None:

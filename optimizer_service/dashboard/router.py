@@ -71,7 +71,13 @@ def strategy_page(strategy_id: str, request: Request, session: SessionDep, job: 
 
 @pages.get("/trials", response_class=HTMLResponse, name="dashboard_trials")
 def trials_page(
-    request: Request, session: SessionDep, job: str = "", graph: str = "", outcome: str = "", sort: str = "created", order: str = "desc"
+    request: Request,
+    session: SessionDep,
+    job: str = "",
+    graph: str = "",
+    outcome: str = "",
+    sort: str = "created",
+    order: str = "desc",
 ) -> HTMLResponse:
     query, problems = parse_query(job, graph, outcome, sort, order)
     if query is None:

@@ -36,9 +36,14 @@ def strategy_context(session: Session, strategy_id: str, job_id: uuid.UUID | Non
         "graph_name": graph_row.name if graph_row else None,
         "graph_note": graph_note,
         "job_id": job_id if candidate is not None else None,
-        "job_note": (f"job {job_id} does not rank this strategy, so it is shown on its own"
-                     if job_id is not None and candidate is None else None),
-        "source": candidate.source if candidate else strategy.provenance.builder or ("search" if strategy.provenance.search else None),
+        "job_note": (
+            f"job {job_id} does not rank this strategy, so it is shown on its own"
+            if job_id is not None and candidate is None
+            else None
+        ),
+        "source": candidate.source
+        if candidate
+        else strategy.provenance.builder or ("search" if strategy.provenance.search else None),
         "predicted": predicted,
         "measured": measured,
         "measured_s": min(filter(None, [fastest, measured.step_time_s if measured else None]), default=None),
@@ -49,7 +54,9 @@ def strategy_context(session: Session, strategy_id: str, job_id: uuid.UUID | Non
     }
 
 
-def _annotations(strategy: Strategy, candidate: JobCandidate | None) -> tuple[PredictedPerformance | None, MeasuredPerformance | None]:
+def _annotations(
+    strategy: Strategy, candidate: JobCandidate | None
+) -> tuple[PredictedPerformance | None, MeasuredPerformance | None]:
     """The job's prediction and measurement when a job is given, else what the stored document carries."""
     if candidate is None:
         return strategy.predicted, strategy.measured
@@ -63,7 +70,9 @@ def _figures(layout: Placement, predicted: PredictedPerformance | None) -> dict[
     if layout.bytes_by_destination:
         figures["destinations"] = charts.destination_chart(layout.bytes_by_destination)
     if predicted is not None and predicted.breakdown:
-        figures["breakdown"] = charts.breakdown_chart(["this strategy"], [predicted.breakdown], title="Predicted cost breakdown")
+        figures["breakdown"] = charts.breakdown_chart(
+            ["this strategy"], [predicted.breakdown], title="Predicted cost breakdown"
+        )
     return figures
 
 

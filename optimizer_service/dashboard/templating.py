@@ -34,7 +34,11 @@ inline styles (it styles its own SVG); no inline script is ever allowed, so inje
 @cache
 def templates() -> Jinja2Templates:
     environment = Environment(
-        loader=FileSystemLoader(HERE / "templates"), autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
     environment.filters.update(FILTERS)
     environment.filters["figure_json"] = figure_json
@@ -56,15 +60,25 @@ def render(request: Request, name: str, context: dict[str, Any], *, status: int 
 
 
 def not_found(request: Request, what: str, ident: str) -> HTMLResponse:
-    return render(request, "problem.html", {"title": f"No such {what}", "status": 404,
-                                            "problems": [f"There is no {what} with id {ident!r}."]}, status=404)
+    return render(
+        request,
+        "problem.html",
+        {"title": f"No such {what}", "status": 404, "problems": [f"There is no {what} with id {ident!r}."]},
+        status=404,
+    )
 
 
 def bad_request(request: Request, problems: list[str]) -> HTMLResponse:
-    return render(request, "problem.html", {"title": "The request is not valid", "status": 422, "problems": problems}, status=422)
+    return render(
+        request, "problem.html", {"title": "The request is not valid", "status": 422, "problems": problems}, status=422
+    )
 
 
 def unreadable(request: Request, error: Exception) -> HTMLResponse:
     """A stored document that no longer parses (written by an older schema): say which and why."""
-    return render(request, "problem.html", {"title": "A stored document could not be read", "status": 500,
-                                            "problems": [str(error)]}, status=500)
+    return render(
+        request,
+        "problem.html",
+        {"title": "A stored document could not be read", "status": 500, "problems": [str(error)]},
+        status=500,
+    )

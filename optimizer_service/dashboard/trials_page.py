@@ -32,8 +32,13 @@ class TrialQuery:
 
     def link(self, **change: str) -> dict[str, str]:
         """The query parameters of this view with some changed (for the column headers)."""
-        params = {"job": str(self.where.job_id or ""), "graph": self.where.graph_id or "", "outcome": self.where.outcome or "",
-                  "sort": self.sort, "order": "desc" if self.descending else "asc"}
+        params = {
+            "job": str(self.where.job_id or ""),
+            "graph": self.where.graph_id or "",
+            "outcome": self.where.outcome or "",
+            "sort": self.sort,
+            "order": "desc" if self.descending else "asc",
+        }
         params.update(change)
         return {k: v for k, v in params.items() if v}
 
@@ -61,7 +66,9 @@ def parse_query(job: str, graph: str, outcome: str, sort: str, order: str) -> tu
 
 
 def trials_context(session: Session, query: TrialQuery) -> dict[str, Any]:
-    rows, count = queries.list_trials(session, query.where, sort=query.sort, descending=query.descending, limit=TABLE_ROWS)
+    rows, count = queries.list_trials(
+        session, query.where, sort=query.sort, descending=query.descending, limit=TABLE_ROWS
+    )
     jobs, graphs = queries.trial_filter_choices(session)
     charted = queries.measured_in_time_order(session, query.where, limit=CHART_TRIALS)
     figures, mape, chart_note = _figures(session, charted)
@@ -80,13 +87,16 @@ def trials_context(session: Session, query: TrialQuery) -> dict[str, Any]:
     }
 
 
-def _figures(session: Session, ok: list[queries.MeasuredTrial]) -> tuple[dict[str, charts.Figure], float | None, str | None]:
+def _figures(
+    session: Session, ok: list[queries.MeasuredTrial]
+) -> tuple[dict[str, charts.Figure], float | None, str | None]:
     if not ok:
         return {}, None, None
     labels = {t.id: _label(t) for t in ok}
     figures: dict[str, charts.Figure] = {
-        "over_time": charts.step_time_over_time([charts.plot_time(t.created_at) for t in ok], [t.median_s for t in ok],
-                                                [labels[t.id] for t in ok]),
+        "over_time": charts.step_time_over_time(
+            [charts.plot_time(t.created_at) for t in ok], [t.median_s for t in ok], [labels[t.id] for t in ok]
+        ),
     }
     paired = [t for t in ok if t.predicted_step_time_s is not None]
     mape = None
@@ -97,7 +107,11 @@ def _figures(session: Session, ok: list[queries.MeasuredTrial]) -> tuple[dict[st
     knobs, times, skipped = _knobs(session, ok)
     if knobs:
         figures["knobs"] = charts.knobs_parcoords(knobs, times)
-    note = f"{skipped} trial(s) left out of the knobs chart: their strategy or graph could not be read" if skipped else None
+    note = (
+        f"{skipped} trial(s) left out of the knobs chart: their strategy or graph could not be read"
+        if skipped
+        else None
+    )
     return figures, mape, note
 
 

@@ -72,8 +72,9 @@ def _queries(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strate
     for strategy, prediction in zip(strategies, simulator.simulate_each(graph, resources, strategies), strict=True):
         if prediction is None or not prediction.feasible or prediction.step_time_s <= 0:
             continue
-        queries[str(strategy.id)] = make_record(graph, resources, strategy, prediction,
-                                                simulator_version=simulator.SIMULATOR_VERSION, source="query")
+        queries[str(strategy.id)] = make_record(
+            graph, resources, strategy, prediction, simulator_version=simulator.SIMULATOR_VERSION, source="query"
+        )
     return queries
 
 
@@ -84,11 +85,13 @@ def _corrected(strategy: Strategy, factors: tuple[float, float, float], version:
         return strategy
     raw = predicted.step_time_s
     low, mid, high = (raw * f for f in factors)
-    scaled = predicted.model_copy(update={
-        "step_time_s": mid,
-        "samples_per_s": predicted.samples_per_s * raw / mid if mid > 0 else predicted.samples_per_s,
-        "uncertainty": (high - low) / mid if mid > 0 else None,
-        "simulated_step_time_s": raw,
-    })
+    scaled = predicted.model_copy(
+        update={
+            "step_time_s": mid,
+            "samples_per_s": predicted.samples_per_s * raw / mid if mid > 0 else predicted.samples_per_s,
+            "uncertainty": (high - low) / mid if mid > 0 else None,
+            "simulated_step_time_s": raw,
+        }
+    )
     provenance = strategy.provenance.model_copy(update={"cost_model_version": version})
     return strategy.model_copy(update={"predicted": scaled, "provenance": provenance})

@@ -111,7 +111,10 @@ def _distinct_candidates(outcome: SearchOutcome) -> list[RankedCandidate]:
     """Search candidates first, then builder baselines, one entry per distinct strategy."""
     seen: set[str] = set()
     candidates: list[RankedCandidate] = []
-    entries = [(s, s.provenance.builder if s.provenance.builder and not s.provenance.search else "search") for s in outcome.candidates]
+    entries = [
+        (s, s.provenance.builder if s.provenance.builder and not s.provenance.search else "search")
+        for s in outcome.candidates
+    ]
     entries += [(s, name) for name, s in outcome.baselines.items()]
     for strategy, source in entries:
         if strategy.id in seen or strategy.predicted is None:
@@ -122,7 +125,11 @@ def _distinct_candidates(outcome: SearchOutcome) -> list[RankedCandidate]:
 
 
 def _correct(
-    graph: ModelGraph, resources: ResourceSpec, candidates: list[RankedCandidate], cost_model: LoadedCostModel | None, state: Progress
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    candidates: list[RankedCandidate],
+    cost_model: LoadedCostModel | None,
+    state: Progress,
 ) -> dict[str, Interval]:
     """Apply the cost model in use; one that cannot predict leaves the simulator's ranking, with a note."""
     if cost_model is None:
@@ -131,10 +138,14 @@ def _correct(
         intervals = correct_candidates(graph, resources, candidates, cost_model)
     except Exception as error:  # a model that cannot predict must not cost the user their answer
         log.exception("cost model %s could not be applied", cost_model.version)
-        state.notes.append(f"ranked by the simulator alone: cost model {cost_model.version} failed ({type(error).__name__}: {error})")
+        state.notes.append(
+            f"ranked by the simulator alone: cost model {cost_model.version} failed ({type(error).__name__}: {error})"
+        )
         return {}
-    state.notes.append(f"ranked by the simulator corrected by cost model {cost_model.version} "
-                       f"({len(intervals)} of {len(candidates)} candidates corrected)")
+    state.notes.append(
+        f"ranked by the simulator corrected by cost model {cost_model.version} "
+        f"({len(intervals)} of {len(candidates)} candidates corrected)"
+    )
     return intervals
 
 
@@ -194,7 +205,9 @@ def _trial_phase(
         state.trials_done = len(records)
         progress(state)
     if len(records) < planner.budget and planner.done() and not any("trials stopped" in n for n in state.notes):
-        state.notes.append(f"trials stopped after {len(records)} of {planner.budget}: no other candidate could beat the fastest measured")
+        state.notes.append(
+            f"trials stopped after {len(records)} of {planner.budget}: no other candidate could beat the fastest measured"
+        )
     failures = _failure_note(records)
     if failures:
         state.notes.append(failures)
@@ -208,7 +221,9 @@ def _failure_note(records: list[TrialRecord]) -> str | None:
         return None
     first = failed[0]
     reason = f"{first.outcome}: {first.error}" if first.error else first.outcome
-    return f"{len(failed)} of {len(records)} trials failed and were not considered for the answer (first: {reason[:300]})"
+    return (
+        f"{len(failed)} of {len(records)} trials failed and were not considered for the answer (first: {reason[:300]})"
+    )
 
 
 def _note_workload(trials: TrialExecutor, graph: ModelGraph, state: Progress) -> None:
@@ -268,10 +283,18 @@ def _predicted_key(candidate: RankedCandidate) -> tuple[int, float]:
 
 
 def _summary(
-    outcome: SearchOutcome, best: RankedCandidate, phase: _TrialPhase, state: Progress, cost_model: LoadedCostModel | None
+    outcome: SearchOutcome,
+    best: RankedCandidate,
+    phase: _TrialPhase,
+    state: Progress,
+    cost_model: LoadedCostModel | None,
 ) -> dict[str, object]:
     records = phase.records
-    basis = phase.answer.source if phase.answer is not None else ("measured" if best.strategy.measured is not None else "predicted")
+    basis = (
+        phase.answer.source
+        if phase.answer is not None
+        else ("measured" if best.strategy.measured is not None else "predicted")
+    )
     summary: dict[str, object] = {
         "evaluated": outcome.evaluated,
         "search_elapsed_s": outcome.elapsed_s,
@@ -304,4 +327,3 @@ class _PhaseClock:
         now = time.perf_counter()
         elapsed, self._last = now - self._last, now
         return round(elapsed, 6)
-

@@ -44,27 +44,45 @@ def claim_next(factory: Factory, worker_id: str) -> Claim | None:
 
 def _claim_locked(session: Session, worker_id: str) -> Claim | None:
     job = session.scalars(
-        select(Job).where(Job.status == JobStatus.queued).order_by(Job.created_at, Job.id).limit(1).with_for_update(skip_locked=True)
+        select(Job)
+        .where(Job.status == JobStatus.queued)
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
     ).first()
     if job is None:
         return None
     now = utcnow()
-    job.status, job.phase, job.worker_id, job.started_at, job.heartbeat_at = JobStatus.running, JobPhase.searching, worker_id, now, now
+    job.status, job.phase, job.worker_id, job.started_at, job.heartbeat_at = (
+        JobStatus.running,
+        JobPhase.searching,
+        worker_id,
+        now,
+        now,
+    )
     job.attempts += 1
     return Claim(job.id, job.attempts)
 
 
 def _claim_conditional(session: Session, worker_id: str) -> Claim | None:
     for _ in range(5):
-        job_id = session.scalar(select(Job.id).where(Job.status == JobStatus.queued).order_by(Job.created_at, Job.id).limit(1))
+        job_id = session.scalar(
+            select(Job.id).where(Job.status == JobStatus.queued).order_by(Job.created_at, Job.id).limit(1)
+        )
         if job_id is None:
             return None
         now = utcnow()
         claimed = session.execute(
             update(Job)
             .where(Job.id == job_id, Job.status == JobStatus.queued)
-            .values(status=JobStatus.running, phase=JobPhase.searching, worker_id=worker_id, started_at=now, heartbeat_at=now,
-                    attempts=Job.attempts + 1)
+            .values(
+                status=JobStatus.running,
+                phase=JobPhase.searching,
+                worker_id=worker_id,
+                started_at=now,
+                heartbeat_at=now,
+                attempts=Job.attempts + 1,
+            )
         )
         if claimed.rowcount == 1:  # type: ignore[attr-defined]
             attempts = session.scalar(select(Job.attempts).where(Job.id == job_id))
@@ -91,7 +109,9 @@ def write_progress(factory: Factory, job_id: uuid.UUID, worker_id: str, progress
     """Persist progress (and a heartbeat); returns whether cancellation was requested, None if no longer ours."""
     with factory.begin() as session:
         written = session.execute(
-            update(Job).where(_owned(job_id, worker_id)).values(progress=json_safe(progress.to_json()), phase=progress.phase, heartbeat_at=utcnow())
+            update(Job)
+            .where(_owned(job_id, worker_id))
+            .values(progress=json_safe(progress.to_json()), phase=progress.phase, heartbeat_at=utcnow())
         )
         if written.rowcount != 1:  # type: ignore[attr-defined]
             return None
@@ -106,12 +126,16 @@ def cancel_requested(factory: Factory, job_id: uuid.UUID, worker_id: str) -> boo
     return bool(row.cancel_requested)
 
 
-def record_trial(factory: Factory, job_id: uuid.UUID | None, graph_id: str, resource_id: str, record: TrialRecord) -> uuid.UUID:
+def record_trial(
+    factory: Factory, job_id: uuid.UUID | None, graph_id: str, resource_id: str, record: TrialRecord
+) -> uuid.UUID:
     with factory.begin() as session:
         return insert_trial(session, job_id, graph_id, resource_id, record)
 
 
-def insert_trial(session: Session, job_id: uuid.UUID | None, graph_id: str, resource_id: str, record: TrialRecord) -> uuid.UUID:
+def insert_trial(
+    session: Session, job_id: uuid.UUID | None, graph_id: str, resource_id: str, record: TrialRecord
+) -> uuid.UUID:
     store_strategy(session, record.strategy, graph_id=graph_id, resource_id=resource_id)
     trial = Trial(
         id=uuid.uuid4(),
@@ -177,9 +201,16 @@ def complete(factory: Factory, job_id: uuid.UUID, worker_id: str, result: Pipeli
         return True
 
 
-def finish_unsuccessfully(factory: Factory, job_id: uuid.UUID, worker_id: str, status: JobStatus, error: str, progress: Progress) -> bool:
+def finish_unsuccessfully(
+    factory: Factory, job_id: uuid.UUID, worker_id: str, status: JobStatus, error: str, progress: Progress
+) -> bool:
     """End a job as failed or cancelled, or hand it back to the queue (status queued)."""
-    values: dict[str, Any] = {"status": status, "error": error[:20_000], "progress": json_safe(progress.to_json()), "heartbeat_at": utcnow()}
+    values: dict[str, Any] = {
+        "status": status,
+        "error": error[:20_000],
+        "progress": json_safe(progress.to_json()),
+        "heartbeat_at": utcnow(),
+    }
     if status == JobStatus.queued:
         values |= {"worker_id": None, "phase": JobPhase.queued, "started_at": None}
     else:

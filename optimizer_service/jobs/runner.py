@@ -76,7 +76,9 @@ class _Reporter:
             raise JobInterrupted("the service is shutting down; the job goes back to the queue", status="queued")
         elapsed = time.monotonic() - self._started
         if elapsed > self._context.job_timeout_s:
-            raise JobInterrupted(f"the job ran {elapsed:.0f} s, past its limit of {self._context.job_timeout_s:.0f} s", status="failed")
+            raise JobInterrupted(
+                f"the job ran {elapsed:.0f} s, past its limit of {self._context.job_timeout_s:.0f} s", status="failed"
+            )
         now = time.monotonic()
         if now - self._last_write >= self._context.progress_interval_s:
             self._last_write = now
@@ -107,8 +109,15 @@ def execute_job(context: JobContext, job_id: uuid.UUID) -> JobStatus | None:
 
     try:
         result = context.pipeline(
-            graph, resources, options, reporter.progress, reporter.cancelled,
-            search=context.search, trials=context.trials, on_trial=on_trial, cost_model=_cost_model(context),
+            graph,
+            resources,
+            options,
+            reporter.progress,
+            reporter.cancelled,
+            search=context.search,
+            trials=context.trials,
+            on_trial=on_trial,
+            cost_model=_cost_model(context),
         )
     except JobInterrupted as stop:
         if stop.status == "lost":
@@ -124,7 +133,13 @@ def execute_job(context: JobContext, job_id: uuid.UUID) -> JobStatus | None:
         stored = queue.complete(context.factory, job_id, context.worker_id, result, reporter.latest)
     except Exception as error:  # the answer could not be stored: fail the job rather than leave it running
         log.exception("job %s: storing the result failed", job_id)
-        return _finish(context, job_id, JobStatus.failed, f"internal error while storing the result ({type(error).__name__}): {error}", reporter)
+        return _finish(
+            context,
+            job_id,
+            JobStatus.failed,
+            f"internal error while storing the result ({type(error).__name__}): {error}",
+            reporter,
+        )
     if not stored:
         log.warning("job %s finished but another worker owns it now; result discarded", job_id)
         return None
@@ -142,14 +157,18 @@ def _cost_model(context: JobContext) -> LoadedCostModel | None:
         return None
 
 
-def _finish(context: JobContext, job_id: uuid.UUID, status: JobStatus, error: str, reporter: _Reporter) -> JobStatus | None:
+def _finish(
+    context: JobContext, job_id: uuid.UUID, status: JobStatus, error: str, reporter: _Reporter
+) -> JobStatus | None:
     if status == JobStatus.queued:
         reporter.latest.notes.append(f"requeued: {error}")
     written = queue.finish_unsuccessfully(context.factory, job_id, context.worker_id, status, error, reporter.latest)
     return status if written else None
 
 
-def _load(factory: queue.Factory, job_id: uuid.UUID) -> tuple[str, str, ModelGraph, ResourceSpec, PipelineOptions, list[str]]:
+def _load(
+    factory: queue.Factory, job_id: uuid.UUID
+) -> tuple[str, str, ModelGraph, ResourceSpec, PipelineOptions, list[str]]:
     with factory() as session:
         job = session.get(Job, job_id)
         graph_row = session.get(GraphRow, job.graph_id) if job else None

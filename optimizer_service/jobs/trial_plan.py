@@ -52,7 +52,9 @@ def trial_result(record: TrialRecord) -> float | TrialFailure:
     return TrialFailure(reason=record.error or f"outcome {record.outcome}", outcome=record.outcome)
 
 
-def _candidate(candidate_id: str, candidate: RankedCandidate, predicted: PredictedPerformance, interval: Interval | None) -> Candidate:
+def _candidate(
+    candidate_id: str, candidate: RankedCandidate, predicted: PredictedPerformance, interval: Interval | None
+) -> Candidate:
     if interval is None:
         # `uncertainty` is the interval's whole relative width; the default is a half-width.
         spread = predicted.uncertainty / 2 if predicted.uncertainty is not None else DEFAULT_RELATIVE_UNCERTAINTY
@@ -60,7 +62,9 @@ def _candidate(candidate_id: str, candidate: RankedCandidate, predicted: Predict
         mid = predicted.step_time_s
         interval = (mid * (1 - spread), mid, mid * (1 + spread))
     low, mid, high = interval
-    return Candidate(candidate_id, low=low, mid=mid, high=high, baseline=candidate.source != "search", family=_family(candidate))
+    return Candidate(
+        candidate_id, low=low, mid=mid, high=high, baseline=candidate.source != "search", family=_family(candidate)
+    )
 
 
 def _family(candidate: RankedCandidate) -> str:

@@ -21,7 +21,16 @@ log = logging.getLogger(__name__)
 class TrialRunnerExecutor:
     """`TrialExecutor` over `trial_runner.run_trial` with one backend object."""
 
-    def __init__(self, backend: Any, *, name: str, warmup: int, steps: int, timeout_s: float, simulator_version: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        name: str,
+        warmup: int,
+        steps: int,
+        timeout_s: float,
+        simulator_version: str | None = None,
+    ) -> None:
         self.backend = name
         self._backend = backend
         self._warmup = warmup
@@ -40,8 +49,10 @@ class TrialRunnerExecutor:
         its "measured" answer comes from a stand-in, which the user should know when reading the times."""
         if not isinstance(workload_for(graph), importlib.import_module("trial_runner.workloads").ReplayWorkload):
             return None
-        return ("trials trained a replay of the graph (synthetic layers doing each layer's recorded work on its "
-                "variables), not the model's own code, which the service never imports")
+        return (
+            "trials trained a replay of the graph (synthetic layers doing each layer's recorded work on its "
+            "variables), not the model's own code, which the service never imports"
+        )
 
     def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
         runner = importlib.import_module("trial_runner")

@@ -137,7 +137,12 @@ class WorkerPool:
             with self._context.factory() as session:
                 version = retrain_if_due(session, self._trainer, every=self._settings.cost_model_retrain_every)
             if version is not None:
-                log.info("cost model %s (id %d) trained on %d trials is now in use", version.version, version.id, version.n_train)
+                log.info(
+                    "cost model %s (id %d) trained on %d trials is now in use",
+                    version.version,
+                    version.id,
+                    version.n_train,
+                )
         except Exception:  # a failed retraining must not stop the worker: the version in use stays
             log.exception("worker %s: retraining the cost model failed", self.worker_id)
         finally:
@@ -151,7 +156,9 @@ class WorkerPool:
         try:
             queue.heartbeat(self._context.factory, self.running_jobs(), self.worker_id)
             counts = queue.recover_stale(
-                self._context.factory, stale_after_s=self._settings.stale_after_s, max_attempts=self._settings.max_attempts
+                self._context.factory,
+                stale_after_s=self._settings.stale_after_s,
+                max_attempts=self._settings.max_attempts,
             )
             if counts["requeued"]:
                 self._wake.set()

@@ -50,7 +50,9 @@ class SearchResult:
     def summary(self) -> dict[str, Any]:
         """The numbers without the strategies, as JSON-ready values (for job progress and logs)."""
         return {
-            "best_step_time_s": self.candidates[0].predicted.step_time_s if self.candidates and self.candidates[0].predicted else None,
+            "best_step_time_s": self.candidates[0].predicted.step_time_s
+            if self.candidates and self.candidates[0].predicted
+            else None,
             "best_builder": self.best_builder,
             "evaluated": self.evaluated,
             "evaluated_by_phase": dict(self.evaluated_by_phase),
@@ -81,7 +83,11 @@ class Baselines:
     @property
     def best_builder(self) -> tuple[str, Prediction] | None:
         """The fastest feasible AutoDist builder (plain data parallel left out)."""
-        feasible = [(-p.samples_per_s, i) for i, p in enumerate(self.predictions) if p.feasible and self.names[i] != DATA_PARALLEL]
+        feasible = [
+            (-p.samples_per_s, i)
+            for i, p in enumerate(self.predictions)
+            if p.feasible and self.names[i] != DATA_PARALLEL
+        ]
         if not feasible:
             return None
         _, i = min(feasible)
@@ -94,15 +100,29 @@ class Baselines:
         return min(steps, default=float("inf"))
 
 
-def answer(graph: ModelGraph, resources: ResourceSpec, space: Space, evaluator: Evaluator, baselines: Baselines, *,
-           top_k: int, seed: int) -> SearchResult:
+def answer(
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    space: Space,
+    evaluator: Evaluator,
+    baselines: Baselines,
+    *,
+    top_k: int,
+    seed: int,
+) -> SearchResult:
     baselines.predictions = predictions(space.context, baselines.batch)
     best = baselines.best_builder
     archive, rows, explained = _pick(space, evaluator, baselines, baselines.best_step, top_k)
-    shared = {"seed": seed, "evaluated": evaluator.evaluated, "best_builder": best[0] if best else None,
-              "options": {"allow_compression": space.options.allow_compression, "allow_async": space.options.allow_async}}
+    shared = {
+        "seed": seed,
+        "evaluated": evaluator.evaluated,
+        "best_builder": best[0] if best else None,
+        "options": {"allow_compression": space.options.allow_compression, "allow_async": space.options.allow_async},
+    }
     candidates = [
-        _candidate(space, archive, int(row), prediction, baselines, rank=rank, shared=shared).validate_for(graph, resources)
+        _candidate(space, archive, int(row), prediction, baselines, rank=rank, shared=shared).validate_for(
+            graph, resources
+        )
         for rank, (row, prediction) in enumerate(zip(rows, explained, strict=True), start=1)
     ]
     speedups = _speedups(explained[0], baselines)
@@ -121,18 +141,31 @@ def answer(graph: ModelGraph, resources: ResourceSpec, space: Space, evaluator: 
     )
 
 
-def _pick(space: Space, evaluator: Evaluator, baselines: Baselines, best_step: float, top_k: int) -> tuple[Archive, np.ndarray, list[Prediction]]:
+def _pick(
+    space: Space, evaluator: Evaluator, baselines: Baselines, best_step: float, top_k: int
+) -> tuple[Archive, np.ndarray, list[Prediction]]:
     """Archive rows to return, best first, with their explained predictions; raises if nothing fits."""
     archive = evaluator.archive
-    allowed = np.zeros(0, dtype=np.intp) if archive is None else np.flatnonzero(
-        admissible(archive.batch, archive.scores, space.options, best_step))
+    allowed = (
+        np.zeros(0, dtype=np.intp)
+        if archive is None
+        else np.flatnonzero(admissible(archive.batch, archive.scores, space.options, best_step))
+    )
     if archive is None or len(allowed) == 0:
         reason = baselines.data_parallel.infeasible_reason if baselines.data_parallel else "no baseline"
-        raise InfeasibleStrategyError(f"no candidate fits on this cluster after {evaluator.evaluated} evaluated; "
-                                      f"plain data parallel: {reason}")
+        raise InfeasibleStrategyError(
+            f"no candidate fits on this cluster after {evaluator.evaluated} evaluated; plain data parallel: {reason}"
+        )
     rows = archive.batch.take(allowed)
-    picked = allowed[select_diverse(signatures(space, rows), archive.scores[allowed], top_k,
-                                    min_distance=default_min_distance(space), mixes=rows.kind)]
+    picked = allowed[
+        select_diverse(
+            signatures(space, rows),
+            archive.scores[allowed],
+            top_k,
+            min_distance=default_min_distance(space),
+            mixes=rows.kind,
+        )
+    ]
     explained = predictions(space.context, archive.batch, picked)
     # rank by the explained prediction itself (throughput: layouts differ in global batch), so the order
     # shown is the order of the numbers shown
@@ -140,8 +173,16 @@ def _pick(space: Space, evaluator: Evaluator, baselines: Baselines, best_step: f
     return archive, picked[order], [explained[i] for i in order]
 
 
-def _candidate(space: Space, archive: Archive, row: int, prediction: Prediction, baselines: Baselines, *, rank: int,
-               shared: dict[str, Any]) -> Strategy:
+def _candidate(
+    space: Space,
+    archive: Archive,
+    row: int,
+    prediction: Prediction,
+    baselines: Baselines,
+    *,
+    rank: int,
+    shared: dict[str, Any],
+) -> Strategy:
     label = str(archive.labels[row])
     builder = label.removeprefix("builder:") if method_of(label) == "builder" else None
     mix = composition(space, archive.batch, row)
@@ -149,24 +190,38 @@ def _candidate(space: Space, archive: Archive, row: int, prediction: Prediction,
         "rank": rank,
         "found_by": label,
         "method": method_of(label),
-        "why": why(prediction, mix, data_parallel=baselines.data_parallel, best_builder=baselines.best_builder, builder_name=builder),
+        "why": why(
+            prediction,
+            mix,
+            data_parallel=baselines.data_parallel,
+            best_builder=baselines.best_builder,
+            builder_name=builder,
+        ),
         "composition": mix,
         **_speedups(prediction, baselines),
         **shared,
     }
-    strategy = baselines.strategies[baselines.names.index(builder)] if builder else to_strategy(space.context, archive.batch, row)
-    return strategy.model_copy(update={
-        "predicted": prediction.to_predicted(),
-        "provenance": Provenance(builder=builder, search=record, simulator_version=SIMULATOR_VERSION),
-    })
+    strategy = (
+        baselines.strategies[baselines.names.index(builder)]
+        if builder
+        else to_strategy(space.context, archive.batch, row)
+    )
+    return strategy.model_copy(
+        update={
+            "predicted": prediction.to_predicted(),
+            "provenance": Provenance(builder=builder, search=record, simulator_version=SIMULATOR_VERSION),
+        }
+    )
 
 
 def _annotated_baselines(baselines: Baselines) -> dict[str, Strategy]:
     return {
-        name: strategy.model_copy(update={
-            "predicted": prediction.to_predicted(),
-            "provenance": strategy.provenance.model_copy(update={"simulator_version": SIMULATOR_VERSION}),
-        })
+        name: strategy.model_copy(
+            update={
+                "predicted": prediction.to_predicted(),
+                "provenance": strategy.provenance.model_copy(update={"simulator_version": SIMULATOR_VERSION}),
+            }
+        )
         for name, strategy, prediction in zip(baselines.names, baselines.strategies, baselines.predictions, strict=True)
     }
 

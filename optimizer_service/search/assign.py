@@ -49,7 +49,11 @@ def set_mesh(space: Space, batch: CandidateBatch, rows: Rows, meshes: np.ndarray
     for index in np.unique(choice).tolist():
         mesh, r = space.meshes[index], rows[choice == index]
         batch.data[r], batch.tensor[r], batch.pipeline[r] = mesh.data, mesh.tensor, mesh.pipeline
-        batch.micro_batches[r], batch.schedule[r], batch.recompute[r] = mesh.micro_batches, int(mesh.schedule), mesh.recompute
+        batch.micro_batches[r], batch.schedule[r], batch.recompute[r] = (
+            mesh.micro_batches,
+            int(mesh.schedule),
+            mesh.recompute,
+        )
         batch.layer_stage[r] = np.asarray(mesh.layer_stage, dtype=np.int8) if mesh.layer_stage else 0
 
 
@@ -80,15 +84,31 @@ def set_sharded(batch: CandidateBatch, rows: Rows, mask: np.ndarray) -> None:
     _clear_ps(batch, rr, vv)
 
 
-def set_ps(batch: CandidateBatch, rows: Rows, mask: np.ndarray, servers: np.ndarray, *, local_replication: np.ndarray | bool = False) -> None:
+def set_ps(
+    batch: CandidateBatch,
+    rows: Rows,
+    mask: np.ndarray,
+    servers: np.ndarray,
+    *,
+    local_replication: np.ndarray | bool = False,
+) -> None:
     """Variables in `mask` go to parameter servers; `servers` is [len(rows), V, K'] device indices
     (or [V, K']) with -1 past each variable's last shard; the shard count is read from it."""
     rr, vv = _pairs(rows, mask)
     full = np.broadcast_to(servers, (len(rows), *servers.shape[-2:])) if servers.ndim == 2 else servers
-    set_ps_pairs(batch, rr, vv, full[_positions(rows, rr), vv], local_replication=_pick(local_replication, rr, vv, rows))
+    set_ps_pairs(
+        batch, rr, vv, full[_positions(rows, rr), vv], local_replication=_pick(local_replication, rr, vv, rows)
+    )
 
 
-def set_ps_pairs(batch: CandidateBatch, rr: np.ndarray, vv: np.ndarray, servers: np.ndarray, *, local_replication: np.ndarray | bool = False) -> None:
+def set_ps_pairs(
+    batch: CandidateBatch,
+    rr: np.ndarray,
+    vv: np.ndarray,
+    servers: np.ndarray,
+    *,
+    local_replication: np.ndarray | bool = False,
+) -> None:
     """(row, variable) pairs to parameter servers; `servers` is [len(rr), K'] with -1 past the last shard."""
     if servers.shape[1] > batch.max_shards:
         raise ValueError(f"{servers.shape[1]} shard slots given, the batch has room for {batch.max_shards}")
@@ -103,7 +123,14 @@ def set_ps_pairs(batch: CandidateBatch, rr: np.ndarray, vv: np.ndarray, servers:
     batch.local_replication[rr, vv] = local_replication
 
 
-def set_fusion(space: Space, batch: CandidateBatch, rows: Rows, cap_bytes: np.ndarray | float, *, first_cap_bytes: float | None = None) -> None:
+def set_fusion(
+    space: Space,
+    batch: CandidateBatch,
+    rows: Rows,
+    cap_bytes: np.ndarray | float,
+    *,
+    first_cap_bytes: float | None = None,
+) -> None:
     """Re-group the all-reduce and sharded variables of `rows` into buckets in backward order.
 
     A bucket closes once it holds `cap_bytes` (per row), as DDP's do; `first_cap_bytes` makes the first
@@ -138,8 +165,18 @@ def set_fusion(space: Space, batch: CandidateBatch, rows: Rows, cap_bytes: np.nd
         batch.group[rows[:, None], order[None, :]] = labels.T
 
 
-def write_whole(space: Space, batch: CandidateBatch, kind: np.ndarray, *, algorithm: np.ndarray, compressor: np.ndarray,
-                param: np.ndarray, shards: np.ndarray, first_server: np.ndarray, replicate: np.ndarray) -> None:
+def write_whole(
+    space: Space,
+    batch: CandidateBatch,
+    kind: np.ndarray,
+    *,
+    algorithm: np.ndarray,
+    compressor: np.ndarray,
+    param: np.ndarray,
+    shards: np.ndarray,
+    first_server: np.ndarray,
+    replicate: np.ndarray,
+) -> None:
     """Every per-variable array of a whole batch at once, for rows made from scratch ([n, V] inputs).
 
     PS shard k of a variable goes to server slot (first_server + k) mod S. Fusion labels are left

@@ -64,8 +64,17 @@ def search(
 ) -> SearchResult:
     """Find the fastest predicted strategies for `graph` on `resources` within the budgets."""
     with _collector_paused():
-        return _search(graph, resources, time_budget_s=time_budget_s, max_candidates=max_candidates, top_k=top_k, seed=seed,
-                       progress=progress, allow_compression=allow_compression, allow_async=allow_async)
+        return _search(
+            graph,
+            resources,
+            time_budget_s=time_budget_s,
+            max_candidates=max_candidates,
+            top_k=top_k,
+            seed=seed,
+            progress=progress,
+            allow_compression=allow_compression,
+            allow_async=allow_async,
+        )
 
 
 @contextmanager
@@ -101,9 +110,14 @@ def _search(
     context = context_for(graph, resources)
     space = Space(context, options)
     baselines = _baselines(graph, resources, context, space)
-    evaluator = Evaluator(context, max_candidates=max_candidates, progress=progress, started=started,
-                          time_budget_s=_search_budget(time_budget_s, baselines.build_seconds, top_k),
-                          archive_size=max(256, 32 * top_k))
+    evaluator = Evaluator(
+        context,
+        max_candidates=max_candidates,
+        progress=progress,
+        started=started,
+        time_budget_s=_search_budget(time_budget_s, baselines.build_seconds, top_k),
+        archive_size=max(256, 32 * top_k),
+    )
     rng = np.random.default_rng(seed)
     shards = baselines.batch.max_shards
     evaluator.evaluate(baselines.batch, [f"builder:{name}" for name in baselines.names], "baselines", force=True)
@@ -147,8 +161,12 @@ def _check_arguments(time_budget_s: float | None, max_candidates: int, top_k: in
     def whole(value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
-    if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float)) or not time_budget_s > 0):
-        problems.append(Problem("search.time_budget_s", f"must be a positive number of seconds or null, got {time_budget_s!r}"))
+    if time_budget_s is not None and (
+        isinstance(time_budget_s, bool) or not isinstance(time_budget_s, (int, float)) or not time_budget_s > 0
+    ):
+        problems.append(
+            Problem("search.time_budget_s", f"must be a positive number of seconds or null, got {time_budget_s!r}")
+        )
     if not whole(max_candidates) or max_candidates < 1:
         problems.append(Problem("search.max_candidates", f"must be a positive integer, got {max_candidates!r}"))
     if not whole(top_k) or top_k < 1:
@@ -167,7 +185,9 @@ def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, 
         names.append(builder.name)
         seconds.append(time.perf_counter() - started)
     batch = encode(context, strategies, validate=False)
-    return Baselines(names, strategies, batch.with_max_shards(max(batch.max_shards, space.max_shards)), build_seconds=seconds)
+    return Baselines(
+        names, strategies, batch.with_max_shards(max(batch.max_shards, space.max_shards)), build_seconds=seconds
+    )
 
 
 def _sample(space: Space, evaluator: Evaluator, rng: np.random.Generator, shards: int) -> None:

@@ -29,6 +29,8 @@ def normalized_step(context: SimContext, batch: CandidateBatch, step_time: np.nd
     flatter it; for plain data parallelism the score is the step time."""
     devices = len(context.compute_device_indices)
     return step_time * devices / batch.data
+
+
 _HASH_SEED = 0x5EED
 PER_MIX = 16
 """Most archived candidates with one synchronizer mix (the same kind for every variable) on one layout."""
@@ -129,7 +131,9 @@ class Evaluator:
 
     # --- evaluation ------------------------------------------------------------------------------
 
-    def evaluate(self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str, *, force: bool = False) -> np.ndarray:
+    def evaluate(
+        self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str, *, force: bool = False
+    ) -> np.ndarray:
         """Scores (`normalized_step`, inf when infeasible or left unevaluated) for every row.
 
         `force` evaluates every new row even past the candidate budget (the baselines always run).

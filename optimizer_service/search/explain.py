@@ -71,7 +71,9 @@ def _mesh(batch: CandidateBatch, i: int) -> dict[str, Any]:
     pipeline = int(batch.pipeline[i])
     stages = np.bincount(batch.layer_stage[i].astype(np.intp), minlength=pipeline)[:pipeline] if pipeline > 1 else None
     return {
-        "data": int(batch.data[i]), "tensor": int(batch.tensor[i]), "pipeline": pipeline,
+        "data": int(batch.data[i]),
+        "tensor": int(batch.tensor[i]),
+        "pipeline": pipeline,
         "micro_batches": int(batch.micro_batches[i]),
         "schedule": "gpipe" if int(batch.schedule[i]) == Schedule.GPIPE else "1f1b",
         "recompute": bool(batch.recompute[i]),
@@ -88,8 +90,10 @@ def describe_mesh(mesh: dict[str, Any]) -> str:
         parts.append(f"each layer's matmuls split over {mesh['tensor']} devices of a node")
     if mesh["pipeline"] > 1:
         sizes = mesh["layers_per_stage"]
-        parts.append(f"{mesh['pipeline']} stages of {min(sizes)}–{max(sizes)} layers, {mesh['micro_batches']} micro-batches "
-                     f"{mesh['schedule'].upper()} (bubble {(mesh['pipeline'] - 1) / (mesh['micro_batches'] + mesh['pipeline'] - 1):.0%})")
+        parts.append(
+            f"{mesh['pipeline']} stages of {min(sizes)}–{max(sizes)} layers, {mesh['micro_batches']} micro-batches "
+            f"{mesh['schedule'].upper()} (bubble {(mesh['pipeline'] - 1) / (mesh['micro_batches'] + mesh['pipeline'] - 1):.0%})"
+        )
     elif mesh["micro_batches"] > 1:
         parts.append(f"{mesh['micro_batches']} micro-batches accumulated per step")
     if mesh["recompute"]:
@@ -103,19 +107,27 @@ def describe(mix: dict[str, Any]) -> str:
     if "ps" in mix:
         ps = mix["ps"]
         sparse = f", {ps['sparse_variables']} of them sparse" if ps["sparse_variables"] else ""
-        moved = f", moving {_size(ps['bytes_moved_per_step'])} per step" if ps["bytes_moved_per_step"] < ps["bytes"] else ""
+        moved = (
+            f", moving {_size(ps['bytes_moved_per_step'])} per step" if ps["bytes_moved_per_step"] < ps["bytes"] else ""
+        )
         split = f" ({ps['partitioned_variables']} partitioned)" if ps["partitioned_variables"] else ""
         replicated = " with local replication" if ps["local_replication"] else ""
-        parts.append(f"{ps['variables']} variables ({_size(ps['bytes'])}{sparse}) on {ps['servers']} parameter server(s){split}{replicated}{moved}")
+        parts.append(
+            f"{ps['variables']} variables ({_size(ps['bytes'])}{sparse}) on {ps['servers']} parameter server(s){split}{replicated}{moved}"
+        )
     if "allreduce" in mix:
         ar = mix["allreduce"]
         algorithms = "/".join(sorted(ar["algorithms"]))
         compressed = {k: n for k, n in ar["compressors"].items() if k != "none"}
         squeeze = f", compressed ({', '.join(sorted(compressed))})" if compressed else ""
-        parts.append(f"{ar['variables']} all-reduced ({_size(ar['bytes'])}) in {ar['fusion_groups']} fusion group(s) [{algorithms}]{squeeze}")
+        parts.append(
+            f"{ar['variables']} all-reduced ({_size(ar['bytes'])}) in {ar['fusion_groups']} fusion group(s) [{algorithms}]{squeeze}"
+        )
     if "sharded" in mix:
         sh = mix["sharded"]
-        parts.append(f"{sh['variables']} sharded ZeRO-style ({_size(sh['bytes'])}, optimizer state split across replicas)")
+        parts.append(
+            f"{sh['variables']} sharded ZeRO-style ({_size(sh['bytes'])}, optimizer state split across replicas)"
+        )
     text = "; ".join(parts) or "nothing on any synchronizer (no trainable variables)"
     layout = describe_mesh(mix["mesh"]) if "mesh" in mix else ""
     if layout:
@@ -125,27 +137,41 @@ def describe(mix: dict[str, Any]) -> str:
     return text
 
 
-def why(prediction: Prediction, mix: dict[str, Any], *, data_parallel: Prediction | None, best_builder: tuple[str, Prediction] | None,
-        builder_name: str | None) -> str:
+def why(
+    prediction: Prediction,
+    mix: dict[str, Any],
+    *,
+    data_parallel: Prediction | None,
+    best_builder: tuple[str, Prediction] | None,
+    builder_name: str | None,
+) -> str:
     """Why this candidate is worth running, against plain data parallel and the best AutoDist builder."""
     step = prediction.step_time_s
     sentences = []
     if builder_name is not None:
         sentences.append(f"The pre-built {builder_name} strategy, unchanged.")
-    same_batch = "mesh" not in mix or not describe_mesh(mix["mesh"]) or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+    same_batch = (
+        "mesh" not in mix or not describe_mesh(mix["mesh"]) or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+    )
     if data_parallel is not None and data_parallel.feasible and same_batch:
-        sentences.append(f"Predicted {data_parallel.step_time_s / step:.2f}× the speed of plain data parallel "
-                         f"({_ms(step)} vs {_ms(data_parallel.step_time_s)} per step).")
+        sentences.append(
+            f"Predicted {data_parallel.step_time_s / step:.2f}× the speed of plain data parallel "
+            f"({_ms(step)} vs {_ms(data_parallel.step_time_s)} per step)."
+        )
     elif data_parallel is not None and data_parallel.feasible:
-        sentences.append(f"Predicted {prediction.samples_per_s / data_parallel.samples_per_s:.2f}× the throughput of plain data parallel "
-                         f"({prediction.samples_per_s:.1f} vs {data_parallel.samples_per_s:.1f} samples/s; fewer replicas take a smaller "
-                         "global batch per step).")
+        sentences.append(
+            f"Predicted {prediction.samples_per_s / data_parallel.samples_per_s:.2f}× the throughput of plain data parallel "
+            f"({prediction.samples_per_s:.1f} vs {data_parallel.samples_per_s:.1f} samples/s; fewer replicas take a smaller "
+            "global batch per step)."
+        )
     elif data_parallel is not None:
         sentences.append(f"Plain data parallel does not fit: {data_parallel.infeasible_reason}.")
     if best_builder is not None and builder_name != best_builder[0] and best_builder[1].feasible:
         name, pred = best_builder
-        sentences.append(f"{prediction.samples_per_s / pred.samples_per_s:.2f}× the throughput of the best AutoDist builder, {name} "
-                         f"({pred.samples_per_s:.1f} samples/s).")
+        sentences.append(
+            f"{prediction.samples_per_s / pred.samples_per_s:.2f}× the throughput of the best AutoDist builder, {name} "
+            f"({pred.samples_per_s:.1f} samples/s)."
+        )
     sentences.append(f"It puts {describe(mix)}.")
     if data_parallel is not None and data_parallel.feasible:
         change = _biggest_change(prediction, data_parallel)
@@ -160,8 +186,10 @@ def _biggest_change(prediction: Prediction, baseline: Prediction) -> str:
     key = max(deltas, key=lambda k: deltas[k])
     if deltas[key] <= 0:
         return ""
-    return (f"Against data parallel, {LABELS.get(key, key)} falls from {_ms(baseline.breakdown.get(key, 0.0))} "
-            f"to {_ms(prediction.breakdown[key])} per step.")
+    return (
+        f"Against data parallel, {LABELS.get(key, key)} falls from {_ms(baseline.breakdown.get(key, 0.0))} "
+        f"to {_ms(prediction.breakdown[key])} per step."
+    )
 
 
 def _consistency(batch: CandidateBatch, i: int) -> str:

@@ -38,14 +38,18 @@ class AnnealingSettings:
     """Rounds in a row that find nothing new before the space counts as explored (small spaces)."""
 
 
-def anneal(space: Space, evaluator: Evaluator, rng: np.random.Generator, settings: AnnealingSettings | None = None) -> int:
+def anneal(
+    space: Space, evaluator: Evaluator, rng: np.random.Generator, settings: AnnealingSettings | None = None
+) -> int:
     """Run until the evaluator's budget is spent, or until rounds stop finding anything new; returns
     the number of rounds."""
     settings = settings or AnnealingSettings()
     archive = evaluator.archive
     if archive is None or evaluator.exhausted:
         return 0
-    starts = select_diverse(signatures(space, archive.batch), archive.scores, settings.parents, min_distance=default_min_distance(space))
+    starts = select_diverse(
+        signatures(space, archive.batch), archive.scores, settings.parents, min_distance=default_min_distance(space)
+    )
     current = archive.batch.take(starts)
     scores = archive.scores[starts].copy()
     roots = np.array([str(label).removesuffix(SUFFIX) for label in archive.labels[starts]], dtype=object)
@@ -84,8 +88,15 @@ def _accept(candidate: np.ndarray, current: np.ndarray, temperature: float, rng:
     return finite & ((relative < 0) | (rng.random(len(candidate)) < chance))
 
 
-def _restart(evaluator: Evaluator, current: CandidateBatch, scores: np.ndarray, roots: np.ndarray, stale: np.ndarray,
-             settings: AnnealingSettings, rng: np.random.Generator) -> None:
+def _restart(
+    evaluator: Evaluator,
+    current: CandidateBatch,
+    scores: np.ndarray,
+    roots: np.ndarray,
+    stale: np.ndarray,
+    settings: AnnealingSettings,
+    rng: np.random.Generator,
+) -> None:
     """Parents stuck for `restart_after` rounds jump to a random one of the archive's best."""
     stuck = np.flatnonzero(stale >= settings.restart_after)
     archive = evaluator.archive

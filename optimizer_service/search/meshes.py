@@ -87,7 +87,9 @@ def mesh_choices(context: SimContext) -> list[MeshChoice]:
         starts = _block_starts(context)
     accumulate = graph_accumulation_refusal(context.graph) is None
     for tensor in _tensor_degrees(context, devices, per_node):
-        deepest = 1 if isinstance(route, Refusal) or (route == "blocks" and tensor > 1) else min(len(starts), MAX_STAGES)
+        deepest = (
+            1 if isinstance(route, Refusal) or (route == "blocks" and tensor > 1) else min(len(starts), MAX_STAGES)
+        )
         for pipeline in _divisors(devices // tensor):
             if pipeline > deepest:
                 break
@@ -101,8 +103,10 @@ def _block_starts(context: SimContext) -> np.ndarray:
     (`parallel_rules.block_cuts`), so embeddings stay in the first stage and the head in the last."""
     names = context.layer_names
     blocks = [block_of(names[i]) for i in context.unit_starts]
-    return np.array([0] + [int(i) for i, block in zip(context.unit_starts, blocks, strict=True) if block is not None and i > 0],
-                    dtype=context.unit_starts.dtype)
+    return np.array(
+        [0] + [int(i) for i, block in zip(context.unit_starts, blocks, strict=True) if block is not None and i > 0],
+        dtype=context.unit_starts.dtype,
+    )
 
 
 def mesh_notes(context: SimContext) -> list[str]:
@@ -119,18 +123,30 @@ def mesh_notes(context: SimContext) -> list[str]:
     if degrees and not set(degrees) & set(_tensor_degrees(context, devices, _devices_per_node(context))):
         missing = _uncovered(context, candidate_splits(context.graph), degrees[0])
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        notes.append(f"mesh: no tensor degree: the simulator would price {shown or 'no layer'} as split, which the runtime's "
-                     "plan cannot split (docs/hybrid.md says what it splits)")
+        notes.append(
+            f"mesh: no tensor degree: the simulator would price {shown or 'no layer'} as split, which the runtime's "
+            "plan cannot split (docs/hybrid.md says what it splits)"
+        )
     return notes
 
 
-def _meshes_for(context: SimContext, figures: _LayerFigures, starts: np.ndarray, devices: int, tensor: int, pipeline: int, *,
-                accumulate: bool) -> list[MeshChoice]:
+def _meshes_for(
+    context: SimContext,
+    figures: _LayerFigures,
+    starts: np.ndarray,
+    devices: int,
+    tensor: int,
+    pipeline: int,
+    *,
+    accumulate: bool,
+) -> list[MeshChoice]:
     data = devices // (tensor * pipeline)
     batch = context.batch_size
     if pipeline == 1:
-        return [MeshChoice(data=data, tensor=tensor, micro_batches=m, recompute=r)
-                for m, r in _accumulation(figures, tensor, batch, accumulate=accumulate)]
+        return [
+            MeshChoice(data=data, tensor=tensor, micro_batches=m, recompute=r)
+            for m, r in _accumulation(figures, tensor, batch, accumulate=accumulate)
+        ]
     cost = figures.cost(tensor)
     balanced = _cut_by_compute(cost, starts, pipeline)
     out = []
@@ -143,8 +159,18 @@ def _meshes_for(context: SimContext, figures: _LayerFigures, starts: np.ndarray,
                 capped = _cut_under_cap(figures, cost, starts, tensor, pipeline, micro, schedule, recompute)
                 if capped is not None:
                     stage, split = capped, "memory cap"
-            out.append(MeshChoice(data=data, tensor=tensor, pipeline=pipeline, micro_batches=micro, schedule=schedule,
-                                  layer_stage=tuple(int(s) for s in stage), split=split, recompute=recompute))
+            out.append(
+                MeshChoice(
+                    data=data,
+                    tensor=tensor,
+                    pipeline=pipeline,
+                    micro_batches=micro,
+                    schedule=schedule,
+                    layer_stage=tuple(int(s) for s in stage),
+                    split=split,
+                    recompute=recompute,
+                )
+            )
     return out
 
 
@@ -167,7 +193,9 @@ def _uncovered(context: SimContext, splits: list[Split], tensor: int) -> list[st
 
 def _micro_batches(batch: int, pipeline: int) -> list[tuple[int, Schedule]]:
     """P·(1, 2, 4, 8) and one sample per micro-batch, where they divide the batch (1F1B needs m >= P)."""
-    counts = sorted({f * pipeline for f in MICRO_FACTORS if batch % (f * pipeline) == 0} | ({batch} if batch >= pipeline else set()))
+    counts = sorted(
+        {f * pipeline for f in MICRO_FACTORS if batch % (f * pipeline) == 0} | ({batch} if batch >= pipeline else set())
+    )
     return [(m, Schedule.ONE_F_ONE_B) for m in counts] or [(batch, Schedule.GPIPE)]
 
 
@@ -233,8 +261,16 @@ def _cut_by_compute(cost: np.ndarray, starts: np.ndarray, pipeline: int) -> np.n
     return _stages_from_cuts(np.array(cuts, dtype=np.intp), len(cost))
 
 
-def _cut_under_cap(figures: _LayerFigures, cost: np.ndarray, starts: np.ndarray, tensor: int, pipeline: int, micro: int,
-                   schedule: Schedule, recompute: bool) -> np.ndarray | None:
+def _cut_under_cap(
+    figures: _LayerFigures,
+    cost: np.ndarray,
+    starts: np.ndarray,
+    tensor: int,
+    pipeline: int,
+    micro: int,
+    schedule: Schedule,
+    recompute: bool,
+) -> np.ndarray | None:
     """The most balanced cut whose stages all fit (bisection on the largest stage's work), or None."""
     unit_cost = np.add.reduceat(cost, starts)
     unit_static = np.add.reduceat(figures.static(tensor), starts)
@@ -254,8 +290,16 @@ def _cut_under_cap(figures: _LayerFigures, cost: np.ndarray, starts: np.ndarray,
     return _stages_from_cuts(np.array([starts[u] for u in best], dtype=np.intp), len(cost))
 
 
-def _pack(cost: np.ndarray, static: np.ndarray, acts: np.ndarray, limit: float, pipeline: int, micro: int, schedule: Schedule,
-          capacity: float) -> list[int] | None:
+def _pack(
+    cost: np.ndarray,
+    static: np.ndarray,
+    acts: np.ndarray,
+    limit: float,
+    pipeline: int,
+    micro: int,
+    schedule: Schedule,
+    capacity: float,
+) -> list[int] | None:
     """Greedy: fill stage s until its work passes `limit` or its memory the cap; the first unit of each
     later stage, or None when P stages are not enough. Fewer stages are split up to P (which only
     lowers the later stages' activations in flight)."""
@@ -291,8 +335,14 @@ class _LayerFigures:
         self.capacity = float(context.kinds.memory_bytes[kinds].min())
         held = 2 * context.var_bytes + context.var_state_bytes
         L = context.num_layers
-        self._split = np.bincount(context.var_layer, weights=held * context.var_tensor_split, minlength=L) + context.layer_frozen_bytes * context.layer_tensor_split
-        self._whole = np.bincount(context.var_layer, weights=held * ~context.var_tensor_split, minlength=L) + context.layer_frozen_bytes * ~context.layer_tensor_split
+        self._split = (
+            np.bincount(context.var_layer, weights=held * context.var_tensor_split, minlength=L)
+            + context.layer_frozen_bytes * context.layer_tensor_split
+        )
+        self._whole = (
+            np.bincount(context.var_layer, weights=held * ~context.var_tensor_split, minlength=L)
+            + context.layer_frozen_bytes * ~context.layer_tensor_split
+        )
 
     def cost(self, tensor: int) -> np.ndarray:
         fwd, bwd = layer_times(self.context, self.kind, tensor, 1)
@@ -314,10 +364,18 @@ class _LayerFigures:
         if not recompute:
             return 0.0
         context = self.context
-        return float(block_peak(context, context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1))[0])
+        return float(
+            block_peak(context, context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1))[0]
+        )
 
-    def over_cap(self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool) -> bool:
+    def over_cap(
+        self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool
+    ) -> bool:
         per_stage = np.bincount(stage, weights=self.static(tensor), minlength=pipeline)
         acts = np.bincount(stage, weights=self.activations(tensor, recompute), minlength=pipeline) / micro
-        flight = np.full(pipeline, micro) if schedule == Schedule.GPIPE else np.minimum(micro, pipeline - np.arange(pipeline))
+        flight = (
+            np.full(pipeline, micro)
+            if schedule == Schedule.GPIPE
+            else np.minimum(micro, pipeline - np.arange(pipeline))
+        )
         return bool((per_stage + acts * flight + self.peak(tensor, recompute) / micro > self.capacity).any())

@@ -48,7 +48,14 @@ class Loads:
 Move = Callable[[Space, CandidateBatch, np.ndarray, np.random.Generator, Loads], None]
 
 
-def mutate(space: Space, batch: CandidateBatch, rng: np.random.Generator, *, max_moves: int = 3, traffic: np.ndarray | None = None) -> None:
+def mutate(
+    space: Space,
+    batch: CandidateBatch,
+    rng: np.random.Generator,
+    *,
+    max_moves: int = 3,
+    traffic: np.ndarray | None = None,
+) -> None:
     """Apply 1..max_moves random moves to every row of `batch`, in place.
 
     `traffic` ([N, S], optional) is each row's server traffic if the caller knows it. Each move
@@ -141,7 +148,9 @@ def available_moves(space: Space) -> dict[str, Move]:
 # --- the moves -------------------------------------------------------------------------------------
 
 
-def switch_synchronizer(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def switch_synchronizer(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     """One dense variable to another synchronizer; it joins its backward neighbour's fusion group."""
     dense = np.broadcast_to(~space.context.var_sparse, (len(rows), space.num_variables))
     rows, v = _pick_variable(rng, rows, dense)
@@ -217,7 +226,9 @@ def split_group(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.r
     batch.group[rows] = np.where(moving, fresh[:, None], groups[sub])
 
 
-def change_algorithm(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def change_algorithm(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     """Every member of one all-reduce group to another algorithm (a group runs one algorithm)."""
     members, rows, v = _group_of_random_member(batch, rows, rng, SyncKind.ALLREDUCE)
     if len(rows) == 0:
@@ -227,7 +238,9 @@ def change_algorithm(space: Space, batch: CandidateBatch, rows: np.ndarray, rng:
     batch.algorithm[rows] = np.where(members, target, batch.algorithm[rows])
 
 
-def partition_allreduce(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def partition_allreduce(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     """An all-reduced variable split along a random axis into another number of shards, 1 to 8
     (PartitionedAR's knob)."""
     splittable = (space.context.var_shape > 1).any(axis=1)
@@ -242,7 +255,9 @@ def partition_allreduce(space: Space, batch: CandidateBatch, rows: np.ndarray, r
     batch.shards[rows, v] = (current - 1 + rng.integers(1, limit)) % limit + 1
 
 
-def change_compressor(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def change_compressor(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     """Every member of one all-reduce group to another compressor (where it shrinks that member)."""
     members, rows, _ = _group_of_random_member(batch, rows, rng, SyncKind.ALLREDUCE)
     if len(rows) == 0:
@@ -255,11 +270,17 @@ def change_compressor(space: Space, batch: CandidateBatch, rows: np.ndarray, rng
         allowed = space.compression_allowed[index]
         change = members[hit]
         r = rows[hit]
-        batch.compressor[r] = np.where(change, np.where(allowed, int(compression.kind), int(CompressorKind.NONE)), batch.compressor[r])
-        batch.compressor_param[r] = np.where(change, np.where(allowed, compression.param, 0.0), batch.compressor_param[r])
+        batch.compressor[r] = np.where(
+            change, np.where(allowed, int(compression.kind), int(CompressorKind.NONE)), batch.compressor[r]
+        )
+        batch.compressor_param[r] = np.where(
+            change, np.where(allowed, compression.param, 0.0), batch.compressor_param[r]
+        )
 
 
-def toggle_replication(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def toggle_replication(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     """Local replication on or off: for one PS variable, or for every PS variable of the row."""
     ps = batch.kind[rows] == SyncKind.PS
     everything = rng.random(len(rows)) < 0.5
@@ -271,7 +292,9 @@ def toggle_replication(space: Space, batch: CandidateBatch, rows: np.ndarray, rn
     batch.local_replication[one, v] = ~batch.local_replication[one, v]
 
 
-def change_consistency(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def change_consistency(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     pick = rng.integers(len(space.consistencies), size=len(rows))
     batch.consistency[rows] = [int(space.consistencies[i].kind) for i in pick]
     batch.staleness[rows] = [space.consistencies[i].staleness for i in pick]
@@ -320,7 +343,15 @@ def block_switch(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.
 # --- helpers ---------------------------------------------------------------------------------------
 
 
-def _switch(space: Space, batch: CandidateBatch, rows: np.ndarray, v: np.ndarray, kind: SyncKind, rng: np.random.Generator, loads: Loads) -> None:
+def _switch(
+    space: Space,
+    batch: CandidateBatch,
+    rows: np.ndarray,
+    v: np.ndarray,
+    kind: SyncKind,
+    rng: np.random.Generator,
+    loads: Loads,
+) -> None:
     one_hot = _one_hot(v, space.num_variables)
     if kind == SyncKind.PS:
         shards = np.where(rng.random(len(rows)) < 0.5, space.shard_limit[v], 1)
@@ -349,11 +380,15 @@ def _neighbour(space: Space, batch: CandidateBatch, rows: np.ndarray, v: np.ndar
 def _neighbour_algorithm(batch: CandidateBatch, rows: np.ndarray, v: np.ndarray, neighbour: np.ndarray) -> np.ndarray:
     """[len(rows), V]: at v, the neighbour's algorithm (AUTO without one), so a joined group stays uniform."""
     per_row = np.zeros((len(rows), batch.algorithm.shape[1]), dtype=batch.algorithm.dtype)
-    per_row[np.arange(len(rows)), v] = np.where(neighbour >= 0, batch.algorithm[rows, np.maximum(neighbour, 0)], Algorithm.AUTO)
+    per_row[np.arange(len(rows)), v] = np.where(
+        neighbour >= 0, batch.algorithm[rows, np.maximum(neighbour, 0)], Algorithm.AUTO
+    )
     return per_row
 
 
-def _place_ps(space: Space, batch: CandidateBatch, rows: np.ndarray, mask: np.ndarray, shards: np.ndarray, loads: Loads) -> None:
+def _place_ps(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, mask: np.ndarray, shards: np.ndarray, loads: Loads
+) -> None:
     """Masked variables of each row onto parameter servers, their shards dealt round-robin from the
     row's idlest server; the row keeps its local-replication habit."""
     idlest = np.argmin(loads.of(rows), axis=1)
@@ -365,7 +400,9 @@ def _place_ps(space: Space, batch: CandidateBatch, rows: np.ndarray, mask: np.nd
     set_ps_pairs(batch, rows[r], v, servers, local_replication=replicate)
 
 
-def _move_from_busiest(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
+def _move_from_busiest(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
     if len(rows) == 0:
         return
     traffic = loads.of(rows)
@@ -407,7 +444,9 @@ def _fusion_labels(batch: CandidateBatch, rows: np.ndarray) -> np.ndarray:
     return np.where(batch.kind[rows] == SyncKind.PS, -1, batch.group[rows])
 
 
-def _group_of_random_member(batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, kind: SyncKind) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _group_of_random_member(
+    batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, kind: SyncKind
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     picked, v = _pick_variable(rng, rows, batch.kind[rows] == kind)
     label = batch.group[picked, v][:, None]
     members = (batch.group[picked] == label) & (batch.kind[picked] == kind)

@@ -56,8 +56,16 @@ RowWriter = Callable[[Space, CandidateBatch, np.ndarray], None]
 
 def structured_proposals(space: Space, max_shards: int) -> Proposals:
     """Every structured family, one row per (family, setting)."""
-    writers = [*allreduce_fusion(space), *balanced_ps(space), *hybrid(space), *sharded_large(space), *by_position(space),
-               *compressed_allreduce(space), *relaxed_ps(space), *mesh_layouts(space)]
+    writers = [
+        *allreduce_fusion(space),
+        *balanced_ps(space),
+        *hybrid(space),
+        *sharded_large(space),
+        *by_position(space),
+        *compressed_allreduce(space),
+        *relaxed_ps(space),
+        *mesh_layouts(space),
+    ]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
     labels = []
     for i, (label, write) in enumerate(writers):
@@ -110,7 +118,12 @@ def by_position(space: Space) -> list[tuple[str, RowWriter]]:
     out = []
     for late in (0.1, 0.25, 0.5):
         for replicate in _replication_choices(space):
-            out.append((f"by_position(last {late:.0%} of backward on PS, local_replication={replicate})", _position_row(late, replicate)))
+            out.append(
+                (
+                    f"by_position(last {late:.0%} of backward on PS, local_replication={replicate})",
+                    _position_row(late, replicate),
+                )
+            )
     return out
 
 
@@ -132,7 +145,9 @@ def relaxed_ps(space: Space) -> list[tuple[str, RowWriter]]:
         if choice.kind == ConsistencyKind.BSP:
             continue
         for replicate in _replication_choices(space):
-            label = f"relaxed_ps({choice.kind.name.lower()}, staleness={choice.staleness}, local_replication={replicate})"
+            label = (
+                f"relaxed_ps({choice.kind.name.lower()}, staleness={choice.staleness}, local_replication={replicate})"
+            )
             out.append((label, _relaxed_row(choice.kind, choice.staleness, replicate)))
     return out
 
@@ -227,8 +242,13 @@ def _compressed_row(index: int, cap: float) -> RowWriter:
         compression = space.compressions[index]
         allowed = space.compression_allowed[index]
         dense = ~space.context.var_sparse
-        set_allreduce(batch, rows, dense, compressor=np.where(allowed, int(compression.kind), int(CompressorKind.NONE)),
-                      param=np.where(allowed, compression.param, 0.0))
+        set_allreduce(
+            batch,
+            rows,
+            dense,
+            compressor=np.where(allowed, int(compression.kind), int(CompressorKind.NONE)),
+            param=np.where(allowed, compression.param, 0.0),
+        )
         _sparse_to_ps(space, batch, rows, replicate=False)
         set_fusion(space, batch, rows, cap)
 
@@ -315,9 +335,13 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
     shards = np.where((rng.random((n, 18)) < 0.5)[:, classes], space.shard_limit[None, :], 1)
     shards = np.where(kind == SyncKind.PS, shards, 0)
     write_whole(
-        space, batch, kind,
+        space,
+        batch,
+        kind,
         algorithm=rng.integers(len(Algorithm), size=(n, 18))[:, classes],
-        compressor=compressor, param=param, shards=shards,
+        compressor=compressor,
+        param=param,
+        shards=shards,
         first_server=_dealt(space, shards) + rng.integers(space.num_servers, size=(n, 1)),
         replicate=(rng.random((n, 18)) < 0.5)[:, classes] & space.local_replication_useful,
     )
@@ -337,7 +361,9 @@ def _sample_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.
     set_mesh(space, batch, moved, rng.integers(1, len(space.meshes), size=len(moved)))
 
 
-def _sample_compression(space: Space, rng: np.random.Generator, n: int, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _sample_compression(
+    space: Space, rng: np.random.Generator, n: int, classes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     V = space.num_variables
     compressor = np.zeros((n, V), dtype=np.int8)
     param = np.zeros((n, V), dtype=np.float32)

@@ -25,9 +25,27 @@ def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
     kind = batch.kind[:, order]
     joined = np.zeros_like(group)
     joined[:, 1:] = (group[:, 1:] == group[:, :-1]) & (kind[:, 1:] == kind[:, :-1])
-    parts = [batch.kind, batch.server[:, :, 0], batch.shards, batch.algorithm, batch.compressor, batch.local_replication, joined]
-    per_candidate = np.stack([batch.consistency, batch.staleness, batch.data, batch.tensor, batch.pipeline, batch.micro_batches,
-                              batch.recompute], axis=1)
+    parts = [
+        batch.kind,
+        batch.server[:, :, 0],
+        batch.shards,
+        batch.algorithm,
+        batch.compressor,
+        batch.local_replication,
+        joined,
+    ]
+    per_candidate = np.stack(
+        [
+            batch.consistency,
+            batch.staleness,
+            batch.data,
+            batch.tensor,
+            batch.pipeline,
+            batch.micro_batches,
+            batch.recompute,
+        ],
+        axis=1,
+    )
     return np.concatenate([p.astype(np.int64) for p in parts] + [per_candidate.astype(np.int64)], axis=1)
 
 
@@ -36,7 +54,9 @@ def default_min_distance(space: Space) -> int:
     return max(2, math.ceil(0.05 * space.num_variables))
 
 
-def select_diverse(signature: np.ndarray, scores: np.ndarray, k: int, *, min_distance: int, mixes: np.ndarray | None = None) -> list[int]:
+def select_diverse(
+    signature: np.ndarray, scores: np.ndarray, k: int, *, min_distance: int, mixes: np.ndarray | None = None
+) -> list[int]:
     """Indices of up to k rows, best score first, as different as the candidates allow.
 
     Three passes, each filling what the stricter one left: rows whose synchronizer mix (`mixes`: per

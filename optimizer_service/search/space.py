@@ -188,7 +188,9 @@ def size_of(space: Space) -> SpaceSize:
         "candidates that do not fit in memory are counted; the simulator rejects them per candidate",
     ]
     if len(space.meshes) == 1:
-        notes.append("mesh: pure data parallelism only (nothing to split, or one device per node and no place to cut stages)")
+        notes.append(
+            "mesh: pure data parallelism only (nothing to split, or one device per node and no place to cut stages)"
+        )
     notes += mesh_notes(space.context)
     return SpaceSize(
         log10_candidates=round(float(counts.per_variable.sum()) + fusion + globals_, 3),

@@ -98,16 +98,18 @@ def _simulator_columns(record: TrainingRecord) -> dict[str, float]:
     columns = {"sim_log_step": math.log(step)}
     columns.update({f"exposed_{kind}_s": seconds.get(kind, 0.0) for kind in COMM_KINDS})
     columns.update({f"exposed_{kind}_share": seconds.get(kind, 0.0) / step for kind in COMM_KINDS})
-    columns.update({
-        "server_load_max_s": max(server_loads, default=0.0),
-        "server_load_sum_s": sum(server_loads),
-        "bubble_s": seconds.get("bubble", 0.0),
-        "compute_share": seconds.get("compute", 0.0) / step,
-        "comm_share": exposed / step,
-        "update_share": seconds.get("update", 0.0) / step,
-        "other_share": seconds.get("other", 0.0) / step,
-        "memory_fraction": record.memory_per_device_bytes / record.cluster.device_memory_bytes,
-    })
+    columns.update(
+        {
+            "server_load_max_s": max(server_loads, default=0.0),
+            "server_load_sum_s": sum(server_loads),
+            "bubble_s": seconds.get("bubble", 0.0),
+            "compute_share": seconds.get("compute", 0.0) / step,
+            "comm_share": exposed / step,
+            "update_share": seconds.get("update", 0.0) / step,
+            "other_share": seconds.get("other", 0.0) / step,
+            "memory_fraction": record.memory_per_device_bytes / record.cluster.device_memory_bytes,
+        }
+    )
     return columns
 
 
@@ -179,15 +181,37 @@ def monotone_constraints(names: Sequence[str]) -> tuple[int, ...]:
 
 
 def _names_from_layout() -> tuple[str, ...]:
-    sim = ["sim_log_step", *(f"exposed_{kind}_s" for kind in COMM_KINDS), *(f"exposed_{kind}_share" for kind in COMM_KINDS),
-           "server_load_max_s", "server_load_sum_s", "bubble_s", "compute_share", "comm_share", "update_share", "other_share",
-           "memory_fraction"]
+    sim = [
+        "sim_log_step",
+        *(f"exposed_{kind}_s" for kind in COMM_KINDS),
+        *(f"exposed_{kind}_share" for kind in COMM_KINDS),
+        "server_load_max_s",
+        "server_load_sum_s",
+        "bubble_s",
+        "compute_share",
+        "comm_share",
+        "update_share",
+        "other_share",
+        "memory_fraction",
+    ]
     strategy = [f"strategy_{name}" for name in StrategySummary.model_fields]
     strategy += ["strategy_groups_per_variable", "strategy_shards_per_variable"]
-    graph = ["graph_log_params", "graph_log_flops", "graph_log_batch", "graph_sparse_share",
-             "graph_log_activation_bytes", "graph_layers"]
-    cluster = ["cluster_devices", "cluster_nodes", "cluster_log_min_bandwidth", "cluster_log_max_bandwidth",
-               "cluster_device_code", "cluster_log_peak_flops"]
+    graph = [
+        "graph_log_params",
+        "graph_log_flops",
+        "graph_log_batch",
+        "graph_sparse_share",
+        "graph_log_activation_bytes",
+        "graph_layers",
+    ]
+    cluster = [
+        "cluster_devices",
+        "cluster_nodes",
+        "cluster_log_min_bandwidth",
+        "cluster_log_max_bandwidth",
+        "cluster_device_code",
+        "cluster_log_peak_flops",
+    ]
     return (*sim, *strategy, *graph, *cluster)
 
 

@@ -110,11 +110,14 @@ def cross_validate(make_model: Callable[[], Predictor], data: FeatureMatrix, *, 
     """Out-of-fold predictions with GroupKFold over jobs; needs at least two jobs."""
     n_groups = len(set(data.groups))
     if n_groups < 2:
-        raise InvalidDocumentError([Problem("groups", f"cross-validation by job needs at least 2 jobs, got {n_groups}")],
-                                   document="training set")
+        raise InvalidDocumentError(
+            [Problem("groups", f"cross-validation by job needs at least 2 jobs, got {n_groups}")],
+            document="training set",
+        )
     if np.isnan(data.measured_s).any():
-        raise InvalidDocumentError([Problem("measured_step_time_s", "every row needs a measurement to be scored")],
-                                   document="training set")
+        raise InvalidDocumentError(
+            [Problem("measured_step_time_s", "every row needs a measurement to be scored")], document="training set"
+        )
     splits = min(n_splits, n_groups)
     predicted = out_of_fold(make_model, data, n_splits=splits)
     return CrossValidation(

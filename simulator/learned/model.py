@@ -165,8 +165,12 @@ class CostModel:
         oob_sum, oob_count = np.zeros(n), np.zeros(n)
         for index in range(self.n_bootstrap):
             rows = rng.integers(0, n, size=n) if self.n_bootstrap > 1 else np.arange(n)
-            train = xgb.DMatrix(matrix.X[rows], label=target[rows], base_margin=margin[rows], feature_names=matrix.names)
-            booster = xgb.train(self._xgb_params(seed=self.random_state + index), train, num_boost_round=self.n_estimators)
+            train = xgb.DMatrix(
+                matrix.X[rows], label=target[rows], base_margin=margin[rows], feature_names=matrix.names
+            )
+            booster = xgb.train(
+                self._xgb_params(seed=self.random_state + index), train, num_boost_round=self.n_estimators
+            )
             self.boosters_.append(booster)
             out_of_bag = np.setdiff1d(np.arange(n), rows)
             if out_of_bag.size:
@@ -242,7 +246,9 @@ class CostModel:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "boosters_"):
-            raise NotFittedError("this CostModel is not fitted yet: call fit(records) or CostModel.from_json(text) first")
+            raise NotFittedError(
+                "this CostModel is not fitted yet: call fit(records) or CostModel.from_json(text) first"
+            )
 
     # --- persistence -----------------------------------------------------------------------------
 
@@ -269,7 +275,9 @@ class CostModel:
         model.metadata_ = dict(document.get("metadata") or {})
         model.version_ = model._content_version()
         if document["version"] != model.version_:
-            raise InvalidCostModelError([Problem("version", f"{document['version']!r} does not match the content ({model.version_!r})")])
+            raise InvalidCostModelError(
+                [Problem("version", f"{document['version']!r} does not match the content ({model.version_!r})")]
+            )
         return model
 
     def _content(self) -> dict[str, Any]:
@@ -307,17 +315,21 @@ def _as_matrix(data: Data, names: Sequence[str]) -> FeatureMatrix:
         position = {name: i for i, name in enumerate(data.names)}
         columns = [data.X[:, position[n]] if n in position else np.full(len(data), np.nan) for n in names]
         X = np.column_stack(columns) if columns else np.zeros((len(data), 0))
-        return FeatureMatrix(X=X, names=list(names), simulated_s=data.simulated_s, measured_s=data.measured_s, groups=data.groups)
+        return FeatureMatrix(
+            X=X, names=list(names), simulated_s=data.simulated_s, measured_s=data.measured_s, groups=data.groups
+        )
     return build_features(data, names)
 
 
 def _check_measured(matrix: FeatureMatrix) -> None:
     missing = np.flatnonzero(np.isnan(matrix.measured_s))
     if missing.size:
-        raise InvalidCostModelError([
-            Problem(f"records[{i}].measured_step_time_s", "is missing; only measured trials can train the model")
-            for i in missing[:10]
-        ])
+        raise InvalidCostModelError(
+            [
+                Problem(f"records[{i}].measured_step_time_s", "is missing; only measured trials can train the model")
+                for i in missing[:10]
+            ]
+        )
 
 
 _PARAM_RULES: dict[str, tuple[float, float, bool]] = {
@@ -357,11 +369,28 @@ def _check_document(document: Any) -> None:
     if document.get("format") != FORMAT:
         raise InvalidCostModelError([Problem("format", f"expected {FORMAT!r}, got {document.get('format')!r}")])
     if document.get("format_version") != FORMAT_VERSION:
-        raise InvalidCostModelError([Problem("format_version", f"{document.get('format_version')!r} is not supported (this library reads {FORMAT_VERSION})")])
-    expected = {"params": dict, "feature_names": list, "boosters": list, "residual_log_std": (int, float),
-                "n_train": int, "n_groups": int, "version": str}
-    problems = [Problem(key, f"missing or not a {kind.__name__ if isinstance(kind, type) else 'number'}")
-                for key, kind in expected.items() if not isinstance(document.get(key), kind)]
+        raise InvalidCostModelError(
+            [
+                Problem(
+                    "format_version",
+                    f"{document.get('format_version')!r} is not supported (this library reads {FORMAT_VERSION})",
+                )
+            ]
+        )
+    expected = {
+        "params": dict,
+        "feature_names": list,
+        "boosters": list,
+        "residual_log_std": (int, float),
+        "n_train": int,
+        "n_groups": int,
+        "version": str,
+    }
+    problems = [
+        Problem(key, f"missing or not a {kind.__name__ if isinstance(kind, type) else 'number'}")
+        for key, kind in expected.items()
+        if not isinstance(document.get(key), kind)
+    ]
     scale = document.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0.0 <= scale <= 1.0:
         problems.append(Problem("scale", f"must be a number in [0, 1], got {scale!r}"))

@@ -40,7 +40,9 @@ class TrainedModel:
     """Samples the simulator refused (a strategy that no longer matches its graph or cluster)."""
 
 
-def records_from_samples(samples: Sequence[TrialSampleLike], *, source: str | None = None) -> tuple[list[TrainingRecord], int]:
+def records_from_samples(
+    samples: Sequence[TrialSampleLike], *, source: str | None = None
+) -> tuple[list[TrainingRecord], int]:
     """Simulate every sample (batched per graph and cluster) and pair it with its measurement."""
     by_pair: dict[tuple[str, str], list[TrialSampleLike]] = defaultdict(list)
     for sample in samples:
@@ -48,13 +50,24 @@ def records_from_samples(samples: Sequence[TrialSampleLike], *, source: str | No
     records, skipped = [], 0
     for group in by_pair.values():
         graph, resources = group[0].graph, group[0].resources
-        for sample, prediction in zip(group, simulator.simulate_each(graph, resources, [s.strategy for s in group]), strict=True):
+        for sample, prediction in zip(
+            group, simulator.simulate_each(graph, resources, [s.strategy for s in group]), strict=True
+        ):
             if prediction is None or sample.measured_step_time_s <= 0:
                 skipped += 1
                 continue
-            records.append(make_record(graph, resources, sample.strategy, prediction,
-                                       measured_step_time_s=sample.measured_step_time_s, group_id=sample.group,
-                                       simulator_version=simulator.SIMULATOR_VERSION, source=source))
+            records.append(
+                make_record(
+                    graph,
+                    resources,
+                    sample.strategy,
+                    prediction,
+                    measured_step_time_s=sample.measured_step_time_s,
+                    group_id=sample.group,
+                    simulator_version=simulator.SIMULATOR_VERSION,
+                    source=source,
+                )
+            )
     return records, skipped
 
 
@@ -71,8 +84,11 @@ class Trainer:
         model = CostModel(**self.params).fit(records)
         metrics: dict[str, Any] = {}
         if len({r.group_id for r in records}) >= 2:
-            metrics = cross_validate(lambda: CostModel(**self.params), build_features(records), n_splits=self.n_splits).to_dict()
+            metrics = cross_validate(
+                lambda: CostModel(**self.params), build_features(records), n_splits=self.n_splits
+            ).to_dict()
         model.metadata_["metrics"] = metrics
         model.metadata_["skipped"] = skipped
-        return TrainedModel(model_json=model.to_json(), n_train=len(records), version=model.version_,
-                            metrics=metrics, skipped=skipped)
+        return TrainedModel(
+            model_json=model.to_json(), n_train=len(records), version=model.version_, metrics=metrics, skipped=skipped
+        )

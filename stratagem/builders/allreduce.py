@@ -25,7 +25,9 @@ class _AllReduceBuilder(Builder):
         if self.chunk_size < 1:
             raise self.argument_error("chunk_size", f"must be at least 1, got {self.chunk_size}")
         if self.all_reduce_spec not in SPEC_TO_ALGORITHM:
-            raise self.argument_error("all_reduce_spec", f"{self.all_reduce_spec!r} is not one of {sorted(SPEC_TO_ALGORITHM)}")
+            raise self.argument_error(
+                "all_reduce_spec", f"{self.all_reduce_spec!r} is not one of {sorted(SPEC_TO_ALGORITHM)}"
+            )
         if self.compressor not in COMPRESSORS:
             raise self.argument_error("compressor", f"{self.compressor!r} is not one of {sorted(COMPRESSORS)}")
 
@@ -68,7 +70,9 @@ class PartitionedAR(_AllReduceBuilder):
             axis, shards = choose(var)
             syncs = [self._allreduce(counter + i) for i in range(shards)]
             counter += shards
-            configs.append(canonical_config(var.name, syncs, Partition(axis=axis, shards=shards) if shards > 1 else None))
+            configs.append(
+                canonical_config(var.name, syncs, Partition(axis=axis, shards=shards) if shards > 1 else None)
+            )
         return self._strategy(graph, resources, configs)
 
 

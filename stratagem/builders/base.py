@@ -79,7 +79,9 @@ def check_sync_params(builder: Builder, sync: bool, staleness: int) -> None:
     if staleness < 0:
         raise builder.argument_error("staleness", f"must be >= 0, got {staleness}")
     if staleness > 0 and not sync:
-        raise builder.argument_error("staleness", f"is {staleness} but sync is False; a staleness bound needs sync=True")
+        raise builder.argument_error(
+            "staleness", f"is {staleness} but sync is False; a staleness bound needs sync=True"
+        )
 
 
 def consistency_of(sync: bool, staleness: int) -> Consistency:
@@ -97,7 +99,9 @@ def ps_synchronizer(destination: str, *, local_replication: bool, sync: bool, st
     )
 
 
-def canonical_config(var_name: str, shard_synchronizers: list[AnySynchronizer], partition: Partition | None) -> VariableConfig:
+def canonical_config(
+    var_name: str, shard_synchronizers: list[AnySynchronizer], partition: Partition | None
+) -> VariableConfig:
     """The one way to write a (possibly partitioned) variable, so equal strategies get equal ids.
 
     Per-shard overrides are kept only when the shards differ; otherwise the shared synchronizer

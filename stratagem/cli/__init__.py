@@ -63,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     missing = _service_command_missing(argv)
     if missing:
-        print(f"error: `stratagem {missing}` comes with the service, which is not installed; {SERVICE_EXTRAS_HINT}", file=sys.stderr)
+        print(
+            f"error: `stratagem {missing}` comes with the service, which is not installed; {SERVICE_EXTRAS_HINT}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         args = parser.parse_args(argv)

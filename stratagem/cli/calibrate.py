@@ -21,10 +21,21 @@ def register(subparsers: Any) -> None:
         description="Measure matmul FLOP/s, memory bandwidth and gloo all-reduce latency/bandwidth between "
         "local ranks, and write a one-node ResourceSpec for predicting trials on this machine.",
     )
-    parser.add_argument("--ranks", type=positive_int, default=2, help="gloo ranks (CPU devices) to describe (default 2)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads per rank, as trials run them (default 1)")
-    parser.add_argument("--gpu", type=device_index, nargs="?", const=0, default=None, metavar="N",
-                        help="measure CUDA device N (default 0) instead of CPU ranks; links stay the catalog's")
+    parser.add_argument(
+        "--ranks", type=positive_int, default=2, help="gloo ranks (CPU devices) to describe (default 2)"
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="CPU threads per rank, as trials run them (default 1)"
+    )
+    parser.add_argument(
+        "--gpu",
+        type=device_index,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="N",
+        help="measure CUDA device N (default 0) instead of CPU ranks; links stay the catalog's",
+    )
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
     parser.set_defaults(func=run)
 
@@ -50,7 +61,9 @@ def measure_cpus(ranks: int, threads: int) -> ResourceSpec:
     print(
         f"{DEVICE_KIND}: {device.peak_flops['float32'] / 1e9:.1f} GFLOP/s fp32, "
         f"{device.memory_bandwidth / 1e9:.1f} GB/s memory, {device.launch_overhead_s * 1e6:.1f} us per layer; "
-        f"gloo loopback: {link.latency_us:.1f} us, {link.bandwidth_gbps:.2f} Gbit/s" if link else "",
+        f"gloo loopback: {link.latency_us:.1f} us, {link.bandwidth_gbps:.2f} Gbit/s"
+        if link
+        else "",
         file=sys.stderr,
     )
     return spec
@@ -69,12 +82,16 @@ def measure_gpu(index: int) -> ResourceSpec:
         file=sys.stderr,
     )
     return spec
+
+
 def check_machine(ranks: int, threads: int) -> None:
     """Refuse more ranks or threads than this machine has CPUs for (each rank is one CPU device of the spec),
     before starting that many processes; two ranks are always allowed, as a collective needs them."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if ranks > max(2, cpus):
-        raise StratagemError(f"--ranks: this machine has {cpus} usable CPU(s), and each rank is one CPU device; got {ranks}")
+        raise StratagemError(
+            f"--ranks: this machine has {cpus} usable CPU(s), and each rank is one CPU device; got {ranks}"
+        )
     if threads > cpus:
         raise StratagemError(f"--threads: this machine has {cpus} usable CPU(s); got {threads} threads per rank")
 

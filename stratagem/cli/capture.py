@@ -82,19 +82,26 @@ def _not_a_zoo_model(spec: str, zoo: Any) -> str:
     """A bare name is read as a zoo model; a user who meant their own builder (`train.py` or `mymodels`
     without `:function`) needs to hear the MODULE:FUNCTION form, not that the zoo lacks a function."""
     names = ", ".join(sorted(getattr(zoo, "ZOO", {}))) or "none"
-    return (f"builder {spec!r}: not a zoo model (zoo models: {names}); "
-            "a builder of your own is MODULE:FUNCTION, e.g. my_pkg.models:build")
+    return (
+        f"builder {spec!r}: not a zoo model (zoo models: {names}); "
+        "a builder of your own is MODULE:FUNCTION, e.g. my_pkg.models:build"
+    )
 
 
 def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
     """How a model builder is configured, the same for every command that captures one."""
     parser.add_argument("--size", default=None, help="size preset passed to the builder (zoo: small, full, 7b, ...)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="builder keyword override, repeatable (--set layers=4)",
     )
     parser.add_argument(
-        "--optimizer", default=None,
+        "--optimizer",
+        default=None,
         help=f"optimizer kind the model trains with (sgd, momentum, adam, adamw, ...; default {DEFAULT_OPTIMIZER})",
     )
 
@@ -127,9 +134,15 @@ def build_on_meta(builder: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[
     except StratagemError:
         raise
     except Exception as error:
-        raise CaptureError(f"builder {builder.__qualname__} failed: {type(error).__name__}: {first_line(error)}") from error
-    if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module) and callable(built[1])):
-        raise CaptureError(f"builder {builder.__qualname__} must return (module, make_batch), got {type(built).__name__}")
+        raise CaptureError(
+            f"builder {builder.__qualname__} failed: {type(error).__name__}: {first_line(error)}"
+        ) from error
+    if not (
+        isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module) and callable(built[1])
+    ):
+        raise CaptureError(
+            f"builder {builder.__qualname__} must return (module, make_batch), got {type(built).__name__}"
+        )
     return built
 
 
@@ -143,7 +156,9 @@ def make_example(make_batch: Callable[[int], Any], batch: int) -> Any:
     except StratagemError:
         raise
     except Exception as error:
-        raise CaptureError(f"--batch {batch}: the builder's make_batch failed: {type(error).__name__}: {first_line(error)}") from None
+        raise CaptureError(
+            f"--batch {batch}: the builder's make_batch failed: {type(error).__name__}: {first_line(error)}"
+        ) from None
 
 
 def first_line(error: BaseException) -> str:

@@ -45,11 +45,13 @@ def connection_options(*, suppress_defaults: bool = False) -> argparse.ArgumentP
     key_default = os.environ.get("STRATAGEM_API_KEY")
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
-        "--url", default=argparse.SUPPRESS if suppress_defaults else url_default,
+        "--url",
+        default=argparse.SUPPRESS if suppress_defaults else url_default,
         help=f"the service (default: $STRATAGEM_URL or {DEFAULT_URL})",
     )
     parent.add_argument(
-        "--api-key", default=argparse.SUPPRESS if suppress_defaults else key_default,
+        "--api-key",
+        default=argparse.SUPPRESS if suppress_defaults else key_default,
         help="bearer key, when the service requires one (default: $STRATAGEM_API_KEY)",
     )
     return parent
@@ -132,15 +134,17 @@ def candidates_table(candidates: list[dict[str, Any]]) -> str:
         description = str(candidate.get("description", ""))
         if len(description) > DESCRIPTION_WIDTH:
             description = description[: DESCRIPTION_WIDTH - 3] + "..."
-        rows.append([
-            str(candidate.get("rank", "?")),
-            milliseconds(predicted.get("step_time_s")),
-            per_second(predicted.get("samples_per_s")),
-            milliseconds(measured.get("step_time_s")),
-            per_second(measured.get("samples_per_s")),
-            str(candidate.get("source", "")),
-            description,
-        ])
+        rows.append(
+            [
+                str(candidate.get("rank", "?")),
+                milliseconds(predicted.get("step_time_s")),
+                per_second(predicted.get("samples_per_s")),
+                milliseconds(measured.get("step_time_s")),
+                per_second(measured.get("samples_per_s")),
+                str(candidate.get("source", "")),
+                description,
+            ]
+        )
     headers = ["rank", "predicted ms", "pred. samples/s", "measured ms", "meas. samples/s", "source", "description"]
     return format_table(headers, rows, right=[True, True, True, True, True, False, False])
 
@@ -151,17 +155,19 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
         progress = job.get("progress") or {}
         result = job.get("result") or {}
         speedup = result.get("speedup_vs_data_parallel")
-        rows.append([
-            str(job["id"]),
-            str(job.get("status", "")),
-            str(job.get("phase", "")),
-            str(job.get("created_at", ""))[:19].replace("T", " "),
-            f"{progress.get('candidates_evaluated', 0):,}",
-            f"{progress.get('trials_done', 0)}/{progress.get('trials_budget', 0)}",
-            milliseconds(progress.get("best_step_time_s")),
-            f"{speedup:.2f}x" if isinstance(speedup, (int, float)) else "-",
-            str(result.get("answer_basis", "-")),
-        ])
+        rows.append(
+            [
+                str(job["id"]),
+                str(job.get("status", "")),
+                str(job.get("phase", "")),
+                str(job.get("created_at", ""))[:19].replace("T", " "),
+                f"{progress.get('candidates_evaluated', 0):,}",
+                f"{progress.get('trials_done', 0)}/{progress.get('trials_budget', 0)}",
+                milliseconds(progress.get("best_step_time_s")),
+                f"{speedup:.2f}x" if isinstance(speedup, (int, float)) else "-",
+                str(result.get("answer_basis", "-")),
+            ]
+        )
     headers = ["id", "status", "phase", "created (UTC)", "candidates", "trials", "best ms", "vs DP", "basis"]
     return format_table(headers, rows, right=[False, False, False, False, True, True, True, True, False])
 

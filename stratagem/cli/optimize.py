@@ -40,15 +40,23 @@ def register(subparsers: Any) -> None:
         description="Capture the model (or read a graph JSON), submit it with the cluster to the service, wait "
         "for the answer, write the best strategy and print the ranked candidates.",
     )
-    parser.add_argument("model", help="MODULE:FUNCTION returning (module, make_batch), a zoo name, or a graph .json file")
+    parser.add_argument(
+        "model", help="MODULE:FUNCTION returning (module, make_batch), a zoo name, or a graph .json file"
+    )
     parser.add_argument("--batch", type=positive_int, default=None, help="per-replica batch size (needed to capture)")
     add_builder_arguments(parser)
     parser.add_argument(
-        "--resources", type=Path, required=True,
+        "--resources",
+        type=Path,
+        required=True,
         help="the cluster: AutoDist resource_spec.yml, or a ResourceSpec JSON (e.g. from `stratagem calibrate`)",
     )
-    parser.add_argument("--device", default=None, help=f"GPU kind of an AutoDist spec's nodes (default {DEFAULT_DEVICE})")
-    parser.add_argument("--trials", type=int, default=None, help="real trials of the best candidates (0: simulator only)")
+    parser.add_argument(
+        "--device", default=None, help=f"GPU kind of an AutoDist spec's nodes (default {DEFAULT_DEVICE})"
+    )
+    parser.add_argument(
+        "--trials", type=int, default=None, help="real trials of the best candidates (0: simulator only)"
+    )
     parser.add_argument("--time-budget", type=float, default=None, help="search seconds (default: the service's)")
     parser.add_argument("--top-k", type=positive_int, default=None, help="candidates kept in the ranking")
     parser.add_argument("--seed", type=int, default=None, help="search seed, for a reproducible answer")
@@ -63,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, "--output")
     graph = load_or_capture(args)
     resources = read_resources(args.resources, device=args.device)
-    print(f"{graph.summary()}\non {resources.name}: {resources.num_devices} devices on {len(resources.nodes)} node(s)",
-          file=sys.stderr)
+    print(
+        f"{graph.summary()}\non {resources.name}: {resources.num_devices} devices on {len(resources.nodes)} node(s)",
+        file=sys.stderr,
+    )
     with connect(args) as client:
         job = client.optimize(graph, resources, max_trials=args.trials, search=search_options(args))
         print(f"job {job.id} submitted to {args.url}", file=sys.stderr)
@@ -95,15 +105,22 @@ def check_numbers(args: argparse.Namespace) -> None:
 def load_or_capture(args: argparse.Namespace) -> ModelGraph:
     """A `.json` path is a captured graph; anything else names a builder to capture."""
     if args.model.lower().endswith(".json"):
-        given = [option for option, value in (("--size", args.size), ("--set", args.overrides), ("--optimizer", args.optimizer))
-                 if value]
+        given = [
+            option
+            for option, value in (("--size", args.size), ("--set", args.overrides), ("--optimizer", args.optimizer))
+            if value
+        ]
         if given:
-            raise CaptureError(f"{given[0]}: configures a builder to capture, but {args.model} is a graph captured already; "
-                               "drop the option or name the builder")
+            raise CaptureError(
+                f"{given[0]}: configures a builder to capture, but {args.model} is a graph captured already; "
+                "drop the option or name the builder"
+            )
         return load_graph(Path(args.model), batch=args.batch)
     if args.batch is None:
         raise CaptureError(f"--batch: needed to capture {args.model!r} (the per-replica batch size)")
-    return capture_model(args.model, batch=args.batch, size=args.size, overrides=args.overrides, optimizer=optimizer_kind(args))
+    return capture_model(
+        args.model, batch=args.batch, size=args.size, overrides=args.overrides, optimizer=optimizer_kind(args)
+    )
 
 
 def load_graph(path: Path, *, batch: int | None) -> ModelGraph:
@@ -111,11 +128,15 @@ def load_graph(path: Path, *, batch: int | None) -> ModelGraph:
         raise CaptureError(f"{path}: no such graph file")
     graph = ModelGraph.parse(read_text(path, "model"))
     if batch is not None and batch != graph.batch_size:
-        raise CaptureError(f"--batch: {path} was captured at batch {graph.batch_size}, not {batch}; recapture it to change")
+        raise CaptureError(
+            f"--batch: {path} was captured at batch {graph.batch_size}, not {batch}; recapture it to change"
+        )
     return graph
 
 
-def capture_model(spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str = DEFAULT_OPTIMIZER) -> ModelGraph:
+def capture_model(
+    spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str = DEFAULT_OPTIMIZER
+) -> ModelGraph:
     from stratagem.tracing import capture
 
     kwargs = parse_overrides(overrides)
@@ -133,14 +154,24 @@ def read_resources(path: Path, *, device: str | None) -> ResourceSpec:
     if path.suffix.lower() in YAML_SUFFIXES:
         return ResourceSpec.from_autodist_yaml(text, device=device or DEFAULT_DEVICE, name=path.stem)
     if device is not None:
-        raise StratagemError(f"--device: names the GPU kind of an AutoDist spec's nodes, but {path} is a ResourceSpec JSON, "
-                             "whose nodes name their device; drop --device")
+        raise StratagemError(
+            f"--device: names the GPU kind of an AutoDist spec's nodes, but {path} is a ResourceSpec JSON, "
+            "whose nodes name their device; drop --device"
+        )
     try:
         data = parse_json(text)
     except json.JSONDecodeError as error:
-        raise InvalidResourceSpecError([Problem("--resources", (
-            f"{path}: not JSON ({json_reason(error)} at line {error.lineno}); "
-            f"an AutoDist resource spec must end in {' or '.join(YAML_SUFFIXES)}"))]) from None
+        raise InvalidResourceSpecError(
+            [
+                Problem(
+                    "--resources",
+                    (
+                        f"{path}: not JSON ({json_reason(error)} at line {error.lineno}); "
+                        f"an AutoDist resource spec must end in {' or '.join(YAML_SUFFIXES)}"
+                    ),
+                )
+            ]
+        ) from None
     return ResourceSpec.parse(data)
 
 

@@ -38,8 +38,16 @@ VERSION = 1
 PAGE = 200
 DOCUMENT_KINDS: dict[str, Any] = {"graph": ModelGraph, "resources": ResourceSpec, "strategy": Strategy}
 TRIAL_FIELDS = (
-    "outcome", "step_times_s", "median_s", "p90_s", "samples_per_s", "peak_memory_bytes", "error", "backend",
-    "predicted_step_time_s", "simulator_version",
+    "outcome",
+    "step_times_s",
+    "median_s",
+    "p90_s",
+    "samples_per_s",
+    "peak_memory_bytes",
+    "error",
+    "backend",
+    "predicted_step_time_s",
+    "simulator_version",
 )
 """What a trial line carries into `POST /v1/trials` besides its documents."""
 
@@ -52,7 +60,9 @@ def register(subparsers: Any) -> None:
     export.add_argument("--graph-id", default=None, help="only trials of this graph (content id)")
     export.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
     export.set_defaults(func=run_export)
-    load = actions.add_parser("import", parents=[connection_options()], help="record a JSON Lines file's trials on a service")
+    load = actions.add_parser(
+        "import", parents=[connection_options()], help="record a JSON Lines file's trials on a service"
+    )
     load.add_argument("file", type=Path, help="a file written by `stratagem trials export` ('-' for stdin)")
     load.set_defaults(func=run_import)
 
@@ -71,14 +81,17 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_trials(client: Client, stream: TextIO, *, job_id: str | None = None, graph_id: str | None = None,
-                  source: str = "") -> Counter[str]:
+def export_trials(
+    client: Client, stream: TextIO, *, job_id: str | None = None, graph_id: str | None = None, source: str = ""
+) -> Counter[str]:
     """Write the header, then every matching trial after the documents it needs; returns lines per kind.
     The first page is fetched before the header, so a refused filter (an unknown job) writes nothing."""
     exported_at = datetime.datetime.now(datetime.UTC).isoformat()
     trials = _all_trials(client, job_id=job_id, graph_id=graph_id)
     first = next(trials, None)
-    _write(stream, {"kind": "header", "format": FORMAT, "version": VERSION, "source": source, "exported_at": exported_at})
+    _write(
+        stream, {"kind": "header", "format": FORMAT, "version": VERSION, "source": source, "exported_at": exported_at}
+    )
     written: set[tuple[str, str]] = set()
     counts: Counter[str] = Counter()
     for trial in itertools.chain([first] if first is not None else [], trials):
@@ -134,8 +147,11 @@ def run_import(args: argparse.Namespace) -> int:
                 raise StratagemError(f"{args.file}: cannot read it: {error.strerror or error}") from None
             with stream:
                 counts = import_trials(client, stream, name=str(args.file))
-    print(f"imported {counts['trial']} trial(s), skipped {counts['skipped']} already present; "
-          f"uploaded {counts['graph']} graph(s), {counts['resources']} resource spec(s)", file=sys.stderr)
+    print(
+        f"imported {counts['trial']} trial(s), skipped {counts['skipped']} already present; "
+        f"uploaded {counts['graph']} graph(s), {counts['resources']} resource spec(s)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -177,7 +193,9 @@ class _Importer:
     def _needed(self, kind: str, line: dict[str, Any], key: str, where: str) -> Any:
         document = self.documents.get((kind, str(line.get(key))))
         if document is None:
-            raise StratagemError(f"{where}: {key}: {line.get(key)!r} is not carried by an earlier {kind!r} line of the file")
+            raise StratagemError(
+                f"{where}: {key}: {line.get(key)!r} is not carried by an earlier {kind!r} line of the file"
+            )
         return document
 
     def _present(self, graph_id: str) -> Counter[tuple[Any, ...]]:
@@ -198,13 +216,17 @@ def import_trials(client: Client, stream: IO[str] | IO[bytes], *, name: str = "<
         where = f"{name}:{number}"
         kind = line.get("kind")
         if not isinstance(kind, str):
-            raise StratagemError(f"{where}: kind: expected one of header, graph, resources, strategy, trial; got {kind!r}")
+            raise StratagemError(
+                f"{where}: kind: expected one of header, graph, resources, strategy, trial; got {kind!r}"
+            )
         if kind in DOCUMENT_KINDS:
             importer.document(str(kind), line, where)
         elif kind == "trial":
             importer.trial(line, where)
         elif kind != "header":
-            raise StratagemError(f"{where}: kind: expected one of header, graph, resources, strategy, trial; got {kind!r}")
+            raise StratagemError(
+                f"{where}: kind: expected one of header, graph, resources, strategy, trial; got {kind!r}"
+            )
     return importer.counts
 
 
@@ -231,10 +253,14 @@ def _lines(stream: IO[str] | IO[bytes], name: str) -> Iterator[tuple[int, dict[s
 
 def _check_header(line: dict[str, Any], where: str) -> None:
     if line.get("kind") != "header" or line.get("format") != FORMAT:
-        raise StratagemError(f"{where}: expected the header line {{'kind': 'header', 'format': '{FORMAT}', ...}}; "
-                             "was this file written by `stratagem trials export`?")
+        raise StratagemError(
+            f"{where}: expected the header line {{'kind': 'header', 'format': '{FORMAT}', ...}}; "
+            "was this file written by `stratagem trials export`?"
+        )
     if line.get("version") != VERSION:
-        raise StratagemError(f"{where}: version: this stratagem reads version {VERSION}, the file is {line.get('version')!r}")
+        raise StratagemError(
+            f"{where}: version: this stratagem reads version {VERSION}, the file is {line.get('version')!r}"
+        )
 
 
 def _fingerprint(graph_id: Any, resource_id: Any, strategy_id: Any, trial: dict[str, Any]) -> tuple[Any, ...]:
@@ -242,9 +268,20 @@ def _fingerprint(graph_id: Any, resource_id: Any, strategy_id: Any, trial: dict[
     times = tuple(round(float(t), 9) for t in trial.get("step_times_s") or [])
     median = trial.get("median_s")
     median = round(float(median), 9) if isinstance(median, (int, float)) else None
-    return (graph_id, resource_id, strategy_id, trial.get("outcome"), trial.get("backend"), times, median, trial.get("error"))
+    return (
+        graph_id,
+        resource_id,
+        strategy_id,
+        trial.get("outcome"),
+        trial.get("backend"),
+        times,
+        median,
+        trial.get("error"),
+    )
 
 
 def _counted(counts: Counter[str]) -> str:
-    return (f"{counts['trial']} trial(s) with {counts['graph']} graph(s), {counts['resources']} resource spec(s), "
-            f"{counts['strategy']} strategy(ies)")
+    return (
+        f"{counts['trial']} trial(s) with {counts['graph']} graph(s), {counts['resources']} resource spec(s), "
+        f"{counts['strategy']} strategy(ies)"
+    )

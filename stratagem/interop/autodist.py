@@ -118,7 +118,10 @@ def _node(config: VariableConfig, index: int, graph: ModelGraph | None, tf_names
         return fields
     fields.append(("partitioner", _partitioner(config.var_name, partition, index, graph)))
     for shard in range(partition.shards):
-        part = [("var_name", f"{config.var_name}/part_{shard}{suffix}"), _synchronizer_field(config.shard_synchronizer(shard))]
+        part = [
+            ("var_name", f"{config.var_name}/part_{shard}{suffix}"),
+            _synchronizer_field(config.shard_synchronizer(shard)),
+        ]
         fields.append(("part_config", part))
     return fields
 
@@ -129,9 +132,18 @@ def _partitioner(var_name: str, partition: Partition, index: int, graph: ModelGr
         try:
             rank = len(graph.variable(var_name).shape)
         except KeyError:
-            raise InvalidStrategyError([Problem(f"variables[{index}].var_name", f"{var_name!r} is not a variable of the graph")]) from None
+            raise InvalidStrategyError(
+                [Problem(f"variables[{index}].var_name", f"{var_name!r} is not a variable of the graph")]
+            ) from None
         if partition.axis >= rank:
-            raise InvalidStrategyError([Problem(f"variables[{index}].partition.axis", f"axis {partition.axis} does not exist in a {rank}-d variable")])
+            raise InvalidStrategyError(
+                [
+                    Problem(
+                        f"variables[{index}].partition.axis",
+                        f"axis {partition.axis} does not exist in a {rank}-d variable",
+                    )
+                ]
+            )
     counts = [1] * rank
     counts[partition.axis] = partition.shards
     return ",".join(str(count) for count in counts)
@@ -199,7 +211,9 @@ def _variable_config(node: dict[str, Any], path: str) -> VariableConfig:
         raise InvalidStrategyError([Problem(f"{path}.var_name", "is empty")])
     where = f"{path} ({name!r})"
     if node["compressor"] is not None and node["compressor"]["type"] != "NoneCompressor":
-        raise UnsupportedStrategyError(f"{where}: AutoDist's per-node {node['compressor']['type']} has no Stratagem equivalent")
+        raise UnsupportedStrategyError(
+            f"{where}: AutoDist's per-node {node['compressor']['type']} has no Stratagem equivalent"
+        )
     if not node["partitioner"]:
         if node["part_config"]:
             raise InvalidStrategyError([Problem(f"{path}.part_config", "given without a partitioner")])
@@ -209,7 +223,13 @@ def _variable_config(node: dict[str, Any], path: str) -> VariableConfig:
     if not parts:
         syncs = [_synchronizer(node, path, where)] * partition.shards
     elif len(parts) != partition.shards:
-        raise InvalidStrategyError([Problem(f"{path}.part_config", f"{len(parts)} parts for {partition.shards} shards ({node['partitioner']!r})")])
+        raise InvalidStrategyError(
+            [
+                Problem(
+                    f"{path}.part_config", f"{len(parts)} parts for {partition.shards} shards ({node['partitioner']!r})"
+                )
+            ]
+        )
     else:
         for i, part in enumerate(parts):
             if part["partitioner"] or part["part_config"]:
@@ -239,7 +259,9 @@ def _partition(text: str, path: str) -> Partition:
 
 def _synchronizer(node: dict[str, Any], path: str, where: str) -> AnySynchronizer:
     if node["SFBSynchronizer"] is not None:
-        raise UnsupportedStrategyError(f"{where}: AutoDist's SFBSynchronizer (sufficient-factor broadcasting) has no Stratagem equivalent")
+        raise UnsupportedStrategyError(
+            f"{where}: AutoDist's SFBSynchronizer (sufficient-factor broadcasting) has no Stratagem equivalent"
+        )
     ps, ar = node["PSSynchronizer"], node["AllReduceSynchronizer"]
     if ps is not None:
         if not ps["reduction_destination"]:

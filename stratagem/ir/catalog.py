@@ -140,13 +140,13 @@ they were added, with the default that leaves them out of the spec's content id
 (`ResourceSpec.compute_id`); a spec stored in between wrote the earlier ones (`legacy_ids`)."""
 
 
-def _gpu(name: str, fp32: float, fp16: float, memory_gb: float, bandwidth_gbs: float, tf32: float | None = None) -> DeviceSpec:
+def _gpu(
+    name: str, fp32: float, fp16: float, memory_gb: float, bandwidth_gbs: float, tf32: float | None = None
+) -> DeviceSpec:
     flops = {"float32": (tf32 or fp32) * TERA, "float16": fp16 * TERA, "bfloat16": fp16 * TERA}
     if name == "T4" or name.startswith("V100"):
         flops["bfloat16"] = fp32 * TERA
-    return DeviceSpec(
-        name=name, peak_flops=flops, memory_bytes=memory_gb * GIGA, memory_bandwidth=bandwidth_gbs * GIGA
-    )
+    return DeviceSpec(name=name, peak_flops=flops, memory_bytes=memory_gb * GIGA, memory_bandwidth=bandwidth_gbs * GIGA)
 
 
 CATALOG: dict[str, DeviceSpec] = {

@@ -178,7 +178,9 @@ def _non_finite_path(value: Any, path: str = "") -> str:
         return path
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        found = _non_finite_path(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+        found = _non_finite_path(
+            item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+        )
         if found:
             return found
     return ""

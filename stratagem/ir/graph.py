@@ -91,7 +91,13 @@ class Variable(Strict):
 OptimizerKind = Literal["sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "lamb"]
 
 OPTIMIZER_STATE_SLOTS: dict[str, int] = {
-    "sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "lamb": 2,
+    "sgd": 0,
+    "momentum": 1,
+    "adagrad": 1,
+    "rmsprop": 1,
+    "adam": 2,
+    "adamw": 2,
+    "lamb": 2,
 }
 
 
@@ -180,7 +186,11 @@ def graph_problems(graph: ModelGraph) -> list[Problem]:
         for j, source in enumerate(layer.inputs):
             if source not in seen_layers:
                 where = "a later layer" if source in layer_names else "not a layer of this graph"
-                problems.append(Problem(f"layers[{i}].inputs[{j}]", f"{source!r} is {where}; a layer reads only from earlier layers"))
+                problems.append(
+                    Problem(
+                        f"layers[{i}].inputs[{j}]", f"{source!r} is {where}; a layer reads only from earlier layers"
+                    )
+                )
         for j, var_name in enumerate(layer.variables):
             if var_name not in variable_names:
                 problems.append(Problem(f"layers[{i}].variables[{j}]", f"unknown variable {var_name!r}"))

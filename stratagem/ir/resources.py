@@ -75,13 +75,15 @@ class Node(Strict):
         return self.device if self.gpus else "CPU"
 
 
-
 def _id_keeping(content: dict[str, Any], *, kept: int) -> str:
     """The content id of a dumped spec with only the first `kept` added device fields written at their default."""
     dropped = dict(list(DEVICE_FIELDS_ADDED.items())[kept:])
-    devices = {kind: {name: value for name, value in device.items() if not (name in dropped and value == dropped[name])}
-               for kind, device in content.get("devices", {}).items()}
+    devices = {
+        kind: {name: value for name, value in device.items() if not (name in dropped and value == dropped[name])}
+        for kind, device in content.get("devices", {}).items()
+    }
     return content_hash({**content, "devices": devices} if devices else content)
+
 
 class ResourceSpec(Document):
     _error_type: ClassVar = InvalidResourceSpecError
@@ -211,7 +213,9 @@ def autodist_to_dict(data: Any, *, device: str, name: str) -> dict[str, Any]:
         raise InvalidResourceSpecError([Problem("nodes", "an AutoDist resource spec needs a 'nodes' list")])
     unknown = set(data) - {"nodes", "ssh"}
     if unknown:
-        raise InvalidResourceSpecError([Problem(k, "unknown key in an AutoDist resource spec") for k in sorted(unknown)])
+        raise InvalidResourceSpecError(
+            [Problem(k, "unknown key in an AutoDist resource spec") for k in sorted(unknown)]
+        )
     if not isinstance(data["nodes"], list):
         raise InvalidResourceSpecError([Problem("nodes", "must be a list")])
     nodes, bandwidths, problems = [], [], []
@@ -227,7 +231,9 @@ def autodist_to_dict(data: Any, *, device: str, name: str) -> dict[str, Any]:
         if "network_bandwidth" in raw:
             bandwidth = raw["network_bandwidth"]
             if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
-                problems.append(Problem(f"nodes[{i}].network_bandwidth", f"must be a positive number of Gbit/s, got {bandwidth!r}"))
+                problems.append(
+                    Problem(f"nodes[{i}].network_bandwidth", f"must be a positive number of Gbit/s, got {bandwidth!r}")
+                )
             node["network_bandwidth_gbps"] = bandwidth
             bandwidths.append(raw["network_bandwidth"])
         nodes.append(node)
@@ -272,10 +278,19 @@ def resource_problems(spec: ResourceSpec) -> list[Problem]:
     addresses: dict[str, int] = {}
     for i, node in enumerate(spec.nodes):
         if node.address in addresses:
-            problems.append(Problem(f"nodes[{i}].address", f"duplicate address {node.address!r} (also nodes[{addresses[node.address]}])"))
+            problems.append(
+                Problem(
+                    f"nodes[{i}].address", f"duplicate address {node.address!r} (also nodes[{addresses[node.address]}])"
+                )
+            )
         addresses.setdefault(node.address, i)
         if len(spec.nodes) > 1 and _is_loopback(node.address):
-            problems.append(Problem(f"nodes[{i}].address", f"loopback address {node.address!r} in a cluster of {len(spec.nodes)} nodes; other nodes could not reach it"))
+            problems.append(
+                Problem(
+                    f"nodes[{i}].address",
+                    f"loopback address {node.address!r} in a cluster of {len(spec.nodes)} nodes; other nodes could not reach it",
+                )
+            )
         if not node.gpus and not node.cpus:
             problems.append(Problem(f"nodes[{i}]", "has no devices: list its gpus or cpus"))
         for field, ids in (("gpus", node.gpus), ("cpus", node.cpus)):
@@ -285,7 +300,9 @@ def resource_problems(spec: ResourceSpec) -> list[Problem]:
                 problems.append(Problem(f"nodes[{i}].{field}", "device indices must be non-negative"))
         if node.gpus and node.device not in spec.devices and lookup(node.device) is None:
             known = sorted(set(CATALOG) | set(spec.devices))
-            problems.append(Problem(f"nodes[{i}].device", f"unknown device kind {node.device!r}; known: {', '.join(known)}"))
+            problems.append(
+                Problem(f"nodes[{i}].device", f"unknown device kind {node.device!r}; known: {', '.join(known)}")
+            )
     return problems
 
 

@@ -66,9 +66,7 @@ class ShardedSynchronizer(Strict):
     group: int = Field(default=0, ge=0)
 
 
-Synchronizer = Annotated[
-    AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer, Field(discriminator="kind")
-]
+Synchronizer = Annotated[AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer, Field(discriminator="kind")]
 
 
 class Partition(Strict):
@@ -302,15 +300,24 @@ def strategy_self_problems(strategy: Strategy) -> list[Problem]:
     if mesh.pipeline > 1 and strategy.pipeline is None:
         problems.append(Problem("pipeline", f"mesh.pipeline is {mesh.pipeline} but no pipeline stages are given"))
     if strategy.pipeline is not None and len(strategy.pipeline.stages) != mesh.pipeline:
-        problems.append(Problem("pipeline.stages", f"{len(strategy.pipeline.stages)} stages for mesh.pipeline={mesh.pipeline}"))
+        problems.append(
+            Problem("pipeline.stages", f"{len(strategy.pipeline.stages)} stages for mesh.pipeline={mesh.pipeline}")
+        )
     problems.extend(_tensor_parallel_self_problems(strategy.tensor_parallel, mesh))
     seen: dict[str, int] = {}
     for i, config in enumerate(strategy.variables):
         if config.var_name in seen:
-            problems.append(Problem(f"variables[{i}].var_name", f"{config.var_name!r} is configured twice (also variables[{seen[config.var_name]}])"))
+            problems.append(
+                Problem(
+                    f"variables[{i}].var_name",
+                    f"{config.var_name!r} is configured twice (also variables[{seen[config.var_name]}])",
+                )
+            )
         seen.setdefault(config.var_name, i)
         for j, sync in enumerate(config.synchronizers):
-            where = f"variables[{i}]" + (f".shard_synchronizers[{j}]" if config.shard_synchronizers else ".synchronizer")
+            where = f"variables[{i}]" + (
+                f".shard_synchronizers[{j}]" if config.shard_synchronizers else ".synchronizer"
+            )
             problems.extend(_consistency_problems(strategy.consistency, sync, where))
             if isinstance(sync, PSSynchronizer):
                 try:
@@ -330,12 +337,22 @@ def _tensor_parallel_self_problems(layers: list[TensorParallelLayer], mesh: Mesh
     for i, layer in enumerate(layers):
         where = f"tensor_parallel[{i}]"
         if names.index(layer.name) != i:
-            problems.append(Problem(f"{where}.name", f"{layer.name!r} is split twice (also tensor_parallel[{names.index(layer.name)}])"))
+            problems.append(
+                Problem(
+                    f"{where}.name", f"{layer.name!r} is split twice (also tensor_parallel[{names.index(layer.name)}])"
+                )
+            )
         inside = [a for a in attention if a != layer.name and _within(layer.name, a)]
         if inside:
-            problems.append(Problem(f"{where}.name", f"{layer.name!r} is inside {inside[0]!r}, which the heads style already splits"))
+            problems.append(
+                Problem(
+                    f"{where}.name", f"{layer.name!r} is inside {inside[0]!r}, which the heads style already splits"
+                )
+            )
         if layer.heads is not None and layer.heads % mesh.tensor:
-            problems.append(Problem(f"{where}.heads", f"mesh.tensor({mesh.tensor}) does not divide heads({layer.heads})"))
+            problems.append(
+                Problem(f"{where}.heads", f"mesh.tensor({mesh.tensor}) does not divide heads({layer.heads})")
+            )
     return problems
 
 
@@ -351,7 +368,12 @@ def _consistency_problems(consistency: Consistency, sync: Any, where: str) -> li
     if consistency.kind == "asp" and sync.sync:
         return [Problem(f"{where}.sync", "must be false under asp consistency")]
     if expected is not None and (sync.sync, sync.staleness) != expected:
-        return [Problem(where, f"sync={sync.sync}, staleness={sync.staleness} contradicts {consistency.kind} consistency (expects sync={expected[0]}, staleness={expected[1]})")]
+        return [
+            Problem(
+                where,
+                f"sync={sync.sync}, staleness={sync.staleness} contradicts {consistency.kind} consistency (expects sync={expected[0]}, staleness={expected[1]})",
+            )
+        ]
     return []
 
 
@@ -361,7 +383,11 @@ def strategy_problems(strategy: Strategy, graph: ModelGraph, resources: Resource
     if strategy.graph_id is not None and strategy.graph_id != graph.id:
         problems.append(Problem("graph_id", f"made for graph {strategy.graph_id[:12]}, not {str(graph.id)[:12]}"))
     if strategy.resources_id is not None and strategy.resources_id != resources.id:
-        problems.append(Problem("resources_id", f"made for resource spec {strategy.resources_id[:12]}, not {str(resources.id)[:12]}"))
+        problems.append(
+            Problem(
+                "resources_id", f"made for resource spec {strategy.resources_id[:12]}, not {str(resources.id)[:12]}"
+            )
+        )
     devices = set(resources.all_devices)
     for i, device in enumerate(strategy.replicas):
         if device not in devices:
@@ -374,18 +400,36 @@ def strategy_problems(strategy: Strategy, graph: ModelGraph, resources: Resource
             problems.append(Problem(f"variables[{i}].var_name", f"{config.var_name!r} is not a variable of the graph"))
             continue
         if not var.trainable:
-            problems.append(Problem(f"variables[{i}].var_name", f"{config.var_name!r} is not trainable and needs no synchronizer"))
+            problems.append(
+                Problem(f"variables[{i}].var_name", f"{config.var_name!r} is not trainable and needs no synchronizer")
+            )
         covered.add(config.var_name)
         if config.partition is not None:
             axis, shards = config.partition.axis, config.partition.shards
             if axis >= len(var.shape):
-                problems.append(Problem(f"variables[{i}].partition.axis", f"axis {axis} does not exist: {var.name} has shape {var.shape}"))
+                problems.append(
+                    Problem(
+                        f"variables[{i}].partition.axis",
+                        f"axis {axis} does not exist: {var.name} has shape {var.shape}",
+                    )
+                )
             elif shards > var.shape[axis]:
-                problems.append(Problem(f"variables[{i}].partition.shards", f"{shards} shards exceed axis {axis} of length {var.shape[axis]}"))
+                problems.append(
+                    Problem(
+                        f"variables[{i}].partition.shards",
+                        f"{shards} shards exceed axis {axis} of length {var.shape[axis]}",
+                    )
+                )
         for j, sync in enumerate(config.synchronizers):
             if isinstance(sync, PSSynchronizer) and sync.reduction_destination not in devices:
-                problems.append(Problem(f"variables[{i}].synchronizer" if config.shard_synchronizers is None else f"variables[{i}].shard_synchronizers[{j}]",
-                                        f"reduction destination {sync.reduction_destination!r} is not in the resource spec"))
+                problems.append(
+                    Problem(
+                        f"variables[{i}].synchronizer"
+                        if config.shard_synchronizers is None
+                        else f"variables[{i}].shard_synchronizers[{j}]",
+                        f"reduction destination {sync.reduction_destination!r} is not in the resource spec",
+                    )
+                )
     missing = [v.name for v in graph.variables if v.trainable and v.name not in covered]
     if missing:
         shown = ", ".join(repr(n) for n in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -413,16 +457,25 @@ def _tensor_parallel_problems(strategy: Strategy, graph: ModelGraph) -> list[Pro
         if split.style == "heads":
             inside = [layer for name, layer in layers.items() if _within(name, split.name)]
             if not inside:
-                problems.append(Problem(f"{where}.name", f"{split.name!r} is not a module of the graph (no layer inside it)"))
+                problems.append(
+                    Problem(f"{where}.name", f"{split.name!r} is not a module of the graph (no layer inside it)")
+                )
             elif not any(layer.kind in ("matmul", "attention") for layer in inside):
-                problems.append(Problem(f"{where}.name", f"{split.name!r} holds no projection or attention layer to split by heads"))
+                problems.append(
+                    Problem(f"{where}.name", f"{split.name!r} holds no projection or attention layer to split by heads")
+                )
             continue
         layer = layers.get(split.name)
         if layer is None:
             problems.append(Problem(f"{where}.name", f"{split.name!r} is not a layer of the graph"))
             continue
         if layer.kind.value not in _SPLIT_KINDS[split.style]:
-            problems.append(Problem(f"{where}.style", f"{split.style} cannot split {split.name!r}, a {layer.type} ({layer.kind.value}) layer"))
+            problems.append(
+                Problem(
+                    f"{where}.style",
+                    f"{split.style} cannot split {split.name!r}, a {layer.type} ({layer.kind.value}) layer",
+                )
+            )
             continue
         weights = [variables[n] for n in layer.variables if len(variables[n].shape) == 2]
         if not weights:
@@ -431,7 +484,12 @@ def _tensor_parallel_problems(strategy: Strategy, graph: ModelGraph) -> list[Pro
         axis = _SPLIT_AXIS[split.style]
         length = weights[0].shape[axis]
         if length % degree:
-            problems.append(Problem(f"{where}.style", f"mesh.tensor({degree}) does not divide axis {axis} of {weights[0].name} {weights[0].shape}"))
+            problems.append(
+                Problem(
+                    f"{where}.style",
+                    f"mesh.tensor({degree}) does not divide axis {axis} of {weights[0].name} {weights[0].shape}",
+                )
+            )
     return problems
 
 
@@ -440,11 +498,16 @@ def _tensor_groups_cross_nodes(replicas: list[str], degree: int) -> list[Problem
     if degree == 1:
         return []
     for start in range(0, len(replicas) - degree + 1, degree):
-        group = replicas[start:start + degree]
+        group = replicas[start : start + degree]
         addresses = {device_address(d) for d in group}
         if len(addresses) > 1:
-            return [Problem("replicas", f"tensor group replicas[{start}:{start + degree}] spans nodes {sorted(addresses)}; "
-                                        "a tensor group must stay inside one node")]
+            return [
+                Problem(
+                    "replicas",
+                    f"tensor group replicas[{start}:{start + degree}] spans nodes {sorted(addresses)}; "
+                    "a tensor group must stay inside one node",
+                )
+            ]
     return []
 
 

@@ -106,14 +106,24 @@ class SparseAllReduce(Executor):
         for piece, parts in zip(self.pieces, gathered, strict=True):
             param = piece.param
             idx, vals = sum_rows(parts, param.shape[0], param.shape[1:])
-            param.grad = torch.sparse_coo_tensor(idx.unsqueeze(0), vals / self.comm.world_size, param.shape, check_invariants=False)
+            param.grad = torch.sparse_coo_tensor(
+                idx.unsqueeze(0), vals / self.comm.world_size, param.shape, check_invariants=False
+            )
 
 
 def _bucket_key(piece: Piece, sync: AllReduceSynchronizer) -> tuple[object, ...]:
-    return (sync.group, sync.compressor.model_dump_json(), sync.algorithm == "hierarchical", piece.param.dtype, piece.param.device)
+    return (
+        sync.group,
+        sync.compressor.model_dump_json(),
+        sync.algorithm == "hierarchical",
+        piece.param.dtype,
+        piece.param.device,
+    )
 
 
-def apply_allreduce(entries: list[tuple[Piece, AllReduceSynchronizer]], sparse: list[Piece], *, comm: Comm, seed: int = 0) -> list[Executor]:
+def apply_allreduce(
+    entries: list[tuple[Piece, AllReduceSynchronizer]], sparse: list[Piece], *, comm: Comm, seed: int = 0
+) -> list[Executor]:
     """Buckets by fusion group (split where compressor, dtype or algorithm differ), then sparse parameters."""
     buckets: dict[tuple[object, ...], list[tuple[Piece, AllReduceSynchronizer]]] = {}
     for piece, sync in entries:
@@ -126,8 +136,9 @@ def apply_allreduce(entries: list[tuple[Piece, AllReduceSynchronizer]], sparse: 
             executors.append(HierarchicalBucket(pieces, comm))
             continue
         what = f"all-reduce group {sync.group} ({', '.join(p.label for p in pieces[:3])}{', ...' if len(pieces) > 3 else ''})"
-        reducer = apply_compression(sync.compressor, team=comm.world, what=what, seed=seed + index,
-                                    probe_device=pieces[0].param.device)
+        reducer = apply_compression(
+            sync.compressor, team=comm.world, what=what, seed=seed + index, probe_device=pieces[0].param.device
+        )
         executors.append(AllReduceBucket(pieces, reducer))
     if sparse:
         executors.append(SparseAllReduce(sparse, comm))

@@ -59,6 +59,7 @@ def unflatten(flat: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor
 Rows = tuple[torch.Tensor, torch.Tensor]
 """A sparse gradient's touched rows: (row indices, their values)."""
 
+
 @dataclass
 class Team:
     """Some ranks of the runtime's process group (by group rank) and the process group connecting them."""
@@ -92,7 +93,9 @@ class Team:
             return None
         return dist.all_reduce(tensor, group=self.group, async_op=async_op)
 
-    def gather(self, tensor: torch.Tensor, dst: int, me: int, *, async_op: bool = False) -> tuple[list[torch.Tensor] | None, Work]:
+    def gather(
+        self, tensor: torch.Tensor, dst: int, me: int, *, async_op: bool = False
+    ) -> tuple[list[torch.Tensor] | None, Work]:
         """Each member's tensor, in member order, at `dst` (None elsewhere)."""
         if self.size == 1:
             return [tensor], None
@@ -129,7 +132,9 @@ def wait(work: Work) -> None:
 class Comm:
     """The world team plus, when a strategy needs them, one team per node and a team of node leaders."""
 
-    def __init__(self, group: dist.ProcessGroup | None, *, rank: int, node_of_rank: list[str], node_groups: bool) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None, *, rank: int, node_of_rank: list[str], node_groups: bool
+    ) -> None:
         world = dist.get_world_size(group)
         self.rank = rank
         self.world_size = world
@@ -164,7 +169,9 @@ class Comm:
         return self.leader_of(self.rank) == self.rank
 
 
-def coalesced_rows(grad: torch.Tensor | None, start: int, length: int, row_shape: torch.Size, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def coalesced_rows(
+    grad: torch.Tensor | None, start: int, length: int, row_shape: torch.Size, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows [start, start + length) of a sparse gradient as (local row indices, summed values)."""
     if grad is None:
         return torch.empty(0, dtype=torch.long, device=like.device), like.new_zeros((0, *row_shape))
@@ -197,7 +204,9 @@ def _counts(team: Team, ns: list[int], device: torch.device) -> list[list[int]]:
     return [[int(n) for n in c.tolist()] for c in counts]
 
 
-def gather_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, dst: int, me: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+def gather_rows(
+    team: Team, idx: torch.Tensor, vals: torch.Tensor, *, dst: int, me: int
+) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Every member's rows at `dst`, in member order; only the rows each member touched travel."""
     counts = [member[0] for member in _counts(team, [idx.numel()], vals.device)]
     longest = max(counts)
@@ -234,7 +243,9 @@ def all_gather_rows(team: Team, row_sets: list[Rows]) -> list[list[Rows]]:
     return out
 
 
-def broadcast_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, src: int, me: int, row_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+def broadcast_rows(
+    team: Team, idx: torch.Tensor, vals: torch.Tensor, *, src: int, me: int, row_shape: torch.Size
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The source's rows on every member (the pull of a sparse update)."""
     count = torch.tensor([idx.numel() if me == src else 0], dtype=torch.long, device=vals.device)
     wait(team.broadcast(count, src))
@@ -248,7 +259,9 @@ def broadcast_rows(team: Team, idx: torch.Tensor, vals: torch.Tensor, *, src: in
     return idx, vals
 
 
-def sum_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, row_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+def sum_rows(
+    parts: list[tuple[torch.Tensor, torch.Tensor]], rows: int, row_shape: torch.Size
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Add row sets together, coalescing repeated indices. Each set is coalesced already (as
     `coalesced_rows` returns it), so one set is its own sum."""
     if len(parts) == 1:

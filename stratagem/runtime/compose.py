@@ -25,8 +25,9 @@ from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import ReplicatedShards
 
 
-def apply_synchronization(plan: Plan, optimizer: torch.optim.Optimizer, *, comm: Comm, device: torch.device,
-                          launch_in_backward: bool = True) -> DistributedOptimizer:
+def apply_synchronization(
+    plan: Plan, optimizer: torch.optim.Optimizer, *, comm: Comm, device: torch.device, launch_in_backward: bool = True
+) -> DistributedOptimizer:
     """The user's optimizer wrapped so its step first synchronizes every variable as `plan` says.
     `launch_in_backward=False` launches every collective at the step instead (gradients that
     accumulate over micro-batches are not ready when backward first produces them)."""
@@ -39,4 +40,6 @@ def apply_synchronization(plan: Plan, optimizer: torch.optim.Optimizer, *, comm:
     readiness = GradReadiness(executors, stats)
     if not launch_in_backward:
         readiness.remove()
-    return DistributedOptimizer(optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats)
+    return DistributedOptimizer(
+        optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats
+    )

@@ -128,7 +128,9 @@ class TopKReducer(Reducer):
         self.ratio = ratio
         self.error_feedback = error_feedback
         self.error: torch.Tensor | None = None
-        self._pending: tuple[list[torch.Tensor], Work, tuple[torch.Tensor, torch.Tensor], torch.Tensor, list[torch.Size]] | None = None
+        self._pending: (
+            tuple[list[torch.Tensor], Work, tuple[torch.Tensor, torch.Tensor], torch.Tensor, list[torch.Size]] | None
+        ) = None
 
     def start(self, grads: list[torch.Tensor]) -> None:
         flat = flatten(grads)
@@ -216,7 +218,10 @@ class PowerSGDReducer(Reducer):
         first[p_size:].div_(self.team.size)
         self._wire_bytes = first.numel() * first.element_size()
         self._pending = {
-            "shapes": [g.shape for g in grads], "ms": ms, "p_shapes": [p.shape for p in ps], "plain": plain,
+            "shapes": [g.shape for g in grads],
+            "ms": ms,
+            "p_shapes": [p.shape for p in ps],
+            "plain": plain,
             "first": (first, p_size, self.team.all_reduce(first, async_op=True) if grads else None),
         }
 
@@ -230,7 +235,11 @@ class PowerSGDReducer(Reducer):
         if p_size:
             self._finish_matrices(pending, first[:p_size], out)
         if pending["plain"]:
-            for i, part in zip(pending["plain"], unflatten(first[p_size:], [pending["shapes"][i] for i in pending["plain"]]), strict=True):
+            for i, part in zip(
+                pending["plain"],
+                unflatten(first[p_size:], [pending["shapes"][i] for i in pending["plain"]]),
+                strict=True,
+            ):
                 out[i] = part
         return [t for t in out if t is not None]
 
@@ -252,7 +261,9 @@ class PowerSGDReducer(Reducer):
             out[i] = approx.view(pending["shapes"][i])
 
 
-def apply_compression(compressor: Compressor, *, team: Team, what: str, seed: int, probe_device: torch.device | None = None) -> Reducer:
+def apply_compression(
+    compressor: Compressor, *, team: Team, what: str, seed: int, probe_device: torch.device | None = None
+) -> Reducer:
     """The reducer a bucket uses for its compressor; `what` names the bucket's variables in errors."""
     if compressor.kind in WIRE_DTYPES:
         dtype = WIRE_DTYPES[compressor.kind]
@@ -273,4 +284,6 @@ def _probe(team: Team, dtype: torch.dtype, *, what: str, device: torch.device | 
     try:
         team.all_reduce(torch.zeros(1, dtype=dtype, device=device))
     except (RuntimeError, TypeError, ValueError) as error:
-        raise UnsupportedStrategyError(f"{what}: this process group's backend cannot all-reduce {dtype} ({error})") from None
+        raise UnsupportedStrategyError(
+            f"{what}: this process group's backend cannot all-reduce {dtype} ({error})"
+        ) from None

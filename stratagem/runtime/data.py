@@ -14,6 +14,7 @@ def local_batch(batch: torch.Tensor, *, rank: int, world_size: int) -> torch.Ten
     """
     if batch.shape[0] % world_size:
         raise UnsupportedStrategyError(
-            f"global batch of {batch.shape[0]} does not split evenly over {world_size} ranks; use a multiple of {world_size}")
+            f"global batch of {batch.shape[0]} does not split evenly over {world_size} ranks; use a multiple of {world_size}"
+        )
     size = batch.shape[0] // world_size
-    return batch[rank * size:(rank + 1) * size]
+    return batch[rank * size : (rank + 1) * size]

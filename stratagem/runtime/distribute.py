@@ -30,9 +30,15 @@ if TYPE_CHECKING:
     from stratagem.runtime.pipeline_parallel import LossFn
 
 
-def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy | str | Path, *,
-               rank: int | None = None, process_group: dist.ProcessGroup | None = None,
-               loss_fn: LossFn | None = None) -> tuple[nn.Module, DistributedOptimizer]:
+def distribute(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy | str | Path,
+    *,
+    rank: int | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    loss_fn: LossFn | None = None,
+) -> tuple[nn.Module, DistributedOptimizer]:
     """Make `model` and `optimizer` train under `strategy` on this rank; train with them as usual.
 
     Each rank feeds its own slice of the global batch; gradients are averaged over ranks, so N ranks
@@ -42,17 +48,28 @@ def distribute(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Str
     """
     if not dist.is_available() or not dist.is_initialized():
         raise UnsupportedStrategyError(
-            "no process group: call stratagem.runtime.init_from_env() or torch.distributed.init_process_group() first")
+            "no process group: call stratagem.runtime.init_from_env() or torch.distributed.init_process_group() first"
+        )
     strategy = load_strategy(strategy) if isinstance(strategy, str | Path) else strategy
     world_size, me = dist.get_world_size(process_group), dist.get_rank(process_group)
     if rank is not None and rank != me:
         raise UnsupportedStrategyError(f"rank {rank} was given but this process is rank {me} of its process group")
     if needs_mesh(strategy):
         if process_group is not None and world_size != dist.get_world_size():
-            raise UnsupportedStrategyError("a tensor or pipeline mesh spans the default process group; pass process_group=None")
+            raise UnsupportedStrategyError(
+                "a tensor or pipeline mesh spans the default process group; pass process_group=None"
+            )
         device = place_model(model, strategy.replicas[me])
-        return distribute_mesh(model, optimizer, strategy, rank=me, world_size=world_size, device=device, loss_fn=loss_fn,
-                               broadcast=broadcast_module)
+        return distribute_mesh(
+            model,
+            optimizer,
+            strategy,
+            rank=me,
+            world_size=world_size,
+            device=device,
+            loss_fn=loss_fn,
+            broadcast=broadcast_module,
+        )
     plan = resolve_plan(model, optimizer, strategy, world_size=world_size, rank=me)
     device = place_model(model, strategy.replicas[me])
     comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)

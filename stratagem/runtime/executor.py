@@ -76,7 +76,8 @@ class GradReadiness:
         """Launch what backward did not (unused parameters), then finish everything, in list order."""
         if self._repeated is not None:
             raise UnsupportedStrategyError(
-                f"{self._repeated}: gradient accumulation over several backward passes per step is not supported yet")
+                f"{self._repeated}: gradient accumulation over several backward passes per step is not supported yet"
+            )
         for index, launched in enumerate(self._launched):
             if not launched:
                 self._launch(index)

@@ -92,9 +92,17 @@ def needs_mesh(strategy: Strategy) -> bool:
     return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute_activations
 
 
-def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, *, rank: int, world_size: int,
-                    device: torch.device, loss_fn: LossFn | None,
-                    broadcast: Callable[[nn.Module, Comm], None]) -> tuple[nn.Module, DistributedOptimizer]:
+def distribute_mesh(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
+    *,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    loss_fn: LossFn | None,
+    broadcast: Callable[[nn.Module, Comm], None],
+) -> tuple[nn.Module, DistributedOptimizer]:
     """The hybrid half of `distribute`: `model` is already on `device`; `broadcast` copies rank 0's model."""
     # DTensor and pipelining cost about 2 s of imports; only meshes need them.
     from torch.distributed.device_mesh import init_device_mesh
@@ -112,11 +120,23 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
     layout = MeshLayout.of(strategy)
     accumulate_in_forward = _accumulates_in_forward(strategy, model)
     cuts = _block_cuts(strategy, model)
-    _check(strategy, model, world_size=world_size, loss_fn=loss_fn, needs_loss_fn=not accumulate_in_forward and cuts is None)
+    _check(
+        strategy,
+        model,
+        world_size=world_size,
+        loss_fn=loss_fn,
+        needs_loss_fn=not accumulate_in_forward and cuts is None,
+    )
     by_children = strategy.pipeline is not None and not accumulate_in_forward and cuts is None
     stages = stage_children(model, strategy.pipeline.stages) if by_children and strategy.pipeline is not None else None
-    held = stage_parameters(model, strategy.pipeline.stages) if cuts is not None and strategy.pipeline is not None else None
-    broadcast(model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False))
+    held = (
+        stage_parameters(model, strategy.pipeline.stages)
+        if cuts is not None and strategy.pipeline is not None
+        else None
+    )
+    broadcast(
+        model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False)
+    )
     mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_AXES)
     if layout.tensor > 1:
         retarget_optimizer(optimizer, apply_tensor_parallel(model, mesh["tensor"], strategy.tensor_parallel))
@@ -130,12 +150,28 @@ def distribute_mesh(model: nn.Module, optimizer: torch.optim.Optimizer, strategy
     if strategy.pipeline is not None and stages is not None:
         module = stage_module(model, stages[p])
         assert loss_fn is not None  # _check refused a pipeline without one
-        runner = PipelinedModel(module, stage_index=p, num_stages=layout.pipeline, config=strategy.pipeline,
-                                group=mesh["pipeline"].get_group(), device=device, loss_fn=loss_fn)
+        runner = PipelinedModel(
+            module,
+            stage_index=p,
+            num_stages=layout.pipeline,
+            config=strategy.pipeline,
+            group=mesh["pipeline"].get_group(),
+            device=device,
+            loss_fn=loss_fn,
+        )
     if strategy.pipeline is not None and cuts is not None and held is not None:
         module = _holder(held[p])
-        runner = TracedPipelinedModel(model, cuts=cuts, stage_index=p, num_stages=layout.pipeline, config=strategy.pipeline,
-                                      group=mesh["pipeline"].get_group(), device=device, tied=_tied(held), held=set(held[p]))
+        runner = TracedPipelinedModel(
+            model,
+            cuts=cuts,
+            stage_index=p,
+            num_stages=layout.pipeline,
+            config=strategy.pipeline,
+            group=mesh["pipeline"].get_group(),
+            device=device,
+            tied=_tied(held),
+            held=set(held[p]),
+        )
     return runner, _synchronize(module, optimizer, strategy, layout, rank, mesh["data"].get_group(), device)
 
 
@@ -154,16 +190,19 @@ def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
     for cut in cuts:
         container = cut.rpartition(".")[0]
         if not isinstance(model.get_submodule(container) if _has_module(model, container) else None, nn.ModuleList):
-            raise UnsupportedStrategyError(f"pipeline: {container!r} is not a ModuleList of the model's blocks "
-                                           f"(stages of a {type(model).__name__} are cut between the blocks of a ModuleList named "
-                                           f"{', '.join(BLOCK_LISTS)})")
+            raise UnsupportedStrategyError(
+                f"pipeline: {container!r} is not a ModuleList of the model's blocks "
+                f"(stages of a {type(model).__name__} are cut between the blocks of a ModuleList named "
+                f"{', '.join(BLOCK_LISTS)})"
+            )
         if not _has_module(model, cut):
             raise UnsupportedStrategyError(f"pipeline: the model has no block {cut!r}")
     mesh = strategy.effective_mesh
     if mesh.tensor > 1 or strategy.recompute_activations:
         raise UnsupportedStrategyError(
             f"pipeline: stages cut between the blocks of a {type(model).__name__} are traced (torch.export), and a traced stage "
-            "holds neither DTensor splits nor recomputation: use mesh.tensor 1 and recompute_activations false with them")
+            "holds neither DTensor splits nor recomputation: use mesh.tensor 1 and recompute_activations false with them"
+        )
     return cuts
 
 
@@ -200,43 +239,64 @@ def _accumulates_in_forward(strategy: Strategy, model: nn.Module) -> bool:
     (`AccumulatedModel`), which needs the model to return its loss (`parallel_rules.accumulation_refusal`)."""
     from stratagem.parallel_rules import class_path, pipeline_refusal
 
-    return (strategy.pipeline is not None and strategy.effective_mesh.pipeline == 1
-            and pipeline_refusal(class_path(type(model)), returns_loss=False) is not None)
+    return (
+        strategy.pipeline is not None
+        and strategy.effective_mesh.pipeline == 1
+        and pipeline_refusal(class_path(type(model)), returns_loss=False) is not None
+    )
 
 
-def _check(strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: LossFn | None, needs_loss_fn: bool) -> None:
+def _check(
+    strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: LossFn | None, needs_loss_fn: bool
+) -> None:
     layout = MeshLayout.of(strategy)
     if world_size != len(strategy.replicas):
         raise UnsupportedStrategyError(
-            f"the strategy has {len(strategy.replicas)} replicas (rank i runs replicas[i]) but the process group has {world_size} ranks")
+            f"the strategy has {len(strategy.replicas)} replicas (rank i runs replicas[i]) but the process group has {world_size} ranks"
+        )
     if layout.tensor > 1 and not strategy.tensor_parallel:
         raise UnsupportedStrategyError(
-            f"mesh.tensor is {layout.tensor} but tensor_parallel names no module to split; list the layers and their styles")
+            f"mesh.tensor is {layout.tensor} but tensor_parallel names no module to split; list the layers and their styles"
+        )
     if strategy.pipeline is not None and needs_loss_fn and loss_fn is None:
-        raise UnsupportedStrategyError("a strategy with pipeline stages or micro-batches needs distribute(..., loss_fn=...): "
-                                       "the last stage computes the loss of each micro-batch")
+        raise UnsupportedStrategyError(
+            "a strategy with pipeline stages or micro-batches needs distribute(..., loss_fn=...): "
+            "the last stage computes the loss of each micro-batch"
+        )
     check_coverage(strategy, model)
 
 
 def _data_parallel_part(strategy: Strategy, module: nn.Module, group: list[int]) -> Strategy:
     """The strategy the data-parallel executors see: this stage's variables over this rank's data group."""
     present = {name for name, p in module.named_parameters() if p.requires_grad}
-    return Strategy.parse({
-        "replicas": [strategy.replicas[r] for r in group],
-        "consistency": strategy.consistency.model_dump(mode="json"),
-        "variables": [c.model_dump(mode="json") for c in strategy.variables if c.var_name in present],
-    })
+    return Strategy.parse(
+        {
+            "replicas": [strategy.replicas[r] for r in group],
+            "consistency": strategy.consistency.model_dump(mode="json"),
+            "variables": [c.model_dump(mode="json") for c in strategy.variables if c.var_name in present],
+        }
+    )
 
 
-def _synchronize(module: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, layout: MeshLayout, rank: int,
-                 group: torch.distributed.ProcessGroup, device: torch.device) -> DistributedOptimizer:
+def _synchronize(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
+    layout: MeshLayout,
+    rank: int,
+    group: torch.distributed.ProcessGroup,
+    device: torch.device,
+) -> DistributedOptimizer:
     members = layout.data_group(rank)
     part = _data_parallel_part(strategy, module, members)
     me = members.index(rank)
     plan = resolve_plan(module, optimizer, part, world_size=len(members), rank=me)
     if plan.needs_node_groups:
         raise UnsupportedStrategyError(
-            "hierarchical all-reduce and parameter-server local replication are not supported inside a tensor or pipeline mesh yet")
+            "hierarchical all-reduce and parameter-server local replication are not supported inside a tensor or pipeline mesh yet"
+        )
     comm = Comm(group, rank=me, node_of_rank=plan.node_of_rank, node_groups=False)
     # Parameters of other stages stay in the user's optimizer without gradients, which it skips.
-    return apply_synchronization(plan, optimizer, comm=comm, device=device, launch_in_backward=strategy.pipeline is None)
+    return apply_synchronization(
+        plan, optimizer, comm=comm, device=device, launch_in_backward=strategy.pipeline is None
+    )

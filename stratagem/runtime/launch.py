@@ -79,7 +79,9 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         if world_size > 1:
-            raise UnsupportedStrategyError("MASTER_PORT is not set; launch with `python -m stratagem.launch` or torchrun")
+            raise UnsupportedStrategyError(
+                "MASTER_PORT is not set; launch with `python -m stratagem.launch` or torchrun"
+            )
         os.environ["MASTER_PORT"] = str(free_port())
     if chosen == "nccl" and torch.cuda.is_available():
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -87,22 +89,39 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
     return DistEnv(rank, world_size, local_rank, chosen, strategy)
 
 
-def launch(script: str, script_args: list[str] | None = None, *, strategy: str | Path, nproc_per_node: int,
-           nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int | None = None,
-           python: str = sys.executable) -> int:
+def launch(
+    script: str,
+    script_args: list[str] | None = None,
+    *,
+    strategy: str | Path,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    python: str = sys.executable,
+) -> int:
     """Run `nproc_per_node` ranks of `script` on this node; return the first failing exit code (0 when all succeed)."""
     strategy_path = Path(strategy).resolve()
     parsed = Strategy.load(strategy_path)
     world_size = nnodes * nproc_per_node
     if world_size != len(parsed.replicas):
         raise InvalidStrategyError(
-            f"replicas: the strategy has {len(parsed.replicas)} replicas but nnodes({nnodes}) * nproc_per_node({nproc_per_node}) = {world_size}")
+            f"replicas: the strategy has {len(parsed.replicas)} replicas but nnodes({nnodes}) * nproc_per_node({nproc_per_node}) = {world_size}"
+        )
     port = master_port or free_port()
     procs = []
     for local_rank in range(nproc_per_node):
-        env = rank_environment(RANK=str(node_rank * nproc_per_node + local_rank), LOCAL_RANK=str(local_rank),
-                               WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(nproc_per_node), GROUP_RANK=str(node_rank),
-                               MASTER_ADDR=master_addr, MASTER_PORT=str(port), **{STRATEGY_ENV: str(strategy_path)})
+        env = rank_environment(
+            RANK=str(node_rank * nproc_per_node + local_rank),
+            LOCAL_RANK=str(local_rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(nproc_per_node),
+            GROUP_RANK=str(node_rank),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(port),
+            **{STRATEGY_ENV: str(strategy_path)},
+        )
         procs.append(subprocess.Popen([python, script, *(script_args or [])], env=env))
     return _join(procs)
 
@@ -138,7 +157,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stratagem.launch", description="Run a training script under a Stratagem strategy.")
+    parser = argparse.ArgumentParser(
+        prog="python -m stratagem.launch", description="Run a training script under a Stratagem strategy."
+    )
     parser.add_argument("--strategy", required=True, help="strategy JSON file (rank i runs replicas[i])")
     parser.add_argument("--nproc-per-node", type=int, required=True, help="ranks to start on this node")
     parser.add_argument("--nnodes", type=int, default=1)
@@ -177,8 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stratagem.launch: error: {problem}", file=sys.stderr)
         return 2
     try:
-        return launch(args.script, args.script_args, strategy=args.strategy, nproc_per_node=args.nproc_per_node,
-                      nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port)
+        return launch(
+            args.script,
+            args.script_args,
+            strategy=args.strategy,
+            nproc_per_node=args.nproc_per_node,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+        )
     except (StratagemError, OSError) as error:
         print(f"stratagem.launch: error: {error}", file=sys.stderr)
         return 2

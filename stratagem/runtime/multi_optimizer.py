@@ -56,8 +56,10 @@ class MultiOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if getattr(self, "_assembled", False):
-            raise StratagemError("MultiOptimizer.add_param_group: add the group to one of its parts "
-                                 "(`.optimizers[i].add_param_group`) so that part steps it")
+            raise StratagemError(
+                "MultiOptimizer.add_param_group: add the group to one of its parts "
+                "(`.optimizers[i].add_param_group`) so that part steps it"
+            )
         super().add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
@@ -67,7 +69,9 @@ class MultiOptimizer(torch.optim.Optimizer):
         saved = state_dict.get("optimizers")
         if not isinstance(saved, list) or len(saved) != len(self.optimizers):
             found = len(saved) if isinstance(saved, list) else "no"
-            raise StratagemError(f"MultiOptimizer.load_state_dict: expected {len(self.optimizers)} optimizers' states, got {found}")
+            raise StratagemError(
+                f"MultiOptimizer.load_state_dict: expected {len(self.optimizers)} optimizers' states, got {found}"
+            )
         for part, part_state in zip(self.optimizers, saved, strict=True):
             part.load_state_dict(part_state)
 
@@ -91,14 +95,20 @@ def _check_parts(parts: list[torch.optim.Optimizer]) -> None:
     seen: dict[int, int] = {}
     for index, part in enumerate(parts):
         if not isinstance(part, torch.optim.Optimizer):
-            raise StratagemError(f"MultiOptimizer: optimizers[{index}] is a {type(part).__name__}, not a torch optimizer")
+            raise StratagemError(
+                f"MultiOptimizer: optimizers[{index}] is a {type(part).__name__}, not a torch optimizer"
+            )
         if isinstance(part, MultiOptimizer):
-            raise StratagemError(f"MultiOptimizer: optimizers[{index}] is itself a MultiOptimizer; pass its parts instead")
+            raise StratagemError(
+                f"MultiOptimizer: optimizers[{index}] is itself a MultiOptimizer; pass its parts instead"
+            )
         for group in part.param_groups:
             for param in group["params"]:
                 if id(param) in seen and seen[id(param)] != index:
-                    raise StratagemError(f"MultiOptimizer: a parameter of shape {tuple(param.shape)} is in both "
-                                         f"optimizers[{seen[id(param)]}] and optimizers[{index}]; each must own its own")
+                    raise StratagemError(
+                        f"MultiOptimizer: a parameter of shape {tuple(param.shape)} is in both "
+                        f"optimizers[{seen[id(param)]}] and optimizers[{index}]; each must own its own"
+                    )
                 seen[id(param)] = index
 
 

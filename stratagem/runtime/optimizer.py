@@ -20,8 +20,15 @@ from stratagem.runtime.updates import ReplicatedShards
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, optimizer: torch.optim.Optimizer, *, readiness: GradReadiness, replicated: ReplicatedShards | None,
-                 local_params: list[nn.Parameter], stats: StatsRecorder) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        readiness: GradReadiness,
+        replicated: ReplicatedShards | None,
+        local_params: list[nn.Parameter],
+        stats: StatsRecorder,
+    ) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         super().__init__(params, dict(optimizer.defaults))
         self.param_groups = optimizer.param_groups

@@ -40,7 +40,9 @@ def stage_children(model: nn.Module, stages: list[list[str]]) -> list[list[str]]
     no layer inside it) runs in the stage of the child before it."""
     refusal = pipeline_refusal(class_path(type(model)), returns_loss=False)
     if refusal is not None:
-        raise UnsupportedStrategyError(f"pipeline: {refusal}; wrap the model's parts (embeddings, blocks, head) in an nn.Sequential")
+        raise UnsupportedStrategyError(
+            f"pipeline: {refusal}; wrap the model's parts (embeddings, blocks, head) in an nn.Sequential"
+        )
     children = list(model._modules)
     stage_of: dict[str, int] = {}
     for s, names in enumerate(stages):
@@ -49,17 +51,22 @@ def stage_children(model: nn.Module, stages: list[list[str]]) -> list[list[str]]
             if child in ROOT_LAYERS:
                 continue
             if child not in model._modules:
-                raise InvalidStrategyError([Problem(f"pipeline.stages[{s}][{j}]", f"{name!r} is not inside any child of the model")])
+                raise InvalidStrategyError(
+                    [Problem(f"pipeline.stages[{s}][{j}]", f"{name!r} is not inside any child of the model")]
+                )
             if stage_of.setdefault(child, s) != s:
                 raise UnsupportedStrategyError(
                     f"pipeline.stages: module {child!r} is split between stages {stage_of[child]} and {s}; "
-                    "stages must cut between the model's top-level children")
+                    "stages must cut between the model's top-level children"
+                )
     out: list[list[str]] = [[] for _ in stages]
     current = 0
     for child in children:
         stage = stage_of.get(child, current)
         if stage < current:
-            raise UnsupportedStrategyError(f"pipeline.stages: child {child!r} is in stage {stage}, after a child of stage {current}")
+            raise UnsupportedStrategyError(
+                f"pipeline.stages: child {child!r} is in stage {stage}, after a child of stage {current}"
+            )
         current = stage
         out[stage].append(child)
     empty = [s for s, names in enumerate(out) if not names]
@@ -77,16 +84,31 @@ class PipelinedModel(nn.Module):
     """This rank's stage, trained a whole step at a time: every rank calls `train_step` with the same
     arguments; the first stage reads the inputs, the last the targets, the others neither."""
 
-    def __init__(self, stage: nn.Sequential, *, stage_index: int, num_stages: int, config: PipelineConfig,
-                 group: dist.ProcessGroup | None, device: torch.device, loss_fn: LossFn) -> None:
+    def __init__(
+        self,
+        stage: nn.Sequential,
+        *,
+        stage_index: int,
+        num_stages: int,
+        config: PipelineConfig,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        loss_fn: LossFn,
+    ) -> None:
         super().__init__()
         self.stage = stage
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.micro_batches = config.micro_batches
         if config.schedule == "1f1b" and config.micro_batches < num_stages:
-            raise InvalidStrategyError([Problem("pipeline.micro_batches",
-                                                f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}")])
+            raise InvalidStrategyError(
+                [
+                    Problem(
+                        "pipeline.micro_batches",
+                        f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}",
+                    )
+                ]
+            )
         pipe = PipelineStage(stage, stage_index, num_stages, device, group=group)
         schedule = Schedule1F1B if config.schedule == "1f1b" else ScheduleGPipe
         self.schedule = schedule(pipe, config.micro_batches, loss_fn=_scoring_outputs(loss_fn))
@@ -104,7 +126,8 @@ class PipelinedModel(nn.Module):
         batch = (inputs[0] if inputs else target).shape[0]
         if batch % self.micro_batches:
             raise UnsupportedStrategyError(
-                f"pipeline.micro_batches: {self.micro_batches} micro-batches do not split the local batch of {batch}")
+                f"pipeline.micro_batches: {self.micro_batches} micro-batches do not split the local batch of {batch}"
+            )
         losses: list[torch.Tensor] = []
         args = inputs if self.is_first else ()
         if self.is_last:
@@ -139,7 +162,8 @@ class AccumulatedModel(nn.Module):
                 shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
                 raise UnsupportedStrategyError(
                     f"pipeline.micro_batches: {type(self.module).__name__} returned {shape}, not its loss: micro-batches of a "
-                    "model that is not an nn.Sequential accumulate only when its forward returns the loss (a single number)")
+                    "model that is not an nn.Sequential accumulate only when its forward returns the loss (a single number)"
+                )
             if index < len(chunks) - 1 and torch.is_grad_enabled():
                 (loss / self.micro_batches).backward()
                 loss = loss.detach()
@@ -152,8 +176,11 @@ class AccumulatedModel(nn.Module):
         if len(rows) != 1 or rows[0] % self.micro_batches:
             raise UnsupportedStrategyError(
                 f"pipeline.micro_batches: {self.micro_batches} micro-batches split every input along its first dimension, "
-                f"which must be one local batch they divide; the inputs' first dimensions are {rows}")
-        split = [t.chunk(self.micro_batches) if isinstance(t, torch.Tensor) else (t,) * self.micro_batches for t in inputs]
+                f"which must be one local batch they divide; the inputs' first dimensions are {rows}"
+            )
+        split = [
+            t.chunk(self.micro_batches) if isinstance(t, torch.Tensor) else (t,) * self.micro_batches for t in inputs
+        ]
         return list(zip(*split, strict=True))
 
 
@@ -215,12 +242,29 @@ class TracedPipelinedModel(nn.Module):
     model's own (the tracer copies a weight used by two stages; it is put back), and the gradient of a
     weight tied across stages is summed over the pipeline group after the schedule."""
 
-    def __init__(self, model: nn.Module, *, cuts: list[str], stage_index: int, num_stages: int, config: PipelineConfig,
-                 group: dist.ProcessGroup, device: torch.device, tied: list[str], held: set[str]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        cuts: list[str],
+        stage_index: int,
+        num_stages: int,
+        config: PipelineConfig,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        tied: list[str],
+        held: set[str],
+    ) -> None:
         super().__init__()
         if config.schedule == "1f1b" and config.micro_batches < num_stages:
-            raise InvalidStrategyError([Problem("pipeline.micro_batches",
-                                                f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}")])
+            raise InvalidStrategyError(
+                [
+                    Problem(
+                        "pipeline.micro_batches",
+                        f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}",
+                    )
+                ]
+            )
         self.module = model
         self.cuts = cuts
         self.stage_index = stage_index
@@ -248,22 +292,30 @@ class TracedPipelinedModel(nn.Module):
         if len(rows) != 1 or next(iter(rows)) % self.micro_batches:
             raise UnsupportedStrategyError(
                 f"pipeline.micro_batches: {self.micro_batches} micro-batches split every input along its first dimension, "
-                f"which must be one local batch they divide; the inputs' shapes are {[list(s) for s in shapes]}")
+                f"which must be one local batch they divide; the inputs' shapes are {[list(s) for s in shapes]}"
+            )
         if self.schedule is None:
             self.schedule = self._build(batch)
             self.shapes = shapes
         elif shapes != self.shapes:
-            raise UnsupportedStrategyError(f"pipeline: the stages were traced for inputs of shapes {[list(s) for s in self.shapes]}, "
-                                           f"not {[list(s) for s in shapes]}: every step of a traced pipeline has the same shapes")
+            raise UnsupportedStrategyError(
+                f"pipeline: the stages were traced for inputs of shapes {[list(s) for s in self.shapes]}, "
+                f"not {[list(s) for s in shapes]}: every step of a traced pipeline has the same shapes"
+            )
         losses: list[torch.Tensor] = []
         args = batch if self.is_first else ()
         if self.is_last:  # the schedule splits a target for its loss_fn; the model's own loss needs none
-            self.schedule.step(*args, target=torch.zeros(self.micro_batches, device=self.device), losses=losses,
-                               return_outputs=False)
+            self.schedule.step(
+                *args, target=torch.zeros(self.micro_batches, device=self.device), losses=losses, return_outputs=False
+            )
         else:
             self.schedule.step(*args)
         self._sum_tied_gradients()
-        loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else torch.zeros((), device=self.device)
+        loss = (
+            torch.stack([loss.detach() for loss in losses]).mean()
+            if self.is_last
+            else torch.zeros((), device=self.device)
+        )
         dist.broadcast(loss, group_src=self.num_stages - 1, group=self.group)
         return loss.requires_grad_()
 
@@ -277,8 +329,10 @@ class TracedPipelinedModel(nn.Module):
         finally:
             handle.remove()
         if pipe.num_stages != self.num_stages:
-            raise UnsupportedStrategyError(f"pipeline: tracing at {self.cuts} gave {pipe.num_stages} stages, not {self.num_stages}: "
-                                           "a cut block is not called in the traced forward")
+            raise UnsupportedStrategyError(
+                f"pipeline: tracing at {self.cuts} gave {pipe.num_stages} stages, not {self.num_stages}: "
+                "a cut block is not called in the traced forward"
+            )
         _retie(pipe.get_stage_module(self.stage_index), self.module)
         stage = pipe.build_stage(self.stage_index, self.device, group=self.group)
         return self.schedule_class(stage, self.micro_batches, loss_fn=_own_loss)
@@ -304,7 +358,9 @@ def _retie(stage: nn.Module, model: nn.Module) -> None:
         try:
             original = model.get_parameter(name)
         except AttributeError:
-            raise UnsupportedStrategyError(f"pipeline: the traced stage holds {name!r}, which is not a parameter of the model") from None
+            raise UnsupportedStrategyError(
+                f"pipeline: the traced stage holds {name!r}, which is not a parameter of the model"
+            ) from None
         if param is not original:
             owner, _, leaf = name.rpartition(".")
             stage.get_submodule(owner)._parameters[leaf] = original
@@ -314,6 +370,8 @@ def _own_loss(output: torch.Tensor, _target: object) -> torch.Tensor:
     """The last stage's output is the model's own loss: a single number, scored as it is."""
     if not isinstance(output, torch.Tensor) or output.dim() != 0:
         shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-        raise UnsupportedStrategyError(f"pipeline: the model returned {shape}, not its loss; a pipeline cut between blocks needs a "
-                                       "model whose forward returns its loss (a single number)")
+        raise UnsupportedStrategyError(
+            f"pipeline: the model returned {shape}, not its loss; a pipeline cut between blocks needs a "
+            "model whose forward returns its loss (a single number)"
+        )
     return output

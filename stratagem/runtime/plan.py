@@ -151,19 +151,27 @@ def server_rank(destination: str, replicas: list[str]) -> int | None:
     return min(ranks) if ranks else None
 
 
-def resolve_plan(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, *, world_size: int, rank: int) -> Plan:
+def resolve_plan(
+    model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, *, world_size: int, rank: int
+) -> Plan:
     _check_layout(strategy, world_size=world_size, rank=rank)
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     _check_coverage(strategy, params, frozen)
     groups = _group_index(optimizer)
     sparse = sparse_parameter_names(model)
-    plan = Plan(world_size=world_size, rank=rank, replicas=list(strategy.replicas),
-                node_of_rank=[device_address(d) for d in strategy.replicas])
+    plan = Plan(
+        world_size=world_size,
+        rank=rank,
+        replicas=list(strategy.replicas),
+        node_of_rank=[device_address(d) for d in strategy.replicas],
+    )
     for i, config in enumerate(strategy.variables):
         param = params[config.var_name]
         if id(param) not in groups:
-            raise UnsupportedStrategyError(f"variable {config.var_name!r}: the parameter is not in the optimizer, so no rank could update it")
+            raise UnsupportedStrategyError(
+                f"variable {config.var_name!r}: the parameter is not in the optimizer, so no rank could update it"
+            )
         _add_variable(plan, f"variables[{i}]", config, param, groups[id(param)], sparse=config.var_name in sparse)
     _check_optimizer(plan, optimizer)
     return plan
@@ -172,14 +180,16 @@ def resolve_plan(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: S
 def _check_layout(strategy: Strategy, *, world_size: int, rank: int) -> None:
     if world_size != len(strategy.replicas):
         raise UnsupportedStrategyError(
-            f"the strategy has {len(strategy.replicas)} replicas (rank i runs replicas[i]) but the process group has {world_size} ranks")
+            f"the strategy has {len(strategy.replicas)} replicas (rank i runs replicas[i]) but the process group has {world_size} ranks"
+        )
     if not 0 <= rank < world_size:
         raise UnsupportedStrategyError(f"rank {rank} is outside the process group of {world_size} ranks")
     mesh = strategy.effective_mesh
     if mesh.tensor > 1 or mesh.pipeline > 1:
         raise UnsupportedStrategyError(
             f"mesh {mesh.describe()}: resolve_plan plans data parallelism only (tensor and pipeline parallelism are not supported yet "
-            "at this level); distribute() runs them through stratagem.runtime.hybrid")
+            "at this level); distribute() runs them through stratagem.runtime.hybrid"
+        )
 
 
 def check_coverage(strategy: Strategy, model: nn.Module) -> None:
@@ -197,9 +207,19 @@ def _check_coverage(strategy: Strategy, params: dict[str, nn.Parameter], frozen:
     for i, config in enumerate(strategy.variables):
         where = f"variables[{i}]"
         if config.var_name in frozen:
-            problems.append(Problem(f"{where}.var_name", f"{config.var_name!r} does not require grad in the model and needs no synchronizer"))
+            problems.append(
+                Problem(
+                    f"{where}.var_name",
+                    f"{config.var_name!r} does not require grad in the model and needs no synchronizer",
+                )
+            )
         elif config.var_name not in params:
-            problems.append(Problem(f"{where}.var_name", f"{config.var_name!r} is not a parameter of the model (model.named_parameters())"))
+            problems.append(
+                Problem(
+                    f"{where}.var_name",
+                    f"{config.var_name!r} is not a parameter of the model (model.named_parameters())",
+                )
+            )
         elif config.partition is not None:
             problems.extend(_partition_problems(where, config, local_shape(params[config.var_name])))
     configured = {c.var_name for c in strategy.variables}
@@ -216,19 +236,31 @@ def _foreign_strategy(strategy: Strategy, params: dict[str, nn.Parameter], froze
     so reads better than a problem for every variable."""
     if not strategy.variables or any(c.var_name in params or c.var_name in frozen for c in strategy.variables):
         return None
-    sample = ", ".join(repr(c.var_name) for c in strategy.variables[:3]) + (", ..." if len(strategy.variables) > 3 else "")
+    sample = ", ".join(repr(c.var_name) for c in strategy.variables[:3]) + (
+        ", ..." if len(strategy.variables) > 3 else ""
+    )
     graph = f" (graph {strategy.graph_id[:12]})" if strategy.graph_id else ""
-    return Problem("graph_id", f"this strategy was made for another model{graph}: none of its {len(strategy.variables)} "
-                               f"variables ({sample}) is a parameter of this one")
+    return Problem(
+        "graph_id",
+        f"this strategy was made for another model{graph}: none of its {len(strategy.variables)} "
+        f"variables ({sample}) is a parameter of this one",
+    )
 
 
 def _partition_problems(where: str, config: VariableConfig, shape: tuple[int, ...]) -> list[Problem]:
     assert config.partition is not None  # checked by the caller
     axis, shards = config.partition.axis, config.partition.shards
     if axis >= len(shape):
-        return [Problem(f"{where}.partition.axis", f"axis {axis} does not exist: {config.var_name} has shape {list(shape)}")]
+        return [
+            Problem(f"{where}.partition.axis", f"axis {axis} does not exist: {config.var_name} has shape {list(shape)}")
+        ]
     if shards > shape[axis]:
-        return [Problem(f"{where}.partition.shards", f"{shards} shards exceed axis {axis} of length {shape[axis]} in {config.var_name}")]
+        return [
+            Problem(
+                f"{where}.partition.shards",
+                f"{shards} shards exceed axis {axis} of length {shape[axis]} in {config.var_name}",
+            )
+        ]
     return []
 
 
@@ -247,11 +279,15 @@ def _pieces(config: VariableConfig, param: nn.Parameter, group_index: int) -> li
     axis = config.partition.axis
     sizes = shard_sizes(local_shape(param)[axis], config.partition.shards)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [Piece(config.var_name, param, i, len(sizes), axis, start, size, group_index)
-            for i, (start, size) in enumerate(zip(starts, sizes, strict=True))]
+    return [
+        Piece(config.var_name, param, i, len(sizes), axis, start, size, group_index)
+        for i, (start, size) in enumerate(zip(starts, sizes, strict=True))
+    ]
 
 
-def _add_variable(plan: Plan, where: str, config: VariableConfig, param: nn.Parameter, group_index: int, *, sparse: bool) -> None:
+def _add_variable(
+    plan: Plan, where: str, config: VariableConfig, param: nn.Parameter, group_index: int, *, sparse: bool
+) -> None:
     pieces = _pieces(config, param, group_index)
     syncs = config.synchronizers
     if sparse and _moves_rows(config, syncs):
@@ -263,7 +299,8 @@ def _add_variable(plan: Plan, where: str, config: VariableConfig, param: nn.Para
         if isinstance(sync, AllReduceSynchronizer):
             if sync.algorithm == "hierarchical" and sync.compressor.kind != "none":
                 raise UnsupportedStrategyError(
-                    f"{at} ({piece.label}): hierarchical all-reduce with the {sync.compressor.kind} compressor is not supported yet")
+                    f"{at} ({piece.label}): hierarchical all-reduce with the {sync.compressor.kind} compressor is not supported yet"
+                )
             plan.allreduce.append((piece, sync))
             if not all_allreduce:
                 plan.replicated.append(piece)
@@ -281,11 +318,16 @@ def _moves_rows(config: VariableConfig, syncs: list[SyncConfig]) -> bool:
         return False
     if all(isinstance(s, PSSynchronizer) for s in syncs):
         return True
-    plain = [isinstance(s, AllReduceSynchronizer) and s.compressor.kind == "none" and s.algorithm != "hierarchical" for s in syncs]
+    plain = [
+        isinstance(s, AllReduceSynchronizer) and s.compressor.kind == "none" and s.algorithm != "hierarchical"
+        for s in syncs
+    ]
     return all(plain)
 
 
-def _add_sparse_variable(plan: Plan, where: str, config: VariableConfig, pieces: list[Piece], syncs: list[SyncConfig]) -> None:
+def _add_sparse_variable(
+    plan: Plan, where: str, config: VariableConfig, pieces: list[Piece], syncs: list[SyncConfig]
+) -> None:
     if isinstance(syncs[0], AllReduceSynchronizer):
         plan.sparse_allreduce.append(_whole(config.var_name, pieces[0].param, pieces[0].group_index))
         plan.local.append(pieces[0].param)
@@ -301,16 +343,20 @@ def _server(plan: Plan, at: str, piece: Piece, sync: PSSynchronizer) -> int:
     if rank is None:
         raise UnsupportedStrategyError(
             f"{at} ({piece.label}): reduction destination {sync.reduction_destination!r} is on a node that runs no replica; "
-            "the runtime hosts each server in the lowest rank of its node")
+            "the runtime hosts each server in the lowest rank of its node"
+        )
     return rank
 
 
 def _check_optimizer(plan: Plan, optimizer: torch.optim.Optimizer) -> None:
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise UnsupportedStrategyError("optimizer LBFGS: it treats all parameters as one vector and cannot be distributed per variable")
+        raise UnsupportedStrategyError(
+            "optimizer LBFGS: it treats all parameters as one vector and cannot be distributed per variable"
+        )
     sliced = [p for p, _, _ in plan.ps + plan.sparse_ps if not p.whole]
     sliced += [p for p, _ in plan.sharded] + plan.replicated
     if sliced and any(type(part) not in ELEMENTWISE_OPTIMIZERS for part in component_optimizers(optimizer)):
         raise UnsupportedStrategyError(
             f"variable {sliced[0].name!r}: {type(optimizer).__name__} is not known to update each element independently, "
-            "so updating a shard or a ZeRO slice separately would not equal the whole-tensor update")
+            "so updating a shard or a ZeRO slice separately would not equal the whole-tensor update"
+        )

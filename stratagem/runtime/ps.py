@@ -82,7 +82,9 @@ class _Route:
 class DensePSBucket(Executor):
     kind = "ps"
 
-    def __init__(self, pieces: list[Piece], *, server: int, sync: PSSynchronizer, comm: Comm, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, pieces: list[Piece], *, server: int, sync: PSSynchronizer, comm: Comm, optimizer: torch.optim.Optimizer
+    ) -> None:
         self.pieces = pieces
         self.route = _Route(comm, server, replicate=sync.local_replication)
         self.asynchronous = not sync.sync
@@ -169,7 +171,9 @@ class SparsePSShard(Executor):
 
     kind = "ps"
 
-    def __init__(self, piece: Piece, *, server: int, sync: PSSynchronizer, comm: Comm, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, piece: Piece, *, server: int, sync: PSSynchronizer, comm: Comm, optimizer: torch.optim.Optimizer
+    ) -> None:
         self.piece = piece
         self.route = _Route(comm, server, replicate=sync.local_replication)
         self.asynchronous = not sync.sync
@@ -260,8 +264,13 @@ def _rows_that_may_change(updater: MasterUpdater, master: torch.Tensor, touched:
     return torch.unique(torch.cat(rows))
 
 
-def apply_ps(dense: list[tuple[Piece, PSSynchronizer, int]], sparse: list[tuple[Piece, PSSynchronizer, int]], *,
-             comm: Comm, optimizer: torch.optim.Optimizer) -> list[Executor]:
+def apply_ps(
+    dense: list[tuple[Piece, PSSynchronizer, int]],
+    sparse: list[tuple[Piece, PSSynchronizer, int]],
+    *,
+    comm: Comm,
+    optimizer: torch.optim.Optimizer,
+) -> list[Executor]:
     """One bucket per (server, replication, consistency, dtype) for dense pieces; one executor per sparse piece."""
     buckets: dict[tuple[object, ...], list[tuple[Piece, PSSynchronizer, int]]] = {}
     for piece, sync, server in dense:
@@ -270,7 +279,9 @@ def apply_ps(dense: list[tuple[Piece, PSSynchronizer, int]], sparse: list[tuple[
     executors: list[Executor] = []
     for members in buckets.values():
         _, sync, server = members[0]
-        executors.append(DensePSBucket([m[0] for m in members], server=server, sync=sync, comm=comm, optimizer=optimizer))
+        executors.append(
+            DensePSBucket([m[0] for m in members], server=server, sync=sync, comm=comm, optimizer=optimizer)
+        )
     for piece, sync, server in sparse:
         executors.append(SparsePSShard(piece, server=server, sync=sync, comm=comm, optimizer=optimizer))
     return executors

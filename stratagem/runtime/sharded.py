@@ -33,7 +33,9 @@ class ZeroBucket(Executor):
         self.total = sum(p.numel for p in pieces)
         self.chunk = math.ceil(self.total / comm.world_size)
         start = comm.rank * self.chunk
-        own = FlatBuffer().flatten([p.value() for p in pieces], numel=self.chunk * comm.world_size)[start:start + self.chunk]
+        own = FlatBuffer().flatten([p.value() for p in pieces], numel=self.chunk * comm.world_size)[
+            start : start + self.chunk
+        ]
         self.updater = MasterUpdater(optimizer, [pieces[0].group_index], [own])
         self.padded, self.mine, self.gathered = FlatBuffer(), FlatBuffer(), FlatBuffer()
         self._pending: tuple[torch.Tensor, Work] | None = None
@@ -62,11 +64,13 @@ class ZeroBucket(Executor):
         with stats.waiting(self.kind):
             self.comm.world.all_gather_flat(gathered, master)
         with torch.no_grad():
-            for piece, value in zip(self.pieces, unflatten(gathered[:self.total], self.shapes), strict=True):
+            for piece, value in zip(self.pieces, unflatten(gathered[: self.total], self.shapes), strict=True):
                 piece.value().copy_(value)
 
 
-def apply_sharded(entries: list[tuple[Piece, ShardedSynchronizer]], *, comm: Comm, optimizer: torch.optim.Optimizer) -> list[Executor]:
+def apply_sharded(
+    entries: list[tuple[Piece, ShardedSynchronizer]], *, comm: Comm, optimizer: torch.optim.Optimizer
+) -> list[Executor]:
     """One flat ZeRO bucket per (group, optimizer param group, dtype, device), in strategy order."""
     buckets: dict[tuple[object, ...], list[Piece]] = {}
     for piece, sync in entries:

@@ -48,7 +48,9 @@ ROW_ORDER = "stratagem_row_order"
 """Attribute of a Linear whose weight rows were reordered before the split: new row i is old row order[i]."""
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, layers: list[TensorParallelLayer]) -> dict[int, nn.Parameter]:
+def apply_tensor_parallel(
+    model: nn.Module, mesh: DeviceMesh, layers: list[TensorParallelLayer]
+) -> dict[int, nn.Parameter]:
     """Split `layers` of `model` in place over the 1-D tensor `mesh`; return old parameter id -> new parameter.
 
     Every rank of the tensor group must call it with the same layers: splitting scatters rank 0's weights.
@@ -104,7 +106,9 @@ def _collect(model: nn.Module, layers: list[TensorParallelLayer], degree: int) -
         if split.fused is not None:
             projection = module.get_submodule(split.fused)
             assert isinstance(projection, nn.Linear)  # attention_split names Linear children only
-            splits.reordered.append((projection, fused_row_order(count, projection.out_features // (3 * count), degree)))
+            splits.reordered.append(
+                (projection, fused_row_order(count, projection.out_features // (3 * count), degree))
+            )
     return splits
 
 
@@ -115,7 +119,8 @@ def retarget_optimizer(optimizer: torch.optim.Optimizer, replaced: dict[int, nn.
     if any(len(state) for state in optimizer.state.values()):
         raise UnsupportedStrategyError(
             "tensor parallelism replaces the split parameters, but the optimizer already holds state for the old ones; "
-            "call distribute() before the first optimizer.step()")
+            "call distribute() before the first optimizer.step()"
+        )
     for group in optimizer.param_groups:
         group["params"] = [replaced.get(id(p), p) for p in group["params"]]
 
@@ -138,7 +143,9 @@ def _module(model: nn.Module, name: str, where: str) -> nn.Module:
     try:
         return model.get_submodule(name)
     except AttributeError:
-        raise InvalidStrategyError([Problem(where, f"{name!r} is not a module of the model (model.named_modules())")]) from None
+        raise InvalidStrategyError(
+            [Problem(where, f"{name!r} is not a module of the model (model.named_modules())")]
+        ) from None
 
 
 def _style(module: nn.Module, layer: TensorParallelLayer, degree: int, where: str) -> ParallelStyle:
@@ -151,9 +158,13 @@ def _style(module: nn.Module, layer: TensorParallelLayer, degree: int, where: st
         return RowwiseParallel(input_layouts=Replicate())
     assert isinstance(module, nn.Linear)  # style_refusal admits only these two classes
     if layer.style == "rowwise":
-        _divides(degree, module.in_features, f"{where}.style", f"the {module.in_features} input features of {layer.name}")
+        _divides(
+            degree, module.in_features, f"{where}.style", f"the {module.in_features} input features of {layer.name}"
+        )
         return RowwiseParallel()
-    _divides(degree, module.out_features, f"{where}.style", f"the {module.out_features} output features of {layer.name}")
+    _divides(
+        degree, module.out_features, f"{where}.style", f"the {module.out_features} output features of {layer.name}"
+    )
     return ColwiseParallel(output_layouts=Replicate()) if layer.style == "vocab" else ColwiseParallel()
 
 
@@ -163,16 +174,21 @@ def _check_heads(module: nn.Module, layer: TensorParallelLayer, degree: int, whe
     if found is None:
         raise UnsupportedStrategyError(
             f"{where} ({layer.name}): the heads style needs the module's head count as an int attribute "
-            f"({', '.join(HEAD_COUNT_ATTRIBUTES)}); {type(module).__name__} has none")
+            f"({', '.join(HEAD_COUNT_ATTRIBUTES)}); {type(module).__name__} has none"
+        )
     attribute, count = found
     if count != layer.heads:
-        raise InvalidStrategyError([Problem(f"{where}.heads", f"{layer.heads} given, but {layer.name}.{attribute} is {count}")])
+        raise InvalidStrategyError(
+            [Problem(f"{where}.heads", f"{layer.heads} given, but {layer.name}.{attribute} is {count}")]
+        )
     _divides(degree, count, f"{where}.heads", f"the {count} heads of {layer.name}")
     return attribute, count
 
 
 def _attention(module: nn.Module, name: str, heads: int, degree: int, where: str) -> AttentionSplit:
-    projections = [Projection(child, m.in_features, m.out_features) for child, m in module.named_children() if type(m) is nn.Linear]
+    projections = [
+        Projection(child, m.in_features, m.out_features) for child, m in module.named_children() if type(m) is nn.Linear
+    ]
     split = attention_split(projections, heads)
     if isinstance(split, Refusal):
         raise UnsupportedStrategyError(f"{where} ({name}): {split}")
@@ -240,7 +256,9 @@ def _check_ties(model: nn.Module, styles: dict[str, str]) -> list[list[tuple[str
         if refusal is not None:
             split, attribute = next(holder for holder in holders if holder[0] in styles)
             other = next(module for module in modules if module != split)
-            raise UnsupportedStrategyError(f"tensor_parallel ({split}): {split}.{attribute} is tied to {other}; {refusal}")
+            raise UnsupportedStrategyError(
+                f"tensor_parallel ({split}): {split}.{attribute} is tied to {other}; {refusal}"
+            )
         kept.append(holders)
     return kept
 

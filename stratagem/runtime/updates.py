@@ -18,7 +18,9 @@ from stratagem.runtime.multi_optimizer import owning_optimizer
 from stratagem.runtime.plan import Piece
 
 
-def clone_optimizer(optimizer: torch.optim.Optimizer, group_index: int, tensors: list[torch.Tensor]) -> torch.optim.Optimizer:
+def clone_optimizer(
+    optimizer: torch.optim.Optimizer, group_index: int, tensors: list[torch.Tensor]
+) -> torch.optim.Optimizer:
     """An optimizer of the user's class over `tensors`, with one param group's hyper-parameters.
 
     For a `MultiOptimizer` the class is that of the part owning the group (SparseAdam for a table)."""
@@ -27,7 +29,9 @@ def clone_optimizer(optimizer: torch.optim.Optimizer, group_index: int, tensors:
     try:
         return type(owner)([{"params": tensors, **hyper}])
     except (TypeError, ValueError) as error:
-        raise UnsupportedStrategyError(f"cannot rebuild {type(owner).__name__} for server or shard updates: {error}") from None
+        raise UnsupportedStrategyError(
+            f"cannot rebuild {type(owner).__name__} for server or shard updates: {error}"
+        ) from None
 
 
 def _sync_hyperparameters(source: dict, target: dict) -> None:
@@ -42,8 +46,14 @@ class MasterUpdater:
     `group_indices[i]` is the user's param group whose hyper-parameters apply to `values[i]`.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, group_indices: list[int], values: list[torch.Tensor], *,
-                 flat: bool = False) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        group_indices: list[int],
+        values: list[torch.Tensor],
+        *,
+        flat: bool = False,
+    ) -> None:
         self.optimizer = optimizer
         self.flat: torch.Tensor | None = None
         """With `flat` (one dtype), the masters are views of this one buffer, which a server can send as

@@ -46,9 +46,7 @@ def to_layer(record: LayerRecord) -> Layer:
 
 def sparse_parameter_names(model: nn.Module) -> set[str]:
     """Weights of embeddings built with `sparse=True`, under the names `named_parameters()` uses."""
-    sparse_ids = {
-        id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
-    }
+    sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
     return {name for name, p in model.named_parameters() if id(p) in sparse_ids}
 
 

@@ -71,6 +71,7 @@ def _traffic(name: str, args: tuple[Any, ...], inputs: list[torch.Tensor], outpu
     """Bytes an op streams: its inputs and outputs, except that an embedding lookup reads the rows it
     looks up, not its table. Counting the table priced a 244 MiB table's lookups at 112 ms a step
     where they take 0.4 ms (`benchmarks/embedding_lookups.py`)."""
+
     def size(t: torch.Tensor) -> int:
         return t.numel() * t.element_size()
 

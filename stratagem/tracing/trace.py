@@ -83,8 +83,11 @@ def _provenance(model: nn.Module, example_inputs: Any, *, seconds: float) -> dic
 def _block_lists(model: nn.Module) -> list[str]:
     """The ModuleLists where the runtime may cut pipeline stages between blocks: the graph's layer names
     alone cannot tell a ModuleList from a ModuleDict or a plain module with numbered children."""
-    return [name for name, module in model.named_modules()
-            if isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in BLOCK_LISTS]
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in BLOCK_LISTS
+    ]
 
 
 def _check_arguments(model: object, batch_size: object, optimizer: str) -> None:
@@ -155,8 +158,7 @@ def _guarded(recorder: Recorder, step: Callable[[], Any]) -> Any:
     except Exception as error:
         where = recorder.location()
         raise CaptureError(
-            f"cannot capture layer {where} in {recorder.phase.value}: {_reason(error)}: "
-            f"{type(error).__name__}: {error}"
+            f"cannot capture layer {where} in {recorder.phase.value}: {_reason(error)}: {type(error).__name__}: {error}"
         ) from error
 
 

@@ -36,11 +36,20 @@ def fake_result(spec: TrialSpec, *, step_time_s: float = 0.0, outcome: Outcome =
     if outcome == Outcome.ok:
         if step_time_s <= 0:
             raise ValueError(f"step_time_s: an ok fake trial needs a positive step time, got {step_time_s}")
-        reports = [RankReport(rank=r, phase="done", warmup_times_s=[step_time_s] * spec.warmup,
-                              step_times_s=[step_time_s] * spec.steps, finished_at=started.timestamp())
-                   for r in range(spec.world_size)]
+        reports = [
+            RankReport(
+                rank=r,
+                phase="done",
+                warmup_times_s=[step_time_s] * spec.warmup,
+                step_times_s=[step_time_s] * spec.steps,
+                finished_at=started.timestamp(),
+            )
+            for r in range(spec.world_size)
+        ]
     else:
         reports = [RankReport(rank=0, outcome=outcome, error=f"fake {outcome.value}", finished_at=started.timestamp())]
-        reports += [RankReport(rank=r, outcome=Outcome.crash, killed=True, error="killed after rank 0 failed")
-                    for r in range(1, spec.world_size)]
+        reports += [
+            RankReport(rank=r, outcome=Outcome.crash, killed=True, error="killed after rank 0 failed")
+            for r in range(1, spec.world_size)
+        ]
     return summarize(spec, reports, backend=FakeBackend.name, started=started, finished=started)

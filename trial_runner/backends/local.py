@@ -32,8 +32,14 @@ PACKAGE_ROOT = Path(trial_runner.__file__).resolve().parents[1]
 class LocalBackend:
     name = "local"
 
-    def __init__(self, *, python: str = sys.executable, master_addr: str = "127.0.0.1",
-                 failure_grace_s: float = 3.0, poll_interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        *,
+        python: str = sys.executable,
+        master_addr: str = "127.0.0.1",
+        failure_grace_s: float = 3.0,
+        poll_interval_s: float = 0.1,
+    ) -> None:
         self.python = python
         self.master_addr = master_addr
         self.failure_grace_s = failure_grace_s
@@ -53,7 +59,9 @@ class LocalBackend:
                 for rank in range(spec.world_size):
                     ranks.append(LocalRank.start(self, folder, rank=rank, port=port, threads=threads))
                 self.last_pids = [r.process.pid for r in ranks]
-                supervisor = Supervisor(spec, poll_interval_s=self.poll_interval_s, failure_grace_s=self.failure_grace_s)
+                supervisor = Supervisor(
+                    spec, poll_interval_s=self.poll_interval_s, failure_grace_s=self.failure_grace_s
+                )
                 reports = supervisor.watch(ranks)  # type: ignore[arg-type]
             except OSError as error:
                 reports = [RankReport(rank=0, outcome=Outcome.crash, error=f"could not start the ranks: {error}")]
@@ -78,13 +86,28 @@ class LocalRank:
         env = rank_environment(OMP_NUM_THREADS=str(threads))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
         command = [
-            backend.python, "-m", "trial_runner.worker", "--spec", str(folder / "spec.json"), "--rank", str(rank),
-            "--master-addr", backend.master_addr, "--master-port", str(port), "--threads", str(threads),
-            "--result", str(folder / f"rank{rank}.json"), "--progress", str(folder / f"rank{rank}.progress"),
+            backend.python,
+            "-m",
+            "trial_runner.worker",
+            "--spec",
+            str(folder / "spec.json"),
+            "--rank",
+            str(rank),
+            "--master-addr",
+            backend.master_addr,
+            "--master-port",
+            str(port),
+            "--threads",
+            str(threads),
+            "--result",
+            str(folder / f"rank{rank}.json"),
+            "--progress",
+            str(folder / f"rank{rank}.progress"),
         ]
         with open(folder / f"rank{rank}.log", "wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, start_new_session=True)
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
         return cls(rank, process, folder)
 
     def poll(self) -> RankReport | None:
@@ -94,8 +117,13 @@ class LocalRank:
         if self.result_path.exists():
             return RankReport.model_validate_json(self.result_path.read_text())
         outcome = Outcome.oom if code == -signal.SIGKILL else Outcome.crash
-        return RankReport(rank=self.rank, outcome=outcome, error=f"{describe_exit(code)}\n{self._log_tail()}".strip(),
-                          phase=(self.progress() or Progress("start", 0)).phase, finished_at=time.time())
+        return RankReport(
+            rank=self.rank,
+            outcome=outcome,
+            error=f"{describe_exit(code)}\n{self._log_tail()}".strip(),
+            phase=(self.progress() or Progress("start", 0)).phase,
+            finished_at=time.time(),
+        )
 
     def progress(self) -> Progress | None:
         try:

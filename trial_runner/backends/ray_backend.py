@@ -44,8 +44,9 @@ class RankActor:
 
         torch.set_num_threads(threads)
         spec = TrialSpec.parse(spec_json)
-        report = run_rank(spec, rank=rank, master_addr=master_addr, master_port=master_port, threads=threads,
-                          progress=self._record)
+        report = run_rank(
+            spec, rank=rank, master_addr=master_addr, master_port=master_port, threads=threads, progress=self._record
+        )
         return report.model_dump_json()
 
     def _record(self, progress: Progress) -> None:
@@ -82,8 +83,12 @@ class RayRank:
         except ray.exceptions.OutOfMemoryError as error:
             return RankReport(rank=self.rank, outcome=Outcome.oom, error=str(error)[-2000:], finished_at=time.time())
         except ray.exceptions.RayError as error:
-            return RankReport(rank=self.rank, outcome=Outcome.crash, error=f"the actor died: {str(error)[-2000:]}",
-                              finished_at=time.time())
+            return RankReport(
+                rank=self.rank,
+                outcome=Outcome.crash,
+                error=f"the actor died: {str(error)[-2000:]}",
+                finished_at=time.time(),
+            )
 
     def progress(self) -> Progress | None:
         import ray
@@ -114,9 +119,17 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, *, init_kwargs: dict[str, Any] | None = None,
-                 placement_strategy: str = "PACK", cpus_per_rank: int = 1, failure_grace_s: float = 3.0,
-                 poll_interval_s: float = 0.2, progress_interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        init_kwargs: dict[str, Any] | None = None,
+        placement_strategy: str = "PACK",
+        cpus_per_rank: int = 1,
+        failure_grace_s: float = 3.0,
+        poll_interval_s: float = 0.2,
+        progress_interval_s: float = 0.5,
+    ) -> None:
         self.address = address
         self.init_kwargs = dict(init_kwargs or {})
         self.placement_strategy = placement_strategy
@@ -175,22 +188,29 @@ class RayBackend:
             remove_placement_group(group)
         return summarize(spec, reports, backend=self.name, started=started, finished=now_utc())
 
-    def _run_in(self, spec: TrialSpec, group: Any, bundles: list[dict[str, float]], actors: list[Any],
-                clock_start: float) -> list[RankReport]:
+    def _run_in(
+        self, spec: TrialSpec, group: Any, bundles: list[dict[str, float]], actors: list[Any], clock_start: float
+    ) -> list[RankReport]:
         """Everything between reserving the bundles and releasing them; Ray's own failures become outcomes."""
         import ray
 
         try:
             ray.get(group.ready(), timeout=spec.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            reason = (f"the placement group {bundles} was not scheduled within {spec.timeout_s:g} s; "
-                      f"the cluster has {ray.available_resources()} available")
-            return [RankReport(rank=r, outcome=Outcome.timeout, error=reason, killed=True) for r in range(spec.world_size)]
+            reason = (
+                f"the placement group {bundles} was not scheduled within {spec.timeout_s:g} s; "
+                f"the cluster has {ray.available_resources()} available"
+            )
+            return [
+                RankReport(rank=r, outcome=Outcome.timeout, error=reason, killed=True) for r in range(spec.world_size)
+            ]
         try:
             handles = self._start_ranks(spec, group, bundles, actors)
         except ray.exceptions.GetTimeoutError:
             reason = f"rank 0's actor did not start within {spec.timeout_s:g} s"
-            return [RankReport(rank=r, outcome=Outcome.timeout, error=reason, killed=True) for r in range(spec.world_size)]
+            return [
+                RankReport(rank=r, outcome=Outcome.timeout, error=reason, killed=True) for r in range(spec.world_size)
+            ]
         except ray.exceptions.RayError as error:
             return [RankReport(rank=0, outcome=Outcome.crash, error=f"could not start the actors: {error}")]
         supervisor = Supervisor(spec, poll_interval_s=self.poll_interval_s, failure_grace_s=self.failure_grace_s)
@@ -199,7 +219,9 @@ class RayBackend:
     def _bundle(self, device: str) -> dict[str, float]:
         return {"GPU": 1.0} if ":GPU:" in device else {"CPU": float(self.cpus_per_rank)}
 
-    def _start_ranks(self, spec: TrialSpec, group: Any, bundles: list[dict[str, float]], actors: list[Any]) -> list[RayRank]:
+    def _start_ranks(
+        self, spec: TrialSpec, group: Any, bundles: list[dict[str, float]], actors: list[Any]
+    ) -> list[RayRank]:
         """Create the actors (into `actors`, so the caller can kill them whatever happens) and start them."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -207,14 +229,24 @@ class RayBackend:
         remote_class = ray.remote(RankActor)
         for rank, bundle in enumerate(bundles):
             placement = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=rank)
-            actors.append(remote_class.options(
-                num_cpus=bundle.get("CPU", 0.0), num_gpus=bundle.get("GPU", 0.0), max_concurrency=2,
-                scheduling_strategy=placement, runtime_env=rank_runtime_env(),
-            ).remote())
+            actors.append(
+                remote_class.options(
+                    num_cpus=bundle.get("CPU", 0.0),
+                    num_gpus=bundle.get("GPU", 0.0),
+                    max_concurrency=2,
+                    scheduling_strategy=placement,
+                    runtime_env=rank_runtime_env(),
+                ).remote()
+            )
         threads = spec.threads_per_rank or self.cpus_per_rank
         master_addr, master_port = ray.get(actors[0].endpoint.remote(), timeout=spec.timeout_s)
         spec_json = spec.to_json()
         return [
-            RayRank(rank, actor, actor.run.remote(spec_json, rank, master_addr, master_port, threads), self.progress_interval_s)
+            RayRank(
+                rank,
+                actor,
+                actor.run.remote(spec_json, rank, master_addr, master_port, threads),
+                self.progress_interval_s,
+            )
             for rank, actor in enumerate(actors)
         ]

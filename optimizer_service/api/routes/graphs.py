@@ -25,7 +25,9 @@ def graph_public(row: GraphRow, request: Request) -> GraphPublic:
     status_code=201,
     responses={200: {"model": GraphPublic, "description": "Already stored: the same document was uploaded before"}},
 )
-def upload_graph(graph: ModelGraph, session: SessionDep, request: Request, response: Response, _: WriteAuthDep) -> GraphPublic:
+def upload_graph(
+    graph: ModelGraph, session: SessionDep, request: Request, response: Response, _: WriteAuthDep
+) -> GraphPublic:
     row, created = store_graph(session, graph)
     session.commit()
     response.status_code = 201 if created else 200

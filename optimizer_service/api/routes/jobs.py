@@ -33,7 +33,9 @@ WAIT_POLL_S = 0.1
 
 
 def job_public(job: Job, request: Request) -> JobPublic:
-    progress = JobProgress.model_validate({k: v for k, v in (job.progress or {}).items() if k in JobProgress.model_fields})
+    progress = JobProgress.model_validate(
+        {k: v for k, v in (job.progress or {}).items() if k in JobProgress.model_fields}
+    )
     return JobPublic(
         id=job.id,
         url=str(request.url_for("get_job", job_id=job.id)),
@@ -72,7 +74,9 @@ async def optimize(
     settings: SettingsDep,
     _: WriteAuthDep,
     wait: Annotated[bool, Query(description="Hold the request until the job ends or `timeout` passes")] = False,
-    timeout: Annotated[float, Query(ge=0, le=3600, allow_inf_nan=False, description="Seconds to wait (capped by the service)")] = 30.0,
+    timeout: Annotated[
+        float, Query(ge=0, le=3600, allow_inf_nan=False, description="Seconds to wait (capped by the service)")
+    ] = 30.0,
 ) -> JSONResponse:
     job = await anyio.to_thread.run_sync(_submit, state, body)
     if state.workers is not None:

@@ -17,13 +17,17 @@ router = APIRouter(prefix="/v1/resources", tags=["resources"], dependencies=[Dep
 
 def resources_public(row: ResourceSpecRow, request: Request) -> ResourceSpecPublic:
     url = str(request.url_for("get_resources", resource_id=row.id))
-    return ResourceSpecPublic(id=row.id, name=row.name, created_at=row.created_at, url=url, **resources_summary(row.json))
+    return ResourceSpecPublic(
+        id=row.id, name=row.name, created_at=row.created_at, url=url, **resources_summary(row.json)
+    )
 
 
 @router.post(
     "",
     status_code=201,
-    responses={200: {"model": ResourceSpecPublic, "description": "Already stored: the same document was uploaded before"}},
+    responses={
+        200: {"model": ResourceSpecPublic, "description": "Already stored: the same document was uploaded before"}
+    },
 )
 def upload_resources(
     resources: ResourceSpec, session: SessionDep, request: Request, response: Response, _: WriteAuthDep

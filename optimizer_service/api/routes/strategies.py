@@ -21,7 +21,10 @@ router = APIRouter(prefix="/v1/strategies", tags=["strategies"], dependencies=[D
     "/{strategy_id}",
     response_model=Strategy,
     responses={
-        200: {"content": {"text/plain": {}}, "description": "The Strategy JSON, or AutoDist's text with format=autodist"},
+        200: {
+            "content": {"text/plain": {}},
+            "description": "The Strategy JSON, or AutoDist's text with format=autodist",
+        },
         404: {"model": ErrorPublic},
         422: {"model": ErrorPublic, "description": "AutoDist cannot express this strategy (the reason says why)"},
     },
@@ -29,7 +32,9 @@ router = APIRouter(prefix="/v1/strategies", tags=["strategies"], dependencies=[D
 def get_strategy(
     strategy_id: str,
     session: SessionDep,
-    format: Annotated[Literal["json", "autodist"], Query(description="`autodist`: AutoDist's strategy protobuf text")] = "json",
+    format: Annotated[
+        Literal["json", "autodist"], Query(description="`autodist`: AutoDist's strategy protobuf text")
+    ] = "json",
 ) -> Response:
     row = get_strategy_row(session, checked_id("strategy", strategy_id))
     if format == "json":
