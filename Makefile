@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check . || true
+	$(VENV)/bin/ruff format --check .
 
 schemas: $(STAMP)
 	$(PY) -m stratagem.ir.schemas docs/schemas

@@ -162,9 +162,11 @@ def test_intervals_cover_most_held_out_trials(fitted, records):
 def test_intervals_are_wide_with_few_trials_and_narrow_with_many(records):
     few = CostModel(**SMALL).fit(records[:3])
     many = CostModel(**SMALL).fit(records[:64])
-    width = lambda model: np.median(
-        np.log(model.predict_interval(records[64:])[2] / model.predict_interval(records[64:])[0])
-    )  # noqa: E731
+
+    def width(model: CostModel) -> float:
+        low, _, high = model.predict_interval(records[64:])
+        return float(np.median(np.log(high / low)))
+
     assert width(few) > width(many)
 
 
