@@ -28,7 +28,7 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r})
 started = time.perf_counter()
 import torch
-from examples.zoo import build
+from stratagem.zoo import build
 from stratagem.tracing import capture
 imported = time.perf_counter()
 model, make_batch = build({model!r}, {size!r}, device="meta")

@@ -179,7 +179,7 @@ def job_workload(name: str) -> Workload:
     if name in COMM_JOBS:
         graph = comm_graph(name, *COMM_JOBS[name])
         return Workload(graph, ReplayWorkload(graph), 0)
-    from examples import zoo
+    from stratagem import zoo
     from stratagem.tracing import capture
 
     model, case = ZOO_JOBS[name]

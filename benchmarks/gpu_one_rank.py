@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from examples import zoo
+from stratagem import zoo
 from simulator import simulate
 from stratagem.builders import DataParallel
 from stratagem.calibrate_gpu import calibrate_gpu

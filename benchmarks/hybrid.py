@@ -315,7 +315,7 @@ def layout(strategy: Strategy) -> dict[str, Any]:
 
 
 def too_large_for_data_parallel(candidates: int) -> dict[str, Any]:
-    from examples import zoo
+    from stratagem import zoo
     from stratagem.tracing import capture
 
     started = time.perf_counter()
@@ -492,7 +492,7 @@ def search_13b(candidates: int) -> dict[str, Any]:
 
 
 def analytic_vs_capture() -> dict[str, Any]:
-    from examples import zoo
+    from stratagem import zoo
     from stratagem.tracing import capture
 
     module, make_batch = zoo.build("gpt", "1.7b", device="meta")

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples import zoo
+from stratagem import zoo
 from optimizer_service.search import search
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec

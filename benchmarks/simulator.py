@@ -3,7 +3,7 @@
 Prints one JSON object: candidates per second for batch simulation (target >= 20,000/s on a 2-core
 machine), single-simulation latency (one candidate through `simulate_batch`, and one Strategy through
 `simulate`), and the context compile time. The graph comes from `stratagem.capture` on
-`examples.zoo.bert_large` when that works here, else from a BERT-large-shaped generator below
+`stratagem.zoo.bert_large` when that works here, else from a BERT-large-shaped generator below
 (24 layers, real shapes, FLOPs by formula).
 
     .venv/bin/python benchmarks/simulator.py [--candidates 10000] [--synthetic]
@@ -150,7 +150,7 @@ def bert_large_synthetic(batch: int = 32, seq: int = SEQ) -> ModelGraph:
 def bert_large_captured() -> ModelGraph | None:
     """The zoo's BERT-large through capture, or None when either is not available here."""
     try:
-        from examples import zoo
+        from stratagem import zoo
         from stratagem.tracing import capture
 
         model, make_batch = zoo.bert_large(size="full", device="meta")

@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.interleaved import load_factors, measure_block
 from benchmarks.records_file import read_lines
-from examples import zoo
+from stratagem import zoo
 from stratagem.builders import AllReduce, all_builders
 from stratagem.calibrate import DEVICE_KIND, reread, spec_from_figures
 from stratagem.ir import Compressor, ModelGraph, Provenance, ResourceSpec, ShardedSynchronizer, Strategy, VariableConfig

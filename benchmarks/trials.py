@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples import zoo
+from stratagem import zoo
 from stratagem.builders import all_builders
 from stratagem.ir import ModelGraph, Node, ResourceSpec, Strategy
 from stratagem.tracing import capture

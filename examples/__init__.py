@@ -1,1 +1,1 @@
-"""Example workloads: the model zoo (`examples.zoo`) and, from other parts of the project, scripts."""
+"""Scripts and resource specs that show Stratagem at work (`python -m examples.demo`); not an installed package."""

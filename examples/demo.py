@@ -240,7 +240,7 @@ def capture_all(plan: list[PlannedJob]) -> list[ModelGraph]:
 def capture(model: DemoModel) -> ModelGraph:
     import torch
 
-    from examples.zoo import build
+    from stratagem.zoo import build
 
     module, make_batch = build(model.name, size=model.size, device="meta")
     with torch.device("meta"):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from examples.zoo import build
+from stratagem.zoo import build
 from stratagem import capture
 from stratagem.errors import CaptureError, InvalidGraphError
 from stratagem.ir import DType, LayerKind, ModelGraph
@@ -205,7 +205,7 @@ def test_graph_round_trips_through_json_and_carries_provenance() -> None:
     assert graph.name == "bert-tiny" and graph.optimizer.kind == "sgd" and graph.optimizer.state_bytes_per_param == 0
     assert graph.provenance["source"] == "capture"
     assert graph.provenance["torch"] == torch.__version__
-    assert graph.provenance["model_class"] == "examples.zoo.Transformer"
+    assert graph.provenance["model_class"] == "stratagem.zoo.transformer.Transformer"
     assert graph.provenance["zoo"]["name"] == "bert_large" and graph.provenance["zoo"]["size"] == "small"
     assert graph.num_parameters == sum(p.numel() for p in model.parameters())
 

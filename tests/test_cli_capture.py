@@ -20,7 +20,7 @@ def test_capture_writes_a_valid_graph_and_prints_its_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "bert.json"
-    code = main(["capture", "examples.zoo:bert_large", "--batch", "4", "--size", "small", "-o", str(output)])
+    code = main(["capture", "stratagem.zoo:bert_large", "--batch", "4", "--size", "small", "-o", str(output)])
     assert code == 0
     graph = ModelGraph.load(output)
     assert graph.batch_size == 4 and graph.name == "bert_large"
@@ -52,7 +52,7 @@ def test_capture_without_output_writes_json_to_stdout(capsys: pytest.CaptureFixt
         (["capture", "gpt", "--batch", "2", "--set", "layerz=1"], "overrides.layerz: unknown field"),
         (["capture", "gpt", "--batch", "2", "--optimizer", "adamz"], "optimizer.kind: unknown optimizer 'adamz'"),
         (["capture", "no_such_module:gpt", "--batch", "2"], "cannot import module 'no_such_module'"),
-        (["capture", "examples.zoo:nothing", "--batch", "2"], "has no function 'nothing'"),
+        (["capture", "stratagem.zoo:nothing", "--batch", "2"], "has no function 'nothing'"),
         (["capture", "gpt", "--batch", "0"], "--batch: must be a positive integer"),
         (["capture", "gpt", "--batch", "2", "--set", "novalue"], "expected KEY=VALUE"),
     ],
@@ -109,7 +109,7 @@ def test_every_listed_command_registers_a_handler() -> None:
 def test_python_dash_m_stratagem_captures_in_a_subprocess(tmp_path: Path) -> None:
     output = tmp_path / "resnet.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "stratagem", "capture", "examples.zoo:resnet50", "--batch", "8", "-o", str(output)],
+        [sys.executable, "-m", "stratagem", "capture", "stratagem.zoo:resnet50", "--batch", "8", "-o", str(output)],
         cwd=ROOT,
         capture_output=True,
         text=True,

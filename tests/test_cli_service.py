@@ -65,7 +65,7 @@ def test_optimize_captures_a_zoo_model_on_an_autodist_spec_and_writes_the_best(
     code, out, err = run_cli(
         [
             "optimize",
-            "examples.zoo:resnet50",
+            "stratagem.zoo:resnet50",
             "--size",
             "small",
             "--batch",
@@ -137,7 +137,7 @@ def test_optimize_accepts_a_graph_file_and_a_resource_spec_json(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["examples.zoo:gpt", "--resources", str(SPEC_4X_T4)], "--batch: needed to capture 'examples.zoo:gpt'"),
+        (["stratagem.zoo:gpt", "--resources", str(SPEC_4X_T4)], "--batch: needed to capture 'stratagem.zoo:gpt'"),
         (["gpt", "--batch", "2", "--resources", "nowhere.yml"], "--resources: nowhere.yml: no such file"),
         (["missing.json", "--resources", str(SPEC_4X_T4)], "missing.json: no such graph file"),
         (["gpt", "--batch", "2", "--resources", str(SPEC_4X_T4), "--trials", "-1"], "--trials: must be 0 or more"),

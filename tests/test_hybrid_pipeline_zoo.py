@@ -123,7 +123,7 @@ def test_the_zoo_transformers_are_cut_between_blocks_and_the_rest_keeps_a_clear_
         assert piped, name
         assert all(m.tensor == 1 and not m.recompute for m in piped), name
         assert not any("no pipeline stages" in note for note in size_of(space).notes), name
-    returns_logits = pipeline_route("examples.zoo.Transformer", returns_loss=False, blocks=["blocks.0", "blocks.1"])
+    returns_logits = pipeline_route("stratagem.zoo.Transformer", returns_loss=False, blocks=["blocks.0", "blocks.1"])
     assert (
         "nor can it be cut between the blocks of a model that returns its loss: it does not return its own loss"
         in str(returns_logits)

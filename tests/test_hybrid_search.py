@@ -185,7 +185,7 @@ def test_recomputation_trades_a_forward_for_all_but_one_blocks_activations() -> 
 
 
 def test_the_decoded_tensor_plan_splits_a_captured_gpt_megatron_style() -> None:
-    from examples.zoo import build
+    from stratagem.zoo import build
     from stratagem import capture
 
     module, make_batch = build("gpt", "small")

@@ -37,7 +37,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {"bert_large": {"dropout": 0.0}, "gpt": {
 
 def build(name: str) -> tuple[torch.nn.Module, Any]:
     """The zoo model with every dropout off (VGG's classifier has a fixed 0.5)."""
-    from examples import zoo
+    from stratagem import zoo
 
     torch.manual_seed(0)
     model, make_batch = zoo.build(name, "small", **OVERRIDES.get(name, {}))

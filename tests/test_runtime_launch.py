@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _parallax_strategy(path: Path) -> None:
-    from examples.zoo import build
+    from stratagem.zoo import build
     from stratagem import ResourceSpec, capture
     from stratagem.builders import Parallax
 

@@ -135,7 +135,7 @@ def test_every_rank_builds_identical_initial_weights_from_the_seed():
 
 
 def test_a_graph_captured_from_the_zoo_trials_the_zoo_model_and_any_other_graph_a_replay():
-    from examples import zoo
+    from stratagem import zoo
     from stratagem.tracing import capture
     from trial_runner import workload_for_graph
 

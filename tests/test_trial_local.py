@@ -7,7 +7,7 @@ import os
 import pytest
 from conftest import make_cpu_cluster, make_mlp_graph
 
-from examples import zoo
+from stratagem import zoo
 from stratagem.builders import PS, DataParallel
 from stratagem.tracing import capture
 from trial_runner import FaultWorkload, LocalBackend, Outcome, ReplayWorkload, ZooWorkload, run_trial

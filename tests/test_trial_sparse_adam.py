@@ -12,7 +12,7 @@ import torch
 from conftest import make_cpu_cluster
 from torch import nn
 
-from examples import zoo
+from stratagem import zoo
 from stratagem.builders import DataParallel, Parallax
 from stratagem.errors import InvalidDocumentError, StratagemError
 from stratagem.runtime import MultiOptimizer

@@ -1,4 +1,4 @@
-"""examples.zoo: every model trains for real at small size, and full configs have the published shapes."""
+"""stratagem.zoo: every model trains for real at small size, and full configs have the published shapes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from examples.zoo import PRESETS, SIZES, ZOO, build, count_parameters, resolve_config, transformer_parameters
+from stratagem.zoo import PRESETS, SIZES, ZOO, build, count_parameters, resolve_config, transformer_parameters
 from stratagem import capture
 from stratagem.errors import InvalidDocumentError
 

@@ -17,11 +17,11 @@ from stratagem.ir import ModelGraph
 from stratagem.ir.graph import OptimizerKind
 
 ZOO_ALLOW_LIST: dict[str, str] = {
-    "resnet50": "examples.zoo:resnet50",
-    "vgg16": "examples.zoo:vgg16",
-    "bert_large": "examples.zoo:bert_large",
-    "gpt": "examples.zoo:gpt",
-    "dlrm": "examples.zoo:dlrm",
+    "resnet50": "stratagem.zoo:resnet50",
+    "vgg16": "stratagem.zoo:vgg16",
+    "bert_large": "stratagem.zoo:bert_large",
+    "gpt": "stratagem.zoo:gpt",
+    "dlrm": "stratagem.zoo:dlrm",
 }
 """Zoo models a trial may build, name -> `module:function`. The only place import paths appear."""
 

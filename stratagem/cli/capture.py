@@ -1,7 +1,7 @@
 """`stratagem capture MODULE:BUILDER --batch N [--size S] [--set k=v ...] [-o graph.json]`.
 
 The builder is called on the meta device (nothing allocated, so full-size models are cheap) and
-must return `(module, make_batch)`, like the builders in `examples.zoo`.
+must return `(module, make_batch)`, like the builders in `stratagem.zoo`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from stratagem.cli.files import check_output, write_text
 from stratagem.errors import CaptureError, StratagemError
 
-ZOO_MODULE = "examples.zoo"
+ZOO_MODULE = "stratagem.zoo"
 DEFAULT_OPTIMIZER = "adam"
 
 
@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resolve_builder(spec: str) -> Callable[..., Any]:
-    """`package.module:function`; a bare name means a zoo model (`gpt` is `examples.zoo:gpt`)."""
+    """`package.module:function`; a bare name means a zoo model (`gpt` is `stratagem.zoo:gpt`)."""
     module_name, _, attribute = spec.rpartition(":") if ":" in spec else (ZOO_MODULE, ":", spec)
     if not module_name or not attribute:
-        raise CaptureError(f"builder {spec!r}: expected MODULE:FUNCTION, e.g. examples.zoo:gpt")
+        raise CaptureError(f"builder {spec!r}: expected MODULE:FUNCTION, e.g. stratagem.zoo:gpt")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
