@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from stratagem import zoo
 from simulator import simulate
+from stratagem import zoo
 from stratagem.builders import DataParallel
 from stratagem.calibrate_gpu import calibrate_gpu
 from stratagem.ir import Node, ResourceSpec

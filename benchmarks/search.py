@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stratagem import zoo
 from optimizer_service.search import search
+from stratagem import zoo
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec
 from stratagem.tracing import capture

@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stratagem.zoo import build
 from stratagem import ResourceSpec, capture, distribute
 from stratagem.builders import BUILDERS
 from stratagem.runtime import init_from_env
+from stratagem.zoo import build
 
 
 def make_strategy(args: argparse.Namespace) -> None:

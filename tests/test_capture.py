@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from stratagem.zoo import build
 from stratagem import capture
 from stratagem.errors import CaptureError, InvalidGraphError
 from stratagem.ir import DType, LayerKind, ModelGraph
+from stratagem.zoo import build
 
 
 def reference_flops(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:

@@ -185,8 +185,8 @@ def test_recomputation_trades_a_forward_for_all_but_one_blocks_activations() -> 
 
 
 def test_the_decoded_tensor_plan_splits_a_captured_gpt_megatron_style() -> None:
-    from stratagem.zoo import build
     from stratagem import capture
+    from stratagem.zoo import build
 
     module, make_batch = build("gpt", "small")
     graph = capture(module, make_batch(2), batch_size=2)

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _parallax_strategy(path: Path) -> None:
-    from stratagem.zoo import build
     from stratagem import ResourceSpec, capture
     from stratagem.builders import Parallax
+    from stratagem.zoo import build
 
     module, make_batch = build("dlrm", "small")
     graph = capture(module, make_batch(4), batch_size=4, optimizer="momentum")

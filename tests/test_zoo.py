@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from stratagem.zoo import PRESETS, SIZES, ZOO, build, count_parameters, resolve_config, transformer_parameters
 from stratagem import capture
 from stratagem.errors import InvalidDocumentError
+from stratagem.zoo import PRESETS, SIZES, ZOO, build, count_parameters, resolve_config, transformer_parameters
 
 MODELS = sorted(ZOO)
 
