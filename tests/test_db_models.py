@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import lzma
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 from conftest import make_embedding_graph, make_t4_cluster
-from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
-from models import CostModelVersion, GraphRow, Job, ResourceSpecRow, Trial
+from models import CostModelVersion, GraphRow, Job, Trial
 from optimizer_service.core.documents import insert_if_absent, store_graph, store_resources, store_strategy
 from optimizer_service.db import make_engine, make_session_factory
 from stratagem.builders import Parallax
-from stratagem.ir import ResourceSpec
 
 pytest_plugins = ["service_fixtures"]
 
@@ -96,23 +91,3 @@ def test_deleting_a_job_keeps_its_trials(factory: sessionmaker[Session]) -> None
     with factory() as session:
         trial = session.query(Trial).one()
         assert trial.job_id is None and trial.step_times_s == [0.1, 0.2]
-
-
-def test_a_spec_stored_under_an_earlier_releases_id_is_found_again_not_stored_twice(
-    factory: sessionmaker[Session],
-) -> None:
-    records = (
-        Path(__file__).resolve().parents[1]
-        / "benchmarks/results/2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz"
-    )
-    with lzma.open(records, "rt") as lines:
-        stored = json.loads(next(lines))["resources"]
-    legacy = ResourceSpec.parse(stored)
-    posted = ResourceSpec.parse({key: value for key, value in stored.items() if key != "id"})
-    assert posted.id != legacy.id and legacy.id in posted.legacy_ids()
-    with factory.begin() as session:
-        assert store_resources(session, legacy)[1] is True
-    with factory.begin() as session:
-        row, created = store_resources(session, posted)
-        assert (row.id, created) == (legacy.id, False)
-        assert session.scalar(select(func.count()).select_from(ResourceSpecRow)) == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import lzma
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,6 @@ import yaml
 
 from stratagem.errors import InvalidResourceSpecError
 from stratagem.ir import CATALOG, DeviceSpec, Node, ResourceSpec, device_address, parse_device
-from stratagem.ir.catalog import DEVICE_FIELDS_ADDED
 from stratagem.ir.document import content_hash
 
 AUTODIST_YAML = """\
@@ -243,37 +241,18 @@ def test_non_finite_figures_are_refused_naming_the_field() -> None:
     )
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-
-
-@pytest.mark.parametrize(
-    "records",
-    [
-        "2026-11-23-principled-1.8-session-14/accuracy-run-q.jsonl.xz",  # before lowrank_round_s
-        "2026-11-24-principled-1.9-session-16/accuracy-run-u.jsonl.xz",  # before stream_efficiency
-        "2026-11-25-principled-1.13-session-27/accuracy-run-ag.jsonl.xz",  # before comm_latency_contention
-        "2026-11-26-principled-1.14-session-28/accuracy-run-ai.jsonl.xz",  # before the session-29 fields
-        "2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz",  # optimizer_loop_tensor_s written as null
-    ],
-)
-def test_a_spec_stored_before_a_device_field_was_added_loads_with_its_own_id(records: str):
-    with lzma.open(RESULTS / records, "rt") as lines:
-        stored = json.loads(next(lines))["resources"]
-    assert stored["devices"]
-    spec = ResourceSpec.parse(stored)
-    assert spec.id == stored["id"]  # strategies made for it still name it
-    assert ResourceSpec.parse(json.loads(spec.to_json())) == spec
-
-
-def test_a_new_spec_leaves_added_device_fields_at_their_default_out_of_its_id():
+def test_fields_at_their_default_are_left_out_of_the_id_at_every_depth():
     base = ResourceSpec(
         nodes=[Node(address="a", chief=True, gpus=[0], device="X")],
         devices={"X": DeviceSpec(name="X", peak_flops={"float32": 1e12}, memory_bytes=1e9, memory_bandwidth=1e11)},
     )
-    content = base.model_dump(mode="json", exclude={"id", "provenance"})
-    for name in DEVICE_FIELDS_ADDED:
-        content["devices"]["X"].pop(name)
+    content = base.model_dump(mode="json", exclude={"id", "provenance"}, exclude_defaults=True)
+    assert "full_select_efficiency" not in content["devices"]["X"] and "network" not in content
     assert base.id == content_hash(content)
+    explicit = base.replace(
+        devices={"X": base.devices["X"].model_copy(update={"full_select_efficiency": None}).model_dump()}
+    )
+    assert explicit.id == base.id  # a field written at its default is the same document
     changed = base.replace(
         devices={"X": base.devices["X"].model_copy(update={"full_select_efficiency": 0.5}).model_dump()}
     )

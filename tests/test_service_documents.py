@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import lzma
 from pathlib import Path
 
 from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
@@ -67,17 +65,6 @@ def test_resource_specs_are_deduplicated_and_fetched_back(make_client) -> None:
     assert (first.status_code, second.status_code) == (201, 200)
     assert first.json()["num_devices"] == 8
     assert ResourceSpec.parse(client.get(first.json()["url"]).json()) == spec
-
-
-def test_a_spec_stored_with_an_earlier_releases_id_is_not_stored_again_when_posted_without_it(make_client) -> None:
-    client: TestClient = make_client(workers=0)
-    with lzma.open(RESULTS / "2026-11-26-principled-1.16-session-29/accuracy-run-aj.jsonl.xz", "rt") as lines:
-        stored = json.loads(next(lines))["resources"]
-    first = client.post("/v1/resources", json=stored)
-    again = client.post("/v1/resources", json={key: value for key, value in stored.items() if key != "id"})
-    assert (first.status_code, again.status_code) == (201, 200)
-    assert first.json()["id"] == again.json()["id"] == stored["id"]
-    assert client.get("/v1/resources").json()["count"] == 1
 
 
 def test_unknown_and_malformed_ids_are_404(make_client) -> None:

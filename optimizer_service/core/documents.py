@@ -42,10 +42,7 @@ def store_graph(session: Session, graph: ModelGraph) -> tuple[GraphRow, bool]:
 
 
 def store_resources(session: Session, resources: ResourceSpec) -> tuple[ResourceSpecRow, bool]:
-    """The spec's row, inserted unless this content is stored already: under its id, or under the id an
-    earlier release computed for it (`ResourceSpec.legacy_ids`), which the stored row keeps."""
-    if (earlier := _stored_under_legacy_id(session, resources)) is not None:
-        return earlier, False
+    """The spec's row, inserted unless this content is stored already."""
     values = {
         "id": resources.id,
         "name": column_text(resources.name, 200),
@@ -55,18 +52,6 @@ def store_resources(session: Session, resources: ResourceSpec) -> tuple[Resource
     created = insert_if_absent(session, ResourceSpecRow, values)
     return _get(session, ResourceSpecRow, str(resources.id), "resource spec"), created
 
-
-def _stored_under_legacy_id(session: Session, resources: ResourceSpec) -> ResourceSpecRow | None:
-    """The earliest row of this content under a legacy id, unless one exists under its own id (one query)."""
-    legacy = [i for i in resources.legacy_ids() if i != resources.id]
-    if not legacy:
-        return None
-    rows = session.scalars(
-        select(ResourceSpecRow)
-        .where(ResourceSpecRow.id.in_([resources.id, *legacy]))
-        .order_by(ResourceSpecRow.created_at)
-    ).all()
-    return None if any(row.id == resources.id for row in rows) else next(iter(rows), None)
 
 
 def store_strategy(

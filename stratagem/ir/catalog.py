@@ -6,8 +6,6 @@ replaces them with measured figures for a machine.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from stratagem.ir.document import Strict
@@ -127,17 +125,6 @@ class DeviceSpec(Strict):
             return self.peak_flops["float16"]
         return self.peak_flops["float32"]
 
-
-DEVICE_FIELDS_ADDED: dict[str, Any] = {
-    "lowrank_round_s": None,  # principled-1.9
-    "stream_efficiency": None,  # 1.11
-    "comm_latency_contention": 0.0,  # 1.14
-    "optimizer_loop_tensor_s": None,  # 1.15
-    "full_select_efficiency": None,  # 1.16
-}
-"""DeviceSpec fields added after resource specs holding device kinds were first stored, in the order
-they were added, with the default that leaves them out of the spec's content id
-(`ResourceSpec.compute_id`); a spec stored in between wrote the earlier ones (`legacy_ids`)."""
 
 
 def _gpu(

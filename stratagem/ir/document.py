@@ -2,7 +2,9 @@
 
 The content id is the sha256 of the canonical JSON of the document without the fields that do not
 change what the document *means* (its id and its provenance), so two services that receive the same
-graph agree on its id and can deduplicate it.
+graph agree on its id and can deduplicate it. Fields at their default are left out of it, at every
+depth: a field added later with a default leaves the id of every document written before it as it
+was. A default is therefore part of the schema and never changes.
 """
 
 from __future__ import annotations
@@ -68,22 +70,15 @@ class Document(Strict):
         try:
             expected = self.compute_id()
         except ValueError:  # json refuses inf and nan; say where they are
-            content = self.model_dump(mode="python", exclude=set(self._id_excluded))
+            content = self.model_dump(mode="python", exclude=set(self._id_excluded), exclude_defaults=True)
             raise ValueError(f"{_non_finite_path(content)}: must be a finite number") from None
         if self.id is not None and self.id != expected:
-            if self.id in self.legacy_ids():
-                return self
             raise ValueError(
                 f"id: {self.id!r} does not match the content (expected {expected!r}); "
                 "remove the id after editing a document"
             )
         object.__setattr__(self, "id", expected)
         return self
-
-    def legacy_ids(self) -> tuple[str, ...]:
-        """Ids an earlier release computed for this same content (a document stored then keeps its id,
-        so whatever refers to it still does)."""
-        return ()
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Assigning a field the id covers re-derives the id; a refused assignment leaves the document as it was.
@@ -104,7 +99,11 @@ class Document(Strict):
             raise self._error_type(problems_from_validation_error(error)) from None
 
     def compute_id(self) -> str:
-        return content_hash(self.model_dump(mode="json", exclude=set(self._id_excluded)))
+        return content_hash(self.id_content())
+
+    def id_content(self) -> dict[str, Any]:
+        """What the content id covers: every field but the excluded ones, defaults left out."""
+        return self.model_dump(mode="json", exclude=set(self._id_excluded), exclude_defaults=True)
 
     def replace(self, **changes: Any) -> Self:
         """A validated copy with some fields changed (and a fresh id)."""

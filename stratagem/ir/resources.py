@@ -15,8 +15,8 @@ import yaml
 from pydantic import Field, model_validator
 
 from stratagem.errors import InvalidResourceSpecError, Problem
-from stratagem.ir.catalog import CATALOG, DEVICE_FIELDS_ADDED, DeviceSpec, lookup
-from stratagem.ir.document import Document, Strict, as_value_error, content_hash
+from stratagem.ir.catalog import CATALOG, DeviceSpec, lookup
+from stratagem.ir.document import Document, Strict, as_value_error
 
 LinkKind = Literal["pcie", "nvlink", "ethernet", "infiniband", "loopback", "shared-memory"]
 
@@ -75,15 +75,6 @@ class Node(Strict):
         return self.device if self.gpus else "CPU"
 
 
-def _id_keeping(content: dict[str, Any], *, kept: int) -> str:
-    """The content id of a dumped spec with only the first `kept` added device fields written at their default."""
-    dropped = dict(list(DEVICE_FIELDS_ADDED.items())[kept:])
-    devices = {
-        kind: {name: value for name, value in device.items() if not (name in dropped and value == dropped[name])}
-        for kind, device in content.get("devices", {}).items()
-    }
-    return content_hash({**content, "devices": devices} if devices else content)
-
 
 class ResourceSpec(Document):
     _error_type: ClassVar = InvalidResourceSpecError
@@ -104,18 +95,6 @@ class ResourceSpec(Document):
     def _check_cluster(self) -> Self:
         as_value_error(resource_problems(self))
         return self
-
-    def compute_id(self) -> str:
-        """Device-kind fields added after specs holding device kinds were first stored are left out
-        while they hold their default (`DEVICE_FIELDS_ADDED`), so those specs keep their ids."""
-        return _id_keeping(self.model_dump(mode="json", exclude=set(self._id_excluded)), kept=0)
-
-    def legacy_ids(self) -> tuple[str, ...]:
-        """A spec stored between two additions wrote the fields that existed then, defaults included."""
-        if not self.devices:
-            return ()
-        content = self.model_dump(mode="json", exclude=set(self._id_excluded))
-        return tuple(_id_keeping(content, kept=n) for n in range(1, len(DEVICE_FIELDS_ADDED) + 1))
 
     # --- queries -------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import Field, model_validator
 
 from stratagem.errors import InvalidStrategyError, Problem
-from stratagem.ir.document import Document, Strict, as_value_error, check, content_hash
+from stratagem.ir.document import Document, Strict, as_value_error, check
 from stratagem.ir.graph import ModelGraph
 from stratagem.ir.resources import ResourceSpec, device_address, parse_device
 
@@ -206,9 +206,6 @@ class Provenance(Strict):
     notes: list[str] = Field(default_factory=list)
 
 
-ADDED_FIELDS: dict[str, Any] = {"tensor_parallel": [], "recompute_activations": False}
-"""Strategy fields added after schema 1 shipped, with the default that leaves them out of the content id."""
-
 
 class Strategy(Document):
     _error_type: ClassVar = InvalidStrategyError
@@ -242,15 +239,6 @@ class Strategy(Document):
     @property
     def effective_mesh(self) -> Mesh:
         return self.mesh or Mesh(data=len(self.replicas))
-
-    def compute_id(self) -> str:
-        """Fields added after schema 1 shipped are left out while they hold their default, so the ids of
-        strategies written before them do not change."""
-        content = self.model_dump(mode="json", exclude=set(self._id_excluded))
-        for name, default in ADDED_FIELDS.items():
-            if content.get(name) == default:
-                content.pop(name, None)
-        return content_hash(content)
 
     def config_of(self, var_name: str) -> VariableConfig:
         for config in self.variables:
