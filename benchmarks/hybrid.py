@@ -310,7 +310,7 @@ def layout(strategy: Strategy) -> dict[str, Any]:
         "data": mesh.data,
         "micro_batches": pipeline.micro_batches if pipeline else 1,
         "schedule": pipeline.schedule if pipeline and mesh.pipeline > 1 else None,
-        "recompute": strategy.recompute_activations,
+        "recompute": strategy.recompute,
     }
 
 

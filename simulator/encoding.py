@@ -359,6 +359,27 @@ def encode(context: SimContext, strategies: list[Strategy], *, validate: bool = 
     return batch
 
 
+def _refuse_unpriced(strategy: Strategy) -> None:
+    """Knobs of the strategy document the encoding does not carry yet are refused, never ignored."""
+    mesh, pipeline = strategy.effective_mesh, strategy.pipeline
+    knobs = {
+        f"precision {strategy.precision!r}": strategy.precision != "fp32",
+        "selective recomputation": strategy.recompute == "selective",
+        "sequence parallelism": strategy.sequence_parallel,
+        "context parallelism": mesh.context > 1,
+        f"the {pipeline.schedule if pipeline else ''} pipeline schedule": pipeline is not None
+        and pipeline.schedule not in ("gpipe", "1f1b"),
+        "ZeRO stage 1 or 3, or a shard group": any(
+            isinstance(s, ShardedSynchronizer) and (s.stage != 2 or s.shard_group is not None)
+            for c in strategy.variables
+            for s in c.synchronizers
+        ),
+    }
+    unpriced = [name for name, used in knobs.items() if used]
+    if unpriced:
+        raise UnsupportedStrategyError(f"the simulator does not price {', '.join(unpriced)} yet")
+
+
 def _ps_shards(strategy: Strategy) -> int:
     return max([c.num_shards for c in strategy.variables if any(s.kind == "ps" for s in c.synchronizers)] + [1])
 
@@ -370,7 +391,8 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.replicas[i, [context.device_index[d] for d in strategy.replicas]] = True
     b.consistency[i] = _CONSISTENCIES[strategy.consistency.kind]
     b.staleness[i] = strategy.consistency.staleness
-    b.recompute[i] = strategy.recompute_activations
+    _refuse_unpriced(strategy)
+    b.recompute[i] = strategy.recompute == "full"
     if strategy.pipeline is not None:
         b.micro_batches[i] = strategy.pipeline.micro_batches
         b.schedule[i] = Schedule.GPIPE if strategy.pipeline.schedule == "gpipe" else Schedule.ONE_F_ONE_B
@@ -438,7 +460,7 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         mesh=Mesh(data=int(batch.data[i]), tensor=int(batch.tensor[i]), pipeline=int(batch.pipeline[i])),
         pipeline=pipeline,
         tensor_parallel=context.tensor_plan(int(batch.tensor[i])),
-        recompute_activations=bool(batch.recompute[i]),
+        recompute="full" if batch.recompute[i] else "none",
         consistency=consistency,
         variables=variables,
         provenance=Provenance(builder=builder),

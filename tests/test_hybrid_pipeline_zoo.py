@@ -177,7 +177,7 @@ def test_a_traced_pipeline_refuses_tensor_splits_before_any_collective(graphs: d
     model, _ = build("gpt")
     layout = pipeline_layout(graphs["gpt"], data=1, cut="blocks.1", micro_batches=2, schedule="gpipe")
     assert _block_cuts(Strategy.parse(layout), model) == ["blocks.1"]
-    layout["recompute_activations"] = True
+    layout["recompute"] = "full"
     del layout["id"]
     with pytest.raises(UnsupportedStrategyError, match="a traced stage holds neither DTensor splits nor recomputation"):
         _block_cuts(Strategy.parse(layout), model)

@@ -178,7 +178,7 @@ def make_strategy(
         "replicas": replicas,
         "mesh": {"data": data, "tensor": tensor, "pipeline": pipeline},
         "variables": variables,
-        "recompute_activations": recompute,
+        "recompute": "full" if recompute else "none",
     }
     if tensor > 1:
         strategy["tensor_parallel"] = split_plan()
@@ -331,7 +331,7 @@ def assert_work_is_split(results: list[dict[str, Any]], label: str, strategy: di
         forwards = result[label]["fc_forwards"]
         if forwards is not None:
             micro = (strategy["pipeline"] or {}).get("micro_batches", 1)
-            expected = (2 if strategy["recompute_activations"] else 1) * STEPS * micro
+            expected = (2 if strategy["recompute"] == "full" else 1) * STEPS * micro
             shape_inference = 1 if strategy["pipeline"] else 0  # a pipeline stage's first step infers shapes once
             assert expected <= forwards <= expected + shape_inference, (
                 f"{label}: 1.fc ran forward {forwards} times, not {expected}"

@@ -181,7 +181,7 @@ def test_recomputation_trades_a_forward_for_all_but_one_blocks_activations() -> 
         context.activation_bytes[blocks].sum() - kept - block, rel=1e-9
     )
     again = encode(context, [to_strategy(context, batch, 1)])
-    assert again.recompute[0] and to_strategy(context, batch, 1).recompute_activations
+    assert again.recompute[0] and to_strategy(context, batch, 1).recompute == "full"
 
 
 def test_the_decoded_tensor_plan_splits_a_captured_gpt_megatron_style() -> None:

@@ -104,7 +104,7 @@ def planned_layout(
         "replicas": [f"127.0.0.1:CPU:{r}" for r in range(world)],
         "mesh": {"data": data, "tensor": tensor, "pipeline": 1},
         "tensor_parallel": [split.model_dump(mode="json", exclude_none=True) for split in plan],
-        "recompute_activations": recompute,
+        "recompute": "full" if recompute else "none",
         "variables": [
             {"var_name": v.name, "synchronizer": {"kind": "ps", "reduction_destination": "127.0.0.1:CPU:0"}}
             if v.sparse

@@ -148,9 +148,28 @@ def test_pipeline_degree_needs_matching_stages() -> None:
     assert "pipeline: mesh.pipeline is 2 but no pipeline stages are given" in error_text(
         strategy_dict(mesh={"data": 2, "pipeline": 2})
     )
-    assert "pipeline.stages: 1 stages for mesh.pipeline=2" in error_text(
+    assert "pipeline.stages: 1 stages for mesh.pipeline(2)*virtual_stages(1)=2" in error_text(
         strategy_dict(mesh={"data": 2, "pipeline": 2}, pipeline={"stages": [["l1", "l2"]]})
     )
+
+
+def test_interleaving_needs_virtual_stages_and_only_it_takes_them() -> None:
+    two = {"data": 2, "pipeline": 2}
+    assert "interleaved-1f1b needs at least 2 chunks per rank" in error_text(
+        strategy_dict(mesh=two, pipeline={"stages": [["l1"], ["l2"]], "schedule": "interleaved-1f1b"})
+    )
+    assert "1f1b runs one chunk per rank, not 2" in error_text(
+        strategy_dict(mesh=two, pipeline={"stages": [["l1"], ["l2"]], "virtual_stages": 2})
+    )
+
+
+def test_sequence_parallel_needs_a_tensor_group_and_shard_groups_divide_the_data_degree() -> None:
+    assert "sequence_parallel: needs tensor parallelism (mesh.tensor > 1)" in error_text(
+        strategy_dict(sequence_parallel=True)
+    )
+    sharded = {"kind": "sharded", "stage": 3, "shard_group": 3}
+    text = error_text(strategy_dict(variables=[{"var_name": "a", "synchronizer": sharded}]))
+    assert "shard_group(3) does not divide mesh.data(4)" in text
 
 
 def test_pipeline_stages_must_cover_the_graphs_layers_in_order() -> None:

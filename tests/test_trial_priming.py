@@ -57,7 +57,7 @@ def test_priming_fills_the_state_with_one_step_that_is_identical_on_every_rank()
 
 def test_a_mesh_strategy_is_not_primed_because_tensor_parallelism_refuses_existing_state():
     graph = make_mlp_graph(batch_size=8, widths=WIDTHS)
-    strategy = AllReduce().build(graph, make_cpu_cluster(2)).replace(recompute_activations=True)
+    strategy = AllReduce().build(graph, make_cpu_cluster(2)).replace(recompute="full")
     _, optimizer, done = primed(graph, strategy, rank=0)
     assert not done and not optimizer.state
 

@@ -53,7 +53,6 @@ def store_resources(session: Session, resources: ResourceSpec) -> tuple[Resource
     return _get(session, ResourceSpecRow, str(resources.id), "resource spec"), created
 
 
-
 def store_strategy(
     session: Session, strategy: Strategy, *, graph_id: str | None, resource_id: str | None
 ) -> StrategyRow:

@@ -3,7 +3,7 @@
 from stratagem.ir.catalog import CATALOG, DeviceSpec
 from stratagem.ir.document import SCHEMA_VERSION, Document, canonical_json
 from stratagem.ir.dtypes import DType
-from stratagem.ir.graph import Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
+from stratagem.ir.graph import Architecture, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
 from stratagem.ir.resources import Link, Node, ResourceSpec, device_address, parse_device
 from stratagem.ir.strategy import (
     AllReduceSynchronizer,
@@ -13,19 +13,28 @@ from stratagem.ir.strategy import (
     Mesh,
     Partition,
     PipelineConfig,
+    PipelineSchedule,
+    Precision,
     PredictedPerformance,
     Provenance,
     PSSynchronizer,
+    Recompute,
     ShardedSynchronizer,
     Strategy,
     Synchronizer,
     TensorParallelLayer,
     VariableConfig,
+    ZeroStage,
     shard_numel,
     shard_sizes,
 )
 
 __all__ = [
+    "Architecture",
+    "PipelineSchedule",
+    "Precision",
+    "Recompute",
+    "ZeroStage",
     "CATALOG",
     "SCHEMA_VERSION",
     "AllReduceSynchronizer",

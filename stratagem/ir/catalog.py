@@ -126,7 +126,6 @@ class DeviceSpec(Strict):
         return self.peak_flops["float32"]
 
 
-
 def _gpu(
     name: str, fp32: float, fp16: float, memory_gb: float, bandwidth_gbs: float, tf32: float | None = None
 ) -> DeviceSpec:

@@ -88,6 +88,24 @@ class Variable(Strict):
         return self
 
 
+class Architecture(Strict):
+    """The shape of a transformer, where the graph came from one (a zoo or Hugging Face config): what a
+    layout is checked against (heads by the tensor degree, blocks by the pipeline stages, the sequence by
+    the context degree) and what the simulator's sequence-dependent terms read."""
+
+    layers: int = Field(ge=1)
+    """Transformer blocks."""
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)
+    """Key/value heads under grouped-query attention; None means `heads`."""
+    ffn: int = Field(ge=1)
+    seq: int = Field(ge=1)
+    """Sequence length the graph was captured at."""
+    vocab: int = Field(ge=1)
+    causal: bool = True
+
+
 OptimizerKind = Literal["sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "lamb"]
 
 OPTIMIZER_STATE_SLOTS: dict[str, int] = {
@@ -125,6 +143,8 @@ class ModelGraph(Document):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     layers: list[Layer]
     variables: list[Variable]
+    architecture: Architecture | None = None
+    """The transformer's shape, where known; None for other models and hand-built graphs."""
     provenance: dict[str, Any] = Field(default_factory=dict)
     """Where the graph came from (capture, zoo model and config, torch version); not part of the id."""
 

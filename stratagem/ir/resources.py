@@ -75,7 +75,6 @@ class Node(Strict):
         return self.device if self.gpus else "CPU"
 
 
-
 class ResourceSpec(Document):
     _error_type: ClassVar = InvalidResourceSpecError
 

@@ -59,11 +59,21 @@ class PSSynchronizer(Strict):
     staleness: int = Field(default=0, ge=0)
 
 
+ZeroStage = Literal[1, 2, 3]
+
+
 class ShardedSynchronizer(Strict):
-    """ZeRO-style: gradients reduce-scattered, parameters all-gathered, optimizer state sharded."""
+    """ZeRO-style sharding over the data-parallel group (Rajbhandari et al. 2020; FSDP)."""
 
     kind: Literal["sharded"] = "sharded"
     group: int = Field(default=0, ge=0)
+    stage: ZeroStage = 2
+    """What is sharded: 1, the optimizer state (gradients all-reduced whole); 2, also the gradients
+    (reduce-scattered); 3, also the parameters, all-gathered before each layer's forward and backward
+    and freed after (FSDP's full shard). Stages 1 and 2 all-gather the updated parameters after the step."""
+    shard_group: int | None = Field(default=None, ge=1)
+    """Hybrid sharding (HSDP, ZeRO++'s hpZ): shard over groups of this many consecutive data-parallel
+    ranks and all-reduce the shards across groups; None shards over the whole data-parallel group."""
 
 
 Synchronizer = Annotated[AllReduceSynchronizer | PSSynchronizer | ShardedSynchronizer, Field(discriminator="kind")]
@@ -108,29 +118,54 @@ class VariableConfig(Strict):
 
 
 class Mesh(Strict):
-    """Data × tensor × pipeline degrees over the replicas, in that nesting (tensor innermost)."""
+    """Data × pipeline × context × tensor degrees over the replicas, in that nesting (tensor innermost):
+    `rank = ((d · pipeline + p) · context + c) · tensor + t`."""
 
     data: int = Field(default=1, ge=1)
     tensor: int = Field(default=1, ge=1)
     pipeline: int = Field(default=1, ge=1)
+    context: int = Field(default=1, ge=1)
+    """Context parallelism: each sequence is split into this many pieces along its length, one per rank,
+    and attention runs as a ring over them (ring attention); every other layer works on its piece."""
 
     @property
     def size(self) -> int:
-        return self.data * self.tensor * self.pipeline
+        return self.data * self.tensor * self.pipeline * self.context
 
     def describe(self) -> str:
-        return f"data({self.data})*tensor({self.tensor})*pipeline({self.pipeline})={self.size}"
+        context = f"*context({self.context})" if self.context > 1 else ""
+        return f"data({self.data})*tensor({self.tensor})*pipeline({self.pipeline}){context}={self.size}"
+
+
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
 
 
 class PipelineConfig(Strict):
     stages: list[list[str]] = Field(min_length=1)
-    """Layer names of each stage, in order."""
+    """Layer names of each model chunk, in model order: `mesh.pipeline × virtual_stages` chunks, chunk i
+    held by pipeline rank `i % mesh.pipeline` (Megatron's interleaving; `zero-bubble` with two virtual
+    stages places its second chunks in reverse, as the V-shaped ZBV schedule does)."""
     micro_batches: int = Field(default=1, ge=1)
     """Micro-batches per step; with a single stage they are plain gradient accumulation."""
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: PipelineSchedule = "1f1b"
+    """`gpipe` (all forwards, then all backwards), `1f1b`, `interleaved-1f1b` (Narayanan et al. 2021:
+    each rank holds `virtual_stages` chunks, bubble `(p − 1)/(v · m)`), `zero-bubble` (Qi et al. 2024:
+    backward split into input and weight gradients, which fill the bubble)."""
+    virtual_stages: int = Field(default=1, ge=1)
+    """Model chunks per pipeline rank."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise ValueError("virtual_stages: interleaved-1f1b needs at least 2 chunks per rank")
+        if self.schedule in ("gpipe", "1f1b") and self.virtual_stages != 1:
+            raise ValueError(f"virtual_stages: {self.schedule} runs one chunk per rank, not {self.virtual_stages}")
+        return self
 
 
 TensorParallelStyle = Literal["colwise", "rowwise", "vocab", "heads"]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp8"]
 
 
 class TensorParallelLayer(Strict):
@@ -206,7 +241,6 @@ class Provenance(Strict):
     notes: list[str] = Field(default_factory=list)
 
 
-
 class Strategy(Document):
     _error_type: ClassVar = InvalidStrategyError
     _id_excluded: ClassVar[frozenset[str]] = frozenset({"id", "provenance", "predicted", "measured"})
@@ -221,10 +255,19 @@ class Strategy(Document):
     pipeline: PipelineConfig | None = None
     tensor_parallel: list[TensorParallelLayer] = Field(default_factory=list)
     """Which modules the tensor-parallel group splits, and how; everything else is replicated in it."""
-    recompute_activations: bool = False
-    """Activation recomputation (checkpointing) of every numbered block (`blocks.3`, or `2` in an
-    nn.Sequential): only a block's input is kept through the forward, and the block's forward runs again
-    in backward. One more forward per step buys the memory of all but one block's activations."""
+    recompute: Recompute = "none"
+    """Activation recomputation of every numbered block (`blocks.3`, or `2` in an nn.Sequential).
+    `full`: only a block's input is kept through the forward, and the block's forward runs again in
+    backward (one more forward per step buys the memory of all but one block's activations).
+    `selective`: only the attention core (scores, softmax, dropout: Korthikanti et al. 2022) is dropped and
+    recomputed, the largest activations for the least compute."""
+    precision: Precision = "fp32"
+    """Numerics of the step. `fp32`; `tf32` (fp32 storage, TF32 tensor-core matmuls); `amp-fp16`,
+    `amp-bf16` (fp32 master weights and optimizer state, half-precision compute and activations);
+    `bf16` (everything in bf16); `fp8` (fp8 matmuls with per-tensor scaling, bf16 elsewhere)."""
+    sequence_parallel: bool = False
+    """With tensor parallelism: norms and dropout work on 1/tensor of the sequence, and each block's
+    all-reduces become reduce-scatter plus all-gather (Korthikanti et al. 2022)."""
     consistency: Consistency = Field(default_factory=Consistency)
     variables: list[VariableConfig]
     predicted: PredictedPerformance | None = None
@@ -287,10 +330,19 @@ def strategy_self_problems(strategy: Strategy) -> list[Problem]:
         problems.append(Problem("mesh", f"{mesh.describe()} != replicas({len(strategy.replicas)})"))
     if mesh.pipeline > 1 and strategy.pipeline is None:
         problems.append(Problem("pipeline", f"mesh.pipeline is {mesh.pipeline} but no pipeline stages are given"))
-    if strategy.pipeline is not None and len(strategy.pipeline.stages) != mesh.pipeline:
-        problems.append(
-            Problem("pipeline.stages", f"{len(strategy.pipeline.stages)} stages for mesh.pipeline={mesh.pipeline}")
-        )
+    if strategy.pipeline is not None:
+        chunks = mesh.pipeline * strategy.pipeline.virtual_stages
+        if len(strategy.pipeline.stages) != chunks:
+            problems.append(
+                Problem(
+                    "pipeline.stages",
+                    f"{len(strategy.pipeline.stages)} stages for mesh.pipeline({mesh.pipeline})"
+                    f"*virtual_stages({strategy.pipeline.virtual_stages})={chunks}",
+                )
+            )
+    if strategy.sequence_parallel and mesh.tensor == 1:
+        problems.append(Problem("sequence_parallel", "needs tensor parallelism (mesh.tensor > 1)"))
+    problems.extend(_sharding_problems(strategy.variables, mesh))
     problems.extend(_tensor_parallel_self_problems(strategy.tensor_parallel, mesh))
     seen: dict[str, int] = {}
     for i, config in enumerate(strategy.variables):
@@ -312,6 +364,33 @@ def strategy_self_problems(strategy: Strategy) -> list[Problem]:
                     parse_device(sync.reduction_destination)
                 except ValueError as error:
                     problems.append(Problem(f"{where}.reduction_destination", str(error)))
+    return problems
+
+
+def _sharding_problems(variables: list[VariableConfig], mesh: Mesh) -> list[Problem]:
+    """Sharded variables share one sharding layout (FSDP shards over one mesh): a hybrid shard group
+    is the same for all of them and divides the data-parallel degree."""
+    groups: dict[int | None, str] = {}
+    for i, config in enumerate(variables):
+        for j, sync in enumerate(config.synchronizers):
+            if isinstance(sync, ShardedSynchronizer):
+                where = f"variables[{i}]" + (
+                    f".shard_synchronizers[{j}]" if config.shard_synchronizers else ".synchronizer"
+                )
+                groups.setdefault(sync.shard_group, where)
+    problems: list[Problem] = []
+    if len(groups) > 1:
+        shown = ", ".join(f"{group} at {where}" for group, where in groups.items())
+        problems.append(
+            Problem(
+                "variables", f"sharded variables use different shard groups ({shown}); one sharding layout per strategy"
+            )
+        )
+    for group, where in groups.items():
+        if group is not None and mesh.data % group:
+            problems.append(
+                Problem(f"{where}.shard_group", f"shard_group({group}) does not divide mesh.data({mesh.data})")
+            )
     return problems
 
 

@@ -51,6 +51,7 @@ def distribute(
             "no process group: call stratagem.runtime.init_from_env() or torch.distributed.init_process_group() first"
         )
     strategy = load_strategy(strategy) if isinstance(strategy, str | Path) else strategy
+    refuse_unimplemented(strategy)
     world_size, me = dist.get_world_size(process_group), dist.get_rank(process_group)
     if rank is not None and rank != me:
         raise UnsupportedStrategyError(f"rank {rank} was given but this process is rank {me} of its process group")
@@ -75,6 +76,28 @@ def distribute(
     comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)
     broadcast_module(model, comm)
     return model, apply_synchronization(plan, optimizer, comm=comm, device=device)
+
+
+def refuse_unimplemented(strategy: Strategy) -> None:
+    """Knobs of the strategy document this runtime does not execute yet are refused on every rank
+    alike, before any collective, never ignored."""
+    mesh, pipeline = strategy.effective_mesh, strategy.pipeline
+    knobs = {
+        f"precision {strategy.precision!r}": strategy.precision != "fp32",
+        "selective recomputation": strategy.recompute == "selective",
+        "sequence parallelism": strategy.sequence_parallel,
+        "context parallelism": mesh.context > 1,
+        f"the {pipeline.schedule if pipeline else ''} pipeline schedule": pipeline is not None
+        and pipeline.schedule not in ("gpipe", "1f1b"),
+        "ZeRO stage 1 or 3, or a shard group": any(
+            s.kind == "sharded" and (s.stage != 2 or s.shard_group is not None)
+            for c in strategy.variables
+            for s in c.synchronizers
+        ),
+    }
+    missing = [name for name, used in knobs.items() if used]
+    if missing:
+        raise UnsupportedStrategyError(f"the runtime does not run {', '.join(missing)} yet")
 
 
 def load_strategy(path: str | Path) -> Strategy:

@@ -89,7 +89,7 @@ def needs_mesh(strategy: Strategy) -> bool:
     or recomputation."""
     mesh = strategy.effective_mesh
     micro = strategy.pipeline.micro_batches if strategy.pipeline is not None else 1
-    return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute_activations
+    return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute != "none"
 
 
 def distribute_mesh(
@@ -140,7 +140,7 @@ def distribute_mesh(
     mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_AXES)
     if layout.tensor > 1:
         retarget_optimizer(optimizer, apply_tensor_parallel(model, mesh["tensor"], strategy.tensor_parallel))
-    if strategy.recompute_activations:
+    if strategy.recompute == "full":
         apply_recomputation(model)
     _, p, _ = layout.coordinates(rank)
     runner: nn.Module = model
@@ -198,10 +198,10 @@ def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
         if not _has_module(model, cut):
             raise UnsupportedStrategyError(f"pipeline: the model has no block {cut!r}")
     mesh = strategy.effective_mesh
-    if mesh.tensor > 1 or strategy.recompute_activations:
+    if mesh.tensor > 1 or strategy.recompute != "none":
         raise UnsupportedStrategyError(
             f"pipeline: stages cut between the blocks of a {type(model).__name__} are traced (torch.export), and a traced stage "
-            "holds neither DTensor splits nor recomputation: use mesh.tensor 1 and recompute_activations false with them"
+            "holds neither DTensor splits nor recomputation: use mesh.tensor 1 and recompute 'none' with them"
         )
     return cuts
 

@@ -32,7 +32,7 @@ def apply_recomputation(model: nn.Module) -> list[str]:
     blocks = numbered_blocks(model)
     if not blocks:
         raise UnsupportedStrategyError(
-            "recompute_activations: the model has no numbered blocks (children of an nn.ModuleList or nn.Sequential) to recompute"
+            "recompute: the model has no numbered blocks (children of an nn.ModuleList or nn.Sequential) to recompute"
         )
     for name in blocks:
         module = model.get_submodule(name)
