@@ -13,9 +13,9 @@ import numpy as np
 
 from simulator import collectives
 from simulator.compression import CompressionTables, VariableFigures, tables
-from simulator.tensor_plan import tensor_plan
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Layer, LayerKind, ModelGraph, Node, ResourceSpec, TensorParallelLayer, Variable
+from stratagem.tensor_plan import tensor_plan
 
 MATMUL_KINDS = frozenset({LayerKind.matmul, LayerKind.conv, LayerKind.attention})
 """Layers whose arithmetic runs at the device's matmul efficiency."""
@@ -480,7 +480,7 @@ def _dense_tables(layer: Layer, graph: ModelGraph) -> list[Variable]:
 
 def _splits(layer: Layer, graph: ModelGraph) -> bool:
     """Whether tensor parallelism divides the layer. Embeddings split by vocabulary only where every
-    table is trainable with dense gradients, as the runtime's plan splits them (`simulator.tensor_plan`):
+    table is trainable with dense gradients, as the runtime's plan splits them (`stratagem.tensor_plan`):
     a frozen table (fixed positions) or a sparse one stays whole on every rank."""
     if layer.kind != LayerKind.embedding:
         return layer.kind in TENSOR_SPLIT_KINDS

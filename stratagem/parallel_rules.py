@@ -1,6 +1,6 @@
 """What the runtime can split across a tensor group or cut into pipeline stages, stated once.
 
-The search writes a tensor plan and stage cuts from a ModelGraph (`simulator.tensor_plan`,
+The search writes a tensor plan and stage cuts from a ModelGraph (`stratagem.tensor_plan`,
 `optimizer_service.search.meshes`); the runtime applies them to a live module
 (`stratagem.runtime.tensor_parallel`, `pipeline_parallel`). Both ask the functions here, on plain
 descriptions (class names, Linear shapes, a head count), so the plan never emits what the runtime

@@ -2,7 +2,7 @@
 
 For G compute devices, N per node:
 - tensor degree T: divides N (a tensor group fills part of one node, never two: its all-reduces sit on
-  the critical path) and G, and the runtime's plan for T (`simulator.tensor_plan`: heads, column/row
+  the critical path) and G, and the runtime's plan for T (`stratagem.tensor_plan`: heads, column/row
   pairs, vocabulary) splits every layer the simulator prices as split — so a CNN, whose convolutions
   the runtime cannot split, or an attention without a recognised layout, gets no tensor degree;
 - pipeline degree P: divides G / T, at most the number of places a model can be cut (between blocks:
@@ -34,7 +34,6 @@ from simulator.compute import layer_times
 from simulator.context import SimContext
 from simulator.encoding import Schedule
 from simulator.pipeline import block_peak
-from simulator.tensor_plan import Split, candidate_splits, covered_layers
 from stratagem.parallel_rules import (
     Refusal,
     block_of,
@@ -42,6 +41,7 @@ from stratagem.parallel_rules import (
     graph_pipeline_refusal,
     graph_pipeline_route,
 )
+from stratagem.tensor_plan import Split, candidate_splits, covered_layers
 
 MAX_STAGES = 64
 """Deepest pipeline tried (the encoding's int8 `layer_stage` holds 127; Megatron's 1T model used 64)."""
