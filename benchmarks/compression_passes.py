@@ -73,7 +73,9 @@ def _bucket_step(reducer: Any, grads: list[Any]) -> Callable[[], None]:
 def measure(repeats: int) -> dict[str, Any]:
     import torch
 
-    from stratagem.calibrate import Stepper, optimizer_size_law, probes
+    from stratagem.calibrate.compute import probes
+    from stratagem.calibrate.figures import optimizer_size_law
+    from stratagem.calibrate.timing import Stepper
 
     torch.set_num_threads(1)
     runs = bucket_runs(torch)

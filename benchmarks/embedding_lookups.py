@@ -9,7 +9,7 @@ tables, and a 244 MiB table was priced at tens of milliseconds its lookups never
 Measured on one rank (one thread, a rank's allocator settings): a one-table model (`nn.Embedding`, its
 output summed as capture's default loss does), forward and backward timed apart over `--repeats` steps,
 the gradient dropped before each step as the trial runner drops it. The simulator prices the captured
-graph on a one-device spec from this run's own calibration probes (`stratagem.calibrate.compute_figures`).
+graph on a one-device spec from this run's own calibration probes (`stratagem.calibrate.compute.compute_figures`).
 Prints one JSON object: per table, the measured and priced milliseconds and their ratio.
 
     .venv/bin/python benchmarks/embedding_lookups.py [--repeats 30]
@@ -66,7 +66,9 @@ def timed_steps(model: Any, indices: Any, repeats: int) -> tuple[float, float]:
 
 def one_device_spec() -> Any:
     """This rank's compute figures as a one-device spec (no collective is priced on one device)."""
-    from stratagem.calibrate import DEVICE_KIND, Stepper, compute_figures, device_spec
+    from stratagem.calibrate.compute import compute_figures
+    from stratagem.calibrate.figures import DEVICE_KIND, device_spec
+    from stratagem.calibrate.timing import Stepper
     from stratagem.ir import Link, Node, ResourceSpec
 
     device = device_spec({**compute_figures(Stepper()), "overlap": 0.0}, memory_bytes=float(8 << 30))

@@ -26,7 +26,7 @@ import torch
 from simulator import simulate
 from stratagem import zoo
 from stratagem.builders import DataParallel
-from stratagem.calibrate_gpu import calibrate_gpu
+from stratagem.calibrate import calibrate_gpu
 from stratagem.ir import Node, ResourceSpec
 from stratagem.tracing import capture
 from trial_runner import LocalBackend, ZooWorkload, run_trial

@@ -27,9 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stratagem.calibrate import free_port, wait_for_ranks
+from stratagem.calibrate.workers import wait_for_ranks
 from stratagem.ir import ResourceSpec, Strategy
 from stratagem.rank_env import rank_environment
+from stratagem.runtime.launch import free_port
 
 RANKS = 2
 PROBE_BUDGET_SCALE = 0.25
@@ -157,7 +158,7 @@ def measure_block(
     `prime_optimizer` fills each copy's optimizer state first, as trials do (`TrialSpec.prime_optimizer`).
     `env` overrides the ranks' environment (`benchmarks/cpu_rank_settings.py` compares allocator settings).
     """
-    from stratagem.calibrate import SIZES, combine, spec_from_figures
+    from stratagem.calibrate.figures import SIZES, combine, spec_from_figures
 
     spare_cores = len(os.sched_getaffinity(0)) - RANKS
     job = {
@@ -218,7 +219,9 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from stratagem import calibrate as calibration
+    from stratagem.calibrate.collectives import Ranks, collective_figures
+    from stratagem.calibrate.compute import probes as compute_probes
+    from stratagem.calibrate.timing import CacheEvictor, Stepper
     from stratagem.errors import StratagemError
     from stratagem.runtime import distribute
     from trial_runner.build import batch_for, build_workload, make_optimizer, prime_optimizer_state
@@ -262,10 +265,8 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    stepper = calibration.Stepper(
-        agree, budget_scale=PROBE_BUDGET_SCALE, evict=calibration.CacheEvictor.for_this_machine()
-    )
-    probes = calibration.probes(stepper)
+    stepper = Stepper(agree, budget_scale=PROBE_BUDGET_SCALE, evict=CacheEvictor.for_device())
+    probes = compute_probes(stepper)
     samples: dict[str, list[Any]] = {name: [] for name in probes}
     for step in range(job["warmup"] + job["steps"]):
         shift = step % max(len(names), 1)
@@ -285,7 +286,7 @@ def _worker(job_path: Path, rank: int, port: int, output: Path) -> None:
             for name, probe in probes.items():
                 if not (name in ONCE_PROBES and samples[name]):
                     samples[name].append(probe())
-            for name, value in calibration.collective_figures(dist, torch, overlap=job["spare_cores"] > 0).items():
+            for name, value in collective_figures(Ranks.world(), overlap=job["spare_cores"] > 0).items():
                 samples.setdefault(name, []).append(value)
     dist.barrier()
     figures = {name: statistics.median(values) for name, values in samples.items() if name != "allreduce_seconds"}

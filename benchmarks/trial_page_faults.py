@@ -31,8 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.runtime_step import page_faults
-from stratagem.calibrate import free_port, wait_for_ranks
+from stratagem.calibrate.workers import wait_for_ranks
 from stratagem.rank_env import rank_environment
+from stratagem.runtime.launch import free_port
 
 RANKS = 2
 

@@ -14,8 +14,9 @@ from test_cli_service import run_cli
 
 from simulator import simulate
 from stratagem.builders import DataParallel
-from stratagem.calibrate import ProbeShapes, Stepper, compute_figures
-from stratagem.calibrate_gpu import GPU_PROBES, catalog_kind, gpu_spec
+from stratagem.calibrate.compute import ProbeShapes, compute_figures
+from stratagem.calibrate.gpu import GPU_PROBES, catalog_kind, gpu_spec
+from stratagem.calibrate.timing import Stepper
 from stratagem.ir import Node, ResourceSpec
 from stratagem.ir.catalog import CATALOG
 from stratagem.ir.resources import DEFAULT_INTRA_NODE

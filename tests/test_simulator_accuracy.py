@@ -17,7 +17,7 @@ from simulator import compile_context, encode, simulate, simulate_batch
 from simulator.context import ADAPTIVE_SPARSE_STEP_COALESCES, COALESCE_PROBE_ROW_BYTES, SPARSE_STEP_COALESCES
 from simulator.ps import SPARSE_CHANGED_ROWS_COALESCES
 from stratagem.builders import PS, AllReduce, PartitionedPS
-from stratagem.calibrate import (
+from stratagem.calibrate.figures import (
     DEVICE_KIND,
     LOWRANK_MATRIX_BYTES,
     OPTIMIZER_TENSOR_BYTES,

@@ -8,7 +8,7 @@ import pytest
 from runtime_helpers import run_ranks
 
 from simulator import simulate
-from stratagem.calibrate import DEVICE_KIND, fit_ring
+from stratagem.calibrate.figures import DEVICE_KIND, fit_ring
 from stratagem.cli import main
 from stratagem.errors import InvalidResourceSpecError
 from stratagem.ir import AllReduceSynchronizer, Layer, ModelGraph, ResourceSpec, Strategy, Variable, VariableConfig
@@ -69,7 +69,7 @@ def test_reread_rebuilds_a_calibrated_spec_from_its_figures_and_leaves_others_al
 
 
 def test_the_evictor_streams_the_last_level_cache_within_bounds(tmp_path):
-    from stratagem.calibrate import EVICT_MAX_BYTES, EVICT_MIN_BYTES, eviction_bytes, last_level_cache_bytes
+    from stratagem.calibrate.timing import EVICT_MAX_BYTES, EVICT_MIN_BYTES, eviction_bytes, last_level_cache_bytes
 
     for index, size in enumerate(("48K", "2048K", "491520K")):
         (tmp_path / f"index{index}").mkdir()
@@ -84,7 +84,7 @@ def test_the_evictor_streams_the_last_level_cache_within_bounds(tmp_path):
 def test_the_stepper_evicts_before_every_timed_run_and_does_not_time_it():
     import time
 
-    from stratagem.calibrate import Stepper
+    from stratagem.calibrate.timing import Stepper
 
     events: list[str] = []
 
@@ -127,7 +127,7 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
     assert 0 < device.reduce_efficiency <= 8 and 0 < device.broadcast_efficiency <= 8
     assert 0 < device.optimizer_tensor_s < 1e-2  # a few dozen microseconds per tensor on a CPU
     assert 0 < device.stream_efficiency <= 1 and 0 < device.half_reduce_efficiency <= 8
-    assert 0 < spec.provenance["half_wire_efficiency"] <= 8  # the pre-1.11 definition, kept to score runs both ways
+    assert 0 < spec.provenance["half_wire_efficiency"] <= 8  # the bare fp16 all-reduce, kept to score trials both ways
     assert device.lowrank_round_s is not None and 0 <= device.lowrank_round_s < 0.5
     assert spec.nodes[0].cpus == [0, 1] and spec.nodes[0].address == "127.0.0.1"
     assert spec.compute_devices == ["127.0.0.1:CPU:0", "127.0.0.1:CPU:1"]
@@ -157,54 +157,48 @@ def test_calibrate_cli_writes_a_spec_the_simulator_can_use(tmp_path):
 
 
 def bucket_paths(rank: int, world: int, payload: dict) -> dict:
-    """Each probe path on gradients rank r fills with r + 1: what every rank holds afterwards."""
-    import torch
-    import torch.distributed as dist
+    """Each probe bucket on two parameters of 8 floats whose values and gradients rank r fills with r + 1."""
+    from stratagem.calibrate import collectives as probes
 
-    from stratagem import calibrate
+    ranks = probes.Ranks.world()
 
-    def grads() -> list:
-        return [torch.full((6,), float(rank + 1)), torch.full((10,), float(rank + 1))]
+    def pieces() -> list:
+        made = probes.probe_pieces(64, parts=2)
+        for piece in made:
+            piece.param.detach().fill_(rank + 1)
+            piece.param.grad.fill_(rank + 1)
+        return made
 
-    out = {}
-    for name, run in (("allreduce", calibrate.allreduce_bucket), ("sharded", calibrate.sharded_bucket)):
-        g = grads()
-        run(dist, torch, g)
-        out[name] = [x.tolist() for x in g]
-    g = grads()
-    scratch = calibrate.bucket_scratch(torch, g)
-    for _ in range(2):  # reused: the second bucket overwrites what the first left in the buffers
-        g = grads()
-        calibrate.allreduce_bucket(dist, torch, g, scratch)
-    out["allreduce_scratch"] = [x.tolist() for x in g]
-    out["scratch_size"] = scratch.numel()
-    out["pushed"] = calibrate.ps_push(dist, torch, grads()).tolist()
-    g = grads()
-    calibrate.ps_pull(dist, torch, g, torch.arange(16, dtype=torch.float32))
-    out["pulled"] = [x.tolist() for x in g]
+    out: dict = {}
+    made = pieces()
+    run = probes.stepped(ranks, probes.allreduce_bucket(ranks, made))
+    for _ in range(2):  # the bucket's kept buffer, reused: the second step overwrites what the first left there
+        run()
+    out["allreduce"] = [piece.param.grad.tolist() for piece in made]
+    made = pieces()
+    probes.stepped(ranks, probes.zero_bucket(ranks, made))()
+    out["sharded"] = [piece.param.detach().tolist() for piece in made]
+    made = pieces()
+    out["push_pull"] = probes.push_and_pull(ranks, probes.ps_bucket(ranks, made), probes.PhaseClock(ranks))
+    out["pulled"] = [piece.param.detach().tolist() for piece in made]
     # three repeats: the median rides out one stall of a busy machine, which a single timing cannot
     out["efficiencies"] = [
-        *calibrate.root_efficiencies(dist, torch, repeats=3),
-        calibrate.scatter_efficiency(dist, torch, repeats=3),
+        *probes.root_efficiencies(ranks, repeats=3),
+        probes.scatter_efficiency(ranks, repeats=3),
+        probes.gather_efficiency(ranks, repeats=3),
+        *probes.half_reduce_efficiencies(ranks, repeats=3),
     ]
-    out["lowrank_round_s"] = calibrate.lowrank_round_seconds(dist, torch, repeats=3)
-    out["half"] = calibrate.half_reduce_efficiencies(dist, torch, repeats=3)
+    out["lowrank_round_s"] = probes.lowrank_round_seconds(ranks, repeats=3)
     return out
 
 
-def test_the_probes_run_each_bucket_the_way_its_runtime_executor_does():
+def test_the_probes_time_the_runtimes_own_buckets():
     mean = (1 + 2) / 2
-    for rank, result in enumerate(run_ranks("test_simulator_calibration:bucket_paths", 2, timeout_s=120)):
-        assert result["allreduce"] == [[mean] * 6, [mean] * 10]  # averaged and copied back
-        assert result["allreduce_scratch"] == [[mean] * 6, [mean] * 10] and result["scratch_size"] == 16
-        assert result["sharded"] == [[mean] * 6, [mean] * 10]  # reduce-scatter, divide the chunk, gather, copy back
-        if rank == 0:
-            assert (
-                result["pushed"] == [mean] * 16
-            )  # the server holds the average (gloo uses the others' buffers as scratch)
-        assert result["pulled"] == [
-            list(map(float, range(6))),
-            list(map(float, range(6, 16))),
-        ]  # the server's kept version
-        assert all(0 < e < 10 for e in [*result["efficiencies"], *result["half"]])
+    for result in run_ranks("test_simulator_calibration:bucket_paths", 2, timeout_s=120):
+        assert result["allreduce"] == [[mean] * 8, [mean] * 8]  # averaged into the gradients
+        # ZeRO: each rank's chunk of the values gathered by every rank; the probe's shard update changes nothing
+        assert result["sharded"] == [[1.0] * 8, [2.0] * 8]
+        assert result["pulled"] == [[1.0] * 8, [1.0] * 8]  # the server's (rank 0's) values, pulled by every rank
+        assert all(seconds > 0 for seconds in result["push_pull"])  # the push and the pull, timed apart
+        assert all(0 < e < 10 for e in result["efficiencies"])
         assert 0 <= result["lowrank_round_s"] < 0.5  # two real gloo round trips, less the reducer's compute

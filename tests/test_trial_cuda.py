@@ -10,7 +10,7 @@ import torch
 from conftest import make_mlp_graph
 
 from stratagem.builders import AllReduce, all_builders
-from stratagem.calibrate_gpu import calibrate_gpu
+from stratagem.calibrate import calibrate_gpu
 from stratagem.ir import Compressor, Node, ResourceSpec, Strategy
 from stratagem.ir.catalog import CATALOG
 from stratagem.runtime.comm import Team

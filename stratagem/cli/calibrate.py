@@ -70,7 +70,7 @@ def measure_cpus(ranks: int, threads: int) -> ResourceSpec:
 
 
 def measure_gpu(index: int) -> ResourceSpec:
-    from stratagem.calibrate_gpu import calibrate_gpu
+    from stratagem.calibrate import calibrate_gpu
 
     spec = calibrate_gpu(index)
     kind = spec.nodes[0].device

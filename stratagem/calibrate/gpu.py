@@ -6,13 +6,14 @@ and without TF32 an fp32 matmul runs at the fp32 peak, not the TF32 one the cata
 catalog's figures the simulator priced one-rank H100 steps of small zoo models 2.7-61x too fast
 (docs/simulator.md, "A first GPU check").
 
-This runs the CPU calibration's compute probes (`stratagem.calibrate.probes`) on the device, at sizes
-that keep it busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished
-(`Stepper` with an `agree` that synchronizes), and Adam's per-tensor loop besides its default
-multi-tensor step (`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through). One process, one device: the figures describe every
-device of the node that has the same name. Links are not measured: with one GPU there is no peer to
-measure NCCL against, so the node's link is the catalog's for the matching kind (recorded as such in
-the provenance). A measured rate is what the kernels reach, so matmul efficiency is 1.
+This runs the CPU calibration's compute probes (`compute.probes`) on the device, at sizes that keep it
+busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished (`Stepper` with
+an `agree` that synchronizes), and Adam's per-tensor loop besides its default multi-tensor step
+(`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through). One process, one
+device: the figures describe every device of the node that has the same name. Links are not measured:
+with one GPU there is no peer to measure NCCL against, so the node's link is the catalog's for the
+matching kind (recorded as such in the provenance). A measured rate is what the kernels reach, so
+matmul efficiency is 1.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ import socket
 import time
 from typing import Any
 
-from stratagem.calibrate import CacheEvictor, ProbeShapes, Stepper, compute_figures, fraction, optimizer_tensor_probe
+import torch
+
+from stratagem.calibrate.compute import ProbeShapes, compute_figures, optimizer_tensor_probe
+from stratagem.calibrate.figures import fraction
+from stratagem.calibrate.timing import CacheEvictor, Stepper
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
 from stratagem.ir.catalog import CATALOG
@@ -47,8 +52,6 @@ timed."""
 def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> ResourceSpec:
     """A one-node ResourceSpec whose GPUs are this machine's devices named like `device_index`, with
     the figures measured on that one."""
-    import torch
-
     if not torch.cuda.is_available() or device_index >= torch.cuda.device_count():
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise InvalidResourceSpecError([Problem("device", f"no CUDA device {device_index}: torch sees {count}")])
@@ -70,14 +73,17 @@ def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> Resou
 
 def measure_gpu(device: str) -> dict[str, float]:
     """The compute figures of one CUDA device, every repeat from a cold L2 cache."""
-    import torch
 
     def finished(go: bool) -> bool:
         torch.cuda.synchronize(device)
         return go
 
-    l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
-    stepper = Stepper(finished, evict=CacheEvictor(2 * l2_bytes, device=device))
+    return gpu_figures(Stepper(finished, evict=CacheEvictor.for_device(device)), device)
+
+
+def gpu_figures(stepper: Stepper, device: str) -> dict[str, float]:
+    """The compute probes at `GPU_PROBES`, and Adam's per-tensor loop, timed by `stepper` (whose
+    agreement waits for the device)."""
     figures = compute_figures(stepper, GPU_PROBES, device)
     figures["optimizer_loop_tensor_s"] = optimizer_tensor_probe(stepper, device, foreach=False)()
     return figures
