@@ -284,6 +284,12 @@ def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
             )
         if not _has_module(model, cut):
             raise UnsupportedStrategyError(f"pipeline: the model has no block {cut!r}")
+    if strategy.pipeline.schedule in ("interleaved-1f1b", "zero-bubble"):
+        raise UnsupportedStrategyError(
+            f"pipeline: the {strategy.pipeline.schedule} schedule runs torch's multi-chunk schedules, which pass "
+            f"activations only between adjacent chunks; a traced {type(model).__name__} sends its own inputs (the "
+            "labels) from the first chunk to the last. Use gpipe or 1f1b for it, or an nn.Sequential model with loss_fn"
+        )
     mesh = strategy.effective_mesh
     if mesh.tensor > 1 or strategy.recompute != "none":
         raise UnsupportedStrategyError(

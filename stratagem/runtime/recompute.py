@@ -10,8 +10,9 @@ nn.Sequential — the same units the simulator recomputes and the search cuts pi
   under its own checkpoint, so its inputs (q, k, v) are kept and its output, and the scores of an
   unfused kernel, are computed again in backward; everything else in the block keeps its activations.
   The calls are found by a torch function mode around the block's forward, so any model that calls
-  SDPA (the zoo's transformers, Hugging Face's `sdpa` attention) is covered; a block that never calls
-  it is refused at its first forward.
+  SDPA (the zoo's transformers, Hugging Face's `sdpa` attention) is covered, as torchtitan's op-level
+  selective checkpointing covers the ops it lists. A block that computes attention by hand (Hugging
+  Face's `eager` attention) or holds none (an embedding stage) keeps all its activations.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def apply_recomputation(model: nn.Module, mode: str = "full") -> list[str]:
     for name in blocks:
         module = model.get_submodule(name)
         # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the wrapper.
-        wrapper = _recomputed if mode == "full" else functools.partial(_attention_recomputed, _Seen(name))
+        wrapper = _recomputed if mode == "full" else _attention_recomputed
         module.__dict__["forward"] = functools.partial(wrapper, module.forward)
     return blocks
 
@@ -56,38 +57,16 @@ def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-class _Seen:
-    """Whether a block's first forward called the attention core at all."""
-
-    def __init__(self, block: str) -> None:
-        self.block = block
-        self.checked = False
-
-
-def _attention_recomputed(seen: _Seen, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    mode = _CheckpointAttention()
-    with mode:
-        out = forward(*args, **kwargs)
-    if not seen.checked:
-        seen.checked = True
-        if not mode.calls:
-            raise UnsupportedStrategyError(
-                f"recompute 'selective': block {seen.block!r} calls no torch.nn.functional.scaled_dot_product_attention, "
-                "the attention core this recomputation drops (use recompute 'full' for this model)"
-            )
-    return out
+def _attention_recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with _CheckpointAttention():
+        return forward(*args, **kwargs)
 
 
 class _CheckpointAttention(TorchFunctionMode):
     """Runs each scaled-dot-product attention under its own non-reentrant checkpoint."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            self.calls += 1
             return checkpoint(func, *args, use_reentrant=False, **kwargs)
         return func(*args, **kwargs)
