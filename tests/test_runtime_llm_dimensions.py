@@ -294,7 +294,10 @@ def worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any
         index, size = data_parallel_rank(plan, rank)
         losses: list[float | None] = []
         for ids, target in batches():
-            ids, target = local_batch(ids, rank=index, world_size=size), local_batch(target, rank=index, world_size=size)
+            ids, target = (
+                local_batch(ids, rank=index, world_size=size),
+                local_batch(target, rank=index, world_size=size),
+            )
             if hasattr(runner, "train_step"):
                 loss = runner.train_step(*inputs_of(kind, ids, target), target=target)
             else:
