@@ -219,6 +219,19 @@ def test_amp_fp16_steps_close_to_fp32(one_rank) -> None:
         assert torch.allclose(p, q, atol=1e-2, rtol=1e-2)
 
 
+def test_fp8_converts_the_linears_whose_dimensions_fp8_matmuls_take() -> None:
+    """The conversion the GPU path runs (it needs no GPU itself): Linears with dimensions that are
+    multiples of 16 become torchao's Float8Linear, the others stay as they are."""
+    pytest.importorskip("torchao.float8")
+    from stratagem.runtime.precision import convert_fp8
+
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+    weights = [model[0].weight, model[2].weight]
+    assert convert_fp8(model) == ["0"]
+    assert type(model[0]).__name__ == "Float8Linear" and type(model[2]) is nn.Linear
+    assert model[0].weight is weights[0], "the optimizer's parameters must stay the module's"
+
+
 def _fp8_gpu() -> bool:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         return False

@@ -88,7 +88,7 @@ def distribute(
     prepare_numerics(model, strategy, device)
     comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)
     broadcast_module(model, comm)
-    scaler = LossScaler(device) if strategy.precision == "amp-fp16" else None
+    scaler = LossScaler(device, group=process_group) if strategy.precision == "amp-fp16" else None
     if scaler is not None:
         scaler.watch(model.parameters())
     apply_precision_forward(model, strategy, device, scaler)

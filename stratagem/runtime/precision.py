@@ -106,7 +106,16 @@ class LossScaler:
     reduce-scatters onto its sharded parameters are unscaled at the step. Overflow is checked on every
     rank and agreed over the whole process group before any update."""
 
-    def __init__(self, device: torch.device, *, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        group: dist.ProcessGroup | None = None,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 2000,
+    ) -> None:
+        self.group = group
+        """The ranks that agree on overflow: the process group `distribute` runs in."""
         self.scale = init_scale
         self.growth_factor, self.backoff_factor, self.growth_interval = 2.0, 0.5, growth_interval
         self.good_steps = 0
@@ -139,8 +148,8 @@ class LossScaler:
                     p.grad.mul_(1.0 / self.scale)
                     self.found += (~torch.isfinite(_local(p.grad))).any().to(self.found.dtype)
         found = self.found.clone()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(found, op=dist.ReduceOp.MAX, group=self.group)
         self.found.zero_()
         if float(found) > 0:
             self.scale *= self.backoff_factor
