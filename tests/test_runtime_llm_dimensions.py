@@ -249,6 +249,25 @@ def two_rank_cases() -> dict[str, dict[str, Any]]:
             "model": "gpt2",
             "strategy": strategy("gpt2", data=2, sync=stage3(), precision="amp-bf16"),
         },
+        "zoo-gpt-fsdp-accumulated": {
+            "model": "zoo-gpt",
+            "strategy": strategy(
+                "zoo-gpt",
+                data=2,
+                sync=stage3(),
+                pipeline={"stages": [["embed", "blocks", "head"]], "micro_batches": 2, "schedule": "gpipe"},
+            ),
+        },
+        "sequential-tp2-sequence-parallel-amp-bf16": {
+            "model": "sequential",
+            "strategy": strategy("sequential", data=1, tensor=2, sequence_parallel=True, precision="amp-bf16"),
+        },
+        "sequential-zero-bubble-v-amp-fp16": {
+            "model": "sequential",
+            "strategy": strategy(
+                "sequential", data=1, pipeline=sequential_pipeline("zero-bubble", 4), precision="amp-fp16"
+            ),
+        },
     }
 
 
@@ -262,6 +281,12 @@ def four_rank_cases() -> dict[str, dict[str, Any]]:
         "sequential-dp2-tp2-fsdp-sequence-parallel": {
             "model": "sequential",
             "strategy": strategy("sequential", data=2, tensor=2, sync=stage3(), sequence_parallel=True),
+        },
+        "sequential-dp2-pp2-interleaved-fsdp": {
+            "model": "sequential",
+            "strategy": strategy(
+                "sequential", data=2, pipeline=sequential_pipeline("interleaved-1f1b", 2), sync=stage3()
+            ),
         },
         "sequential-tp2-pp2-interleaved-sequence-parallel": {
             "model": "sequential",

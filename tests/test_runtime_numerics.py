@@ -95,16 +95,17 @@ def test_a_traced_pipeline_refuses_multi_chunk_schedules_whose_chunks_talk_only_
         _block_cuts(plan, build("zoo-gpt-4"))
 
 
-def test_zero3_inside_a_pipeline_is_refused_before_any_collective() -> None:
-    from test_runtime_llm_dimensions import build, sequential_loss, stage3, strategy
+def test_zero3_in_a_traced_pipeline_is_refused_before_any_collective() -> None:
+    from test_runtime_llm_dimensions import build, stage3, strategy, zoo_pipeline
 
     from stratagem.runtime.hybrid import _check
 
-    pipeline = {"stages": [["0", "1"], ["2", "3"]], "micro_batches": 2, "schedule": "1f1b"}
-    plan = Strategy.parse(strategy("sequential", data=1, pipeline=pipeline, sync=stage3()))
-    with pytest.raises(UnsupportedStrategyError, match=r"ZeRO stage 3 \(FSDP2\) inside a pipeline"):
+    pipeline = {**zoo_pipeline("1f1b", 2), "stages": [["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3"]]}
+    pipeline["virtual_stages"] = 1
+    plan = Strategy.parse(strategy("zoo-gpt-4", data=1, pipeline=pipeline, sync=stage3()))
+    with pytest.raises(UnsupportedStrategyError, match=r"ZeRO stage 3 \(FSDP2\) in a pipeline cut between the blocks"):
         _check(
-            plan, build("sequential"), world_size=2, loss_fn=sequential_loss, needs_loss_fn=True, fully_sharded={"x"}
+            plan, build("zoo-gpt-4"), world_size=2, loss_fn=None, needs_loss_fn=False, fully_sharded={"x"}, traced=True
         )
 
 

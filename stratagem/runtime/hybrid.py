@@ -146,6 +146,7 @@ def distribute_mesh(
         loss_fn=loss_fn,
         needs_loss_fn=not accumulate_in_forward and cuts is None,
         fully_sharded=fully_sharded,
+        traced=cuts is not None,
     )
     pipeline = strategy.pipeline
     _, p, _ = layout.coordinates(rank)
@@ -170,13 +171,15 @@ def distribute_mesh(
         retarget_optimizer(optimizer, replaced)
     if strategy.recompute != "none":
         apply_recomputation(model, strategy.recompute)
-    fsdp_params: list[nn.Parameter] = []
-    if fully_sharded:
-        fsdp_mesh = mesh["replicate", "shard"] if group_size < layout.data else mesh["shard"]
-        retarget_optimizer(
-            optimizer, apply_fsdp(model, fully_sharded, fsdp_mesh, mp_policy=fsdp_mixed_precision(strategy))
-        )
-        fsdp_params = [param for name, param in model.named_parameters() if name in fully_sharded]
+    fsdp_mesh = mesh["replicate", "shard"] if group_size < layout.data else mesh["shard"]
+
+    def shard(unit: nn.Module) -> None:
+        if fully_sharded:
+            mp_policy = fsdp_mixed_precision(strategy)
+            retarget_optimizer(optimizer, apply_fsdp(unit, fully_sharded, fsdp_mesh, mp_policy=mp_policy))
+
+    if chunks is None:
+        shard(model)
     scaler = LossScaler(device) if strategy.precision == "amp-fp16" else None
     numerics = StepNumerics(strategy.precision, device.type, scaler)
     runner: nn.Module = model
@@ -186,6 +189,9 @@ def distribute_mesh(
     if accumulate_in_forward and pipeline is not None:
         runner = AccumulatedModel(model, micro_batches=pipeline.micro_batches)
     if pipeline is not None and chunks is not None:
+        held_chunks = [(index, stage_module(model, chunks[index])) for index in mine]
+        for _, unit in held_chunks:  # each chunk is its own FSDP2 root, as torchtitan shards pipeline stages
+            shard(unit)
         module = stage_module(model, [child for index in mine for child in chunks[index]])
         assert loss_fn is not None  # _check refused a pipeline without one
         runner = PipelinedModel(
@@ -196,7 +202,7 @@ def distribute_mesh(
             group=mesh["pipeline"].get_group(),
             device=device,
             loss_fn=loss_fn,
-            chunks=[(index, stage_module(model, chunks[index])) for index in mine],
+            chunks=held_chunks,
             numerics=numerics,
         )
     if pipeline is not None and cuts is not None and held is not None:
@@ -217,6 +223,7 @@ def distribute_mesh(
             held=set(by_rank[p]),
             numerics=numerics,
         )
+    fsdp_params = [param for name, param in module.named_parameters() if name in fully_sharded]
     synchronized = (
         _holder({name: param for name, param in module.named_parameters() if name not in fully_sharded})
         if fully_sharded
@@ -347,6 +354,7 @@ def _check(
     loss_fn: LossFn | None,
     needs_loss_fn: bool,
     fully_sharded: set[str],
+    traced: bool = False,
 ) -> None:
     layout = MeshLayout.of(strategy)
     if world_size != len(strategy.replicas):
@@ -362,10 +370,11 @@ def _check(
             "a strategy with pipeline stages or micro-batches needs distribute(..., loss_fn=...): "
             "the last stage computes the loss of each micro-batch"
         )
-    if fully_sharded and layout.pipeline > 1:
+    if fully_sharded and traced:
         raise UnsupportedStrategyError(
-            "ZeRO stage 3 (FSDP2) inside a pipeline is not run by this runtime: its stages would need FSDP2's "
-            "per-micro-batch resharding wired into the schedule; use stage 1 or 2 with a pipeline"
+            "ZeRO stage 3 (FSDP2) in a pipeline cut between the blocks of a traced model is not run by this "
+            "runtime: FSDP2 shards modules, and a traced stage is a graph the tracer built; use stage 1 or 2 "
+            "there, or an nn.Sequential model with loss_fn"
         )
     check_coverage(strategy, model)
 
