@@ -220,6 +220,24 @@ def test_amp_fp16_steps_close_to_fp32(one_rank) -> None:
         assert torch.allclose(p, q, atol=1e-2, rtol=1e-2)
 
 
+def test_amp_fp16_unscales_sparse_embedding_gradients_too(one_rank) -> None:
+    """EmbeddingBags with sparse gradients beside dense layers, on all-reduce, ZeRO and a server."""
+    model = make_model("rec")
+    reference = copy.deepcopy(model)
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    model, optimizer = distribute(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), make_strategy("mixed", model, 1, precision="amp-fp16")
+    )
+    for ids, x, y in make_batches("rec", steps=2, batch=8):
+        for net, opt in ((model, optimizer), (reference, sgd)):
+            F.cross_entropy(net(ids, x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    assert optimizer.scaler is not None and optimizer.scaler.skipped == 0
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-2, rtol=1e-2)
+
+
 def test_fp8_converts_the_linears_whose_dimensions_fp8_matmuls_take() -> None:
     """The conversion the GPU path runs (it needs no GPU itself): Linears with dimensions that are
     multiples of 16 become torchao's Float8Linear, the others stay as they are."""

@@ -128,8 +128,10 @@ def context_parallel_refusal(kind: str) -> str:
             "(gloo) has neither"
         )
     return (
-        "context parallelism (mesh.context > 1) is not run by this runtime: it needs each sequence split "
-        "into load-balanced pieces and the context_parallel region held open across the caller's backward"
+        "context parallelism (mesh.context > 1) is not run by this runtime: context_parallel must stay open "
+        "across the caller's backward, and every position-dependent tensor of the model (rotary tables, learned "
+        "position indices, masks) must be split with the sequence, as torchtitan passes its freqs_cis; a "
+        "module's forward computing positions from its local piece's length would be silently wrong"
     )
 
 

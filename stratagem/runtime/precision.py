@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from stratagem.ir import Strategy
+from stratagem.runtime.plan import local_tensor
 
 HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 AUTOCAST = ("amp-bf16", "amp-fp16", "fp8")
@@ -136,8 +137,8 @@ class LossScaler:
 
     def unscale(self, grad: torch.Tensor) -> torch.Tensor:
         out = grad * (1.0 / self.scale)
-        local = _local(out)
-        self.found += (~torch.isfinite(local)).any().to(self.found.dtype)
+        values = out._values() if out.is_sparse else local_tensor(out)
+        self.found += (~torch.isfinite(values)).any().to(self.found.dtype)
         return out
 
     def ready(self) -> bool:
@@ -146,7 +147,7 @@ class LossScaler:
             for p in self._sharded:
                 if p.grad is not None:
                     p.grad.mul_(1.0 / self.scale)
-                    self.found += (~torch.isfinite(_local(p.grad))).any().to(self.found.dtype)
+                    self.found += (~torch.isfinite(local_tensor(p.grad))).any().to(self.found.dtype)
         found = self.found.clone()
         if dist.is_initialized() and dist.get_world_size(self.group) > 1:
             dist.all_reduce(found, op=dist.ReduceOp.MAX, group=self.group)
@@ -161,12 +162,6 @@ class LossScaler:
             self.scale *= self.growth_factor
             self.good_steps = 0
         return True
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    from stratagem.runtime.plan import local_tensor
-
-    return local_tensor(tensor)
 
 
 def _weak_unscale(scaler: LossScaler) -> Callable[[torch.Tensor], torch.Tensor]:
