@@ -12,7 +12,10 @@ from those the executors update.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+from torch import nn
 
 from stratagem.runtime.allreduce import apply_allreduce
 from stratagem.runtime.comm import Comm
@@ -20,20 +23,33 @@ from stratagem.runtime.executor import Executor, GradReadiness
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import Plan
 from stratagem.runtime.ps import apply_ps
-from stratagem.runtime.sharded import apply_sharded
+from stratagem.runtime.sharded import ShardTeams, apply_sharded
 from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import ReplicatedShards
 
+if TYPE_CHECKING:
+    from stratagem.runtime.precision import LossScaler
+
 
 def apply_synchronization(
-    plan: Plan, optimizer: torch.optim.Optimizer, *, comm: Comm, device: torch.device, launch_in_backward: bool = True
+    plan: Plan,
+    optimizer: torch.optim.Optimizer,
+    *,
+    comm: Comm,
+    device: torch.device,
+    launch_in_backward: bool = True,
+    fully_sharded: list[nn.Parameter] | None = None,
+    scaler: LossScaler | None = None,
+    shard_teams: ShardTeams | None = None,
 ) -> DistributedOptimizer:
     """The user's optimizer wrapped so its step first synchronizes every variable as `plan` says.
-    `launch_in_backward=False` launches every collective at the step instead (gradients that
-    accumulate over micro-batches are not ready when backward first produces them)."""
+        `launch_in_backward=False` launches every collective at the step instead (gradients that
+        accumulate over micro-batches are not ready when backward first produces them). `fully_sharded`
+        parameters (FSDP2's, synchronized by FSDP itself) are stepped by the user's optimizer; `shard_teams`
+    are the hybrid shard groups of ZeRO-1/2 buckets."""
     executors: list[Executor] = []
     executors += apply_allreduce(plan.allreduce, plan.sparse_allreduce, comm=comm)
-    executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer)
+    executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer, teams=shard_teams)
     executors += apply_ps(plan.ps, plan.sparse_ps, comm=comm, optimizer=optimizer)
     replicated = ReplicatedShards(optimizer, plan.replicated) if plan.replicated else None
     stats = StatsRecorder(device)
@@ -41,5 +57,10 @@ def apply_synchronization(
     if not launch_in_backward:
         readiness.remove()
     return DistributedOptimizer(
-        optimizer, readiness=readiness, replicated=replicated, local_params=plan.local, stats=stats
+        optimizer,
+        readiness=readiness,
+        replicated=replicated,
+        local_params=plan.local + list(fully_sharded or []),
+        stats=stats,
+        scaler=scaler,
     )

@@ -1,12 +1,15 @@
 """`distribute`: run a Strategy inside an initialized process group. Composes the executors; owns none.
 
 Order of composition, and why:
-1. `resolve_plan` first, before any collective: a strategy the runtime cannot execute is refused on
-   every rank alike, with the variable's name, and no rank is left waiting in a collective.
-2. Place the model on the replica's kind of device, then broadcast rank 0's parameters and buffers, so every
-   rank (and every server's master copy, made next) starts from the same values, as DDP does.
-3. The executors (`compose.apply_synchronization`, which explains their order) behind one
-   DistributedOptimizer wrapping the user's.
+1. `refuse_unrunnable`, then `resolve_plan`, before any collective: a strategy the runtime cannot
+   execute on these devices is refused on every rank alike, with the reason (and the variable's name),
+   and no rank is left waiting in a collective.
+2. Place the model on the replica's kind of device (in bf16 for `bf16`, its Linears converted for
+   `fp8`), then broadcast rank 0's parameters and buffers, so every rank (and every server's master
+   copy, made next) starts from the same values, as DDP does.
+3. The strategy's precision around the model's forward (`runtime/precision.py`), then the executors
+   (`compose.apply_synchronization`, which explains their order) behind one DistributedOptimizer
+   wrapping the user's.
 """
 
 from __future__ import annotations
@@ -19,12 +22,20 @@ import torch.distributed as dist
 from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
-from stratagem.ir import Strategy, parse_device
+from stratagem.ir import AllReduceSynchronizer, Strategy, parse_device
 from stratagem.runtime.comm import Comm, flatten, unflatten
 from stratagem.runtime.compose import apply_synchronization
 from stratagem.runtime.hybrid import distribute_mesh, needs_mesh
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import resolve_plan
+from stratagem.runtime.precision import (
+    LossScaler,
+    apply_precision_forward,
+    convert_fp8,
+    half_parameters,
+    precision_refusal,
+    set_matmul_precision,
+)
 
 if TYPE_CHECKING:
     from stratagem.runtime.pipeline_parallel import LossFn
@@ -51,7 +62,7 @@ def distribute(
             "no process group: call stratagem.runtime.init_from_env() or torch.distributed.init_process_group() first"
         )
     strategy = load_strategy(strategy) if isinstance(strategy, str | Path) else strategy
-    refuse_unimplemented(strategy)
+    refuse_unrunnable(strategy)
     world_size, me = dist.get_world_size(process_group), dist.get_rank(process_group)
     if rank is not None and rank != me:
         raise UnsupportedStrategyError(f"rank {rank} was given but this process is rank {me} of its process group")
@@ -61,6 +72,7 @@ def distribute(
                 "a tensor or pipeline mesh spans the default process group; pass process_group=None"
             )
         device = place_model(model, strategy.replicas[me])
+        prepare_numerics(model, strategy, device)
         return distribute_mesh(
             model,
             optimizer,
@@ -73,31 +85,62 @@ def distribute(
         )
     plan = resolve_plan(model, optimizer, strategy, world_size=world_size, rank=me)
     device = place_model(model, strategy.replicas[me])
+    prepare_numerics(model, strategy, device)
     comm = Comm(process_group, rank=me, node_of_rank=plan.node_of_rank, node_groups=plan.needs_node_groups)
     broadcast_module(model, comm)
-    return model, apply_synchronization(plan, optimizer, comm=comm, device=device)
+    scaler = LossScaler(device, group=process_group) if strategy.precision == "amp-fp16" else None
+    if scaler is not None:
+        scaler.watch(model.parameters())
+    apply_precision_forward(model, strategy, device, scaler)
+    return model, apply_synchronization(plan, optimizer, comm=comm, device=device, scaler=scaler)
 
 
-def refuse_unimplemented(strategy: Strategy) -> None:
-    """Knobs of the strategy document this runtime does not execute yet are refused on every rank
-    alike, before any collective, never ignored."""
-    mesh, pipeline = strategy.effective_mesh, strategy.pipeline
-    knobs = {
-        f"precision {strategy.precision!r}": strategy.precision != "fp32",
-        "selective recomputation": strategy.recompute == "selective",
-        "sequence parallelism": strategy.sequence_parallel,
-        "context parallelism": mesh.context > 1,
-        f"the {pipeline.schedule if pipeline else ''} pipeline schedule": pipeline is not None
-        and pipeline.schedule not in ("gpipe", "1f1b"),
-        "ZeRO stage 1 or 3, or a shard group": any(
-            s.kind == "sharded" and (s.stage != 2 or s.shard_group is not None)
-            for c in strategy.variables
-            for s in c.synchronizers
-        ),
-    }
-    missing = [name for name, used in knobs.items() if used]
-    if missing:
-        raise UnsupportedStrategyError(f"the runtime does not run {', '.join(missing)} yet")
+def refuse_unrunnable(strategy: Strategy) -> None:
+    """Knobs of the strategy document that cannot run on its devices here are refused on every rank
+    alike (the reason depends on the replicas, not on the rank), before any collective, never ignored."""
+    kinds = {parse_device(replica)[1] for replica in strategy.replicas}
+    kind = "CPU" if "CPU" in kinds else "GPU"
+    reasons = []
+    precision = precision_refusal(strategy, kind)
+    if precision is not None:
+        reasons.append(precision)
+    if strategy.effective_mesh.context > 1:
+        reasons.append(context_parallel_refusal(kind))
+    if strategy.precision == "amp-fp16" and any(
+        isinstance(s, AllReduceSynchronizer) and s.compressor.kind != "none" and s.compressor.error_feedback
+        for c in strategy.variables
+        for s in c.synchronizers
+    ):
+        reasons.append(
+            "precision 'amp-fp16' with a compressor that keeps error feedback: a step whose scaled gradients "
+            "overflowed would leave inf in the error buffer for every later step (use error_feedback false)"
+        )
+    if reasons:
+        raise UnsupportedStrategyError("; ".join(reasons))
+
+
+def context_parallel_refusal(kind: str) -> str:
+    """Why mesh.context > 1 does not run on replicas of `kind`."""
+    if kind == "CPU":
+        return (
+            "context parallelism (mesh.context > 1) is torch.distributed.tensor.experimental.context_parallel, "
+            "whose ring attention runs only on CUDA's flash and memory-efficient SDPA kernels; a CPU replica "
+            "(gloo) has neither"
+        )
+    return (
+        "context parallelism (mesh.context > 1) is not run by this runtime: context_parallel must stay open "
+        "across the caller's backward, and every position-dependent tensor of the model (rotary tables, learned "
+        "position indices, masks) must be split with the sequence, as torchtitan passes its freqs_cis; a "
+        "module's forward computing positions from its local piece's length would be silently wrong"
+    )
+
+
+def prepare_numerics(model: nn.Module, strategy: Strategy, device: torch.device) -> None:
+    """The model's own numerics, before its values are broadcast: TF32 on CUDA, bf16 parameters, fp8 Linears."""
+    set_matmul_precision(strategy, device)
+    half_parameters(model, strategy)
+    if strategy.precision == "fp8":
+        convert_fp8(model)
 
 
 def load_strategy(path: str | Path) -> Strategy:

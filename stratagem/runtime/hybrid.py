@@ -10,40 +10,52 @@ Order of composition, and why:
    any collective, so every rank refuses alike.
 2. Broadcast rank 0's whole model to every rank, while parameters are still plain tensors: the tensor
    splits then scatter identical weights, and every stage starts from what one process would.
-3. Split the tensor-parallel modules (DTensor) on the whole model and point the optimizer at the new
-   parameters — every rank of a tensor group must split the same modules in the same order. Then
-   wrap the numbered blocks for recomputation, around the split modules' own communication.
-4. Cut this rank's pipeline stage out of the split model (an nn.Sequential between its children; a
+3. Split the tensor-parallel modules (DTensor; with sequence parallelism, the norms too) on the whole
+   model and point the optimizer at the new parameters — every rank of a tensor group must split the
+   same modules in the same order. Then wrap the numbered blocks for recomputation (full or the
+   attention core), around the split modules' own communication, then shard the ZeRO-3 variables with
+   FSDP2 over the data-parallel mesh dimension(s) — torchtitan's order: TP, activation checkpointing, FSDP.
+4. Cut this rank's pipeline chunks out of the split model (an nn.Sequential between its children; a
    model that returns its loss between its blocks, traced on the first step) — or, for micro-batches
-   without stages on a model that is no nn.Sequential, wrap it to accumulate inside forward.
+   without stages on a model that is no nn.Sequential, wrap it to accumulate inside forward. The
+   strategy's precision wraps the model's forward, or a pipeline's schedule.
 5. Synchronize what the stage holds over its data-parallel group with the per-variable executors
-   (all-reduce, parameter server, ZeRO) exactly as for pure data parallelism: each rank of the group
-   holds the same shard of every split parameter, so the executors work on local shards.
+   (all-reduce, parameter server, ZeRO-1/2) exactly as for pure data parallelism: each rank of the group
+   holds the same shard of every split parameter, so the executors work on local shards. FSDP2's
+   parameters are synchronized by FSDP2 and stepped by the user's optimizer.
 With micro-batches a parameter's gradient accumulates over several backward passes, so the executors
 launch at the optimizer step instead of inside backward.
+
+The device mesh is (replicate, shard, pipeline, tensor): the data-parallel degree D is split into
+D/g groups of g consecutive data ranks for hybrid sharding (`shard_group` g; g = D without one), and
+the data-parallel process group is the two flattened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
-from stratagem.ir import Strategy, device_address
-from stratagem.runtime.comm import Comm
+from stratagem.ir import ShardedSynchronizer, Strategy, device_address
+from stratagem.runtime.comm import Comm, Team
 from stratagem.runtime.compose import apply_synchronization
+from stratagem.runtime.fsdp import apply_fsdp, fully_sharded_variables, shard_group_of
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import check_coverage, resolve_plan
+from stratagem.runtime.precision import LossScaler, StepNumerics, apply_precision_forward, fsdp_mixed_precision
 from stratagem.runtime.recompute import apply_recomputation
+from stratagem.runtime.sharded import ShardTeams
 
 if TYPE_CHECKING:
     from stratagem.runtime.pipeline_parallel import LossFn
 
 MESH_AXES = ("data", "pipeline", "tensor")
+DEVICE_MESH_AXES = ("replicate", "shard", "pipeline", "tensor")
 
 
 @dataclass(frozen=True)
@@ -85,11 +97,16 @@ def data_parallel_rank(strategy: Strategy, rank: int) -> tuple[int, int]:
 
 
 def needs_mesh(strategy: Strategy) -> bool:
-    """Whether the strategy needs more than the pure data-parallel runtime: splits, stages, micro-batches
-    or recomputation."""
+    """Whether the strategy needs more than the pure data-parallel runtime: splits, stages, micro-batches,
+    recomputation, FSDP2 (ZeRO-3) or hybrid shard groups (which need the device mesh's sub-groups)."""
     mesh = strategy.effective_mesh
     micro = strategy.pipeline.micro_batches if strategy.pipeline is not None else 1
-    return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute != "none"
+    sharding = any(
+        isinstance(s, ShardedSynchronizer) and (s.stage == 3 or s.shard_group is not None)
+        for c in strategy.variables
+        for s in c.synchronizers
+    )
+    return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute != "none" or sharding
 
 
 def distribute_mesh(
@@ -111,6 +128,7 @@ def distribute_mesh(
         AccumulatedModel,
         PipelinedModel,
         TracedPipelinedModel,
+        chunks_of,
         stage_children,
         stage_module,
         stage_parameters,
@@ -120,59 +138,135 @@ def distribute_mesh(
     layout = MeshLayout.of(strategy)
     accumulate_in_forward = _accumulates_in_forward(strategy, model)
     cuts = _block_cuts(strategy, model)
+    fully_sharded = fully_sharded_variables(strategy)
     _check(
         strategy,
         model,
         world_size=world_size,
         loss_fn=loss_fn,
         needs_loss_fn=not accumulate_in_forward and cuts is None,
+        fully_sharded=fully_sharded,
+        traced=cuts is not None,
     )
-    by_children = strategy.pipeline is not None and not accumulate_in_forward and cuts is None
-    stages = stage_children(model, strategy.pipeline.stages) if by_children and strategy.pipeline is not None else None
-    held = (
-        stage_parameters(model, strategy.pipeline.stages)
-        if cuts is not None and strategy.pipeline is not None
-        else None
-    )
+    pipeline = strategy.pipeline
+    _, p, _ = layout.coordinates(rank)
+    mine = chunks_of(p, layout.pipeline, pipeline) if pipeline is not None else []
+    by_children = pipeline is not None and not accumulate_in_forward and cuts is None
+    chunks = stage_children(model, pipeline.stages) if by_children and pipeline is not None else None
+    held = stage_parameters(model, pipeline.stages) if cuts is not None and pipeline is not None else None
     broadcast(
         model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False)
     )
-    mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_AXES)
+    group_size = shard_group_of(strategy) or layout.data
+    mesh = init_device_mesh(
+        device.type,
+        (layout.data // group_size, group_size, layout.pipeline, layout.tensor),
+        mesh_dim_names=DEVICE_MESH_AXES,
+    )
+    data_mesh = _data_mesh(mesh, layout.data, group_size)
     if layout.tensor > 1:
-        retarget_optimizer(optimizer, apply_tensor_parallel(model, mesh["tensor"], strategy.tensor_parallel))
-    if strategy.recompute == "full":
-        apply_recomputation(model)
-    _, p, _ = layout.coordinates(rank)
+        replaced = apply_tensor_parallel(
+            model, mesh["tensor"], strategy.tensor_parallel, sequence_parallel=strategy.sequence_parallel
+        )
+        retarget_optimizer(optimizer, replaced)
+    if strategy.recompute != "none":
+        apply_recomputation(model, strategy.recompute)
+    fsdp_mesh = mesh["replicate", "shard"] if group_size < layout.data else mesh["shard"]
+
+    def shard(unit: nn.Module) -> None:
+        if fully_sharded:
+            mp_policy = fsdp_mixed_precision(strategy)
+            retarget_optimizer(optimizer, apply_fsdp(unit, fully_sharded, fsdp_mesh, mp_policy=mp_policy))
+
+    if chunks is None:
+        shard(model)
+    scaler = LossScaler(device) if strategy.precision == "amp-fp16" else None
+    numerics = StepNumerics(strategy.precision, device.type, scaler)
     runner: nn.Module = model
     module = model
-    if accumulate_in_forward and strategy.pipeline is not None:
-        runner = AccumulatedModel(model, micro_batches=strategy.pipeline.micro_batches)
-    if strategy.pipeline is not None and stages is not None:
-        module = stage_module(model, stages[p])
+    if chunks is None and cuts is None:
+        apply_precision_forward(model, strategy, device, scaler)
+    if accumulate_in_forward and pipeline is not None:
+        runner = AccumulatedModel(model, micro_batches=pipeline.micro_batches)
+    if pipeline is not None and chunks is not None:
+        held_chunks = [(index, stage_module(model, chunks[index])) for index in mine]
+        for _, unit in held_chunks:  # each chunk is its own FSDP2 root, as torchtitan shards pipeline stages
+            shard(unit)
+        module = stage_module(model, [child for index in mine for child in chunks[index]])
         assert loss_fn is not None  # _check refused a pipeline without one
         runner = PipelinedModel(
             module,
-            stage_index=p,
-            num_stages=layout.pipeline,
-            config=strategy.pipeline,
+            stage_index=mine[0],
+            num_stages=len(pipeline.stages),
+            config=pipeline,
             group=mesh["pipeline"].get_group(),
             device=device,
             loss_fn=loss_fn,
+            chunks=held_chunks,
+            numerics=numerics,
         )
-    if strategy.pipeline is not None and cuts is not None and held is not None:
-        module = _holder(held[p])
+    if pipeline is not None and cuts is not None and held is not None:
+        by_rank = [
+            {name: param for index in chunks_of(q, layout.pipeline, pipeline) for name, param in held[index].items()}
+            for q in range(layout.pipeline)
+        ]
+        module = _holder(by_rank[p])
         runner = TracedPipelinedModel(
             model,
             cuts=cuts,
             stage_index=p,
-            num_stages=layout.pipeline,
-            config=strategy.pipeline,
+            num_stages=len(pipeline.stages),
+            config=pipeline,
             group=mesh["pipeline"].get_group(),
             device=device,
-            tied=_tied(held),
-            held=set(held[p]),
+            tied=_tied(by_rank),
+            held=set(by_rank[p]),
+            numerics=numerics,
         )
-    return runner, _synchronize(module, optimizer, strategy, layout, rank, mesh["data"].get_group(), device)
+    fsdp_params = [param for name, param in module.named_parameters() if name in fully_sharded]
+    synchronized = (
+        _holder({name: param for name, param in module.named_parameters() if name not in fully_sharded})
+        if fully_sharded
+        else module
+    )
+    if scaler is not None:
+        scaler.watch(synchronized.parameters(), sharded=fsdp_params)
+    teams = _shard_teams(mesh, layout, rank, group_size) if group_size < layout.data else None
+    optimizer_out = _synchronize(
+        synchronized,
+        optimizer,
+        strategy,
+        layout,
+        rank,
+        data_mesh.get_group(),
+        device,
+        fully_sharded=fsdp_params,
+        scaler=scaler,
+        teams=teams,
+    )
+    return runner, optimizer_out
+
+
+def _data_mesh(mesh: Any, data: int, group_size: int) -> Any:
+    """The data-parallel mesh dimension: replicate × shard flattened (each alone when the other is 1)."""
+    if group_size == data:
+        return mesh["shard"]
+    if group_size == 1:
+        return mesh["replicate"]
+    return mesh["replicate", "shard"]._flatten("data")
+
+
+def _shard_teams(mesh: Any, layout: MeshLayout, rank: int, group_size: int) -> ShardTeams:
+    """This rank's hybrid shard group and replicate group, as teams of data-parallel ranks (0..D-1)."""
+    d, _, _ = layout.coordinates(rank)
+    members = layout.data_group(rank)
+    start = d - d % group_size
+    shard = list(range(start, start + group_size))
+    replicate = list(range(d % group_size, layout.data, group_size))
+    return ShardTeams(
+        shard=Team(shard, [members[i] for i in shard], mesh["shard"].get_group()),
+        replicate=Team(replicate, [members[i] for i in replicate], mesh["replicate"].get_group()),
+    )
 
 
 def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
@@ -197,6 +291,12 @@ def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
             )
         if not _has_module(model, cut):
             raise UnsupportedStrategyError(f"pipeline: the model has no block {cut!r}")
+    if strategy.pipeline.schedule in ("interleaved-1f1b", "zero-bubble"):
+        raise UnsupportedStrategyError(
+            f"pipeline: the {strategy.pipeline.schedule} schedule runs torch's multi-chunk schedules, which pass "
+            f"activations only between adjacent chunks; a traced {type(model).__name__} sends its own inputs (the "
+            "labels) from the first chunk to the last. Use gpipe or 1f1b for it, or an nn.Sequential model with loss_fn"
+        )
     mesh = strategy.effective_mesh
     if mesh.tensor > 1 or strategy.recompute != "none":
         raise UnsupportedStrategyError(
@@ -247,7 +347,14 @@ def _accumulates_in_forward(strategy: Strategy, model: nn.Module) -> bool:
 
 
 def _check(
-    strategy: Strategy, model: nn.Module, *, world_size: int, loss_fn: LossFn | None, needs_loss_fn: bool
+    strategy: Strategy,
+    model: nn.Module,
+    *,
+    world_size: int,
+    loss_fn: LossFn | None,
+    needs_loss_fn: bool,
+    fully_sharded: set[str],
+    traced: bool = False,
 ) -> None:
     layout = MeshLayout.of(strategy)
     if world_size != len(strategy.replicas):
@@ -262,6 +369,12 @@ def _check(
         raise UnsupportedStrategyError(
             "a strategy with pipeline stages or micro-batches needs distribute(..., loss_fn=...): "
             "the last stage computes the loss of each micro-batch"
+        )
+    if fully_sharded and traced:
+        raise UnsupportedStrategyError(
+            "ZeRO stage 3 (FSDP2) in a pipeline cut between the blocks of a traced model is not run by this "
+            "runtime: FSDP2 shards modules, and a traced stage is a graph the tracer built; use stage 1 or 2 "
+            "there, or an nn.Sequential model with loss_fn"
         )
     check_coverage(strategy, model)
 
@@ -286,6 +399,10 @@ def _synchronize(
     rank: int,
     group: torch.distributed.ProcessGroup,
     device: torch.device,
+    *,
+    fully_sharded: list[nn.Parameter],
+    scaler: LossScaler | None,
+    teams: ShardTeams | None,
 ) -> DistributedOptimizer:
     members = layout.data_group(rank)
     part = _data_parallel_part(strategy, module, members)
@@ -298,5 +415,12 @@ def _synchronize(
     comm = Comm(group, rank=me, node_of_rank=plan.node_of_rank, node_groups=False)
     # Parameters of other stages stay in the user's optimizer without gradients, which it skips.
     return apply_synchronization(
-        plan, optimizer, comm=comm, device=device, launch_in_backward=strategy.pipeline is None
+        plan,
+        optimizer,
+        comm=comm,
+        device=device,
+        launch_in_backward=strategy.pipeline is None,
+        fully_sharded=fully_sharded,
+        scaler=scaler,
+        shard_teams=teams,
     )

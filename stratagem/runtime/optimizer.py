@@ -4,19 +4,24 @@ It shares the wrapped optimizer's param groups and state (so schedulers, `zero_g
 `state_dict` behave as usual) and its `step()` first completes every executor (waits on all-reduce
 buckets, runs server and shard updates), then lets the user's optimizer update only the parameters
 every rank updates itself. Parameters updated elsewhere have their gradient hidden from it for the
-call, which every torch optimizer reads as "skip this parameter".
+call, which every torch optimizer reads as "skip this parameter". Under `amp-fp16` a step whose
+gradients overflowed on any rank completes its communication and updates nothing (`LossScaler`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from stratagem.runtime.executor import GradReadiness
 from stratagem.runtime.stats import StatsRecorder, SyncStats
-from stratagem.runtime.updates import ReplicatedShards
+from stratagem.runtime.updates import ReplicatedShards, skipping_updates
+
+if TYPE_CHECKING:
+    from stratagem.runtime.precision import LossScaler
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -28,6 +33,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         replicated: ReplicatedShards | None,
         local_params: list[nn.Parameter],
         stats: StatsRecorder,
+        scaler: LossScaler | None = None,
     ) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         super().__init__(params, dict(optimizer.defaults))
@@ -38,6 +44,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._replicated = replicated
         self._local = {id(p) for p in local_params}
         self._stats = stats
+        self.scaler = scaler
+        """amp-fp16's loss scale (its `scale` and `skipped` steps), None under any other precision."""
 
     @property
     def sync_stats(self) -> SyncStats | None:
@@ -51,11 +59,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._stats.begin_step()
-        self._readiness.finish_all()
+        apply = self.scaler.ready() if self.scaler is not None else True
+        with skipping_updates(not apply):
+            self._readiness.finish_all()
         with self._stats.updating():
-            if self._replicated is not None:
+            if apply and self._replicated is not None:
                 self._replicated.step()
-            self._local_step()
+            if apply:
+                self._local_step()
         self._stats.end_step()
         return loss
 

@@ -6,10 +6,13 @@ its top-level modules, so the model must be an `nn.Sequential` whose children ch
 (`stratagem.parallel_rules.pipeline_refusal`, which the search obeys too). The stage keeps the children's
 names, so parameter names — what the strategy's variables refer to — are the same as in the whole model.
 
-A step runs every micro-batch through the stage with `ScheduleGPipe` or `Schedule1F1B` (PyTorch's own
-schedules, point-to-point sends over the pipeline group); gradients are summed over micro-batches and
-divided by their number, so a step sees the mean loss gradient over the local batch, as one process would.
-With a single stage the schedule is plain gradient accumulation over the micro-batches.
+A step runs every micro-batch through the stages with PyTorch's own schedules (point-to-point sends
+over the pipeline group): `ScheduleGPipe`, `Schedule1F1B`, `ScheduleInterleaved1F1B` for
+`interleaved-1f1b`, and for `zero-bubble` `ScheduleZBVZeroBubble` with two chunks per rank (the V-shaped
+placement: rank r holds chunks r and 2p − 1 − r) or `ScheduleInterleavedZeroBubble` otherwise (chunk i on
+rank i mod p). Gradients are summed over micro-batches and divided by their number, so a step sees the
+mean loss gradient over the local batch, as one process would. With a single stage the schedule is
+plain gradient accumulation over the micro-batches.
 
 A model of another class that returns its own loss and keeps numbered blocks in a ModuleList (the zoo's
 transformers) is cut at the beginning of blocks instead, by pipelining's tracer: `TracedPipelinedModel`
@@ -20,15 +23,24 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 
 from stratagem.errors import InvalidStrategyError, Problem, UnsupportedStrategyError
 from stratagem.ir import PipelineConfig
 from stratagem.parallel_rules import class_path, pipeline_refusal
+from stratagem.runtime.precision import StepNumerics
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ROOT_LAYERS = ("<root>", "<loss>")
@@ -75,14 +87,65 @@ def stage_children(model: nn.Module, stages: list[list[str]]) -> list[list[str]]
     return out
 
 
+def chunk_owner(chunk: int, pipeline: int, config: PipelineConfig) -> int:
+    """The pipeline rank holding model chunk `chunk` (Megatron's interleaving, or ZBV's V shape)."""
+    if config.schedule == "zero-bubble" and config.virtual_stages == 2 and chunk >= pipeline:
+        return 2 * pipeline - 1 - chunk
+    return chunk % pipeline
+
+
+def chunks_of(rank: int, pipeline: int, config: PipelineConfig) -> list[int]:
+    """The chunks pipeline rank `rank` holds, in model order."""
+    return [i for i in range(pipeline * config.virtual_stages) if chunk_owner(i, pipeline, config) == rank]
+
+
+def schedule_class(config: PipelineConfig) -> type:
+    if config.schedule == "gpipe":
+        return ScheduleGPipe
+    if config.schedule == "1f1b":
+        return Schedule1F1B
+    if config.schedule == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B
+    return ScheduleZBVZeroBubble if config.virtual_stages == 2 else ScheduleInterleavedZeroBubble
+
+
+def _multi(config: PipelineConfig) -> bool:
+    """Whether the schedule takes a list of stages (several chunks per rank, or zero-bubble's)."""
+    return config.schedule in ("interleaved-1f1b", "zero-bubble")
+
+
+def _check_micro_batches(config: PipelineConfig, num_stages: int, pipeline: int) -> None:
+    if config.schedule == "1f1b" and config.micro_batches < num_stages:
+        raise InvalidStrategyError(
+            [
+                Problem(
+                    "pipeline.micro_batches",
+                    f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}",
+                )
+            ]
+        )
+    if _multi(config) and config.micro_batches < pipeline:
+        raise InvalidStrategyError(
+            [
+                Problem(
+                    "pipeline.micro_batches",
+                    f"{config.schedule} needs at least as many micro-batches as pipeline ranks: "
+                    f"{config.micro_batches} < {pipeline}",
+                )
+            ]
+        )
+
+
 def stage_module(model: nn.Module, children: list[str]) -> nn.Sequential:
     """The stage's children as an nn.Sequential that keeps their names (so parameter names do not change)."""
     return nn.Sequential(OrderedDict((name, model._modules[name]) for name in children))
 
 
 class PipelinedModel(nn.Module):
-    """This rank's stage, trained a whole step at a time: every rank calls `train_step` with the same
-    arguments; the first stage reads the inputs, the last the targets, the others neither."""
+    """This rank's stage (its chunks), trained a whole step at a time: every rank calls `train_step`
+    with the same arguments; the rank holding the first chunk reads the inputs, the one holding the
+    last the targets, the others neither. `stage` holds every chunk of this rank (its parameters);
+    `chunks` gives each chunk's index among the `num_stages` chunks, when the rank holds several."""
 
     def __init__(
         self,
@@ -94,32 +157,31 @@ class PipelinedModel(nn.Module):
         group: dist.ProcessGroup | None,
         device: torch.device,
         loss_fn: LossFn,
+        chunks: list[tuple[int, nn.Module]] | None = None,
+        numerics: StepNumerics | None = None,
     ) -> None:
         super().__init__()
         self.stage = stage
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.micro_batches = config.micro_batches
-        if config.schedule == "1f1b" and config.micro_batches < num_stages:
-            raise InvalidStrategyError(
-                [
-                    Problem(
-                        "pipeline.micro_batches",
-                        f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}",
-                    )
-                ]
-            )
-        pipe = PipelineStage(stage, stage_index, num_stages, device, group=group)
-        schedule = Schedule1F1B if config.schedule == "1f1b" else ScheduleGPipe
-        self.schedule = schedule(pipe, config.micro_batches, loss_fn=_scoring_outputs(loss_fn))
+        self.numerics = numerics or StepNumerics()
+        pipeline = num_stages // config.virtual_stages
+        _check_micro_batches(config, num_stages, pipeline)
+        held = chunks if chunks is not None else [(stage_index, stage)]
+        self.indices = [index for index, _ in held]
+        stages = [PipelineStage(module, index, num_stages, device, group=group) for index, module in held]
+        scored = self.numerics.loss_fn(_scoring_outputs(loss_fn))
+        schedule = schedule_class(config)
+        self.schedule = schedule(stages if _multi(config) else stages[0], config.micro_batches, loss_fn=scored)
 
     @property
     def is_first(self) -> bool:
-        return self.stage_index == 0
+        return 0 in self.indices
 
     @property
     def is_last(self) -> bool:
-        return self.stage_index == self.num_stages - 1
+        return self.num_stages - 1 in self.indices
 
     def train_step(self, *inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of every micro-batch; the mean micro-batch loss on the last stage, else None."""
@@ -129,11 +191,14 @@ class PipelinedModel(nn.Module):
                 f"pipeline.micro_batches: {self.micro_batches} micro-batches do not split the local batch of {batch}"
             )
         losses: list[torch.Tensor] = []
-        args = inputs if self.is_first else ()
+        args = self.numerics.inputs(inputs) if self.is_first else ()
+        with self.numerics.context():
+            if self.is_last:
+                self.schedule.step(*args, target=target, losses=losses)
+            else:
+                self.schedule.step(*args)
         if self.is_last:
-            self.schedule.step(*args, target=target, losses=losses)
-            return torch.stack([loss.detach() for loss in losses]).mean()
-        self.schedule.step(*args)
+            return self.numerics.loss_value(torch.stack([loss.detach() for loss in losses]).mean())
         return None
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
@@ -254,37 +319,34 @@ class TracedPipelinedModel(nn.Module):
         device: torch.device,
         tied: list[str],
         held: set[str],
+        numerics: StepNumerics | None = None,
     ) -> None:
         super().__init__()
-        if config.schedule == "1f1b" and config.micro_batches < num_stages:
-            raise InvalidStrategyError(
-                [
-                    Problem(
-                        "pipeline.micro_batches",
-                        f"1F1B needs at least as many micro-batches as stages: {config.micro_batches} < {num_stages}",
-                    )
-                ]
-            )
+        pipeline = num_stages // config.virtual_stages
+        _check_micro_batches(config, num_stages, pipeline)
         self.module = model
         self.cuts = cuts
         self.stage_index = stage_index
         self.num_stages = num_stages
+        self.indices = chunks_of(stage_index, pipeline, config)
+        self.last_rank = chunk_owner(num_stages - 1, pipeline, config)
+        self.config = config
         self.micro_batches = config.micro_batches
-        self.schedule_class = Schedule1F1B if config.schedule == "1f1b" else ScheduleGPipe
         self.group = group
         self.device = device
         self.tied = tied
         self.held = held
-        self.schedule: Schedule1F1B | ScheduleGPipe | None = None
+        self.numerics = numerics or StepNumerics()
+        self.schedule: Any = None
         self.shapes: list[tuple[int, ...]] = []
 
     @property
     def is_first(self) -> bool:
-        return self.stage_index == 0
+        return 0 in self.indices
 
     @property
     def is_last(self) -> bool:
-        return self.stage_index == self.num_stages - 1
+        return self.num_stages - 1 in self.indices
 
     def forward(self, *batch: torch.Tensor) -> torch.Tensor:
         shapes = [tuple(t.shape) for t in batch]
@@ -303,23 +365,27 @@ class TracedPipelinedModel(nn.Module):
                 f"not {[list(s) for s in shapes]}: every step of a traced pipeline has the same shapes"
             )
         losses: list[torch.Tensor] = []
-        args = batch if self.is_first else ()
-        if self.is_last:  # the schedule splits a target for its loss_fn; the model's own loss needs none
-            self.schedule.step(
-                *args, target=torch.zeros(self.micro_batches, device=self.device), losses=losses, return_outputs=False
-            )
-        else:
-            self.schedule.step(*args)
+        args = self.numerics.inputs(batch) if self.is_first else ()
+        with self.numerics.context():
+            if self.is_last:  # the schedule splits a target for its loss_fn; the model's own loss needs none
+                self.schedule.step(
+                    *args,
+                    target=torch.zeros(self.micro_batches, device=self.device),
+                    losses=losses,
+                    return_outputs=False,
+                )
+            else:
+                self.schedule.step(*args)
         self._sum_tied_gradients()
         loss = (
-            torch.stack([loss.detach() for loss in losses]).mean()
+            self.numerics.loss_value(torch.stack([loss.detach() for loss in losses]).mean())
             if self.is_last
             else torch.zeros((), device=self.device)
         )
-        dist.broadcast(loss, group_src=self.num_stages - 1, group=self.group)
+        dist.broadcast(loss, group_src=self.last_rank, group=self.group)
         return loss.requires_grad_()
 
-    def _build(self, batch: tuple[torch.Tensor, ...]) -> Schedule1F1B | ScheduleGPipe:
+    def _build(self, batch: tuple[torch.Tensor, ...]) -> Any:
         from torch.distributed.pipelining import SplitPoint, pipeline
 
         example = tuple(t.chunk(self.micro_batches)[0] for t in batch)
@@ -333,9 +399,13 @@ class TracedPipelinedModel(nn.Module):
                 f"pipeline: tracing at {self.cuts} gave {pipe.num_stages} stages, not {self.num_stages}: "
                 "a cut block is not called in the traced forward"
             )
-        _retie(pipe.get_stage_module(self.stage_index), self.module)
-        stage = pipe.build_stage(self.stage_index, self.device, group=self.group)
-        return self.schedule_class(stage, self.micro_batches, loss_fn=_own_loss)
+        stages = []
+        for index in self.indices:
+            _retie(pipe.get_stage_module(index), self.module)
+            stages.append(pipe.build_stage(index, self.device, group=self.group))
+        schedule = schedule_class(self.config)
+        loss_fn = self.numerics.loss_fn(_own_loss)
+        return schedule(stages if _multi(self.config) else stages[0], self.micro_batches, loss_fn=loss_fn)
 
     def _sum_tied_gradients(self) -> None:
         """A weight held by several stages gets each stage's gradient; they add up to the whole model's."""

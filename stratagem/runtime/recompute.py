@@ -1,9 +1,18 @@
-"""Activation recomputation: each numbered block runs its forward again in backward instead of keeping
-its activations (torch.utils.checkpoint, non-reentrant, so it composes with DTensor and pipelining).
+"""Activation recomputation of every numbered block (torch.utils.checkpoint, non-reentrant, so it
+composes with DTensor, FSDP2 and pipelining).
 
 A block is the outermost module whose name ends in a number: `blocks.3` of a ModuleList, or `2` of an
 nn.Sequential — the same units the simulator recomputes and the search cuts pipelines between.
-Only the block's input stays alive through the forward; its backward first repeats its forward.
+
+- `full`: only the block's input stays alive through the forward; its backward first repeats its forward.
+- `selective`: only the attention core is dropped and recomputed (Korthikanti et al. 2022, Megatron's
+  `--recompute-granularity selective`): every `F.scaled_dot_product_attention` call inside a block runs
+  under its own checkpoint, so its inputs (q, k, v) are kept and its output, and the scores of an
+  unfused kernel, are computed again in backward; everything else in the block keeps its activations.
+  The calls are found by a torch function mode around the block's forward, so any model that calls
+  SDPA (the zoo's transformers, Hugging Face's `sdpa` attention) is covered, as torchtitan's op-level
+  selective checkpointing covers the ops it lists. A block that computes attention by hand (Hugging
+  Face's `eager` attention) or holds none (an embedding stage) keeps all its activations.
 """
 
 from __future__ import annotations
@@ -12,7 +21,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from stratagem.errors import UnsupportedStrategyError
@@ -27,8 +38,8 @@ def numbered_blocks(model: nn.Module) -> list[str]:
     return blocks
 
 
-def apply_recomputation(model: nn.Module) -> list[str]:
-    """Wrap every numbered block's forward in a checkpoint; return the blocks' names."""
+def apply_recomputation(model: nn.Module, mode: str = "full") -> list[str]:
+    """Wrap every numbered block's forward for `full` or `selective` recomputation; return the blocks' names."""
     blocks = numbered_blocks(model)
     if not blocks:
         raise UnsupportedStrategyError(
@@ -36,10 +47,26 @@ def apply_recomputation(model: nn.Module) -> list[str]:
         )
     for name in blocks:
         module = model.get_submodule(name)
-        # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the checkpoint.
-        module.__dict__["forward"] = functools.partial(_recomputed, module.forward)
+        # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the wrapper.
+        wrapper = _recomputed if mode == "full" else _attention_recomputed
+        module.__dict__["forward"] = functools.partial(wrapper, module.forward)
     return blocks
 
 
 def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _attention_recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with _CheckpointAttention():
+        return forward(*args, **kwargs)
+
+
+class _CheckpointAttention(TorchFunctionMode):
+    """Runs each scaled-dot-product attention under its own non-reentrant checkpoint."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return checkpoint(func, *args, use_reentrant=False, **kwargs)
+        return func(*args, **kwargs)

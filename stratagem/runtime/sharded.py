@@ -1,79 +1,133 @@
-"""ZeRO-style sharded executor: reduce-scatter gradients, update a 1/p slice, all-gather parameters.
+"""ZeRO stages 1 and 2 as an executor: shard the optimizer state, update a 1/g slice, all-gather parameters.
 
-The pieces of one group are laid end to end in a flat buffer padded to a multiple of the world size;
-rank r owns the r-th contiguous chunk, keeps its master copy and the optimizer state for it (an
-optimizer of the user's class over that one flat tensor), and is the only rank that updates it. The
-reduce-scatter is launched in backward as soon as the group's last gradient is ready. Autograd still
-materializes whole gradients and every rank still holds whole parameters, so this is ZeRO stage 1
-in memory (optimizer state ÷ p) with the communication pattern of stages 2 and 3.
+The pieces of one group are laid end to end in a flat buffer padded to a multiple of the shard group
+size g (the data-parallel degree, or `shard_group`); rank r of a shard group owns its r-th contiguous
+chunk, keeps its master copy and the optimizer state for it (an optimizer of the user's class over
+that one flat tensor), and is the only rank of its group that updates it.
+
+- Stage 2: gradients are reduce-scattered over the shard group, launched in backward as soon as the
+  group's last gradient is ready; each rank keeps only its chunk of the averaged gradient.
+- Stage 1: gradients are all-reduced whole over the data-parallel group (every rank's `param.grad`
+  holds the average after the step, for clipping or logging), then each rank updates its chunk.
+- Hybrid (`shard_group` g < data degree): the reduce-scattered chunk is all-reduced across the groups
+  (the ranks holding the same chunk), as HSDP and ZeRO++'s hpZ do; the all-gather stays inside the group.
+
+Autograd still materializes whole gradients and every rank holds whole parameters between steps, so
+the memory saved is the optimizer state's (÷ g) in both stages; stage 2's sharded gradients and stage
+3's sharded parameters are FSDP2's (`runtime/fsdp.py`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from stratagem.ir import ShardedSynchronizer
-from stratagem.runtime.comm import Comm, FlatBuffer, Work, unflatten, wait
+from stratagem.runtime.comm import Comm, FlatBuffer, Team, Work, unflatten, wait
 from stratagem.runtime.executor import Executor
 from stratagem.runtime.plan import Piece
 from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import MasterUpdater
 
 
+@dataclass
+class ShardTeams:
+    """Hybrid sharding: this rank's shard group and the ranks holding the same chunk in the other groups."""
+
+    shard: Team
+    replicate: Team
+
+
 class ZeroBucket(Executor):
     kind = "sharded"
 
-    def __init__(self, pieces: list[Piece], *, comm: Comm, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self,
+        pieces: list[Piece],
+        *,
+        comm: Comm,
+        optimizer: torch.optim.Optimizer,
+        stage: int = 2,
+        teams: ShardTeams | None = None,
+    ) -> None:
         self.pieces = pieces
         self.comm = comm
+        self.stage = stage
+        self.shard = teams.shard if teams is not None else comm.world
+        self.replicate = teams.replicate if teams is not None else None
+        self.index = self.shard.members.index(comm.rank)
         self.shapes = [p.shape for p in pieces]
         self.total = sum(p.numel for p in pieces)
-        self.chunk = math.ceil(self.total / comm.world_size)
-        start = comm.rank * self.chunk
-        own = FlatBuffer().flatten([p.value() for p in pieces], numel=self.chunk * comm.world_size)[
-            start : start + self.chunk
-        ]
+        self.chunk = math.ceil(self.total / self.shard.size)
+        start = self.index * self.chunk
+        own = FlatBuffer().flatten([p.value() for p in pieces], numel=self.padded_numel)[start : start + self.chunk]
         self.updater = MasterUpdater(optimizer, [pieces[0].group_index], [own])
         self.padded, self.mine, self.gathered = FlatBuffer(), FlatBuffer(), FlatBuffer()
-        self._pending: tuple[torch.Tensor, Work] | None = None
+        self._pending: tuple[torch.Tensor, torch.Tensor, Work] | None = None
+
+    @property
+    def padded_numel(self) -> int:
+        return self.chunk * self.shard.size
 
     @property
     def params(self) -> list[nn.Parameter]:
         return list({id(p.param): p.param for p in self.pieces}.values())
 
     def launch(self, stats: StatsRecorder) -> None:
-        flat = self.padded.flatten([piece.grad() for piece in self.pieces], numel=self.chunk * self.comm.world_size)
-        mine = self.mine.empty(self.chunk, flat)
+        flat = self.padded.flatten([piece.grad() for piece in self.pieces], numel=self.padded_numel)
         stats.add_bytes(self.kind, flat.numel() * flat.element_size())
-        self._pending = (mine, self.comm.world.reduce_scatter(mine, flat, async_op=True))
+        if self.stage == 1:
+            self._pending = (flat, flat, self.comm.world.all_reduce(flat, async_op=True))
+            return
+        mine = self.mine.empty(self.chunk, flat)
+        self._pending = (flat, mine, self.shard.reduce_scatter(mine, flat, async_op=True))
 
     def finish(self, stats: StatsRecorder) -> None:
         if self._pending is None:
             raise RuntimeError("finish() before launch()")
-        (mine, work), self._pending = self._pending, None
+        (flat, mine, work), self._pending = self._pending, None
         with stats.waiting(self.kind):
             wait(work)
+            if self.stage == 2 and self.replicate is not None:
+                wait(self.replicate.all_reduce(mine))
         with stats.updating():
-            self.updater.step([mine.div_(self.comm.world_size)])
+            if self.stage == 1:
+                flat.div_(self.comm.world_size)
+                with torch.no_grad():
+                    for piece, grad in zip(self.pieces, unflatten(flat[: self.total], self.shapes), strict=True):
+                        piece.grad().copy_(grad)
+                mine = flat[self.index * self.chunk : (self.index + 1) * self.chunk]
+            else:
+                mine.div_(self.comm.world_size)
+            self.updater.step([mine])
         master = self.updater.masters[0]
-        gathered = self.gathered.empty(self.chunk * self.comm.world_size, master)
+        gathered = self.gathered.empty(self.padded_numel, master)
         stats.add_bytes(self.kind, master.numel() * master.element_size())
         with stats.waiting(self.kind):
-            self.comm.world.all_gather_flat(gathered, master)
+            self.shard.all_gather_flat(gathered, master)
         with torch.no_grad():
             for piece, value in zip(self.pieces, unflatten(gathered[: self.total], self.shapes), strict=True):
                 piece.value().copy_(value)
 
 
 def apply_sharded(
-    entries: list[tuple[Piece, ShardedSynchronizer]], *, comm: Comm, optimizer: torch.optim.Optimizer
+    entries: list[tuple[Piece, ShardedSynchronizer]],
+    *,
+    comm: Comm,
+    optimizer: torch.optim.Optimizer,
+    teams: ShardTeams | None = None,
 ) -> list[Executor]:
-    """One flat ZeRO bucket per (group, optimizer param group, dtype, device), in strategy order."""
+    """One flat ZeRO bucket per (group, stage, optimizer param group, dtype, device), in strategy order."""
     buckets: dict[tuple[object, ...], list[Piece]] = {}
+    stages: dict[tuple[object, ...], int] = {}
     for piece, sync in entries:
-        key = (sync.group, piece.group_index, piece.param.dtype, piece.param.device)
+        key = (sync.group, sync.stage, piece.group_index, piece.param.dtype, piece.param.device)
         buckets.setdefault(key, []).append(piece)
-    return [ZeroBucket(pieces, comm=comm, optimizer=optimizer) for pieces in buckets.values()]
+        stages[key] = sync.stage
+    return [
+        ZeroBucket(pieces, comm=comm, optimizer=optimizer, stage=stages[key], teams=teams)
+        for key, pieces in buckets.items()
+    ]

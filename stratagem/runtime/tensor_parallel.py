@@ -13,6 +13,17 @@ Each style is one of `torch.distributed.tensor.parallel`'s, so the collectives a
   its rows so each rank's shard holds q, k and v of its own heads), its output projection `rowwise`,
   and its head-count attribute divided by the degree, so each rank runs whole heads.
 
+Sequence parallelism (`Strategy.sequence_parallel`, Korthikanti et al. 2022; torchtitan's Llama plan):
+between the transformer blocks (the numbered blocks holding an attention split by heads) the residual
+stream is split along the sequence (dimension 1) over the tensor group. The first such block's input
+is cut to this rank's piece (no communication) and the last one's output gathered; inside each block the
+norms run on their piece (`SequenceParallel`, their weights' gradients summed over the group), an
+attention gathers its input once (`PrepareModuleInput`, all-gather) and its output projection, like
+every row-wise Linear, reduce-scatters its sums back to pieces (`output_layouts=Shard(1)`) instead of
+all-reducing them; a column-wise Linear gathers its input itself (`input_layouts=Shard(1)`). Every other
+module of those blocks must be parameter-free and work token by token (dropout, activations): anything
+else would see only its piece of the sequence, and is refused.
+
 Which module takes which style, and why, is `stratagem.parallel_rules` — the same rules the search's
 plan follows. A weight tied between modules that are all split by vocabulary is split once and stays
 tied. Splitting replaces the parameters with DTensor parameters, so the optimizer built on the old ones
@@ -27,8 +38,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from stratagem.errors import InvalidStrategyError, Problem, UnsupportedStrategyError
 from stratagem.ir import TensorParallelLayer
@@ -49,7 +67,7 @@ ROW_ORDER = "stratagem_row_order"
 
 
 def apply_tensor_parallel(
-    model: nn.Module, mesh: DeviceMesh, layers: list[TensorParallelLayer]
+    model: nn.Module, mesh: DeviceMesh, layers: list[TensorParallelLayer], *, sequence_parallel: bool = False
 ) -> dict[int, nn.Parameter]:
     """Split `layers` of `model` in place over the 1-D tensor `mesh`; return old parameter id -> new parameter.
 
@@ -57,6 +75,7 @@ def apply_tensor_parallel(
     """
     degree = mesh.size()
     splits = _collect(model, layers, degree)
+    region = _sequence_parallel(model, splits) if sequence_parallel else None
     ties = _check_ties(model, splits.styles)
     for projection, order in splits.reordered:
         _reorder_rows(projection, order)
@@ -67,6 +86,10 @@ def apply_tensor_parallel(
         setattr(module, attribute, getattr(module, attribute) // degree)
     for name in splits.plan:
         model.get_submodule(name).register_forward_hook(_own_output)
+    if region is not None:
+        first, last = region
+        model.get_submodule(first).register_forward_pre_hook(_SequencePieces(mesh))
+        model.get_submodule(last).register_forward_hook(_WholeSequence(mesh))
     after = dict(model.named_parameters())
     replaced = {id(before[name]): after[name] for name in before if after[name] is not before[name]}
     for param in replaced.values():
@@ -110,6 +133,81 @@ def _collect(model: nn.Module, layers: list[TensorParallelLayer], degree: int) -
                 (projection, fused_row_order(count, projection.out_features // (3 * count), degree))
             )
     return splits
+
+
+NORMS = (nn.LayerNorm, nn.RMSNorm)
+
+
+def _sequence_parallel(model: nn.Module, splits: _Splits) -> tuple[str, str]:
+    """Turn the plan into its sequence-parallel form over the transformer blocks; return the first and
+    last block (where the sequence is cut into pieces and gathered again)."""
+    from stratagem.runtime.recompute import numbered_blocks
+
+    attentions = [module for module, _ in splits.heads]
+    blocks = [b for b in numbered_blocks(model) if any(a in attentions for a in model.get_submodule(b).modules())]
+    if not blocks:
+        raise UnsupportedStrategyError(
+            "sequence_parallel: no numbered block holds an attention split by heads; sequence parallelism splits "
+            "the sequence between transformer blocks"
+        )
+    for block in blocks:
+        _sequence_parallel_block(model, block, splits)
+    return blocks[0], blocks[-1]
+
+
+def _sequence_parallel_block(model: nn.Module, block: str, splits: _Splits) -> None:
+    attention_names = {name for name, module in model.named_modules() if any(module is a for a, _ in splits.heads)}
+    for name, module in model.get_submodule(block).named_modules(prefix=block):
+        if name in attention_names:
+            splits.plan[name] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            continue
+        style = splits.plan.get(name)
+        inside_attention = any(name.startswith(a + ".") for a in attention_names)
+        if isinstance(style, RowwiseParallel):
+            splits.plan[name] = RowwiseParallel(output_layouts=Shard(1))
+        elif isinstance(style, ColwiseParallel) and not inside_attention:
+            splits.plan[name] = ColwiseParallel(input_layouts=Shard(1))
+        elif style is None and isinstance(module, NORMS):
+            splits.plan[name] = SequenceParallel()
+            splits.styles.setdefault(name, "sequence")
+        elif style is None and not inside_attention and any(True for _ in module.parameters(recurse=False)):
+            raise UnsupportedStrategyError(
+                f"sequence_parallel ({name}): a {type(module).__name__} with parameters inside a transformer block "
+                "that tensor_parallel does not split would see only this rank's piece of the sequence; split it, "
+                "or leave sequence_parallel off"
+            )
+
+
+class _SequencePieces:
+    """Forward pre-hook: the first block's input cut to this rank's piece of the sequence (its gradient is
+    gathered again in backward)."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.mesh = mesh
+
+    def __call__(self, module: nn.Module, args: tuple[object, ...]) -> tuple[object, ...]:
+        if not args or not isinstance(args[0], torch.Tensor):
+            raise UnsupportedStrategyError(
+                f"sequence_parallel: {type(module).__name__} takes its hidden states as a keyword; "
+                "the first transformer block must take them as its first positional argument"
+            )
+        whole = DTensor.from_local(args[0], self.mesh, [Replicate()], run_check=False)
+        return (whole.redistribute(self.mesh, [Shard(1)]).to_local(), *args[1:])
+
+
+class _WholeSequence:
+    """Forward hook: the last block's output gathered along the sequence (all-gather; its gradient is
+    this rank's piece of the replicated gradient)."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.mesh = mesh
+
+    def __call__(self, module: nn.Module, args: object, output: object) -> object:
+        if isinstance(output, tuple):
+            return (self(module, args, output[0]), *output[1:])
+        assert isinstance(output, torch.Tensor)
+        piece = DTensor.from_local(output, self.mesh, [Shard(1)], run_check=False)
+        return piece.redistribute(self.mesh, [Replicate()]).to_local()
 
 
 def retarget_optimizer(optimizer: torch.optim.Optimizer, replaced: dict[int, nn.Parameter]) -> None:

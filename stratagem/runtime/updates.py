@@ -10,6 +10,10 @@ clones too. For elementwise optimizers (SGD, Adam, ...) this is exactly the whol
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 import torch
 
 from stratagem.errors import UnsupportedStrategyError
@@ -32,6 +36,20 @@ def clone_optimizer(
         raise UnsupportedStrategyError(
             f"cannot rebuild {type(owner).__name__} for server or shard updates: {error}"
         ) from None
+
+
+_SKIPPING: ContextVar[bool] = ContextVar("stratagem_skipping_updates", default=False)
+
+
+@contextlib.contextmanager
+def skipping_updates(skip: bool) -> Iterator[None]:
+    """Inside it (when `skip`), master updates do nothing: a step whose scaled fp16 gradients overflowed
+    still completes every executor's communication, so collectives stay matched, but changes no value."""
+    token = _SKIPPING.set(skip)
+    try:
+        yield
+    finally:
+        _SKIPPING.reset(token)
 
 
 def _sync_hyperparameters(source: dict, target: dict) -> None:
@@ -70,6 +88,8 @@ class MasterUpdater:
 
     def step(self, grads: list[torch.Tensor]) -> None:
         """One optimizer step of every master with the given gradients (dense or sparse)."""
+        if _SKIPPING.get():
+            return
         for master, grad in zip(self.masters, grads, strict=True):
             master.grad = grad
         for gi, clone in self.clones.items():
