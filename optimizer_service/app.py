@@ -22,6 +22,7 @@ from optimizer_service import dashboard
 from optimizer_service.api import errors, routes
 from optimizer_service.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from optimizer_service.core.cost_model import CostModelTrainer, default_trainer
+from optimizer_service.core.redact import install_log_masking
 from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs.runner import Pipeline
 from optimizer_service.jobs.search_adapter import SearchFn
@@ -63,6 +64,7 @@ def create_app(
 
     `cost_model_trainer` left None means the learned cost model (`default_trainer`) unless the
     settings turn it off."""
+    install_log_masking()
     settings = settings or Settings()
     trainer = cost_model_trainer if cost_model_trainer is not None else default_trainer(settings)
     state = ServiceState(settings=settings, metrics=ServiceMetrics(lambda: state.factory), cost_model_trainer=trainer)

@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from optimizer_service.api.schemas import UNION_TAGS
 from optimizer_service.core.errors import path_parts
+from optimizer_service.core.inputs import UNION_TAGS
 from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, ServiceError, UnsupportedStrategyError
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from typing import Any
 from optimizer_service.jobs.types import TrialRecord
 from optimizer_service.settings import Settings
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from trial_runner.result import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +72,10 @@ class TrialRunnerExecutor:
 def record_from_result(result: Any, strategy: Strategy, *, simulator_version: str | None) -> TrialRecord:
     """A `trial_runner.TrialResult` as the row the database keeps."""
     peaks = [p for p in (result.peak_memory_bytes or []) if p is not None]
-    outcome = getattr(result.outcome, "value", result.outcome)
     predicted = _simulated_step_time(strategy)
     return TrialRecord(
         strategy=strategy,
-        outcome=str(outcome),
+        outcome=Outcome(result.outcome),
         backend=str(result.backend),
         step_times_s=list(result.step_times_s),
         median_s=result.median_s,
