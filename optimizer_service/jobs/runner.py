@@ -130,7 +130,7 @@ def execute_job(context: JobContext, job_id: uuid.UUID) -> JobStatus | None:
             reporter.progress,
             reporter.cancelled,
             search=context.search,
-            trials=context.trials,
+            trials=_owned_trials(context.trials, job_id, resumed=loaded.attempts > 1),
             on_trial=on_trial,
             cost_model=_cost_model(context),
             recorded=loaded.recorded,
@@ -164,6 +164,38 @@ def execute_job(context: JobContext, job_id: uuid.UUID) -> JobStatus | None:
     return JobStatus.succeeded
 
 
+class _OwnedTrials:
+    """The pool's trial executor with this job as the owner of every worker it starts."""
+
+    def __init__(self, inner: Any, owner: str) -> None:
+        self._inner, self._owner = inner, owner
+        self.backend: str = inner.backend
+
+    def workload_note(self, graph: ModelGraph) -> str | None:
+        describe = getattr(self._inner, "workload_note", None)
+        return describe(graph) if callable(describe) else None
+
+    def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
+        return self._inner.run(graph, resources, strategy, owner=self._owner)  # type: ignore[no-any-return]
+
+
+def _owned_trials(trials: TrialExecutor | None, job_id: uuid.UUID, *, resumed: bool) -> TrialExecutor | None:
+    """Trials owned by the job, when the executor can name owners; a resumed job first kills what an
+    earlier attempt's crashed service left running (Ray actors; local ranks die with their service)."""
+    if trials is None or not callable(getattr(trials, "reap", None)):
+        return trials
+    owner = str(job_id)
+    if resumed:
+        try:
+            killed = trials.reap(owner)  # type: ignore[attr-defined]
+        except Exception:  # the cluster is unreachable: the job's own trials will say so
+            log.exception("job %s: could not look for an earlier attempt's trial workers", job_id)
+        else:
+            if killed:
+                log.warning("job %s: killed %d trial worker(s) left by an earlier attempt", job_id, killed)
+    return _OwnedTrials(trials, owner)
+
+
 def _cost_model(context: JobContext) -> LoadedCostModel | None:
     """The version in use; if it cannot be read now, this job ranks with the simulator alone."""
     if context.cost_models is None:
@@ -195,6 +227,7 @@ class _Loaded:
     """Notes from earlier attempts."""
     recorded: list[TrialRecord]
     """Trials earlier attempts of this job recorded, oldest first."""
+    attempts: int
 
 
 def _load(factory: queue.Factory, job_id: uuid.UUID) -> _Loaded:
@@ -213,6 +246,7 @@ def _load(factory: queue.Factory, job_id: uuid.UUID) -> _Loaded:
             options=JobOptions.model_validate(job.options),
             history=history,
             recorded=_recorded_trials(session, job_id),
+            attempts=job.attempts,
         )
 
 

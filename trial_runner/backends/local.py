@@ -1,7 +1,8 @@
 """Run a trial's ranks as processes on this machine (gloo on CPUs, NCCL on GPUs).
 
 Each rank is `python -m trial_runner.worker` in its own session, so a hard kill takes its whole
-process tree with it. The spec goes to the ranks as a JSON file; each rank answers with a JSON
+process tree with it, and it dies with the process that started it (`trial_runner.lifeline`), so a
+service killed mid-trial leaves no rank running. The spec goes to the ranks as a JSON file; each rank answers with a JSON
 report file and announces its progress in another, which is all the supervisor reads.
 """
 
@@ -47,6 +48,10 @@ class LocalBackend:
         self.poll_interval_s = poll_interval_s
         self.last_pids: list[int] = []
         """Process ids of the latest trial's ranks, so a caller can confirm none outlived it."""
+
+    def reap(self, owner: str) -> int:
+        """Nothing to do: a rank dies with the process that started it, so no crash leaves one behind."""
+        return 0
 
     def run(self, spec: TrialSpec) -> TrialResult:
         started = now_utc()
@@ -111,6 +116,8 @@ class LocalRank:
             str(folder / f"rank{rank}.json"),
             "--progress",
             str(folder / f"rank{rank}.progress"),
+            "--parent-pid",
+            str(os.getpid()),
         ]
         with open(folder / f"rank{rank}.log", "wb") as log:
             process = subprocess.Popen(
