@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any
-
 import uuid
+from typing import Any
 
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 from trial_runner.backends.base import free_port
@@ -24,7 +23,6 @@ from trial_runner.result import Outcome, Progress, RankReport, TrialResult
 from trial_runner.spec import TrialSpec
 from trial_runner.summary import now_utc, summarize
 from trial_runner.supervise import Supervisor
-
 
 ACTOR_NAMESPACE = "stratagem-trials"
 """Ray namespace of every named rank actor."""
