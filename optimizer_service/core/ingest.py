@@ -199,7 +199,7 @@ class Ingestor:
     def close(self) -> None:
         with self._lock:
             if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
 
 
