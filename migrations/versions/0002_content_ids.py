@@ -107,9 +107,7 @@ def _rewrite_named(bind: sa.Connection, table: sa.TableClause, parse: Any) -> di
             bind.execute(sa.update(table).where(table.c.id == row["id"]).values(json=data))
             continue
         if not bind.execute(sa.select(table.c.id).where(table.c.id == new_id)).first():
-            bind.execute(
-                sa.insert(table).values(id=new_id, name=row["name"], json=data, created_at=row["created_at"])
-            )
+            bind.execute(sa.insert(table).values(id=new_id, name=row["name"], json=data, created_at=row["created_at"]))
         moved[row["id"]] = new_id
     return moved
 
