@@ -34,8 +34,8 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAGEM_") and k != "RAY_ADDRESS"}
         env["DATABASE_URL"] = database_url
-        env.update({f"STRATAGEM_{key.upper()}": str(value) for key, value in settings.items()})
-        env.update({k: str(v) for k, v in settings.items() if k.isupper()})
+        # lower-case keys are service settings; upper-case ones plain environment variables (TMPDIR)
+        env.update({k if k.isupper() else f"STRATAGEM_{k.upper()}": str(v) for k, v in settings.items()})
         self._log = open(log_path, "ab")  # noqa: SIM115 (kept open for the process's lifetime)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "optimizer_service", "--port", str(self.port), "--log-level", "warning"],
