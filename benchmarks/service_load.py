@@ -6,7 +6,10 @@ its answer is there (409 until the job succeeds) -- the read latency *under load
 workers search. After all jobs end, one client reading alone gives the latency of a request with no
 queue, and 50 clients reading at once the throughput (their latency is mostly queueing). Integrity is checked
 through the API: every submission got a distinct job id, the database holds exactly those jobs
-(none lost, none duplicated), every job succeeded and answered for its own graph.
+(none lost, none duplicated), every job succeeded and answered for its own graph; `server_errors_5xx`
+counts every 5xx answer of the whole run. Last, a 15 MB graph of 200,000 layers is uploaded while one
+client polls `/healthz`: `healthz_during_large_post_s` is that latency (the upload is validated off the
+event loop, so it should stay in milliseconds).
 
     python benchmarks/service_load.py [--jobs 50] [--workers 2]
 """
@@ -56,6 +59,7 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, server)
             report = asyncio.run(run_load(url, graphs, cluster))
+            report["healthz_during_large_post_s"] = asyncio.run(healthz_during_large_post(url))
         finally:
             server.terminate()
             server.wait(timeout=60)
@@ -130,6 +134,7 @@ async def run_load(url: str, graphs: list[ModelGraph], cluster: stratagem.Resour
         integrity = await check_integrity(http, graphs, job_ids)
     under_load = [latency for job_polls in polls for latency, _ in job_polls]
     statuses = Counter(status for job_polls in polls for _, status in job_polls)
+    every_status = [status for _, (_, status) in submissions] + list(statuses.elements())
     return {
         "jobs": len(graphs),
         "submitted": len(job_ids),
@@ -141,6 +146,7 @@ async def run_load(url: str, graphs: list[ModelGraph], cluster: stratagem.Resour
         "best_latency_one_client_s": summary(sequential),
         "best_latency_at_rest_50_clients_s": summary([latency for reads in at_rest for latency in reads]),
         "best_reads_per_s_at_rest": round(sum(len(reads) for reads in at_rest) / burst_wall, 1),
+        "server_errors_5xx": sum(1 for status in every_status if status >= 500),
         **integrity,
     }
 
@@ -208,6 +214,44 @@ async def check_integrity(http: httpx.AsyncClient, graphs: list[ModelGraph], job
             and set(listed) == set(job_ids)
             and answered_for_own_graph == len(graphs)
         ),
+    }
+
+
+def large_graph_body(layers: int = 200_000) -> bytes:
+    """A valid graph of `layers` chained layers, about 15 MB of JSON."""
+    graph: dict[str, Any] = {
+        "name": "large",
+        "batch_size": 8,
+        "layers": [
+            {"name": f"l{i}", "fwd_flops": 1_000_000, "bwd_flops": 2_000_000, "inputs": [f"l{i - 1}"] if i else []}
+            for i in range(layers)
+        ],
+        "variables": [{"name": "w", "shape": [64, 64], "consumer": "l0"}],
+    }
+    graph["layers"][0]["variables"] = ["w"]
+    return json.dumps(graph, separators=(",", ":")).encode()
+
+
+async def healthz_during_large_post(url: str) -> dict[str, Any]:
+    """`/healthz` latency, polled every 20 ms while a 15 MB, 200,000-layer graph is uploaded."""
+    body = large_graph_body()
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        clock = time.monotonic()
+        upload = asyncio.create_task(
+            http.post("/v1/graphs", content=body, headers={"content-type": "application/json"})
+        )
+        latencies = []
+        while not upload.done():
+            started = time.monotonic()
+            await http.get("/healthz")
+            latencies.append(time.monotonic() - started)
+            await asyncio.sleep(0.02)
+        response = await upload
+    return {
+        **summary(latencies),
+        "body_mb": round(len(body) / 1e6, 1),
+        "upload_status": response.status_code,
+        "upload_s": round(time.monotonic() - clock, 3),
     }
 
 

@@ -20,8 +20,12 @@ import migrations
 import stratagem
 from optimizer_service import dashboard
 from optimizer_service.api import errors, routes
+from optimizer_service.api.bodies import openapi_with_bodies
 from optimizer_service.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from optimizer_service.api.schemas import OptimizeRequest, TrialCreate
 from optimizer_service.core.cost_model import CostModelTrainer, default_trainer
+from optimizer_service.core.ingest import Ingestor
+from optimizer_service.core.redact import install_log_masking
 from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs.runner import Pipeline
 from optimizer_service.jobs.search_adapter import SearchFn
@@ -31,6 +35,7 @@ from optimizer_service.jobs.worker import WorkerPool
 from optimizer_service.metrics import ServiceMetrics
 from optimizer_service.settings import Settings
 from optimizer_service.state import ServiceState
+from stratagem.ir import ModelGraph, ResourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,8 @@ POST a ModelGraph and a ResourceSpec to `/v1/optimize`, follow the job at `/v1/j
 the answer, a Strategy document, from `/v1/jobs/{id}/best`."""
 
 _UNSET = object()
+REQUEST_BODIES = [ModelGraph, ResourceSpec, OptimizeRequest, TrialCreate]
+"""Bodies the routes read off the event loop (`api/bodies.py`); listed so the OpenAPI document shows them."""
 ROUTERS = (
     routes.graphs,
     routes.resources,
@@ -63,6 +70,7 @@ def create_app(
 
     `cost_model_trainer` left None means the learned cost model (`default_trainer`) unless the
     settings turn it off."""
+    install_log_masking()
     settings = settings or Settings()
     trainer = cost_model_trainer if cost_model_trainer is not None else default_trainer(settings)
     state = ServiceState(settings=settings, metrics=ServiceMetrics(lambda: state.factory), cost_model_trainer=trainer)
@@ -80,12 +88,14 @@ def create_app(
         version=stratagem.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        separate_input_output_schemas=False,
     )
     app.state.stratagem = state
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)
     app.include_router(dashboard.router)
+    app.openapi = lambda: openapi_with_bodies(app, REQUEST_BODIES)  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=state.metrics)  # outermost: ids and the catch-all
     return app
@@ -99,6 +109,7 @@ def _start(
     if settings.run_migrations:
         migrations.upgrade(engine)
     state.engine, state.factory = engine, make_session_factory(engine)
+    state.ingest = Ingestor(settings)
     executor = make_trial_executor(settings) if trials is _UNSET else trials
     if trials is _UNSET:
         state.owned_trials = executor  # made here, so closed here (a Ray it started is shut down)
@@ -123,6 +134,8 @@ def _start(
 def _stop(state: ServiceState) -> None:
     if state.workers is not None:
         state.workers.stop()
+    if state.ingest is not None:
+        state.ingest.close()
     close = getattr(state.owned_trials, "close", None)
     if callable(close):
         close()

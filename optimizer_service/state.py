@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from optimizer_service.core.cost_model import CostModelTrainer
+from optimizer_service.core.ingest import Ingestor
 from optimizer_service.jobs.types import TrialExecutor
 from optimizer_service.jobs.worker import WorkerPool
 from optimizer_service.metrics import ServiceMetrics
@@ -27,3 +28,5 @@ class ServiceState:
     workers: WorkerPool | None = field(default=None)
     owned_trials: TrialExecutor | None = None
     """The trial executor the app built from its settings (and must close), if any."""
+    ingest: Ingestor | None = None
+    """Parses, validates and acts on document-carrying request bodies off the event loop."""

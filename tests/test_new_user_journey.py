@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from conftest import make_mlp_graph, make_t4_cluster
 from torch import nn
 
+from optimizer_service.core.inputs import JobOptions, SearchBudget
 from optimizer_service.jobs.pipeline import run_pipeline
 from optimizer_service.jobs.trials import TrialRunnerExecutor
-from optimizer_service.jobs.types import PipelineOptions
-from stratagem import Client, ModelGraph, ResourceSpec, Strategy, capture
+from stratagem import Client, ModelGraph, ResourceSpec, Strategy, capture, zoo
 from stratagem.cli import main
 from stratagem.client import _capture
 from stratagem.errors import InvalidGraphError, InvalidResourceSpecError, InvalidStrategyError, StratagemError
@@ -130,9 +130,11 @@ def test_the_one_liner_captures_with_the_users_loss_fn() -> None:
 
 def test_trials_of_a_users_own_model_say_they_trained_a_replay() -> None:
     executor = TrialRunnerExecutor(FakeBackend(lambda spec: 0.01), name="fake", warmup=1, steps=2, timeout_s=30)
-    options = PipelineOptions(max_trials=1, time_budget_s=0.3, max_candidates=200, top_k=2, seed=0)
+    options = JobOptions(max_trials=1, search=SearchBudget(time_budget_s=0.3, max_candidates=200, top_k=2, seed=0))
     result = run_pipeline(make_mlp_graph(), make_t4_cluster(1), options, lambda p: None, lambda: False, trials=executor)
     assert any("replay of the graph" in note for note in result.summary["notes"])
-    zoo = make_mlp_graph().model_copy(update={"provenance": {"zoo": {"name": "dlrm", "size": "small"}}})
-    assert executor.workload_note(zoo) is None
+    claims_zoo = make_mlp_graph().model_copy(update={"provenance": {"zoo": {"name": "dlrm", "size": "small"}}})
+    assert "replay of the graph" in str(executor.workload_note(claims_zoo))  # its shapes are not DLRM's
+    module, make_batch = zoo.build("dlrm", "small")
+    assert executor.workload_note(capture(module, make_batch(2), batch_size=2)) is None
     assert json.dumps(result.summary["notes"])  # stored as JSON with the job

@@ -22,15 +22,17 @@ from test_service_helpers import optimize_body
 import simulator
 from models import CostModelVersion
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
+from optimizer_service.core.inputs import JobOptions, SearchBudget
 from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs.correction import LoadedCostModel
 from optimizer_service.jobs.pipeline import run_pipeline
 from optimizer_service.jobs.trials import TrialRunnerExecutor
-from optimizer_service.jobs.types import JobInterrupted, PipelineOptions, TrialRecord
+from optimizer_service.jobs.types import Interruption, JobInterrupted, TrialRecord
 from simulator.learned import CostModel, make_record
 from stratagem.builders import AllReduce, DataParallel, all_builders
 from stratagem.ir import ModelGraph, PredictedPerformance, ResourceSpec, Strategy
 from trial_runner import FakeBackend, TrialSpec
+from trial_runner.result import Outcome
 
 pytest_plugins = ["service_fixtures"]
 
@@ -170,7 +172,7 @@ def test_a_version_the_service_cannot_apply_leaves_ranking_to_the_simulator(make
 
 # --- the pipeline on its own ------------------------------------------------------------------------
 
-NO_TRIALS = PipelineOptions(max_trials=0, time_budget_s=0.5, max_candidates=300, top_k=5, seed=0)
+NO_TRIALS = JobOptions(max_trials=0, search=SearchBudget(time_budget_s=0.5, max_candidates=300, top_k=5, seed=0))
 
 
 def ps_averse_model() -> CostModel:
@@ -257,7 +259,7 @@ class TimesBackend:
         self.ran.append(str(strategy.id))
         step = self.factor * strategy.predicted.step_time_s  # type: ignore[union-attr]
         return TrialRecord(
-            strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step], median_s=step, p90_s=step
+            strategy=strategy, outcome=Outcome.ok, backend=self.backend, step_times_s=[step], median_s=step, p90_s=step
         )
 
 
@@ -275,7 +277,7 @@ def two_candidates() -> list[Strategy]:
 def test_the_answer_is_predicted_only_when_its_interval_clears_every_measurement(factor: float, basis: str) -> None:
     strategies = two_candidates()
     backend = TimesBackend(factor)
-    options = PipelineOptions(max_trials=1, time_budget_s=0.5, max_candidates=10, top_k=2, seed=0)
+    options = JobOptions(max_trials=1, search=SearchBudget(time_budget_s=0.5, max_candidates=10, top_k=2, seed=0))
     result = run_pipeline(
         make_mlp_graph(),
         make_t4_cluster(2),
@@ -298,9 +300,11 @@ def test_the_answer_is_predicted_only_when_its_interval_clears_every_measurement
 def test_when_every_offered_candidate_fails_the_job_fails_with_the_reasons() -> None:
     class Crashing(TimesBackend):
         def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
-            return TrialRecord(strategy=strategy, outcome="crash", backend=self.backend, error="rank 0 segfaulted")
+            return TrialRecord(
+                strategy=strategy, outcome=Outcome.crash, backend=self.backend, error="rank 0 segfaulted"
+            )
 
-    options = PipelineOptions(max_trials=4, time_budget_s=0.5, max_candidates=10, top_k=2, seed=0)
+    options = JobOptions(max_trials=4, search=SearchBudget(time_budget_s=0.5, max_candidates=10, top_k=2, seed=0))
     with pytest.raises(JobInterrupted, match=r"every candidate failed its trial.*rank 0 segfaulted") as stop:
         run_pipeline(
             make_mlp_graph(),
@@ -311,4 +315,4 @@ def test_when_every_offered_candidate_fails_the_job_fails_with_the_reasons() -> 
             search=fixed_search(two_candidates()),
             trials=Crashing(1.0),
         )
-    assert stop.value.status == "failed"
+    assert stop.value.why == Interruption.failed

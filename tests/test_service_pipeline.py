@@ -6,11 +6,13 @@ import pytest
 from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from models import JobPhase
+from optimizer_service.core.inputs import JobOptions, SearchBudget
 from optimizer_service.jobs.pipeline import run_pipeline
-from optimizer_service.jobs.types import JobInterrupted, PipelineOptions, Progress, TrialRecord
+from optimizer_service.jobs.types import Interruption, JobInterrupted, Progress, TrialRecord
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from trial_runner.result import Outcome
 
-OPTIONS = PipelineOptions(max_trials=2, time_budget_s=0.5, max_candidates=300, top_k=3, seed=0)
+OPTIONS = JobOptions(max_trials=2, search=SearchBudget(time_budget_s=0.5, max_candidates=300, top_k=3, seed=0))
 
 
 class BrokenBackend:
@@ -34,11 +36,16 @@ class TimedBackend:
     def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
         self.ran.append(str(strategy.id))
         if self.fail_first and len(self.ran) == 1:
-            return TrialRecord(strategy=strategy, outcome="crash", backend=self.backend, error="rank 1 raised")
+            return TrialRecord(strategy=strategy, outcome=Outcome.crash, backend=self.backend, error="rank 1 raised")
         assert strategy.predicted is not None
         step = strategy.predicted.step_time_s * 1.5
         return TrialRecord(
-            strategy=strategy, outcome="ok", backend=self.backend, step_times_s=[step] * 3, median_s=step, p90_s=step
+            strategy=strategy,
+            outcome=Outcome.ok,
+            backend=self.backend,
+            step_times_s=[step] * 3,
+            median_s=step,
+            p90_s=step,
         )
 
 
@@ -115,4 +122,4 @@ def test_a_cancel_request_stops_the_pipeline() -> None:
     seen: list[Progress] = []
     with pytest.raises(JobInterrupted) as stop:
         run_pipeline(make_mlp_graph(), make_t4_cluster(2), OPTIONS, seen.append, lambda: bool(seen))
-    assert stop.value.status == "cancelled"
+    assert stop.value.why == Interruption.cancelled

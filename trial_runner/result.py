@@ -19,9 +19,11 @@ from stratagem.ir import MeasuredPerformance
 class Outcome(StrEnum):
     ok = "ok"
     oom = "oom"
-    """A rank ran out of memory (allocator failure or the kernel's OOM killer)."""
+    """A rank ran out of memory: its allocator said so (CUDA or the host), or the kernel's OOM killer acted."""
     crash = "crash"
     """A rank raised or died."""
+    killed = "killed"
+    """A rank was killed by a signal no one explained (SIGKILL without the kernel counting an OOM kill)."""
     timeout = "timeout"
     """The trial ran past its time limit while still making progress, or before its first step."""
     hang = "hang"

@@ -41,6 +41,9 @@ class TrialSpec(BaseModel):
     """Intra-op threads of each CPU rank; by default the host's cores divided among the local ranks."""
     measure_undistributed: bool = True
     """Also time an undistributed replica: the step with no synchronization at all (data-parallel meshes only)."""
+    owner: str | None = Field(default=None, max_length=120, pattern=r"^[A-Za-z0-9_.:\-]+$")
+    """Who the trial's workers belong to (the service's job id): Ray actors are named for it, so a service
+    resuming the job kills whatever a crashed predecessor left (`RayBackend.reap`)."""
     prime_optimizer: bool = True
     """Fill the optimizer state with one undistributed step first, so timed steps see steady state
     (`trial_runner.build.prime_optimizer_state`)."""

@@ -8,7 +8,14 @@ from trial_runner.measure import median, quantile
 from trial_runner.result import Outcome, RankReport, TrialResult
 from trial_runner.spec import TrialSpec
 
-_CAUSE_PRIORITY = {Outcome.invalid: 0, Outcome.oom: 1, Outcome.crash: 2, Outcome.hang: 3, Outcome.timeout: 4}
+_CAUSE_PRIORITY = {
+    Outcome.invalid: 0,
+    Outcome.oom: 1,
+    Outcome.crash: 2,
+    Outcome.killed: 3,
+    Outcome.hang: 4,
+    Outcome.timeout: 5,
+}
 """A peer's echo of a failure (a closed connection) is a crash; the failure itself may be an OOM."""
 
 

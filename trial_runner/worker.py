@@ -23,6 +23,7 @@ import torch.distributed as dist
 from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, UnsupportedStrategyError
 from stratagem.runtime import distribute, replica_device
 from trial_runner.build import BuiltWorkload, batch_for, build_workload, make_optimizer, prime_optimizer_state
+from trial_runner.lifeline import die_with_parent
 from trial_runner.measure import current_memory_bytes, peak_memory_bytes
 from trial_runner.result import Outcome, Progress, RankReport
 from trial_runner.spec import TrialSpec
@@ -201,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--progress", type=Path, required=True)
+    parser.add_argument("--parent-pid", type=int, default=None, help="die when this process (the supervisor) dies")
     args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
     progress = FileProgress(args.progress)
     progress(Progress("start", 0))
     try:

@@ -1,7 +1,8 @@
 """Workload specs: what model a trial trains, named in JSON so a worker can rebuild it.
 
 `ZooWorkload` names a model of the example zoo from a fixed allow-list: a request can pick a name,
-never a module path, so the service never imports code a caller chose. `ReplayWorkload` carries a
+never a module path, so the service never imports code a caller chose. A graph trains a zoo model only
+when that model's parameters are exactly the graph's variables (`workload_for_graph`). `ReplayWorkload` carries a
 ModelGraph and trains a synthetic module with the graph's variables and per-layer work, so any
 submitted graph can be trialled without the user's code. `FaultWorkload` wraps either and fails on
 purpose; it exists to prove (and health-check) that failures come back as outcomes.
@@ -9,6 +10,7 @@ purpose; it exists to prove (and health-check) that failures come back as outcom
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -116,17 +118,46 @@ class FaultWorkload(_Spec):
 
 
 def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
-    """The zoo model a graph was captured from, when it names one we may build; else a replay of it."""
-    zoo = graph.provenance.get("zoo")
-    if isinstance(zoo, dict) and zoo.get("name") in ZOO_ALLOW_LIST:
-        try:
-            return ZooWorkload(
-                zoo["name"],
-                size=zoo.get("size", "small"),
-                batch_size=graph.batch_size,
-                overrides=zoo.get("overrides") or {},
-                optimizer=graph.optimizer.kind,
-            )
-        except ValueError:
-            pass
+    """The allow-listed zoo model whose parameters are exactly the graph's variables, else a replay of it.
+
+    The match is decided from the graph's own shapes: each candidate model is built on the meta device
+    (nothing allocated) and its parameters' names and shapes compared with the graph's variables.
+    Provenance only says which zoo model to compare against first; it never configures what is built
+    (no size, no overrides), so a request cannot make a worker build a model larger than its graph."""
+    wanted = _graph_signature(graph)
+    for name, size in _zoo_candidates(graph):
+        if _zoo_signature(name, size) == wanted:
+            return ZooWorkload(name, size=size, batch_size=graph.batch_size, optimizer=graph.optimizer.kind)
     return ReplayWorkload(graph)
+
+
+Signature = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _graph_signature(graph: ModelGraph) -> Signature:
+    return tuple(sorted((v.name, tuple(v.shape)) for v in graph.variables))
+
+
+def _zoo_candidates(graph: ModelGraph) -> list[tuple[str, str]]:
+    """(model, size) pairs worth comparing: the presets of the zoo model the provenance names, if allow-listed."""
+    zoo = graph.provenance.get("zoo")
+    name = zoo.get("name") if isinstance(zoo, dict) else None
+    if not isinstance(name, str) or name not in ZOO_ALLOW_LIST:
+        return []
+    from stratagem.zoo import SIZES
+
+    hinted = zoo.get("size") if isinstance(zoo, dict) else None
+    sizes = sorted(SIZES.get(name, ()), key=lambda size: size != hinted)
+    return [(name, size) for size in sizes]
+
+
+@functools.lru_cache(maxsize=64)
+def _zoo_signature(name: str, size: str) -> Signature | None:
+    """A zoo preset's parameters by name and shape, built on meta; None when it cannot be built there."""
+    from stratagem import zoo
+
+    try:
+        module, _ = zoo.build(name, size, device="meta")
+    except Exception:  # a preset that does not build on meta is simply not a match
+        return None
+    return tuple(sorted((n, tuple(p.shape)) for n, p in module.named_parameters()))

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -20,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from optimizer_service.api.schemas import UNION_TAGS
-from optimizer_service.core.errors import path_parts
+from optimizer_service.core.errors import path_parts, validation_problems
+from optimizer_service.core.ingest import BodyRejected
 from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, ServiceError, UnsupportedStrategyError
 
 log = logging.getLogger(__name__)
@@ -36,50 +35,6 @@ def request_id_of(request: Request) -> str | None:
 def error_response(request: Request, status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"detail": detail, "request_id": request_id_of(request)}
     return JSONResponse(status_code=status, content=body, headers=headers)
-
-
-def validation_problems(errors: list[dict[str, Any]], body: Any = None) -> list[dict[str, Any]]:
-    """pydantic's errors as `{loc, msg}`, with union tags dropped and document problems expanded."""
-    problems = []
-    for item in errors:
-        loc = [part for part in item.get("loc", ()) if part not in UNION_TAGS]
-        cause = (item.get("ctx") or {}).get("error")
-        if isinstance(cause, InvalidDocumentError):
-            problems += [{"loc": [*loc, *path_parts(p.path)], "msg": p.reason} for p in cause.problems]
-            continue
-        message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
-        if item.get("type") == "json_invalid":
-            loc, message = ["body"], _json_problem(item, loc, body)
-        elif loc == ["body"]:
-            message = _whole_body_problem(item, message)
-        problems.append({"loc": loc, "msg": message})
-    return problems
-
-
-def _json_problem(item: dict[str, Any], loc: list[Any], body: Any) -> str:
-    """FastAPI puts the parser's character offset in `loc`, where clients expect a field path, and keeps
-    only the parser's message, which ends in a dangling "at" ("Unterminated string starting at"); the
-    offset goes into the words instead, as line and column when the body is at hand."""
-    reason = str((item.get("ctx") or {}).get("error", "JSON decode error"))
-    position = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
-    if position is None:
-        return f"the body is not valid JSON: {reason}"
-    if isinstance(body, str):
-        where = str(json.JSONDecodeError("", body, position)).removeprefix(": ")
-    else:
-        where = f"char {position}"
-    return f"the body is not valid JSON: {reason.removesuffix(' at')} at {where}"
-
-
-def _whole_body_problem(item: dict[str, Any], message: str) -> str:
-    """pydantic's words for these two ("Field required", "Input should be a valid dictionary") describe
-    the model, not what the client did: sent nothing, or sent JSON under another content type, which
-    FastAPI then hands over as raw bytes."""
-    if item.get("type") == "missing":
-        return "the body is empty; expected a JSON object"
-    if isinstance(item.get("input"), bytes | bytearray):
-        return "the body was not read as JSON: send it with 'Content-Type: application/json'"
-    return message
 
 
 async def _on_validation(request: Request, error: Exception) -> JSONResponse:
@@ -123,7 +78,14 @@ def internal_error_body(request_id: str | None) -> dict[str, Any]:
     }
 
 
+async def _on_body_rejected(request: Request, error: Exception) -> JSONResponse:
+    if not isinstance(error, BodyRejected):
+        raise error
+    return error_response(request, 422, error.problems)
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(BodyRejected, _on_body_rejected)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(ServiceError, _on_service_error)
     app.add_exception_handler(InvalidDocumentError, _on_document_error)

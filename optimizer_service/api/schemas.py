@@ -10,38 +10,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, Field
 
 from models import JobPhase, JobStatus
-from stratagem.ir import MeasuredPerformance, ModelGraph, PredictedPerformance, ResourceSpec, Strategy
-
-ContentId = Annotated[
-    str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$", description="sha256 content id")
-]
-TrialOutcome = Literal["ok", "oom", "crash", "timeout", "hang", "invalid"]
-
-# Tags of the `resources` union; the validation-error handler drops them from error locations.
-RESOURCE_SPEC_TAG = "ResourceSpec"
-AUTODIST_YAML_TAG = "autodist_yaml"
-UNION_TAGS = frozenset({RESOURCE_SPEC_TAG, AUTODIST_YAML_TAG})
-
-
-def _resources_kind(value: Any) -> str:
-    return AUTODIST_YAML_TAG if isinstance(value, str) else RESOURCE_SPEC_TAG
-
-
-ResourcesInput = Annotated[
-    Annotated[ResourceSpec, Tag(RESOURCE_SPEC_TAG)]
-    | Annotated[str, Tag(AUTODIST_YAML_TAG), Field(min_length=1, max_length=1_000_000)],
-    Discriminator(_resources_kind),
-]
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+from optimizer_service.core.inputs import OptimizeInput, TrialInput
+from stratagem.ir import MeasuredPerformance, PredictedPerformance
+from trial_runner.result import Outcome
 
 # --- documents ---------------------------------------------------------------------------------
 
@@ -79,40 +55,9 @@ class ResourceSpecsPublic(BaseModel):
 # --- jobs --------------------------------------------------------------------------------------
 
 
-class SearchOptions(Body):
-    time_budget_s: float | None = Field(default=None, gt=0, le=3600)
-    """Wall-clock budget of the search; the service's default when omitted."""
-    max_candidates: int | None = Field(default=None, ge=1, le=10_000_000)
-    """Candidate budget: with a fixed seed, the knob that makes a search reproducible."""
-    top_k: int | None = Field(default=None, ge=1, le=50)
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    allow_compression: bool = False
-    """Lossy gradient compression changes the training math, so it is opt-in."""
-    allow_async: bool = False
-    """ASP/SSP consistency changes the training math, so it is opt-in."""
-
-
-class OptimizeRequest(Body):
-    graph: ModelGraph | None = None
-    graph_id: ContentId | None = None
-    resources: ResourcesInput | None = None
-    """A ResourceSpec, or the text of an AutoDist resource_spec.yml."""
-    resource_id: ContentId | None = None
-    device: str = Field(default="T4", min_length=1, max_length=64)
-    """GPU kind of the nodes of an AutoDist resource spec, which does not say."""
-    max_trials: int | None = Field(default=None, ge=0, le=64)
-    """Real trials of the best candidates; 0 answers from the simulator alone."""
-    objective: Literal["throughput"] = "throughput"
-    search: SearchOptions = Field(default_factory=SearchOptions)
-
-    @model_validator(mode="after")
-    def _one_of_each(self) -> Self:
-        for document, reference in (("graph", "graph_id"), ("resources", "resource_id")):
-            given = [name for name in (document, reference) if getattr(self, name) is not None]
-            if len(given) != 1:
-                how = "both were given" if given else "neither was given"
-                raise ValueError(f"{document}: give exactly one of '{document}' and '{reference}'; {how}")
-        return self
+class OptimizeRequest(OptimizeInput):
+    """What `POST /v1/optimize` takes: a graph and a cluster (each inline or by id), a trial budget and
+    search budgets. The rules are the core's (`optimizer_service.core.inputs.OptimizeInput`)."""
 
 
 class JobProgress(BaseModel):
@@ -177,32 +122,8 @@ class CandidatesPublic(BaseModel):
 # --- trials ------------------------------------------------------------------------------------
 
 
-class TrialCreate(Body):
+class TrialCreate(TrialInput):
     """A run measured elsewhere, recorded so the cost model can learn from it."""
-
-    graph_id: ContentId
-    resource_id: ContentId
-    strategy: Strategy | None = None
-    strategy_id: ContentId | None = None
-    job_id: uuid.UUID | None = None
-    outcome: TrialOutcome = "ok"
-    step_times_s: list[Annotated[float, Field(gt=0, lt=1e6)]] = Field(default_factory=list, max_length=100_000)
-    median_s: float | None = Field(default=None, gt=0, lt=1e6)
-    p90_s: float | None = Field(default=None, gt=0, lt=1e6)
-    samples_per_s: float | None = Field(default=None, ge=0, lt=1e15)
-    peak_memory_bytes: float | None = Field(default=None, ge=0, lt=1e18)
-    error: str | None = Field(default=None, max_length=100_000)
-    backend: str = Field(default="external", min_length=1, max_length=32)
-    predicted_step_time_s: float | None = Field(default=None, gt=0, lt=1e6)
-    simulator_version: str | None = Field(default=None, max_length=64)
-
-    @model_validator(mode="after")
-    def _check(self) -> Self:
-        if (self.strategy is None) == (self.strategy_id is None):
-            raise ValueError("strategy: give exactly one of 'strategy' and 'strategy_id'")
-        if self.outcome == "ok" and not self.step_times_s and self.median_s is None:
-            raise ValueError("step_times_s: an 'ok' trial needs its step times (or median_s)")
-        return self
 
 
 class TrialPublic(BaseModel):
@@ -211,7 +132,7 @@ class TrialPublic(BaseModel):
     graph_id: str
     resource_id: str
     strategy_id: str
-    outcome: str
+    outcome: Outcome
     step_times_s: list[float]
     median_s: float | None
     p90_s: float | None

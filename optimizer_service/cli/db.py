@@ -2,7 +2,8 @@
 
 The service migrates its database at start-up; these commands let an operator do it ahead of a
 rollout (or with `STRATAGEM_RUN_MIGRATIONS=false` replicas) and check where a database stands:
-`current` exits 1 when the schema is behind, so a deploy script can gate on it.
+`current` exits 1 when the schema is behind, so a deploy script can gate on it. A database URL is
+never printed with its password, in success or in error.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from optimizer_service.cli.serve import SERVICE_EXTRAS_HINT, service_settings
+from optimizer_service.core.redact import mask_secrets
 from stratagem.errors import StratagemError
 
 T = TypeVar("T")
@@ -82,7 +84,8 @@ def _open(database_url: str | None) -> tuple[Any, Any]:
     try:
         engine = make_engine(settings.database_url)
     except Exception as error:  # SQLAlchemy refuses bad URLs and missing drivers with several types
-        raise StratagemError(f"--database-url {settings.database_url!r}: {type(error).__name__}: {error}") from None
+        where = mask_secrets(settings.database_url)
+        raise StratagemError(f"--database-url {where!r}: {type(error).__name__}: {mask_secrets(str(error))}") from None
     return migrations, engine
 
 
@@ -93,7 +96,7 @@ def _upgrade(migrations: Any, engine: Any, revision: str) -> None:
     try:
         migrations.upgrade(engine, revision)
     except CommandError as error:
-        raise StratagemError(f"--revision {revision!r}: {error}") from None
+        raise StratagemError(f"--revision {revision!r}: {mask_secrets(str(error))}") from None
 
 
 def _guarded(step: Callable[[], T], engine: Any) -> T:
@@ -105,4 +108,4 @@ def _guarded(step: Callable[[], T], engine: Any) -> T:
     except SQLAlchemyError as error:
         where = engine.url.render_as_string(hide_password=True)
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
-        raise StratagemError(f"database {where}: {type(error).__name__}: {reason}") from None
+        raise StratagemError(f"database {where}: {type(error).__name__}: {mask_secrets(reason)}") from None

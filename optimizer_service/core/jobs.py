@@ -1,58 +1,60 @@
 """Submitting, reading and cancelling jobs: the rules behind `/v1/optimize` and `/v1/jobs`.
 
-A submission stores its documents (deduplicated) and the job in one transaction, after checking the
-queue has room; the options are stored resolved (service defaults filled in), so a job states exactly
-what it ran with even if the defaults change later.
+A submission stores its documents (deduplicated) and the job in one transaction, and the queue limit
+is enforced inside it: the transaction first takes the queue's lock (an advisory lock on PostgreSQL,
+SQLite's write lock), then counts and inserts, so concurrent submissions on any number of replicas
+never overfill the queue, and a refused one stores nothing. The options are stored resolved
+(`JobOptions`, service defaults filled in), so a job states exactly what it ran with even if the
+defaults change later.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from models import Job, JobCandidate, JobStatus, StrategyRow, utcnow
-from optimizer_service.api.schemas import OptimizeRequest
 from optimizer_service.core.documents import get_graph_row, get_resources_row, store_graph, store_resources
 from optimizer_service.core.errors import document_rejected, not_found, queue_full, rejected
+from optimizer_service.core.inputs import JobOptions, OptimizeInput
 from optimizer_service.settings import Settings
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import MeasuredPerformance, PredictedPerformance, ResourceSpec, Strategy
 
-
-def resolve_options(request: OptimizeRequest, settings: Settings) -> dict[str, Any]:
-    search = request.search
-    return {
-        "objective": request.objective,
-        "max_trials": settings.max_trials if request.max_trials is None else request.max_trials,
-        "trials_backend": settings.effective_trials_backend,
-        "search": {
-            "time_budget_s": search.time_budget_s or settings.search_time_budget_s,
-            "max_candidates": search.max_candidates or settings.search_max_candidates,
-            "top_k": search.top_k or settings.search_top_k,
-            "seed": settings.search_seed if search.seed is None else search.seed,
-            "allow_compression": search.allow_compression,
-            "allow_async": search.allow_async,
-        },
-    }
+QUEUE_LOCK_KEY = 0x5354524151
+"""PostgreSQL advisory lock that serializes submissions ("STRAQ"); not the migrations' key."""
 
 
-def submit_job(session: Session, request: OptimizeRequest, settings: Settings) -> Job:
+def lock_queue(session: Session) -> None:
+    """Hold the queue's lock until this session's transaction ends: count-then-insert is then atomic."""
+    connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": QUEUE_LOCK_KEY})
+    elif connection.dialect.name == "sqlite":
+        # pysqlite opens transactions lazily, at the first write; take the write lock before the count instead.
+        dbapi = connection.connection.dbapi_connection
+        if dbapi is not None and not dbapi.in_transaction:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def submit_job(session: Session, request: OptimizeInput, settings: Settings) -> Job:
+    options = JobOptions.resolve(request, settings)
+    lock_queue(session)
     queued = session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.queued)) or 0
     if queued >= settings.max_queue_length:
+        session.rollback()
         raise queue_full(queued, settings.max_queue_length, settings.retry_after_s)
     graph_id = _graph_id(session, request)
     resource_id = _resource_id(session, request)
-    options = resolve_options(request, settings)
     job = Job(
         id=uuid.uuid4(),
         graph_id=graph_id,
         resource_id=resource_id,
-        options=options,
+        options=options.model_dump(mode="json"),
         status=JobStatus.queued,
-        progress={"trials_budget": options["max_trials"]},  # a waiting job shows 'trials 0/4', as the search will
+        progress={"trials_budget": options.max_trials},  # a waiting job shows 'trials 0/4', as the search will
         created_at=utcnow(),
     )
     session.add(job)
@@ -60,13 +62,13 @@ def submit_job(session: Session, request: OptimizeRequest, settings: Settings) -
     return job
 
 
-def _graph_id(session: Session, request: OptimizeRequest) -> str:
+def _graph_id(session: Session, request: OptimizeInput) -> str:
     if request.graph is not None:
         return store_graph(session, request.graph)[0].id
     return get_graph_row(session, str(request.graph_id), loc=["body", "graph_id"]).id
 
 
-def _resource_id(session: Session, request: OptimizeRequest) -> str:
+def _resource_id(session: Session, request: OptimizeInput) -> str:
     if request.resource_id is not None:
         return get_resources_row(session, request.resource_id, loc=["body", "resource_id"]).id
     resources = request.resources
@@ -78,9 +80,10 @@ def _resource_id(session: Session, request: OptimizeRequest) -> str:
 
 
 def autodist_resources(text: str, *, device: str) -> ResourceSpec:
-    """AutoDist resource_spec.yml text as a ResourceSpec; problems point into `body.resources`."""
+    """AutoDist resource_spec.yml text as a ResourceSpec; problems point into `body.resources`. The text is
+    read as YAML and nothing else: a request never names a file on the server."""
     try:
-        return ResourceSpec.from_autodist_yaml(text, device=device)
+        return ResourceSpec.from_autodist_text(text, device=device)
     except InvalidDocumentError as error:
         raise document_rejected(error, ["body", "resources"]) from None
 

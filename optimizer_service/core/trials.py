@@ -9,7 +9,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from models import Trial
-from optimizer_service.api.schemas import TrialCreate
 from optimizer_service.core.documents import (
     get_graph_row,
     get_resources_row,
@@ -19,6 +18,7 @@ from optimizer_service.core.documents import (
     load_strategy,
 )
 from optimizer_service.core.errors import document_rejected, not_found
+from optimizer_service.core.inputs import TrialInput
 from optimizer_service.core.jobs import get_job
 from optimizer_service.jobs.queue import insert_trial
 from optimizer_service.jobs.types import TrialRecord
@@ -26,7 +26,7 @@ from stratagem.errors import InvalidDocumentError, NotFoundError
 from stratagem.ir import Strategy
 
 
-def record_trial(session: Session, body: TrialCreate) -> Trial:
+def record_trial(session: Session, body: TrialInput) -> Trial:
     graph = load_graph(get_graph_row(session, body.graph_id, loc=["body", "graph_id"]))
     resources = load_resources(get_resources_row(session, body.resource_id, loc=["body", "resource_id"]))
     if body.job_id is not None:
@@ -45,13 +45,13 @@ def record_trial(session: Session, body: TrialCreate) -> Trial:
     return trial
 
 
-def _strategy(session: Session, body: TrialCreate) -> Strategy:
+def _strategy(session: Session, body: TrialInput) -> Strategy:
     if body.strategy is not None:
         return body.strategy
     return load_strategy(get_strategy_row(session, str(body.strategy_id), loc=["body", "strategy_id"]))
 
 
-def _record(body: TrialCreate, strategy: Strategy, *, global_batch: int) -> TrialRecord:
+def _record(body: TrialInput, strategy: Strategy, *, global_batch: int) -> TrialRecord:
     """Summaries a client left out are computed from its samples, the way trial_runner computes them."""
     times = sorted(body.step_times_s)
     median = body.median_s if body.median_s is not None else (statistics.median(times) if times else None)

@@ -17,8 +17,9 @@ from optimizer_service.dashboard import charts, queries
 from optimizer_service.dashboard.knobs import Knobs, knobs_of
 from stratagem.errors import StratagemError
 from stratagem.ir import ModelGraph, Strategy
+from trial_runner.result import Outcome
 
-OUTCOMES = ("ok", "oom", "crash", "timeout", "hang", "invalid")
+OUTCOMES = tuple(outcome.value for outcome in Outcome)
 TABLE_ROWS = 200
 CHART_TRIALS = 2000
 CONTENT_ID = re.compile(r"^[0-9a-f]{64}$")

@@ -9,6 +9,9 @@ planner gets the model's intervals (`correction.py`); without one, the simulator
 answer is the planner's: the fastest measured strategy, or an untried one only when its whole
 interval lies below every measurement; without trials (no backend, budget 0) it is the fastest
 predicted one, and the summary says so. When every candidate offered to trials failed, the job fails.
+
+A resumed job hands in the trials it `recorded` before: they count against the budget and inform the
+planner as if just run, so a restart never runs more trials than the budget (nor any twice).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from models import JobPhase
+from optimizer_service.core.inputs import JobOptions
 from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
 from optimizer_service.jobs.search_adapter import SearchFn, SearchOutcome, run_search
 from optimizer_service.jobs.trial_plan import make_planner, trial_result
 from optimizer_service.jobs.types import (
     CancelCheck,
+    Interruption,
     JobInterrupted,
-    PipelineOptions,
     PipelineResult,
     Progress,
     ProgressCallback,
@@ -43,7 +47,7 @@ log = logging.getLogger(__name__)
 def run_pipeline(
     graph: ModelGraph,
     resources: ResourceSpec,
-    options: PipelineOptions,
+    options: JobOptions,
     progress: ProgressCallback,
     cancelled: CancelCheck,
     *,
@@ -51,6 +55,7 @@ def run_pipeline(
     trials: TrialExecutor | None = None,
     on_trial: Callable[[TrialRecord], None] | None = None,
     cost_model: LoadedCostModel | None = None,
+    recorded: list[TrialRecord] | None = None,
 ) -> PipelineResult:
     state = Progress(phase=JobPhase.searching, trials_budget=max(options.max_trials, 0))
     clock = _PhaseClock()
@@ -59,11 +64,13 @@ def run_pipeline(
     state.timings_s["searching"] = clock.lap()
     candidates = _distinct_candidates(outcome)
     if not candidates:
-        raise JobInterrupted("the search returned no candidate strategy", status="failed")
+        raise JobInterrupted("the search returned no candidate strategy", why=Interruption.failed)
     intervals = _correct(graph, resources, candidates, cost_model, state)
     _rank_by_prediction(candidates)
     state.timings_s["ranking"] = clock.lap()
-    phase = _trial_phase(graph, resources, options, candidates, intervals, state, progress, cancelled, trials, on_trial)
+    phase = _trial_phase(
+        graph, resources, options, candidates, intervals, state, progress, cancelled, trials, on_trial, recorded or []
+    )
     state.timings_s["trials"] = clock.lap()
     state.phase = JobPhase.finalizing
     progress(state)
@@ -88,7 +95,7 @@ class _TrialPhase:
 def _search(
     graph: ModelGraph,
     resources: ResourceSpec,
-    options: PipelineOptions,
+    options: JobOptions,
     state: Progress,
     progress: ProgressCallback,
     cancelled: CancelCheck,
@@ -165,7 +172,7 @@ def _no_trials(state: Progress, reason: str) -> _TrialPhase:
 def _trial_phase(
     graph: ModelGraph,
     resources: ResourceSpec,
-    options: PipelineOptions,
+    options: JobOptions,
     candidates: list[RankedCandidate],
     intervals: dict[str, Interval],
     state: Progress,
@@ -173,6 +180,7 @@ def _trial_phase(
     cancelled: CancelCheck,
     trials: TrialExecutor | None,
     on_trial: Callable[[TrialRecord], None] | None,
+    recorded: list[TrialRecord],
 ) -> _TrialPhase:
     if options.max_trials <= 0:
         return _no_trials(state, "the trial budget is 0")
@@ -184,9 +192,9 @@ def _trial_phase(
     planner, by_id = plan
     state.phase, state.trials_budget = JobPhase.trials, planner.budget
     _note_workload(trials, graph, state)
+    records = _resume(planner, by_id, recorded, state)
     progress(state)
-    records: list[TrialRecord] = []
-    while not planner.done():
+    while not planner.done() and len(records) < planner.budget:
         chosen = planner.next_candidates(1)
         if not chosen:
             break
@@ -214,6 +222,27 @@ def _trial_phase(
     return _TrialPhase(records=records, answer=_answer(planner), failed=set(planner.failed))
 
 
+def _resume(
+    planner: TrialPlanner, by_id: dict[str, RankedCandidate], recorded: list[TrialRecord], state: Progress
+) -> list[TrialRecord]:
+    """Feed an earlier attempt's trials to the planner; each one spends the budget, candidate or not."""
+    records: list[TrialRecord] = []
+    for record in recorded[: planner.budget]:
+        records.append(record)
+        strategy_id = str(record.strategy.id)
+        candidate = by_id.get(strategy_id)
+        if candidate is None or strategy_id in planner.measured or strategy_id in planner.failed:
+            continue
+        planner.record(strategy_id, trial_result(record))
+        measured = record.measured()
+        if measured is not None:
+            candidate.strategy = candidate.strategy.model_copy(update={"measured": measured})
+    if records:
+        state.notes.append(f"resumed with {len(records)} trial(s) recorded by an earlier attempt")
+    state.trials_done = len(records)
+    return records
+
+
 def _failure_note(records: list[TrialRecord]) -> str | None:
     """Failed trials are never the answer; the note says so where the user reads the job, with the first reason."""
     failed = [r for r in records if not r.ok]
@@ -239,7 +268,7 @@ def _answer(planner: TrialPlanner) -> Answer:
     try:
         return planner.answer()
     except TrialFailedError as error:
-        raise JobInterrupted(f"no strategy to answer with: {error}", status="failed") from None
+        raise JobInterrupted(f"no strategy to answer with: {error}", why=Interruption.failed) from None
 
 
 def _run_one(
@@ -316,7 +345,7 @@ def _summary(
 
 def _stop_if_cancelled(cancelled: CancelCheck) -> None:
     if cancelled():
-        raise JobInterrupted("cancelled on request", status="cancelled")
+        raise JobInterrupted("cancelled on request", why=Interruption.cancelled)
 
 
 class _PhaseClock:

@@ -127,10 +127,18 @@ def cancel_requested(factory: Factory, job_id: uuid.UUID, worker_id: str) -> boo
 
 
 def record_trial(
-    factory: Factory, job_id: uuid.UUID | None, graph_id: str, resource_id: str, record: TrialRecord
-) -> uuid.UUID:
+    factory: Factory, job_id: uuid.UUID, worker_id: str, graph_id: str, resource_id: str, record: TrialRecord
+) -> bool:
+    """Store a job's trial in the transaction that confirms the job is still this worker's; False if not.
+
+    The confirming write (a heartbeat) locks the job's row first, so a worker presumed dead whose job
+    went to another cannot add trials beside the new owner's: a job never holds more than its budget."""
     with factory.begin() as session:
-        return insert_trial(session, job_id, graph_id, resource_id, record)
+        owned = session.execute(update(Job).where(_owned(job_id, worker_id)).values(heartbeat_at=utcnow()))
+        if owned.rowcount != 1:  # type: ignore[attr-defined]
+            return False
+        insert_trial(session, job_id, graph_id, resource_id, record)
+        return True
 
 
 def insert_trial(
@@ -143,7 +151,7 @@ def insert_trial(
         graph_id=graph_id,
         resource_id=resource_id,
         strategy_id=record.strategy.id,
-        outcome=record.outcome,
+        outcome=record.outcome.value,
         step_times_s=list(record.step_times_s),
         median_s=record.median_s,
         p90_s=record.p90_s,

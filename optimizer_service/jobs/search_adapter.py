@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from optimizer_service.jobs.types import PipelineOptions
+from optimizer_service.core.inputs import JobOptions
 from optimizer_service.search import SearchProgress, SearchResult
 from optimizer_service.search import search as default_search
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
@@ -37,7 +37,7 @@ class SearchOutcome:
 def run_search(
     graph: ModelGraph,
     resources: ResourceSpec,
-    options: PipelineOptions,
+    options: JobOptions,
     on_progress: SearchProgressFn,
     *,
     search: SearchFn | None = None,
@@ -48,13 +48,13 @@ def run_search(
     result = (search or default_search)(
         graph,
         resources,
-        time_budget_s=options.time_budget_s,
-        max_candidates=options.max_candidates,
-        top_k=options.top_k,
-        seed=options.seed,
+        time_budget_s=options.search.time_budget_s,
+        max_candidates=options.search.max_candidates,
+        top_k=options.search.top_k,
+        seed=options.search.seed,
         progress=progress,
-        allow_compression=options.allow_compression,
-        allow_async=options.allow_async,
+        allow_compression=options.search.allow_compression,
+        allow_async=options.search.allow_async,
     )
     return SearchOutcome(
         candidates=list(result.candidates),

@@ -11,9 +11,11 @@ import importlib
 import logging
 from typing import Any
 
+from optimizer_service.core.redact import public_text
 from optimizer_service.jobs.types import TrialRecord
 from optimizer_service.settings import Settings
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from trial_runner.result import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,14 @@ class TrialRunnerExecutor:
             "variables), not the model's own code, which the service never imports"
         )
 
-    def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
+    def reap(self, owner: str) -> int:
+        """Kill trial workers a crashed service left for `owner` (a job id); how many were found."""
+        reap = getattr(self._backend, "reap", None)
+        return int(reap(owner)) if callable(reap) else 0
+
+    def run(
+        self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy, *, owner: str | None = None
+    ) -> TrialRecord:
         runner = importlib.import_module("trial_runner")
         result = runner.run_trial(
             workload_for(graph),
@@ -64,29 +73,38 @@ class TrialRunnerExecutor:
             steps=self._steps,
             timeout=self._timeout_s,
             backend=self._backend,
+            owner=owner,
         )
         return record_from_result(result, strategy, simulator_version=self._simulator_version)
 
 
 def record_from_result(result: Any, strategy: Strategy, *, simulator_version: str | None) -> TrialRecord:
-    """A `trial_runner.TrialResult` as the row the database keeps."""
+    """A `trial_runner.TrialResult` as the row the database keeps: errors as a client may read them,
+    secrets masked and this machine's paths reduced to file names."""
     peaks = [p for p in (result.peak_memory_bytes or []) if p is not None]
-    outcome = getattr(result.outcome, "value", result.outcome)
     predicted = _simulated_step_time(strategy)
     return TrialRecord(
         strategy=strategy,
-        outcome=str(outcome),
+        outcome=Outcome(result.outcome),
         backend=str(result.backend),
         step_times_s=list(result.step_times_s),
         median_s=result.median_s,
         p90_s=result.p90_s,
         samples_per_s=result.samples_per_s,
         peak_memory_bytes=max(peaks) if peaks else None,
-        error=result.error,
+        error=public_text(result.error) if result.error else None,
         predicted_step_time_s=predicted,
         simulator_version=simulator_version,
-        details=result.model_dump(mode="json"),
+        details=_public_details(result.model_dump(mode="json")),
     )
+
+
+def _public_details(details: dict[str, Any]) -> dict[str, Any]:
+    details["error"] = public_text(details["error"]) if details.get("error") else details.get("error")
+    for rank in details.get("ranks") or []:
+        if rank.get("error"):
+            rank["error"] = public_text(rank["error"])
+    return details
 
 
 def _simulated_step_time(strategy: Strategy) -> float | None:

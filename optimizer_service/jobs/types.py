@@ -1,34 +1,48 @@
-"""Plain values the pipeline exchanges with the worker: options in, progress and results out."""
+"""Plain values the pipeline exchanges with the worker: progress and results out, interruptions typed.
+
+The options going in are `optimizer_service.core.inputs.JobOptions`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
-from models import JobPhase
+from models import JobPhase, JobStatus
 from stratagem.errors import StratagemError
 from stratagem.ir import MeasuredPerformance, ModelGraph, ResourceSpec, Strategy
+from trial_runner.result import Outcome
+
+
+class Interruption(StrEnum):
+    """Why a job stopped before its answer, and so what becomes of it."""
+
+    requeue = "requeue"
+    """The service is shutting down: the job goes back to the queue for another worker."""
+    failed = "failed"
+    """It cannot finish (time limit, no candidate, every trial failed)."""
+    cancelled = "cancelled"
+    """A client asked it to stop."""
+    lost = "lost"
+    """Another worker owns it now (this one was presumed dead): nothing is written."""
+
+    @property
+    def status(self) -> JobStatus | None:
+        """The status the job is written with; None for a job this worker no longer owns."""
+        return {
+            Interruption.requeue: JobStatus.queued,
+            Interruption.failed: JobStatus.failed,
+            Interruption.cancelled: JobStatus.cancelled,
+        }.get(self)
 
 
 class JobInterrupted(StratagemError):
-    """The job stopped on request or by its time limit; `status` is what the job becomes."""
+    """The job stopped on request, by its time limit, at shutdown, or because it was taken over."""
 
-    def __init__(self, message: str, *, status: str) -> None:
+    def __init__(self, message: str, *, why: Interruption) -> None:
         super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    max_trials: int
-    time_budget_s: float
-    max_candidates: int
-    top_k: int
-    seed: int
-    allow_compression: bool = False
-    allow_async: bool = False
-    objective: str = "throughput"
+        self.why = why
 
 
 @dataclass
@@ -52,7 +66,7 @@ class TrialRecord:
     """One trial as the database stores it, whatever its outcome."""
 
     strategy: Strategy
-    outcome: str
+    outcome: Outcome
     backend: str
     step_times_s: list[float] = field(default_factory=list)
     median_s: float | None = None
@@ -66,7 +80,7 @@ class TrialRecord:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "ok" and self.median_s is not None and self.median_s > 0
+        return self.outcome == Outcome.ok and self.median_s is not None and self.median_s > 0
 
     def measured(self) -> MeasuredPerformance | None:
         if not self.ok or self.median_s is None:

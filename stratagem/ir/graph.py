@@ -9,13 +9,29 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
 from stratagem.errors import InvalidGraphError, Problem
 from stratagem.ir.document import Document, Strict, as_value_error
 from stratagem.ir.dtypes import DType
+from stratagem.ir.limits import (
+    MAX_BATCH_SIZE,
+    MAX_DIM,
+    MAX_LAYERS,
+    MAX_LOOKUPS,
+    MAX_NUMEL,
+    MAX_PARAMETERS,
+    MAX_RANK,
+    MAX_REFERENCES,
+    MAX_VARIABLES,
+    BoundedJSON,
+    Bytes,
+    Flops,
+    Name,
+    OptionalName,
+)
 
 
 class LayerKind(StrEnum):
@@ -31,37 +47,37 @@ class LayerKind(StrEnum):
 
 
 class Layer(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     """Qualified module name, unique in the graph."""
-    type: str = "Module"
+    type: OptionalName = "Module"
     """The module's class name, e.g. `Linear`."""
     kind: LayerKind = LayerKind.other
-    fwd_flops: float = Field(default=0.0, ge=0)
+    fwd_flops: Flops = 0.0
     """Floating-point operations of the forward pass at the graph's batch size."""
-    bwd_flops: float = Field(default=0.0, ge=0)
+    bwd_flops: Flops = 0.0
     """Operations of the backward pass (input and weight gradients)."""
-    bytes_moved: float = Field(default=0.0, ge=0)
+    bytes_moved: Bytes = 0.0
     """Bytes read and written from device memory in the forward pass (for the roofline)."""
-    activation_bytes: float = Field(default=0.0, ge=0)
+    activation_bytes: Bytes = 0.0
     """Bytes saved for backward, deduplicated by storage."""
-    output_bytes: float = Field(default=0.0, ge=0)
-    inputs: list[str] = Field(default_factory=list)
+    output_bytes: Bytes = 0.0
+    inputs: list[Name] = Field(default_factory=list, max_length=MAX_REFERENCES)
     """Earlier layers this one reads from; empty means it reads the batch."""
-    variables: list[str] = Field(default_factory=list)
+    variables: list[Name] = Field(default_factory=list, max_length=MAX_REFERENCES)
     """Variables (parameters) this layer uses."""
 
 
 class Variable(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     """Qualified parameter name, unique in the graph."""
-    shape: list[int]
+    shape: list[Annotated[int, Field(le=MAX_DIM)]] = Field(max_length=MAX_RANK)
     dtype: DType = DType.float32
     trainable: bool = True
     sparse: bool = False
     """An embedding with sparse gradients: only the rows looked up change in a step."""
-    lookups_per_step: int | None = Field(default=None, ge=0)
+    lookups_per_step: int | None = Field(default=None, ge=0, le=MAX_LOOKUPS)
     """For sparse variables: rows looked up per step at the graph's batch size (with repeats)."""
-    consumer: str | None = None
+    consumer: Name | None = None
     """The layer that uses it; its backward decides when the gradient is ready."""
 
     @property
@@ -80,6 +96,10 @@ class Variable(Strict):
     @model_validator(mode="after")
     def _check(self) -> Self:
         problems = [Problem(f"shape[{i}]", f"must be positive, got {d}") for i, d in enumerate(self.shape) if d <= 0]
+        if not problems and math.prod(self.shape) > MAX_NUMEL:
+            problems.append(
+                Problem("shape", f"{math.prod(self.shape):.3g} elements; at most {MAX_NUMEL:.3g} per variable")
+            )
         if self.sparse and self.lookups_per_step is None:
             problems.append(Problem("lookups_per_step", "is required for a sparse variable"))
         if self.sparse and len(self.shape) < 1:
@@ -135,18 +155,20 @@ class OptimizerSpec(Strict):
 class ModelGraph(Document):
     _error_type: ClassVar = InvalidGraphError
 
-    name: str = "model"
-    batch_size: int = Field(gt=0)
+    name: OptionalName = "model"
+    batch_size: int = Field(gt=0, le=MAX_BATCH_SIZE)
     """The per-replica batch size the FLOPs and bytes were recorded at."""
     dtype: DType = DType.float32
     """Default compute dtype (picks the device's peak FLOP/s)."""
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    layers: list[Layer]
-    variables: list[Variable]
+    layers: list[Layer] = Field(min_length=1, max_length=MAX_LAYERS)
+    """At least one: a step with no layer does no work to distribute."""
+    variables: list[Variable] = Field(max_length=MAX_VARIABLES)
     architecture: Architecture | None = None
     """The transformer's shape, where known; None for other models and hand-built graphs."""
-    provenance: dict[str, Any] = Field(default_factory=dict)
-    """Where the graph came from (capture, zoo model and config, torch version); not part of the id."""
+    provenance: BoundedJSON = Field(default_factory=dict)
+    """Where the graph came from (capture, zoo model and config, torch version); not part of the id. A record
+    only: it never configures what a trial builds."""
 
     @model_validator(mode="after")
     def _check_references(self) -> Self:
@@ -218,4 +240,6 @@ def graph_problems(graph: ModelGraph) -> list[Problem]:
     for i, var in enumerate(graph.variables):
         if var.consumer is not None and var.consumer not in layer_names:
             problems.append(Problem(f"variables[{i}].consumer", f"unknown layer {var.consumer!r}"))
+    if graph.num_parameters > MAX_PARAMETERS:
+        problems.append(Problem("variables", f"{graph.num_parameters:.3g} parameters; at most {MAX_PARAMETERS:.3g}"))
     return problems

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 import yaml
 from pydantic import Field, model_validator
@@ -17,15 +17,30 @@ from pydantic import Field, model_validator
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir.catalog import CATALOG, DeviceSpec, lookup
 from stratagem.ir.document import Document, Strict, as_value_error
+from stratagem.ir.limits import (
+    MAX_BANDWIDTH_GBPS,
+    MAX_DEVICE_INDEX,
+    MAX_DEVICE_KINDS,
+    MAX_DEVICES_PER_NODE,
+    MAX_LATENCY_US,
+    MAX_NODES,
+    BoundedJSON,
+    Name,
+    OptionalName,
+    at_most,
+)
+
+DeviceIndex = Annotated[int, Field(le=MAX_DEVICE_INDEX)]
+"""Negative indices are refused with the reason by `resource_problems`."""
 
 LinkKind = Literal["pcie", "nvlink", "ethernet", "infiniband", "loopback", "shared-memory"]
 
 
 class Link(Strict):
     kind: LinkKind = "ethernet"
-    bandwidth_gbps: float = Field(gt=0)
+    bandwidth_gbps: Annotated[float, Field(gt=0), at_most(MAX_BANDWIDTH_GBPS)]
     """Line rate per direction in Gbit/s."""
-    latency_us: float = Field(default=25.0, ge=0)
+    latency_us: Annotated[float, Field(ge=0), at_most(MAX_LATENCY_US)] = 25.0
     efficiency: float = Field(default=0.85, gt=0, le=1)
     """Fraction of the line rate that collectives reach as bus bandwidth at large messages."""
 
@@ -50,15 +65,15 @@ DEFAULT_INTRA_NODE: dict[str, Link] = {
 
 
 class Node(Strict):
-    address: str = Field(min_length=1)
+    address: Name
     chief: bool = False
-    gpus: list[int] = Field(default_factory=list)
-    cpus: list[int] = Field(default_factory=lambda: [0])
-    device: str = "T4"
+    gpus: list[DeviceIndex] = Field(default_factory=list, max_length=MAX_DEVICES_PER_NODE)
+    cpus: list[DeviceIndex] = Field(default_factory=lambda: [0], max_length=MAX_DEVICES_PER_NODE)
+    device: Name = "T4"
     """Device kind of the node's GPUs (catalog name or a key of `devices`); `CPU` for CPU-only nodes."""
-    network_bandwidth_gbps: float | None = Field(default=None, gt=0)
+    network_bandwidth_gbps: Annotated[float, Field(gt=0), at_most(MAX_BANDWIDTH_GBPS)] | None = None
     """This node's NIC, overriding the spec's `network` bandwidth."""
-    ssh_config: str | None = None
+    ssh_config: OptionalName | None = None
 
     @property
     def compute_devices(self) -> list[str]:
@@ -78,17 +93,17 @@ class Node(Strict):
 class ResourceSpec(Document):
     _error_type: ClassVar = InvalidResourceSpecError
 
-    name: str = "cluster"
-    nodes: list[Node] = Field(min_length=1)
+    name: OptionalName = "cluster"
+    nodes: list[Node] = Field(min_length=1, max_length=MAX_NODES)
     network: Link = Field(default_factory=lambda: Link(kind="ethernet", bandwidth_gbps=10, latency_us=25))
     """The link between nodes (each node's NIC)."""
     intra_node: Link | None = None
     """The link between devices of one node; by default from the device kind (PCIe or NVLink)."""
-    devices: dict[str, DeviceSpec] = Field(default_factory=dict)
+    devices: dict[Name, DeviceSpec] = Field(default_factory=dict, max_length=MAX_DEVICE_KINDS)
     """Device kinds added to or overriding the built-in catalog."""
-    ssh: dict[str, Any] | None = None
+    ssh: BoundedJSON | None = None
     """AutoDist's `ssh:` section, kept as given; Stratagem does not need it."""
-    provenance: dict[str, Any] = Field(default_factory=dict)
+    provenance: BoundedJSON = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_cluster(self) -> Self:
@@ -147,8 +162,16 @@ class ResourceSpec(Document):
 
     @classmethod
     def from_autodist_yaml(cls, text_or_path: str | Path, *, device: str = "T4", name: str = "cluster") -> ResourceSpec:
-        """Read AutoDist's resource_spec.yml, which names no GPU kind, hence `device`."""
-        text = _read_text_or_path(text_or_path)
+        """Read AutoDist's resource_spec.yml, which names no GPU kind, hence `device`.
+
+        A one-line string ending in `.yml`/`.yaml` that names an existing file is read as that file: for
+        the CLI and scripts, whose user names their own files. Text from anyone else goes to
+        `from_autodist_text`, which never touches the filesystem."""
+        return cls.from_autodist_text(_read_text_or_path(text_or_path), device=device, name=name)
+
+    @classmethod
+    def from_autodist_text(cls, text: str, *, device: str = "T4", name: str = "cluster") -> ResourceSpec:
+        """AutoDist's resource_spec.yml given as its text: what the service accepts, never a path."""
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:

@@ -16,12 +16,24 @@ from pydantic import Field, model_validator
 from stratagem.errors import InvalidStrategyError, Problem
 from stratagem.ir.document import Document, Strict, as_value_error, check
 from stratagem.ir.graph import ModelGraph
+from stratagem.ir.limits import (
+    MAX_DEGREE,
+    MAX_LAYERS,
+    MAX_NOTES,
+    MAX_REPLICAS,
+    MAX_VARIABLES,
+    BoundedJSON,
+    Degree,
+    Name,
+    OptionalName,
+    Text,
+)
 from stratagem.ir.resources import ResourceSpec, device_address, parse_device
 
 
 class Compressor(Strict):
     kind: Literal["none", "fp16", "bf16", "powersgd", "topk"] = "none"
-    rank: int | None = Field(default=None, ge=1)
+    rank: int | None = Field(default=None, ge=1, le=MAX_DEGREE)
     """PowerSGD's rank r: an m×n gradient travels as (m + n)·r numbers."""
     ratio: float | None = Field(default=None, gt=0, le=1)
     """Top-k's fraction of entries kept (values and indices travel)."""
@@ -44,19 +56,19 @@ class Compressor(Strict):
 class AllReduceSynchronizer(Strict):
     kind: Literal["allreduce"] = "allreduce"
     algorithm: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
-    group: int = Field(default=0, ge=0)
+    group: int = Field(default=0, ge=0, le=MAX_VARIABLES)
     """Fusion group: variables of one group are reduced together once the last of them is ready."""
     compressor: Compressor = Field(default_factory=Compressor)
 
 
 class PSSynchronizer(Strict):
     kind: Literal["ps"] = "ps"
-    reduction_destination: str
+    reduction_destination: Name
     """The device holding the variable (or shard) and applying its updates, e.g. `10.0.0.1:CPU:0`."""
     local_replication: bool = False
     """Aggregate gradients inside a node before pushing (AutoDist's local proxy variable)."""
     sync: bool = True
-    staleness: int = Field(default=0, ge=0)
+    staleness: int = Field(default=0, ge=0, le=MAX_DEGREE)
 
 
 ZeroStage = Literal[1, 2, 3]
@@ -66,12 +78,12 @@ class ShardedSynchronizer(Strict):
     """ZeRO-style sharding over the data-parallel group (Rajbhandari et al. 2020; FSDP)."""
 
     kind: Literal["sharded"] = "sharded"
-    group: int = Field(default=0, ge=0)
+    group: int = Field(default=0, ge=0, le=MAX_VARIABLES)
     stage: ZeroStage = 2
     """What is sharded: 1, the optimizer state (gradients all-reduced whole); 2, also the gradients
     (reduce-scattered); 3, also the parameters, all-gathered before each layer's forward and backward
     and freed after (FSDP's full shard). Stages 1 and 2 all-gather the updated parameters after the step."""
-    shard_group: int | None = Field(default=None, ge=1)
+    shard_group: Degree | None = None
     """Hybrid sharding (HSDP, ZeRO++'s hpZ): shard over groups of this many consecutive data-parallel
     ranks and all-reduce the shards across groups; None shards over the whole data-parallel group."""
 
@@ -80,16 +92,16 @@ Synchronizer = Annotated[AllReduceSynchronizer | PSSynchronizer | ShardedSynchro
 
 
 class Partition(Strict):
-    axis: int = Field(default=0, ge=0)
-    shards: int = Field(ge=1)
+    axis: int = Field(default=0, ge=0, le=64)
+    shards: Degree
 
 
 class VariableConfig(Strict):
-    var_name: str
+    var_name: Name
     synchronizer: Synchronizer
     """How the variable (every shard, unless overridden) is synchronized."""
     partition: Partition | None = None
-    shard_synchronizers: list[Synchronizer] | None = None
+    shard_synchronizers: list[Synchronizer] | None = Field(default=None, max_length=MAX_DEGREE)
     """Per-shard overrides (AutoDist's `part_config`), one per shard when given."""
 
     @model_validator(mode="after")
@@ -121,10 +133,10 @@ class Mesh(Strict):
     """Data × pipeline × context × tensor degrees over the replicas, in that nesting (tensor innermost):
     `rank = ((d · pipeline + p) · context + c) · tensor + t`."""
 
-    data: int = Field(default=1, ge=1)
-    tensor: int = Field(default=1, ge=1)
-    pipeline: int = Field(default=1, ge=1)
-    context: int = Field(default=1, ge=1)
+    data: Degree = 1
+    tensor: Degree = 1
+    pipeline: Degree = 1
+    context: Degree = 1
     """Context parallelism: each sequence is split into this many pieces along its length, one per rank,
     and attention runs as a ring over them (ring attention); every other layer works on its piece."""
 
@@ -141,17 +153,17 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
 
 
 class PipelineConfig(Strict):
-    stages: list[list[str]] = Field(min_length=1)
+    stages: list[Annotated[list[Name], Field(max_length=MAX_LAYERS)]] = Field(min_length=1, max_length=MAX_DEGREE)
     """Layer names of each model chunk, in model order: `mesh.pipeline × virtual_stages` chunks, chunk i
     held by pipeline rank `i % mesh.pipeline` (Megatron's interleaving; `zero-bubble` with two virtual
     stages places its second chunks in reverse, as the V-shaped ZBV schedule does)."""
-    micro_batches: int = Field(default=1, ge=1)
+    micro_batches: Degree = 1
     """Micro-batches per step; with a single stage they are plain gradient accumulation."""
     schedule: PipelineSchedule = "1f1b"
     """`gpipe` (all forwards, then all backwards), `1f1b`, `interleaved-1f1b` (Narayanan et al. 2021:
     each rank holds `virtual_stages` chunks, bubble `(p − 1)/(v · m)`), `zero-bubble` (Qi et al. 2024:
     backward split into input and weight gradients, which fill the bubble)."""
-    virtual_stages: int = Field(default=1, ge=1)
+    virtual_stages: Degree = 1
     """Model chunks per pipeline rank."""
 
     @model_validator(mode="after")
@@ -171,7 +183,7 @@ Precision = Literal["fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp8"]
 class TensorParallelLayer(Strict):
     """One module split across the tensor-parallel group, Megatron-style."""
 
-    name: str = Field(min_length=1)
+    name: Name
     """Qualified module name: a layer of the graph (`blocks.0.mlp.fc`) or, for `heads`, the attention
     module that owns the projections (`blocks.0.attn`)."""
     style: TensorParallelStyle
@@ -180,7 +192,7 @@ class TensorParallelLayer(Strict):
     `vocab`: an Embedding's rows, or an output-head Linear's rows (the vocabulary), are split;
     `heads`: an attention module's heads are split: its q/k/v projections column-wise, its output
     projection row-wise."""
-    heads: int | None = Field(default=None, ge=1)
+    heads: Degree | None = None
     """Attention heads of the module (`heads` style only): the tensor degree must divide them."""
 
     @model_validator(mode="after")
@@ -194,7 +206,7 @@ class TensorParallelLayer(Strict):
 
 class Consistency(Strict):
     kind: Literal["bsp", "ssp", "asp"] = "bsp"
-    staleness: int = Field(default=0, ge=0)
+    staleness: int = Field(default=0, ge=0, le=MAX_DEGREE)
     """SSP's bound: a worker may run at most this many steps ahead of the slowest."""
 
     @model_validator(mode="after")
@@ -233,27 +245,27 @@ class MeasuredPerformance(Strict):
 
 
 class Provenance(Strict):
-    builder: str | None = None
-    search: dict[str, Any] | None = None
-    simulator_version: str | None = None
-    cost_model_version: str | None = None
-    created_at: str | None = None
-    notes: list[str] = Field(default_factory=list)
+    builder: OptionalName | None = None
+    search: BoundedJSON | None = None
+    simulator_version: OptionalName | None = None
+    cost_model_version: OptionalName | None = None
+    created_at: OptionalName | None = None
+    notes: list[Text] = Field(default_factory=list, max_length=MAX_NOTES)
 
 
 class Strategy(Document):
     _error_type: ClassVar = InvalidStrategyError
     _id_excluded: ClassVar[frozenset[str]] = frozenset({"id", "provenance", "predicted", "measured"})
 
-    graph_id: str | None = None
+    graph_id: OptionalName | None = None
     """Content id of the graph the strategy was made for."""
-    resources_id: str | None = None
-    replicas: list[str] = Field(min_length=1)
+    resources_id: OptionalName | None = None
+    replicas: list[Name] = Field(min_length=1, max_length=MAX_REPLICAS)
     """Devices that run the model; rank i runs on replicas[i]."""
     mesh: Mesh | None = None
     """Defaults to pure data parallel over the replicas."""
     pipeline: PipelineConfig | None = None
-    tensor_parallel: list[TensorParallelLayer] = Field(default_factory=list)
+    tensor_parallel: list[TensorParallelLayer] = Field(default_factory=list, max_length=MAX_LAYERS)
     """Which modules the tensor-parallel group splits, and how; everything else is replicated in it."""
     recompute: Recompute = "none"
     """Activation recomputation of every numbered block (`blocks.3`, or `2` in an nn.Sequential).
@@ -269,7 +281,7 @@ class Strategy(Document):
     """With tensor parallelism: norms and dropout work on 1/tensor of the sequence, and each block's
     all-reduces become reduce-scatter plus all-gather (Korthikanti et al. 2022)."""
     consistency: Consistency = Field(default_factory=Consistency)
-    variables: list[VariableConfig]
+    variables: list[VariableConfig] = Field(max_length=MAX_VARIABLES)
     predicted: PredictedPerformance | None = None
     measured: MeasuredPerformance | None = None
     provenance: Provenance = Field(default_factory=Provenance)

@@ -1,7 +1,8 @@
 """Run a trial's ranks as processes on this machine (gloo on CPUs, NCCL on GPUs).
 
 Each rank is `python -m trial_runner.worker` in its own session, so a hard kill takes its whole
-process tree with it. The spec goes to the ranks as a JSON file; each rank answers with a JSON
+process tree with it, and it dies with the process that started it (`trial_runner.lifeline`), so a
+service killed mid-trial leaves no rank running. The spec goes to the ranks as a JSON file; each rank answers with a JSON
 report file and announces its progress in another, which is all the supervisor reads.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import trial_runner
 from stratagem.rank_env import rank_environment
 from trial_runner.backends.base import free_port
+from trial_runner.oom import oom_kill_count, oom_killed_since
 from trial_runner.result import Outcome, Progress, RankReport, TrialResult
 from trial_runner.spec import TrialSpec
 from trial_runner.summary import now_utc, summarize
@@ -47,6 +49,10 @@ class LocalBackend:
         self.last_pids: list[int] = []
         """Process ids of the latest trial's ranks, so a caller can confirm none outlived it."""
 
+    def reap(self, owner: str) -> int:
+        """Nothing to do: a rank dies with the process that started it, so no crash leaves one behind."""
+        return 0
+
     def run(self, spec: TrialSpec) -> TrialResult:
         started = now_utc()
         with tempfile.TemporaryDirectory(prefix="stratagem-trial-") as scratch:
@@ -55,9 +61,12 @@ class LocalBackend:
             port = free_port(self.master_addr)
             threads = spec.cpu_threads(spec.world_size)
             ranks: list[LocalRank] = []
+            oom_kills = oom_kill_count()
             try:
                 for rank in range(spec.world_size):
-                    ranks.append(LocalRank.start(self, folder, rank=rank, port=port, threads=threads))
+                    ranks.append(
+                        LocalRank.start(self, folder, rank=rank, port=port, threads=threads, oom_kills=oom_kills)
+                    )
                 self.last_pids = [r.process.pid for r in ranks]
                 supervisor = Supervisor(
                     spec, poll_interval_s=self.poll_interval_s, failure_grace_s=self.failure_grace_s
@@ -74,15 +83,19 @@ class LocalBackend:
 class LocalRank:
     """One rank's process, as the supervisor sees it."""
 
-    def __init__(self, rank: int, process: subprocess.Popen[bytes], folder: Path) -> None:
+    def __init__(self, rank: int, process: subprocess.Popen[bytes], folder: Path, oom_kills: int | None = None) -> None:
         self.rank = rank
+        self.oom_kills = oom_kills
+        """The kernel's OOM-kill count when the trial started, to tell its OOM killer from any other SIGKILL."""
         self.process = process
         self.result_path = folder / f"rank{rank}.json"
         self.progress_path = folder / f"rank{rank}.progress"
         self.log_path = folder / f"rank{rank}.log"
 
     @classmethod
-    def start(cls, backend: LocalBackend, folder: Path, *, rank: int, port: int, threads: int) -> LocalRank:
+    def start(
+        cls, backend: LocalBackend, folder: Path, *, rank: int, port: int, threads: int, oom_kills: int | None = None
+    ) -> LocalRank:
         env = rank_environment(OMP_NUM_THREADS=str(threads))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
         command = [
@@ -103,12 +116,14 @@ class LocalRank:
             str(folder / f"rank{rank}.json"),
             "--progress",
             str(folder / f"rank{rank}.progress"),
+            "--parent-pid",
+            str(os.getpid()),
         ]
         with open(folder / f"rank{rank}.log", "wb") as log:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
-        return cls(rank, process, folder)
+        return cls(rank, process, folder, oom_kills)
 
     def poll(self) -> RankReport | None:
         code = self.process.poll()
@@ -116,11 +131,12 @@ class LocalRank:
             return None
         if self.result_path.exists():
             return RankReport.model_validate_json(self.result_path.read_text())
-        outcome = Outcome.oom if code == -signal.SIGKILL else Outcome.crash
+        oom = code == -signal.SIGKILL and oom_killed_since(self.oom_kills)
+        outcome = Outcome.oom if oom else Outcome.killed if code == -signal.SIGKILL else Outcome.crash
         return RankReport(
             rank=self.rank,
             outcome=outcome,
-            error=f"{describe_exit(code)}\n{self._log_tail()}".strip(),
+            error=f"{describe_exit(code, oom_killed=oom)}\n{self._log_tail()}".strip(),
             phase=(self.progress() or Progress("start", 0)).phase,
             finished_at=time.time(),
         )
@@ -150,10 +166,10 @@ class LocalRank:
         return text[-LOG_TAIL_CHARS:]
 
 
-def describe_exit(code: int) -> str:
+def describe_exit(code: int, *, oom_killed: bool = False) -> str:
     if code >= 0:
         return f"the rank exited with status {code} without a report"
     name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-    if -code == signal.SIGKILL:
-        return f"the rank was killed by {name} (most likely the kernel's out-of-memory killer)"
+    if oom_killed:
+        return f"the rank was killed by {name}: the kernel's out-of-memory killer acted during the trial"
     return f"the rank was killed by {name}"

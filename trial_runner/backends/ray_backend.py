@@ -2,7 +2,9 @@
 
 Rank 0's actor picks the rendezvous address (its node's IP and a free port there); every actor then
 runs the same `run_rank` as a local process would. The placement group is removed and the actors
-are killed in `finally`, whatever happened, so a hung trial never holds the cluster. Ray is
+are killed in `finally`, whatever happened, so a hung trial never holds the cluster. The actors are
+owned by the driver (never detached), so Ray kills them when the service's process dies; a trial with
+an `owner` also names its actors after it, and `reap(owner)` kills any that a crashed service left. Ray is
 imported only when a RayBackend is used: the service and tests that never touch Ray do not pay for it.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 from typing import Any
 
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
@@ -20,6 +23,13 @@ from trial_runner.result import Outcome, Progress, RankReport, TrialResult
 from trial_runner.spec import TrialSpec
 from trial_runner.summary import now_utc, summarize
 from trial_runner.supervise import Supervisor
+
+ACTOR_NAMESPACE = "stratagem-trials"
+"""Ray namespace of every named rank actor."""
+
+
+def actor_name(owner: str, trial: str, rank: int) -> str:
+    return f"{owner}/{trial}/{rank}"
 
 
 class RankActor:
@@ -170,6 +180,22 @@ class RayBackend:
             ray.shutdown()
         self._started_ray = False
 
+    def reap(self, owner: str) -> int:
+        """Kill every rank actor named for `owner` (left by a service that died mid-trial); how many."""
+        import ray
+
+        self.connect()
+        killed = 0
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry.get("namespace") != ACTOR_NAMESPACE or not str(entry.get("name", "")).startswith(f"{owner}/"):
+                continue
+            try:
+                ray.kill(ray.get_actor(entry["name"], namespace=ACTOR_NAMESPACE), no_restart=True)
+                killed += 1
+            except ValueError:  # it ended between the listing and the kill
+                continue
+        return killed
+
     def run(self, spec: TrialSpec) -> TrialResult:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -227,8 +253,10 @@ class RayBackend:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         remote_class = ray.remote(RankActor)
+        trial = uuid.uuid4().hex[:12]
         for rank, bundle in enumerate(bundles):
             placement = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=rank)
+            named = {"name": actor_name(spec.owner, trial, rank), "namespace": ACTOR_NAMESPACE} if spec.owner else {}
             actors.append(
                 remote_class.options(
                     num_cpus=bundle.get("CPU", 0.0),
@@ -236,6 +264,7 @@ class RayBackend:
                     max_concurrency=2,
                     scheduling_strategy=placement,
                     runtime_env=rank_runtime_env(),
+                    **named,
                 ).remote()
             )
         threads = spec.threads_per_rank or self.cpus_per_rank

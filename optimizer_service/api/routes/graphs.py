@@ -6,10 +6,11 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from models import GraphRow
-from optimizer_service.api.deps import SessionDep, WriteAuthDep, require_read_key
+from optimizer_service.api.bodies import ingested, json_body
+from optimizer_service.api.deps import SessionDep, StateDep, WriteAuthDep, require_read_key
 from optimizer_service.api.routes.documents_common import Limit, Offset, checked_id, graph_summary
 from optimizer_service.api.schemas import ErrorPublic, GraphPublic, GraphsPublic
-from optimizer_service.core.documents import get_graph_row, list_rows, store_graph
+from optimizer_service.core.documents import get_graph_row, list_rows
 from stratagem.ir import ModelGraph
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"], dependencies=[Depends(require_read_key)])
@@ -23,15 +24,14 @@ def graph_public(row: GraphRow, request: Request) -> GraphPublic:
 @router.post(
     "",
     status_code=201,
+    openapi_extra=json_body(ModelGraph),
     responses={200: {"model": GraphPublic, "description": "Already stored: the same document was uploaded before"}},
 )
-def upload_graph(
-    graph: ModelGraph, session: SessionDep, request: Request, response: Response, _: WriteAuthDep
-) -> GraphPublic:
-    row, created = store_graph(session, graph)
-    session.commit()
-    response.status_code = 201 if created else 200
-    return graph_public(row, request)
+async def upload_graph(request: Request, response: Response, state: StateDep, _: WriteAuthDep) -> GraphPublic:
+    """The body (a `ModelGraph`) is parsed, validated and stored off the event loop."""
+    stored = await ingested(state, "graph", request)
+    response.status_code = 201 if stored.pop("created") else 200
+    return GraphPublic(url=str(request.url_for("get_graph", graph_id=stored["id"])), **stored)
 
 
 @router.get("")

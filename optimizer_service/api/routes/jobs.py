@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from models import Job, JobStatus
+from optimizer_service.api.bodies import ingested, json_body
 from optimizer_service.api.deps import SessionDep, SettingsDep, StateDep, WriteAuthDep, require_read_key
 from optimizer_service.api.routes.documents_common import Limit, Offset
 from optimizer_service.api.schemas import (
@@ -62,13 +63,13 @@ def job_public(job: Job, request: Request) -> JobPublic:
     "/v1/optimize",
     status_code=202,
     response_model=JobCreated,
+    openapi_extra=json_body(OptimizeRequest),
     responses={
         200: {"model": JobPublic, "description": "With `wait=true`: the job ended within the timeout"},
         429: {"model": ErrorPublic, "description": "The queue is full; see Retry-After"},
     },
 )
 async def optimize(
-    body: OptimizeRequest,
     request: Request,
     state: StateDep,
     settings: SettingsDep,
@@ -78,23 +79,18 @@ async def optimize(
         float, Query(ge=0, le=3600, allow_inf_nan=False, description="Seconds to wait (capped by the service)")
     ] = 30.0,
 ) -> JSONResponse:
-    job = await anyio.to_thread.run_sync(_submit, state, body)
+    """The body (an `OptimizeRequest`) is parsed, validated and stored off the event loop."""
+    submitted = await ingested(state, "optimize", request)
+    job_id = uuid.UUID(submitted["id"])
     if state.workers is not None:
         state.workers.notify()
-    created = JobCreated(id=job.id, url=str(request.url_for("get_job", job_id=job.id)), status=job.status)
+    created = JobCreated(id=job_id, url=str(request.url_for("get_job", job_id=job_id)), status=submitted["status"])
     headers = {"Location": created.url}
     if wait:
-        ended = await _wait_for(state, job.id, min(timeout, settings.wait_max_s))
+        ended = await _wait_for(state, job_id, min(timeout, settings.wait_max_s))
         if ended is not None:
             return JSONResponse(job_public(ended, request).model_dump(mode="json"), status_code=200, headers=headers)
     return JSONResponse(created.model_dump(mode="json"), status_code=202, headers=headers)
-
-
-def _submit(state: ServiceState, body: OptimizeRequest) -> Job:
-    if state.factory is None:
-        raise unavailable("the database is not ready")
-    with state.factory() as session:
-        return core.submit_job(session, body, state.settings)
 
 
 async def _wait_for(state: ServiceState, job_id: uuid.UUID, timeout_s: float) -> Job | None:

@@ -6,10 +6,11 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from models import ResourceSpecRow
-from optimizer_service.api.deps import SessionDep, WriteAuthDep, require_read_key
+from optimizer_service.api.bodies import ingested, json_body
+from optimizer_service.api.deps import SessionDep, StateDep, WriteAuthDep, require_read_key
 from optimizer_service.api.routes.documents_common import Limit, Offset, checked_id, resources_summary
 from optimizer_service.api.schemas import ErrorPublic, ResourceSpecPublic, ResourceSpecsPublic
-from optimizer_service.core.documents import get_resources_row, list_rows, store_resources
+from optimizer_service.core.documents import get_resources_row, list_rows
 from stratagem.ir import ResourceSpec
 
 router = APIRouter(prefix="/v1/resources", tags=["resources"], dependencies=[Depends(require_read_key)])
@@ -25,17 +26,19 @@ def resources_public(row: ResourceSpecRow, request: Request) -> ResourceSpecPubl
 @router.post(
     "",
     status_code=201,
+    openapi_extra=json_body(ResourceSpec),
     responses={
         200: {"model": ResourceSpecPublic, "description": "Already stored: the same document was uploaded before"}
     },
 )
-def upload_resources(
-    resources: ResourceSpec, session: SessionDep, request: Request, response: Response, _: WriteAuthDep
+async def upload_resources(
+    request: Request, response: Response, state: StateDep, _: WriteAuthDep
 ) -> ResourceSpecPublic:
-    row, created = store_resources(session, resources)
-    session.commit()
-    response.status_code = 201 if created else 200
-    return resources_public(row, request)
+    """The body (a `ResourceSpec`) is parsed, validated and stored off the event loop."""
+    stored = await ingested(state, "resources", request)
+    response.status_code = 201 if stored.pop("created") else 200
+    url = str(request.url_for("get_resources", resource_id=stored["id"]))
+    return ResourceSpecPublic(url=url, **stored)
 
 
 @router.get("")

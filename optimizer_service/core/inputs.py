@@ -1,0 +1,149 @@
+"""What the core accepts: an optimize submission, a trial measured elsewhere, and a job's resolved options.
+
+The API's request schemas build on these classes (they add nothing but documentation), so the rules of
+a valid submission live here, beside the code that acts on it, and the core never imports the API.
+`JobOptions` is the one typed form of a job's options: resolved from a submission and the settings,
+stored as its JSON in the `jobs` table, read back by the worker and handed to the pipeline as is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from optimizer_service.settings import Settings, TrialsBackend
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from stratagem.ir.limits import MAX_NAME_CHARS, MAX_YAML_CHARS
+from trial_runner.result import Outcome
+
+ContentId = Annotated[
+    str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$", description="sha256 content id")
+]
+
+# Tags of the `resources` union; the validation-error handler drops them from error locations.
+RESOURCE_SPEC_TAG = "ResourceSpec"
+AUTODIST_YAML_TAG = "autodist_yaml"
+UNION_TAGS = frozenset({RESOURCE_SPEC_TAG, AUTODIST_YAML_TAG})
+
+
+def _resources_kind(value: Any) -> str:
+    return AUTODIST_YAML_TAG if isinstance(value, str) else RESOURCE_SPEC_TAG
+
+
+ResourcesInput = Annotated[
+    Annotated[ResourceSpec, Tag(RESOURCE_SPEC_TAG)]
+    | Annotated[str, Tag(AUTODIST_YAML_TAG), Field(min_length=1, max_length=MAX_YAML_CHARS)],
+    Discriminator(_resources_kind),
+]
+"""A ResourceSpec document, or the text of an AutoDist resource_spec.yml: text, never a path."""
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchOptions(Body):
+    time_budget_s: float | None = Field(default=None, gt=0, le=3600)
+    """Wall-clock budget of the search; the service's default when omitted."""
+    max_candidates: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Candidate budget: with a fixed seed, the knob that makes a search reproducible."""
+    top_k: int | None = Field(default=None, ge=1, le=50)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    allow_compression: bool = False
+    """Lossy gradient compression changes the training math, so it is opt-in."""
+    allow_async: bool = False
+    """ASP/SSP consistency changes the training math, so it is opt-in."""
+
+
+class OptimizeInput(Body):
+    graph: ModelGraph | None = None
+    graph_id: ContentId | None = None
+    resources: ResourcesInput | None = None
+    """A ResourceSpec, or the text of an AutoDist resource_spec.yml."""
+    resource_id: ContentId | None = None
+    device: str = Field(default="T4", min_length=1, max_length=64)
+    """GPU kind of the nodes of an AutoDist resource spec, which does not say."""
+    max_trials: int | None = Field(default=None, ge=0, le=64)
+    """Real trials of the best candidates; 0 answers from the simulator alone."""
+    objective: Literal["throughput"] = "throughput"
+    search: SearchOptions = Field(default_factory=SearchOptions)
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> Self:
+        for document, reference in (("graph", "graph_id"), ("resources", "resource_id")):
+            given = [name for name in (document, reference) if getattr(self, name) is not None]
+            if len(given) != 1:
+                how = "both were given" if given else "neither was given"
+                raise ValueError(f"{document}: give exactly one of '{document}' and '{reference}'; {how}")
+        return self
+
+
+class TrialInput(Body):
+    """A run measured elsewhere, recorded so the cost model can learn from it."""
+
+    graph_id: ContentId
+    resource_id: ContentId
+    strategy: Strategy | None = None
+    strategy_id: ContentId | None = None
+    job_id: uuid.UUID | None = None
+    outcome: Outcome = Outcome.ok
+    step_times_s: list[Annotated[float, Field(gt=0, lt=1e6)]] = Field(default_factory=list, max_length=100_000)
+    median_s: float | None = Field(default=None, gt=0, lt=1e6)
+    p90_s: float | None = Field(default=None, gt=0, lt=1e6)
+    samples_per_s: float | None = Field(default=None, ge=0, lt=1e15)
+    peak_memory_bytes: float | None = Field(default=None, ge=0, lt=1e18)
+    error: str | None = Field(default=None, max_length=100_000)
+    backend: str = Field(default="external", min_length=1, max_length=32)
+    predicted_step_time_s: float | None = Field(default=None, gt=0, lt=1e6)
+    simulator_version: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.strategy is None) == (self.strategy_id is None):
+            raise ValueError("strategy: give exactly one of 'strategy' and 'strategy_id'")
+        if self.outcome == Outcome.ok and not self.step_times_s and self.median_s is None:
+            raise ValueError("step_times_s: an 'ok' trial needs its step times (or median_s)")
+        return self
+
+
+class SearchBudget(BaseModel):
+    """A job's search budgets with the service's defaults filled in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    time_budget_s: float = Field(gt=0)
+    max_candidates: int = Field(ge=1)
+    top_k: int = Field(ge=1)
+    seed: int = Field(default=0, ge=0)
+    allow_compression: bool = False
+    allow_async: bool = False
+
+
+class JobOptions(BaseModel):
+    """What a job runs with, resolved once at submission so it states exactly that even if defaults change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    objective: Literal["throughput"] = "throughput"
+    max_trials: int = Field(ge=0)
+    trials_backend: TrialsBackend = "none"
+    search: SearchBudget
+
+    @classmethod
+    def resolve(cls, request: OptimizeInput, settings: Settings) -> JobOptions:
+        search = request.search
+        return cls(
+            objective=request.objective,
+            max_trials=settings.max_trials if request.max_trials is None else request.max_trials,
+            trials_backend=settings.effective_trials_backend,
+            search=SearchBudget(
+                time_budget_s=search.time_budget_s or settings.search_time_budget_s,
+                max_candidates=search.max_candidates or settings.search_max_candidates,
+                top_k=search.top_k or settings.search_top_k,
+                seed=settings.search_seed if search.seed is None else search.seed,
+                allow_compression=search.allow_compression,
+                allow_async=search.allow_async,
+            ),
+        )
