@@ -45,6 +45,7 @@ ROUTERS = (
     routes.resources,
     routes.jobs,
     routes.strategies,
+    routes.predict,
     routes.trials,
     routes.cost_model,
     routes.health,
