@@ -46,7 +46,7 @@ class Prediction(Strict):
     label: str
     """The layout in short form (`dp=8,tp=4,...`), or the strategy's description."""
     layout: Layout | None = None
-    """The layout priced (resolved for the cluster), where the strategy has one."""
+    """The layout priced, every degree and batch filled for the cluster and graph, where the strategy has one."""
     strategy_id: str
     devices: int = Field(ge=1)
     global_batch: int = Field(ge=1)
@@ -146,7 +146,7 @@ def _prediction(graph: ModelGraph, resources: ResourceSpec, item: Any, strategy:
     peak = None if any(p is None for p in peaks) else sum(p for p in peaks if p is not None)
     capacity = min(spec.memory_bytes for spec in specs)
     memory = float(raw.memory_per_device_bytes)
-    layout = item.resolved(len(strategy.replicas)) if isinstance(item, Layout) else _layout_or_none(strategy, graph)
+    layout = _layout_or_none(strategy, graph)
     prediction = Prediction(
         label=str(layout) if layout is not None else _describe(strategy),
         layout=layout,
