@@ -14,7 +14,9 @@ from stratagem.parallel_rules import Refusal, block_cuts, block_of
 
 
 def test_the_short_form_reads_and_writes_every_knob() -> None:
-    text = "dp=8,tp=4,pp=2,mb=1,gbs=512,schedule=interleaved-1f1b,vpp=2,zero=1,recompute=selective,precision=amp-bf16,sp"
+    text = (
+        "dp=8,tp=4,pp=2,mb=1,gbs=512,schedule=interleaved-1f1b,vpp=2,zero=1,recompute=selective,precision=amp-bf16,sp"
+    )
     layout = Layout.from_string(text)
     assert (layout.data, layout.tensor, layout.pipeline, layout.micro_batch, layout.global_batch) == (8, 4, 2, 1, 512)
     assert (layout.schedule, layout.virtual_stages, layout.zero) == ("interleaved-1f1b", 2, 1)
@@ -45,7 +47,10 @@ def test_degrees_that_do_not_fill_the_devices_say_the_arithmetic(layout: Layout,
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("pp=2,schedule=interleaved-1f1b", "virtual_stages: interleaved-1f1b needs at least 2 chunks per pipeline rank"),
+        (
+            "pp=2,schedule=interleaved-1f1b",
+            "virtual_stages: interleaved-1f1b needs at least 2 chunks per pipeline rank",
+        ),
         ("pp=2,vpp=2", "virtual_stages: 1f1b runs one chunk per rank, not 2"),
         ("schedule=zero-bubble", "schedule: zero-bubble needs pipeline > 1 (pipeline is 1)"),
         ("sp", "sequence_parallel: needs tensor > 1 (tensor is 1)"),
@@ -117,9 +122,21 @@ def test_zero_0_all_reduces_in_fusion_groups_and_zero_3_shards_in_the_shard_grou
     ("layout", "cluster", "message"),
     [
         (Layout(tensor=8), gpu_cluster(1, 8), "tensor: tensor(8) does not divide heads(4)"),
-        (Layout(pipeline=8), gpu_cluster(1, 8), "pipeline: layers(4) is not a multiple of pipeline(8)*virtual_stages(1)=8"),
-        (Layout(tensor=4), gpu_cluster(2, 2), "tensor(4) does not divide the 2 devices of node 10.0.0.1: a tensor group"),
-        (Layout(micro_batch=4), gpu_cluster(1, 8), "micro_batch: the graph was captured at batch 2, not micro_batch(4)"),
+        (
+            Layout(pipeline=8),
+            gpu_cluster(1, 8),
+            "pipeline: layers(4) is not a multiple of pipeline(8)*virtual_stages(1)=8",
+        ),
+        (
+            Layout(tensor=4),
+            gpu_cluster(2, 2),
+            "tensor(4) does not divide the 2 devices of node 10.0.0.1: a tensor group",
+        ),
+        (
+            Layout(micro_batch=4),
+            gpu_cluster(1, 8),
+            "micro_batch: the graph was captured at batch 2, not micro_batch(4)",
+        ),
         (Layout(global_batch=20), gpu_cluster(1, 8), "global_batch(20) is not a multiple of micro_batch(2)*data(8)=16"),
         (Layout(context=3, data=1), gpu_cluster(1, 3), "context: seq(32) is not a multiple of 2*context(3)=6"),
         (
@@ -158,7 +175,9 @@ def test_a_strategy_gives_its_layout_back_with_the_graph_and_keeps_its_micro_bat
 
 def test_a_strategy_no_layout_states_is_refused_with_the_reason() -> None:
     graph, cluster = make_mlp_graph(), make_t4_cluster(2)
-    with pytest.raises(UnsupportedStrategyError, match="no layout states this strategy: variable .* is on a parameter server"):
+    with pytest.raises(
+        UnsupportedStrategyError, match=r"no layout states this strategy: variable .* is on a parameter server"
+    ):
         PS().build(graph, cluster).layout()
     with pytest.raises(UnsupportedStrategyError, match="all-reduced with powersgd compression"):
         AllReduce(compressor="PowerSGDCompressor").build(graph, cluster).layout()
@@ -169,7 +188,7 @@ def test_a_strategy_no_layout_states_is_refused_with_the_reason() -> None:
             for i, c in enumerate(base.variables)
         ]
     )
-    with pytest.raises(UnsupportedStrategyError, match="synchronized differently .*zero 0.*zero 2"):
+    with pytest.raises(UnsupportedStrategyError, match=r"synchronized differently .*zero 0.*zero 2"):
         mixed.layout()
     with pytest.raises(UnsupportedStrategyError, match="made for graph"):
         base.layout(gpt_graph())

@@ -153,10 +153,17 @@ def _known(config: dict[str, Any], key: str) -> int | None:
 
 
 def _precision(config: dict[str, Any]) -> str:
-    bf16 = config.get("bf16", config.get("bfloat16", {}))
-    fp16 = config.get("fp16", {})
-    if isinstance(bf16, dict) and bf16.get("enabled") is True:
+    enabled = {}
+    for name, keys in (("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16",))):
+        section = next((config[key] for key in keys if key in config), {})
+        value = section.get("enabled", False) if isinstance(section, dict) else False
+        if value == "auto":
+            raise config_error(
+                ENGINE,
+                f"{name}.enabled",
+                "'auto' leaves the precision to the Hugging Face Trainer's arguments; state true or false",
+            )
+        enabled[name] = value is True
+    if enabled["bf16"]:
         return "amp-bf16"
-    if isinstance(fp16, dict) and fp16.get("enabled") is True:
-        return "amp-fp16"
-    return "fp32"
+    return "amp-fp16" if enabled["fp16"] else "fp32"

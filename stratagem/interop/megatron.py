@@ -61,7 +61,8 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str
     ]
     if layout.virtual_stages > 1:
         if layers is not None:
-            args += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pipeline * layout.virtual_stages))]
+            per_stage = layers // (pipeline * layout.virtual_stages)
+            args += ["--num-layers", str(layers), "--num-layers-per-virtual-pipeline-stage", str(per_stage)]
         else:
             args += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
     if layout.sequence_parallel:
