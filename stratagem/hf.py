@@ -94,12 +94,19 @@ def _from_dict(data: Any, *, where: str) -> Any:
 
 
 def _build(config: Any) -> tuple[Any, bool]:
-    """The model with its training head on meta (a causal LM, else a masked LM), and whether it is causal."""
+    """The model with its training head on meta, and whether it is causal: the head `architectures` names,
+    else a masked LM for an encoder (a config with a masked-LM head that is not marked `is_decoder`),
+    else a causal LM."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
+    heads = [(AutoModelForCausalLM, True), (AutoModelForMaskedLM, False)]
+    named = " ".join(getattr(config, "architectures", None) or [])
+    encoder = type(config) in AutoModelForMaskedLM._model_mapping and not getattr(config, "is_decoder", False)
+    if "ForMaskedLM" in named or ("ForCausalLM" not in named and encoder):
+        heads.reverse()
     errors = []
-    for auto, causal in ((AutoModelForCausalLM, True), (AutoModelForMaskedLM, False)):
+    for auto, causal in heads:
         if type(config) not in auto._model_mapping:
             continue
         try:

@@ -17,7 +17,7 @@ from stratagem.cli.capture import add_builder_arguments, optimizer_kind
 from stratagem.cli.files import json_reason, parse_json, read_text
 from stratagem.cli.jobs import positive_int
 from stratagem.cli.optimize import capture_model, read_resources
-from stratagem.errors import CaptureError, StratagemError
+from stratagem.errors import CaptureError, InvalidDocumentError, StratagemError, UnsupportedStrategyError
 
 ENGINE_SUFFIXES = {".toml": "torchtitan", ".json": "deepspeed", ".yaml": "accelerate", ".yml": "accelerate"}
 """A `--config` file's engine by suffix; anything else is read as Megatron-LM arguments."""
@@ -72,17 +72,37 @@ def run(args: argparse.Namespace) -> int:
 
     layouts = [Layout.from_string(text) for text in args.layouts]
     layouts += [config_layout(path, args.config_format) for path in args.configs]
+    origins = [f"--layout {text!r}" for text in args.layouts] + [f"--config {path}" for path in args.configs]
     if not layouts:
         raise StratagemError("give at least one --layout or --config to price")
     graph = load_model(args, layouts)
     resources = read_resources(args.resources, device=args.device)
-    predictions = predict(graph, resources, layouts)
+    try:
+        predictions = predict(graph, resources, layouts)
+    except (InvalidDocumentError, UnsupportedStrategyError) as error:
+        raise StratagemError(_by_origin(error, origins)) from None
     if args.json:
         print(json.dumps([p.model_dump(mode="json") for p in predictions], indent=2))
         return 0
     print(f"{graph.summary()}\non {resources.name}: {resources.num_devices} devices on {len(resources.nodes)} node(s)")
     print(predictions_table(predictions))
     return 0
+
+
+def _by_origin(error: InvalidDocumentError | UnsupportedStrategyError, origins: list[str]) -> str:
+    """`predict` names a layout by its index (`[1].tensor`); the command line names it as the user gave it."""
+    problems = (
+        [(p.path, p.reason) for p in error.problems] if isinstance(error, InvalidDocumentError) else [(str(error), "")]
+    )
+    lines = []
+    for path, reason in problems:
+        head, sep, rest = path.partition("]")
+        if sep and head.startswith("[") and head[1:].isdigit():
+            where, path = origins[int(head[1:])], rest.lstrip(".:").strip()
+            lines.append(f"{where}: {path}: {reason}" if reason else f"{where}: {path}")
+        else:
+            lines.append(f"{path}: {reason}" if reason else path)
+    return "; ".join(lines)
 
 
 def config_layout(path: Path, engine: str | None) -> Any:
