@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Any
 
 from stratagem.cli.jobs import positive_int
@@ -69,15 +70,38 @@ def run(args: argparse.Namespace) -> int:
     check_database(settings.database_url)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(trials_note(settings), flush=True)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level, proxy_headers=True)
+    ray = start_embedded_ray(settings)
+    try:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level, proxy_headers=True)
+    finally:
+        if ray is not None:
+            ray.close()
     return 0
 
 
 def with_embedded_trials(settings: Any) -> Any:
-    """Trials on a local Ray (`RayBackend` without an address starts one) where nothing chose a backend."""
+    """Trials on a local Ray (`RayBackend` without an address starts one) where nothing chose a backend.
+
+    A Ray started in this process installs a fatal-signal handler that ends the process on SIGTERM before
+    uvicorn's graceful shutdown (which stops that Ray) can finish, leaving Ray's agents behind; the
+    service stops on SIGTERM itself, so that handler is turned off."""
     if settings.trials_backend is None and settings.ray_address is None:
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         return settings.model_copy(update={"trials_backend": "ray"})
     return settings
+
+
+def start_embedded_ray(settings: Any) -> Any:
+    """Start the Ray that trials run on here, in the main thread, before serving; None where trials run
+    elsewhere. Started from a job's worker thread instead, its agents outlive `ray.shutdown()`; the
+    service's own trial backend then finds Ray running, and this one stops it after uvicorn returns."""
+    if settings.effective_trials_backend != "ray" or settings.ray_address:
+        return None
+    from trial_runner import RayBackend
+
+    backend = RayBackend()
+    backend.connect()
+    return backend
 
 
 def trials_note(settings: Any) -> str:
@@ -96,8 +120,6 @@ def trials_note(settings: Any) -> str:
 
 
 def local_devices() -> str:
-    import os
-
     cpus = os.cpu_count() or 1
     try:
         import torch
