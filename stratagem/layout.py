@@ -34,6 +34,7 @@ from stratagem.ir import (
     device_address,
 )
 from stratagem.ir.document import Document, as_value_error
+from stratagem.step_graph import micro_batch_count
 
 ZeroLevel = Literal[0, 1, 2, 3]
 DEGREES = ("data", "tensor", "pipeline", "context")
@@ -244,8 +245,9 @@ def layout_problems(layout: Layout) -> list[Problem]:
 
 def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
     """A strategy's layout, where it has one: every variable all-reduced uncompressed, or every one
-    sharded at one stage; BSP; no partitions. The batch needs the graph (captured at the micro-batch);
-    without it the layout keeps the micro-batch count and leaves the batch sizes unset."""
+    sharded at one stage; BSP; no partitions. The batch sizes need the graph (one micro-batch for a
+    strategy built from a layout, a replica's step for others: `stratagem.step_graph`); without it the
+    layout keeps the micro-batch count and leaves the batch sizes unset."""
     if graph is not None and strategy.graph_id is not None and strategy.graph_id != graph.id:
         raise UnsupportedStrategyError(
             f"the strategy was made for graph {strategy.graph_id[:12]}, not {str(graph.id)[:12]}"
@@ -256,11 +258,12 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
     micro_batches = pipe.micro_batches if pipe is not None else 1
     batch: dict[str, int | None] = {"micro_batches": micro_batches}
     if graph is not None:
-        batch = {
-            "micro_batch": graph.batch_size,
-            "global_batch": graph.batch_size * micro_batches * mesh.data,
-            "micro_batches": None,
-        }
+        step = graph.batch_size * micro_batch_count(strategy)  # one replica's samples per step
+        if step % micro_batches:
+            raise UnsupportedStrategyError(
+                f"the graph's batch {step} does not split into {micro_batches} equal micro-batches"
+            )
+        batch = {"micro_batch": step // micro_batches, "global_batch": step * mesh.data, "micro_batches": None}
     return Layout(
         data=mesh.data,
         tensor=mesh.tensor,

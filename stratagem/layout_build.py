@@ -30,12 +30,11 @@ from stratagem.ir import (
 )
 from stratagem.layout import Layout
 from stratagem.stages import cut_points, cut_stages
+from stratagem.step_graph import LAYOUT_BUILDER
 from stratagem.tensor_plan import Split, candidate_splits
 
 FUSION_CHUNK = 128
 """Variables per all-reduce (or shard) fusion group, as AutoDist's AllReduce builder groups them."""
-BUILDER = "Layout"
-"""`provenance.builder` of a strategy built from a layout."""
 
 
 def build_strategy(
@@ -83,7 +82,7 @@ def build_strategy(
         precision=resolved.precision,
         sequence_parallel=resolved.sequence_parallel,
         variables=_variables(graph, resolved, shared),
-        provenance=Provenance(builder=BUILDER, notes=[str(resolved)]),
+        provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
     )
     return strategy.validate_for(graph, resources) if check else strategy
 

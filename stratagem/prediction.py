@@ -5,9 +5,9 @@ and the simulator build on the library, not the other way round), so `predict` i
 and a client that only talks to the service never loads it. This module is the one place in `stratagem`
 that reaches into `simulator` (docs/layouts.md, "Architecture").
 
-Throughput counts what a layout trains per step: the graph is captured at the micro-batch, so a step
-is `micro-batches × data` micro-batches of the graph's batch, and tokens are samples × the
-architecture's sequence. MFU is model FLOPs (the captured forward and backward, without the forward that
+Throughput counts what a step trains: a layout's graph is captured at the micro-batch, so its step is
+`micro-batches × data` micro-batches of the graph's batch (`stratagem.step_graph` prices it so); any
+other strategy's graph is already a replica's step. Tokens are samples × the architecture's sequence. MFU is model FLOPs (the captured forward and backward, without the forward that
 recomputation repeats; attention counted over the whole score matrix, as PaLM's appendix B does) per
 second over the dense peak of every replica's device at the step's matmul precision.
 """
@@ -25,6 +25,7 @@ from stratagem.ir import DeviceSpec, ModelGraph, ResourceSpec, Strategy
 from stratagem.ir.document import Strict
 from stratagem.layout import Layout, layout_of
 from stratagem.layout_build import SharedParts, build_strategy
+from stratagem.step_graph import micro_batch_count, step_graph
 
 PEAK_KEYS: dict[str, tuple[str, ...]] = {
     "fp32": ("float32",),
@@ -118,24 +119,67 @@ def _strategy(
 
 
 def _simulate(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy], *, single: bool) -> list[Any]:
+    """One simulator call per graph: the graph itself, and for a layout's strategy the graph of its whole
+    step (`stratagem.step_graph`), one call per micro-batch count."""
     from simulator import simulate  # the lazy facade: see the module docstring
 
-    try:
-        return list(simulate(graph, resources, strategies))
-    except UnsupportedStrategyError as error:
-        if single:
-            raise
-        for i, strategy in enumerate(strategies):
-            try:
-                simulate(graph, resources, [strategy])
-            except UnsupportedStrategyError as refused:
-                raise UnsupportedStrategyError(f"[{i}]: {refused}") from None
-        raise error from None
+    counts = [micro_batch_count(strategy) for strategy in strategies]
+    out: list[Any] = [None] * len(strategies)
+    for count in sorted(set(counts)):
+        rows = [i for i, c in enumerate(counts) if c == count]
+        priced = step_graph(graph, count)
+        batch = [
+            strategies[i] if count == 1 else strategies[i].model_copy(update={"graph_id": priced.id}) for i in rows
+        ]
+        try:
+            results = simulate(priced, resources, batch)
+        except InvalidDocumentError as error:
+            raise _renamed(error, rows, single=single) from None
+        except UnsupportedStrategyError as error:
+            raise _refused(simulate, priced, resources, batch, rows, error, single=single) from None
+        for i, result in zip(rows, results, strict=True):
+            out[i] = result
+    return out
+
+
+def _renamed(error: InvalidDocumentError, rows: list[int], *, single: bool) -> InvalidDocumentError:
+    """The simulator names a strategy of its batch `strategies[j]`; predict names it by its place here."""
+    problems = []
+    for problem in error.problems:
+        head, sep, rest = problem.path.partition("]")
+        if sep and head.startswith("strategies[") and head[len("strategies[") :].isdigit():
+            index = rows[int(head[len("strategies[") :])]
+            path = rest.lstrip(".") if single else f"[{index}]{rest}"
+            problems.append(Problem(path, problem.reason))
+        else:
+            problems.append(problem)
+    return type(error)(problems)  # type: ignore[call-arg]
+
+
+def _refused(
+    simulate: Any,
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    batch: list[Strategy],
+    rows: list[int],
+    error: UnsupportedStrategyError,
+    *,
+    single: bool,
+) -> UnsupportedStrategyError:
+    """The refusal, naming the first strategy the simulator refuses by its place in the request."""
+    if single:
+        return error
+    for i, strategy in zip(rows, batch, strict=True):
+        try:
+            simulate(graph, resources, [strategy])
+        except UnsupportedStrategyError as refused:
+            return UnsupportedStrategyError(f"[{i}]: {refused}")
+    return error
 
 
 def _prediction(graph: ModelGraph, resources: ResourceSpec, item: Any, strategy: Strategy, raw: Any) -> Prediction:
     mesh = strategy.effective_mesh
-    micro_batches = strategy.pipeline.micro_batches if strategy.pipeline is not None else 1
+    micro_batches = micro_batch_count(strategy)
     global_batch = graph.batch_size * micro_batches * mesh.data
     step = float(raw.step_time_s)
     samples = global_batch / step if step > 0 else 0.0
@@ -146,7 +190,13 @@ def _prediction(graph: ModelGraph, resources: ResourceSpec, item: Any, strategy:
     peak = None if any(p is None for p in peaks) else sum(p for p in peaks if p is not None)
     capacity = min(spec.memory_bytes for spec in specs)
     memory = float(raw.memory_per_device_bytes)
-    layout = _layout_or_none(strategy, graph)
+    if isinstance(item, Layout):
+        batch = {"micro_batch": graph.batch_size, "global_batch": global_batch, "micro_batches": None}
+        layout: Layout | None = Layout.parse(
+            {**item.resolved(len(strategy.replicas)).model_dump(mode="json", exclude={"id"}), **batch}
+        )
+    else:
+        layout = _layout_or_none(strategy, graph)
     prediction = Prediction(
         label=str(layout) if layout is not None else _describe(strategy),
         layout=layout,

@@ -136,12 +136,30 @@ def test_each_zero_level_holds_less_memory_than_the_one_below() -> None:
     assert memory == sorted(memory, reverse=True) and len(set(memory)) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="priced when the simulator reads the graph at the micro-batch (DESIGN: the graph is captured at the "
-    "micro-batch; the layout decides how many micro-batches a step runs); today it splits the graph's batch",
-)
 def test_a_step_of_m_micro_batches_computes_m_times_one_micro_batch() -> None:
     graph, cluster = gpt_graph(hidden=512, seq=256), make_cpu_cluster(2)
     one, four = predict(graph, cluster, [Layout(), Layout(global_batch=graph.batch_size * 2 * 4)])
     assert four.breakdown["compute"] == pytest.approx(4 * one.breakdown["compute"], rel=0.05)
+    assert four.global_batch == 4 * one.global_batch
+
+
+def test_the_simulator_splits_the_graphs_batch_into_micro_batches() -> None:
+    """The contract `stratagem.step_graph` bridges: the simulator reads a strategy's graph as a replica's
+    whole step. When it reads the graph at the micro-batch instead (DESIGN), this fails: remove the bridge."""
+    from simulator import simulate
+
+    graph, cluster = gpt_graph(hidden=512, seq=256), make_cpu_cluster(2)
+    whole = AllReduce().build(graph, cluster)
+    split = whole.replace(pipeline={"stages": [[layer.name for layer in graph.layers]], "micro_batches": 2})
+    one, two = simulate(graph, cluster, [whole, split])
+    assert two.breakdown["compute"] == pytest.approx(one.breakdown["compute"], rel=0.1)
+
+
+def test_a_search_strategys_micro_batches_split_its_graphs_batch() -> None:
+    graph, cluster = gpt_graph(), gpu_cluster(1, 8)
+    whole = AllReduce().build(graph, cluster)
+    split = whole.replace(pipeline={"stages": [[layer.name for layer in graph.layers]], "micro_batches": 2})
+    layout = split.layout(graph)
+    assert (layout.micro_batch, layout.global_batch) == (graph.batch_size // 2, graph.batch_size * 8)
+    prediction = predict(graph, cluster, split)
+    assert prediction.global_batch == graph.batch_size * 8 and prediction.label == str(layout)
