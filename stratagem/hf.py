@@ -20,6 +20,7 @@ from stratagem.architecture import hf_architecture
 from stratagem.errors import CaptureError
 from stratagem.ir import ModelGraph
 
+HF_EXTRA_HINT = "pip install 'stratagem[hf]'"
 DEFAULT_OPTIMIZER = "adamw"
 """What Hugging Face models train with (the same state bytes as Adam)."""
 
@@ -56,7 +57,10 @@ def capture_hf_config(
 
 def load_config(config: Mapping[str, Any] | str | Path | Any) -> Any:
     """A `transformers` config from a dict, a `config.json` path or a config object."""
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise CaptureError(f"capturing a Hugging Face config needs transformers: {HF_EXTRA_HINT}") from None
 
     if isinstance(config, transformers.PretrainedConfig):
         return config
@@ -111,7 +115,7 @@ def _build(config: Any) -> tuple[Any, bool]:
             continue
         try:
             with torch.device("meta"):
-                model = auto.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+                model = auto.from_config(config, attn_implementation="sdpa").float()
         except (ValueError, TypeError, RuntimeError) as error:
             errors.append(f"{auto.__name__}: {error}")
             continue
