@@ -37,6 +37,8 @@ from stratagem.ir.document import Document, as_value_error
 from stratagem.step_graph import micro_batch_count
 
 ZeroLevel = Literal[0, 1, 2, 3]
+MAX_MICRO_BATCHES = 1 << 20
+"""Micro-batches per replica per step beyond which a layout is a typo (the simulator counts them in int32)."""
 DEGREES = ("data", "tensor", "pipeline", "context")
 
 
@@ -57,7 +59,7 @@ class Layout(Document):
     """Samples per micro-batch on one replica; None: the graph's batch (it is captured at the micro-batch)."""
     global_batch: int | None = Field(default=None, ge=1)
     """Samples per optimizer step over all replicas; None: `micro_batch × micro_batches × data`."""
-    micro_batches: int | None = Field(default=None, ge=1)
+    micro_batches: int | None = Field(default=None, ge=1, le=MAX_MICRO_BATCHES)
     """Micro-batches per replica per step; None: `global_batch / (micro_batch × data)`, or 1 without a
     global batch. Importers set it where a config states it without the data degree (DeepSpeed's
     gradient accumulation steps, torchtitan's pipeline micro-batches)."""
@@ -147,6 +149,14 @@ class Layout(Document):
                 )
             )
         count = max(self.global_batch // per_step, 1)
+        if count > MAX_MICRO_BATCHES:
+            problems.append(
+                Problem(
+                    "global_batch",
+                    f"global_batch({self.global_batch}) / (micro_batch({micro})*data({data})) = {count} micro-batches "
+                    f"per replica per step, more than {MAX_MICRO_BATCHES}",
+                )
+            )
         if self.micro_batches is not None and self.micro_batches * per_step != self.global_batch:
             problems.append(
                 Problem(

@@ -139,6 +139,7 @@ def test_zero_0_all_reduces_in_fusion_groups_and_zero_3_shards_in_the_shard_grou
         ),
         (Layout(global_batch=20), gpu_cluster(1, 8), "global_batch(20) is not a multiple of micro_batch(2)*data(8)=16"),
         (Layout(context=3, data=1), gpu_cluster(1, 3), "context: seq(32) is not a multiple of 2*context(3)=6"),
+        (Layout(global_batch=1 << 36), gpu_cluster(1, 8), "= 4294967296 micro-batches per replica per step, more than"),
         (
             Layout(micro_batches=2, global_batch=64),
             gpu_cluster(1, 8),
