@@ -52,6 +52,7 @@ ROUTERS = (
     routes.resources,
     routes.jobs,
     routes.strategies,
+    routes.predict,
     routes.trials,
     routes.cost_model,
     routes.health,

@@ -1,7 +1,8 @@
 """Stratagem: find the fastest way to train a model on a cluster, and run it.
 
-The public surface is `__all__`, pinned by a test. Heavy parts (capture and the runtime need torch)
-load on first use, so `import stratagem` stays cheap for a client that only talks to the service.
+The public surface is `__all__`, pinned by a test. Heavy parts (capture and the runtime need torch,
+`predict` the simulator) load on first use, so `import stratagem` stays cheap for a client that only
+talks to the service; so do the subpackages a user reaches by attribute (`stratagem.builders.PS()`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from stratagem.errors import (
     InfeasibleStrategyError,
     InvalidDocumentError,
     InvalidGraphError,
+    InvalidLayoutError,
     InvalidResourceSpecError,
     InvalidStrategyError,
     NotFoundError,
@@ -35,7 +37,13 @@ _LAZY = {
     "Client": "stratagem.client",
     "Job": "stratagem.client",
     "optimize": "stratagem.client",
+    "Layout": "stratagem.layout",
+    "Prediction": "stratagem.prediction",
+    "predict": "stratagem.prediction",
+    "capture_hf_config": "stratagem.hf",
 }
+_SUBPACKAGES = ("builders", "zoo")
+"""Subpackages `stratagem.<name>` reaches without importing them first."""
 
 __all__ = [
     "CaptureError",
@@ -44,10 +52,13 @@ __all__ = [
     "InfeasibleStrategyError",
     "InvalidDocumentError",
     "InvalidGraphError",
+    "InvalidLayoutError",
     "InvalidResourceSpecError",
     "InvalidStrategyError",
+    "Layout",
     "ModelGraph",
     "NotFoundError",
+    "Prediction",
     "RequestRejectedError",
     "ResourceSpec",
     "ServiceError",
@@ -58,9 +69,11 @@ __all__ = [
     "UnsupportedStrategyError",
     "__version__",
     "capture",
+    "capture_hf_config",
     "distribute",
     "launch",
     "optimize",
+    "predict",
 ]
 
 
@@ -69,4 +82,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"stratagem.{name}")
     raise AttributeError(f"module 'stratagem' has no attribute {name!r}")

@@ -4,7 +4,8 @@ StratagemError
 ├── InvalidDocumentError          a document (graph, resources, strategy) breaks a rule
 │   ├── InvalidGraphError
 │   ├── InvalidResourceSpecError
-│   └── InvalidStrategyError
+│   ├── InvalidStrategyError
+│   └── InvalidLayoutError        a layout's degrees, batch or knobs do not add up (the arithmetic says how)
 ├── CaptureError                  a module could not be traced into a ModelGraph
 ├── UnsupportedStrategyError      valid, but this consumer (runtime, AutoDist) cannot express it
 ├── InfeasibleStrategyError       valid, but it does not fit the cluster (memory)
@@ -61,6 +62,11 @@ class InvalidResourceSpecError(InvalidDocumentError):
 class InvalidStrategyError(InvalidDocumentError):
     def __init__(self, problems: list[Problem] | str) -> None:
         super().__init__(problems, document="strategy")
+
+
+class InvalidLayoutError(InvalidDocumentError):
+    def __init__(self, problems: list[Problem] | str) -> None:
+        super().__init__(problems, document="layout")
 
 
 class CaptureError(StratagemError):

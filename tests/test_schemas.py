@@ -12,6 +12,7 @@ import pytest
 from stratagem.builders import PartitionedPS
 from stratagem.ir import ModelGraph, ResourceSpec
 from stratagem.ir.schemas import DOCUMENTS, render
+from stratagem.layout import Layout
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "docs" / "schemas"
 
@@ -42,6 +43,9 @@ def real_documents(graph: ModelGraph, resources: ResourceSpec) -> dict[str, dict
         "model_graph": graph.model_dump(mode="json"),
         "resource_spec": resources.model_dump(mode="json"),
         "strategy": strategy.model_dump(mode="json"),
+        "layout": Layout.from_string(
+            "tp=2,pp=2,mb=1,gbs=64,zero=1,recompute=selective,precision=amp-bf16,sp"
+        ).model_dump(mode="json"),
     }
 
 

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from models import JobCandidate
 from optimizer_service.dashboard import charts, queries
 from optimizer_service.dashboard.placement import Placement, placement
-from stratagem.errors import StratagemError
+from stratagem.errors import StratagemError, UnsupportedStrategyError
+from stratagem.interop.engines import ENGINES
 from stratagem.ir import MeasuredPerformance, ModelGraph, PredictedPerformance, Strategy
 
 
@@ -51,7 +52,37 @@ def strategy_context(session: Session, strategy_id: str, job_id: uuid.UUID | Non
         "placement": layout,
         "rankings": queries.jobs_ranking(session, strategy_id),
         "figures": _figures(layout, predicted),
+        "exports": _exports(strategy, graph),
+        "layout_text": _layout_text(strategy, graph),
     }
+
+
+EXPORT_LABELS = {
+    "torchtitan": "torchtitan TOML",
+    "deepspeed": "DeepSpeed JSON",
+    "megatron": "Megatron-LM arguments",
+    "accelerate": "Accelerate YAML",
+}
+
+
+def _exports(strategy: Strategy, graph: ModelGraph | None) -> list[dict[str, str | None]]:
+    """Each trainer's download, or why that trainer cannot express the strategy (shown as a tooltip)."""
+    out = []
+    for engine in ENGINES:
+        try:
+            getattr(strategy, f"to_{engine}")(graph)
+            reason = None
+        except UnsupportedStrategyError as error:
+            reason = str(error)
+        out.append({"format": engine, "label": EXPORT_LABELS[engine], "reason": reason})
+    return out
+
+
+def _layout_text(strategy: Strategy, graph: ModelGraph | None) -> str | None:
+    try:
+        return str(strategy.layout(graph))
+    except UnsupportedStrategyError:
+        return None
 
 
 def _annotations(

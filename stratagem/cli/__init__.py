@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 
 from stratagem.errors import StratagemError
 
-COMMANDS = ["capture", "calibrate", "optimize", "jobs", "trials"]
+COMMANDS = ["capture", "calibrate", "optimize", "predict", "jobs", "trials"]
 PLUGIN_GROUP = "stratagem.commands"
 SERVICE_COMMANDS = {"serve": "run the optimizer service", "db": "migrate the service's database"}
 """Commands the service plugs in, named here only to explain their absence."""

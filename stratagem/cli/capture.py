@@ -1,7 +1,9 @@
-"""`stratagem capture MODULE:BUILDER --batch N [--size S] [--set k=v ...] [-o graph.json]`.
+"""`stratagem capture MODULE:BUILDER --batch N [--size S] [--set k=v ...] [-o graph.json]`, or
+`stratagem capture --hf-config config.json --batch 1 --seq 4096 -o llama.json`.
 
 The builder is called on the meta device (nothing allocated, so full-size models are cheap) and
-must return `(module, make_batch)`, like the builders in `stratagem.zoo`.
+must return `(module, make_batch)`, like the builders in `stratagem.zoo`; a Hugging Face config is
+built on the meta device by `stratagem.capture_hf_config` (no weights, no network).
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ def register(subparsers: Any) -> None:
         help="capture a model into a ModelGraph JSON",
         description="Build a model on the meta device, record one training step, write the graph as JSON.",
     )
-    parser.add_argument("builder", help="MODULE:FUNCTION returning (module, make_batch), or a zoo name (gpt)")
-    parser.add_argument("--batch", type=int, required=True, help="per-replica batch size")
+    parser.add_argument(
+        "builder", nargs="?", help="MODULE:FUNCTION returning (module, make_batch), or a zoo name (gpt)"
+    )
+    parser.add_argument("--batch", type=int, required=True, help="per-replica batch size (the micro-batch)")
+    parser.add_argument(
+        "--hf-config", type=Path, default=None, help="a Hugging Face config.json to build and capture instead"
+    )
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (with --hf-config)")
     add_builder_arguments(parser)
     parser.add_argument("--name", default=None, help="graph name (default: the zoo name or model class)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
@@ -43,13 +51,20 @@ def run(args: argparse.Namespace) -> int:
     if args.batch <= 0:
         raise CaptureError(f"--batch: must be a positive integer, got {args.batch}")
     check_output(args.output, "--output")
-    builder = resolve_builder(args.builder)
-    kwargs = parse_overrides(args.overrides)
-    if args.size is not None:
-        kwargs["size"] = args.size
-    module, make_batch = build_on_meta(builder, kwargs)
-    batch = make_example(make_batch, args.batch)
-    graph = capture(module, batch, batch_size=args.batch, optimizer=optimizer_kind(args), name=args.name)
+    if (args.builder is None) == (args.hf_config is None):
+        raise CaptureError("give a builder (MODULE:FUNCTION or a zoo name) or --hf-config, not both and not neither")
+    if args.hf_config is not None:
+        graph = capture_hf(args)
+    elif args.seq is not None:
+        raise CaptureError("--seq: only with --hf-config; a zoo model takes --set seq=N")
+    else:
+        builder = resolve_builder(args.builder)
+        kwargs = parse_overrides(args.overrides)
+        if args.size is not None:
+            kwargs["size"] = args.size
+        module, make_batch = build_on_meta(builder, kwargs)
+        batch = make_example(make_batch, args.batch)
+        graph = capture(module, batch, batch_size=args.batch, optimizer=optimizer_kind(args), name=args.name)
     if args.output is None:
         sys.stdout.write(graph.to_json() + "\n")
         print(graph.summary(), file=sys.stderr)
@@ -57,6 +72,26 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.output, graph.to_json() + "\n", "--output")
         print(f"{graph.summary()} -> {args.output}")
     return 0
+
+
+def capture_hf(args: argparse.Namespace) -> Any:
+    from stratagem.hf import DEFAULT_OPTIMIZER as HF_OPTIMIZER
+    from stratagem.hf import capture_hf_config
+
+    if args.seq is None or args.seq <= 0:
+        raise CaptureError(f"--seq: a positive sequence length is needed with --hf-config, got {args.seq}")
+    given = [option for option, value in (("--size", args.size), ("--set", args.overrides)) if value]
+    if given:
+        raise CaptureError(f"{given[0]}: configures a builder; a Hugging Face config states the model itself")
+    if not args.hf_config.exists():
+        raise CaptureError(f"--hf-config: {args.hf_config}: no such file")
+    return capture_hf_config(
+        args.hf_config,
+        batch=args.batch,
+        seq=args.seq,
+        optimizer=args.optimizer or HF_OPTIMIZER,
+        name=args.name or args.hf_config.resolve().parent.name,
+    )
 
 
 def resolve_builder(spec: str) -> Callable[..., Any]:

@@ -1,4 +1,5 @@
-"""Write the JSON Schemas of the three documents (`python -m stratagem.ir.schemas docs/schemas`)."""
+"""Write the JSON Schemas of the documents (`python -m stratagem.ir.schemas docs/schemas`): the three IR
+documents and the Layout users state their configurations in."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 from stratagem.ir.graph import ModelGraph
 from stratagem.ir.resources import ResourceSpec
 from stratagem.ir.strategy import Strategy
+from stratagem.layout import Layout
 
-DOCUMENTS = {"model_graph": ModelGraph, "resource_spec": ResourceSpec, "strategy": Strategy}
+DOCUMENTS = {"model_graph": ModelGraph, "resource_spec": ResourceSpec, "strategy": Strategy, "layout": Layout}
 
 
 def schema_of(name: str) -> dict[str, Any]:

@@ -326,6 +326,37 @@ class Strategy(Document):
 
         return strategy_from_autodist(text, **kwargs)
 
+    def layout(self, graph: ModelGraph | None = None) -> Any:
+        """The `stratagem.Layout` this strategy runs, where it has one (UnsupportedStrategyError says why
+        not); `graph` (captured at the micro-batch) gives the batch sizes."""
+        from stratagem.layout import layout_of
+
+        return layout_of(self, graph)
+
+    def to_torchtitan(self, graph: ModelGraph | None = None) -> str:
+        """A torchtitan job config (TOML); `graph` gives the batch sizes and the layers per stage."""
+        from stratagem.interop.engines import strategy_to
+
+        return strategy_to("torchtitan", self, graph)  # type: ignore[no-any-return]
+
+    def to_deepspeed(self, graph: ModelGraph | None = None) -> dict[str, Any]:
+        """A DeepSpeed config (`ds_config` dict); `graph` gives the batch sizes."""
+        from stratagem.interop.engines import strategy_to
+
+        return strategy_to("deepspeed", self, graph)  # type: ignore[no-any-return]
+
+    def to_megatron(self, graph: ModelGraph | None = None) -> list[str]:
+        """Megatron-LM's parallelism, batch, recomputation and precision arguments."""
+        from stratagem.interop.engines import strategy_to
+
+        return strategy_to("megatron", self, graph)  # type: ignore[no-any-return]
+
+    def to_accelerate(self, graph: ModelGraph | None = None) -> str:
+        """An Accelerate config (YAML) with `fsdp_config` / `parallelism_config`."""
+        from stratagem.interop.engines import strategy_to
+
+        return strategy_to("accelerate", self, graph)  # type: ignore[no-any-return]
+
 
 def strategy_self_problems(strategy: Strategy) -> list[Problem]:
     """Rules a strategy must satisfy on its own, before anyone looks at a graph."""
@@ -593,7 +624,8 @@ def _tensor_groups_cross_nodes(replicas: list[str], degree: int) -> list[Problem
 def _pipeline_problems(pipeline: PipelineConfig, graph: ModelGraph) -> list[Problem]:
     order = [layer.name for layer in graph.layers]
     flat = [name for stage in pipeline.stages for name in stage]
-    unknown = [n for n in flat if n not in set(order)]
+    known = set(order)
+    unknown = [n for n in flat if n not in known]
     if unknown:
         return [Problem("pipeline.stages", f"unknown layer(s) {unknown[:5]}")]
     if flat != order:

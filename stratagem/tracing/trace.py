@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import (
 from torch.func import functional_call
 from torch.utils._pytree import tree_leaves
 
+from stratagem.architecture import zoo_architecture
 from stratagem.errors import CaptureError, InvalidGraphError, Problem, StratagemError
 from stratagem.ir import ModelGraph, OptimizerSpec
 from stratagem.parallel_rules import BLOCK_LISTS
@@ -58,9 +59,11 @@ def capture(
         _guarded(recorder, loss.backward)
     provenance = _provenance(model, example_inputs, seconds=time.perf_counter() - started)
     graph_name = name or provenance.get("zoo", {}).get("name") or type(model).__name__
-    return build_graph(
+    graph = build_graph(
         model, recorder, name=graph_name, batch_size=batch_size, optimizer=optimizer, provenance=provenance
     )
+    graph.architecture = zoo_architecture(provenance.get("zoo"))
+    return graph
 
 
 def _provenance(model: nn.Module, example_inputs: Any, *, seconds: float) -> dict[str, Any]:

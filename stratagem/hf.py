@@ -1,0 +1,136 @@
+"""Capture a Hugging Face model from its config alone: built on the meta device, no weights, no network.
+
+`capture_hf_config(config, batch=1, seq=4096)` takes a config dict, a path to `config.json`, or a
+`transformers` config object, builds the model with `transformers` (its language-model head where it
+has one, so the step includes the loss), and records one training step on `batch × seq` token ids as
+a ModelGraph whose `architecture` is the config's shape. Parameters are fp32 whatever the config's
+`torch_dtype` says: the layout's precision decides the numerics. Attention runs as SDPA (`attn_implementation
+="sdpa"`), whose kernels capture counts with the textbook FLOPs where torch's counter has no formula
+(`stratagem.tracing.flops`), so attention is never free; flash attention does the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stratagem.architecture import hf_architecture
+from stratagem.errors import CaptureError
+from stratagem.ir import ModelGraph
+
+HF_EXTRA_HINT = "pip install 'stratagem[hf]'"
+DEFAULT_OPTIMIZER = "adamw"
+"""What Hugging Face models train with (the same state bytes as Adam)."""
+
+
+def capture_hf_config(
+    config: Mapping[str, Any] | str | Path | Any,
+    *,
+    batch: int,
+    seq: int,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    name: str | None = None,
+) -> ModelGraph:
+    """One training step of the model `config` describes, at `batch` sequences of `seq` tokens."""
+    for option, value in (("batch", batch), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CaptureError(f"{option}: must be a positive integer, got {value!r}")
+    import torch
+
+    from stratagem.tracing import capture
+
+    hf_config = load_config(config)
+    model, causal = _build(hf_config)
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if isinstance(positions, int) and seq > positions:
+        raise CaptureError(f"seq: {seq} is longer than the model's max_position_embeddings({positions})")
+    with torch.device("meta"):
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+    inputs = {"input_ids": ids, "labels": ids}
+    graph = capture(model, inputs, batch_size=batch, optimizer=optimizer, loss_fn=_loss, name=name or _name(hf_config))
+    graph.architecture = hf_architecture(hf_config, seq=seq, causal=causal)
+    graph.provenance["hf_config"] = json.loads(hf_config.to_json_string(use_diff=True))
+    return graph
+
+
+def load_config(config: Mapping[str, Any] | str | Path | Any) -> Any:
+    """A `transformers` config from a dict, a `config.json` path or a config object."""
+    try:
+        import transformers
+    except ImportError:
+        raise CaptureError(f"capturing a Hugging Face config needs transformers: {HF_EXTRA_HINT}") from None
+
+    if isinstance(config, transformers.PretrainedConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CaptureError(f"{path}: no such config file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CaptureError(f"{path}: not a readable config.json ({error})") from None
+        return _from_dict(data, where=str(path))
+    if isinstance(config, Mapping):
+        return _from_dict(dict(config), where="config")
+    raise CaptureError(
+        f"config: expected a dict, a path to config.json or a transformers config, got {type(config).__name__}"
+    )
+
+
+def _from_dict(data: Any, *, where: str) -> Any:
+    from transformers import AutoConfig
+
+    if not isinstance(data, dict):
+        raise CaptureError(f"{where}: a config is a JSON object, got {type(data).__name__}")
+    fields = dict(data)
+    model_type = fields.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise CaptureError(f"{where}: model_type is missing (it names the architecture, e.g. llama or gpt2)")
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except (ValueError, KeyError) as error:
+        raise CaptureError(f"{where}: model_type {model_type!r} is not a transformers architecture ({error})") from None
+
+
+def _build(config: Any) -> tuple[Any, bool]:
+    """The model with its training head on meta, and whether it is causal: the head `architectures` names,
+    else a masked LM for an encoder (a config with a masked-LM head that is not marked `is_decoder`),
+    else a causal LM."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    heads = [(AutoModelForCausalLM, True), (AutoModelForMaskedLM, False)]
+    named = " ".join(getattr(config, "architectures", None) or [])
+    encoder = type(config) in AutoModelForMaskedLM._model_mapping and not getattr(config, "is_decoder", False)
+    if "ForMaskedLM" in named or ("ForCausalLM" not in named and encoder):
+        heads.reverse()
+    errors = []
+    for auto, causal in heads:
+        if type(config) not in auto._model_mapping:
+            continue
+        try:
+            with torch.device("meta"):
+                model = auto.from_config(config, attn_implementation="sdpa").float()
+        except (ValueError, TypeError, RuntimeError) as error:
+            errors.append(f"{auto.__name__}: {error}")
+            continue
+        return model, causal
+    reason = "; ".join(errors) or "it has no causal or masked language-model head in transformers"
+    raise CaptureError(f"cannot build {type(config).__name__} for training: {reason}")
+
+
+def _loss(output: Any) -> Any:
+    loss = getattr(output, "loss", None)
+    if loss is None:
+        raise CaptureError("the model returned no loss for labels = input_ids")
+    return loss
+
+
+def _name(config: Any) -> str:
+    path = getattr(config, "name_or_path", "") or ""
+    return Path(path).name or str(getattr(config, "model_type", "model"))

@@ -1,0 +1,169 @@
+"""DeepSpeed configs (`ds_config`) to and from layouts.
+
+Key names follow `deepspeed/runtime/constants.py`, `runtime/config.py`, `runtime/zero/config.py`,
+`runtime/tensor_parallel/config.py`, `runtime/activation_checkpointing/config.py` and
+`runtime/pipe/engine.py` at `ENGINE_SOURCES["deepspeed"]`. What DeepSpeed does, and so what a layout
+must say:
+- `train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel
+  size`; the data degree is the world size over tensor × pipeline, which the config does not state,
+  so an imported layout leaves it unset; with a pipeline the accumulation steps are its micro-batches;
+- `zero_optimization.stage` 0–3; hybrid sharding is MiCS (`mics_shard_size`, stage 3 only);
+  the pipeline engine refuses stages 2 and 3;
+- `bf16.enabled` / `fp16.enabled` compute in half precision with fp32 master weights (amp); neither
+  pure bf16 nor fp8 nor TF32 has a key;
+- tensor parallelism is AutoTP training (`tensor_parallel.autotp_size`), without sequence parallelism;
+  the pipeline runs DeepSpeed's own 1F1B schedule (`pipeline.stages`); context parallelism has no key
+  (DeepSpeed-Ulysses is a different scheme);
+- recomputation is whatever the model checkpoints with `deepspeed.checkpointing`: the config's
+  `activation_checkpointing` section (and the pipeline's `activation_checkpoint_interval`) stands for
+  full recomputation of every block; a selective granularity has no key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stratagem.interop.engines import TF32_REASON, config_error, positive_int, refuse
+from stratagem.layout import Layout
+
+ENGINE = "deepspeed"
+CHECKPOINTING = {
+    "partition_activations": False,
+    "contiguous_memory_optimization": False,
+    "cpu_checkpointing": False,
+    "number_checkpoints": None,
+    "synchronize_checkpoint_boundary": False,
+    "profile": False,
+}
+"""DeepSpeed's activation checkpointing defaults (`activation_checkpointing/config.py`), written out."""
+
+
+def layout_to_deepspeed(layout: Layout) -> dict[str, Any]:
+    tensor, pipeline = layout.tensor or 1, layout.pipeline or 1
+    refuse(ENGINE, _refusals(layout, tensor, pipeline))
+    config: dict[str, Any] = {}
+    micro, data, count = layout.micro_batch, layout.data, layout.micro_batches
+    if count is None:
+        count = layout.global_batch // (micro * data) if layout.global_batch and micro and data else None
+    global_batch = layout.global_batch
+    if global_batch is None and micro is not None and data is not None:
+        global_batch = micro * (count or 1) * data
+    if global_batch is not None:
+        config["train_batch_size"] = global_batch
+    if micro is not None:
+        config["train_micro_batch_size_per_gpu"] = micro
+    if count is not None or layout.global_batch is None:
+        config["gradient_accumulation_steps"] = count or 1
+    zero: dict[str, Any] = {"stage": layout.zero}
+    if layout.shard_group is not None:
+        zero["mics_shard_size"] = layout.shard_group
+    config["zero_optimization"] = zero
+    config["bf16"] = {"enabled": layout.precision == "amp-bf16"}
+    config["fp16"] = {"enabled": layout.precision == "amp-fp16"}
+    if tensor > 1:
+        config["tensor_parallel"] = {"autotp_size": tensor}
+    if pipeline > 1:
+        config["pipeline"] = {
+            "stages": pipeline,
+            "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
+        }
+    if layout.recompute == "full":
+        config["activation_checkpointing"] = dict(CHECKPOINTING)
+    return config
+
+
+def _refusals(layout: Layout, tensor: int, pipeline: int) -> list[str]:
+    reasons = []
+    precision = layout.precision
+    if precision == "tf32":
+        reasons.append(TF32_REASON)
+    if precision == "bf16":
+        reasons.append(
+            "bf16 without fp32 master weights: DeepSpeed's bf16 keeps fp32 master weights (that is amp-bf16)"
+        )
+    if precision == "fp8":
+        reasons.append("fp8: no ds_config key (fp8 comes from Transformer Engine in the model code)")
+    if layout.recompute == "selective":
+        reasons.append(
+            "selective recomputation: DeepSpeed recomputes what the model checkpoints; the config has no granularity"
+        )
+    if layout.sequence_parallel:
+        reasons.append("sequence parallelism: AutoTP training splits no norms along the sequence")
+    if (layout.context or 1) > 1:
+        reasons.append(
+            "context parallelism: no ds_config key (DeepSpeed-Ulysses splits heads, not a ring over the sequence)"
+        )
+    if pipeline > 1 and layout.schedule != "1f1b":
+        reasons.append(f"the {layout.schedule} schedule: DeepSpeed's pipeline engine runs its own 1F1B schedule")
+    if pipeline > 1 and layout.zero >= 2:
+        reasons.append(f"zero {layout.zero} with a pipeline: DeepSpeed's pipeline engine accepts ZeRO stages 0 and 1")
+    if layout.shard_group is not None and layout.zero != 3:
+        reasons.append("a shard group below zero 3: hybrid sharding is MiCS (mics_shard_size), a ZeRO-3 feature")
+    return reasons
+
+
+def layout_from_deepspeed(config: str | dict[str, Any]) -> Layout:
+    """The layout a ds_config runs; the data degree is left unset (the config does not state it)."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as error:
+            raise config_error(ENGINE, "", f"not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise config_error(ENGINE, "", f"must be a JSON object, got {type(config).__name__}")
+    zero_config = _table(config, "zero_optimization")
+    zero = zero_config.get("stage", 0)
+    if zero not in (0, 1, 2, 3):
+        raise config_error(ENGINE, "zero_optimization.stage", f"must be 0, 1, 2 or 3, got {zero!r}")
+    mics = zero_config.get("mics_shard_size", -1)
+    pipe = _table(config, "pipeline")
+    stages = pipe.get("stages", 1)
+    pipeline = 1 if stages == "auto" else positive_int(ENGINE, "pipeline.stages", stages)
+    tensor = _table(config, "tensor_parallel").get("autotp_size", 0) or 1
+    checkpointing = "activation_checkpointing" in config or (pipe.get("activation_checkpoint_interval") or 0) > 0
+    fields: dict[str, Any] = {
+        "data": None,
+        "tensor": positive_int(ENGINE, "tensor_parallel.autotp_size", tensor),
+        "pipeline": pipeline,
+        "micro_batch": _known(config, "train_micro_batch_size_per_gpu"),
+        "global_batch": _known(config, "train_batch_size"),
+        "micro_batches": _known(config, "gradient_accumulation_steps"),
+        "zero": zero,
+        "shard_group": positive_int(ENGINE, "zero_optimization.mics_shard_size", mics)
+        if mics not in (-1, 0, None)
+        else None,
+        "recompute": "full" if checkpointing else "none",
+        "precision": _precision(config),
+    }
+    return Layout.parse(fields)
+
+
+def _table(config: dict[str, Any], key: str) -> dict[str, Any]:
+    value = config.get(key, {})
+    if not isinstance(value, dict):
+        raise config_error(ENGINE, key, "must be an object")
+    return value
+
+
+def _known(config: dict[str, Any], key: str) -> int | None:
+    """A batch figure, or None where the config leaves it to DeepSpeed (`"auto"`, as HF's Trainer writes)."""
+    value = config.get(key)
+    return None if value in (None, "auto") else positive_int(ENGINE, key, value)
+
+
+def _precision(config: dict[str, Any]) -> str:
+    enabled = {}
+    for name, keys in (("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16",))):
+        section = next((config[key] for key in keys if key in config), {})
+        value = section.get("enabled", False) if isinstance(section, dict) else False
+        if value == "auto":
+            raise config_error(
+                ENGINE,
+                f"{name}.enabled",
+                "'auto' leaves the precision to the Hugging Face Trainer's arguments; state true or false",
+            )
+        enabled[name] = value is True
+    if enabled["bf16"]:
+        return "amp-bf16"
+    return "amp-fp16" if enabled["fp16"] else "fp32"

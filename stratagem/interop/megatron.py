@@ -1,0 +1,244 @@
+"""Megatron-LM command-line arguments to and from layouts.
+
+Flags follow `megatron/training/arguments.py` and the config dataclasses it builds flags from
+(`core/model_parallel_config.py`, `core/transformer/transformer_config.py`,
+`training/config/training_config.py`) at `ENGINE_SOURCES["megatron"]`. What Megatron does, and so what
+a layout must say:
+- the data-parallel size is the world size over tensor × pipeline × context; no flag states it, so an
+  imported layout leaves it unset; `--global-batch-size / (--micro-batch-size × dp)` micro-batches run
+  per step, through the pipeline or accumulated;
+- pipelines run 1F1B, interleaved with virtual stages (`--num-layers-per-virtual-pipeline-stage`, or
+  `--num-virtual-stages-per-pipeline-rank`); there is no GPipe or zero-bubble schedule;
+- `--use-distributed-optimizer` shards the optimizer state over the data-parallel group (zero 1;
+  `--num-distributed-optimizer-instances` replicas of it make the hybrid shard group);
+  `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params` is zero 2|3;
+- `--recompute-granularity selective` recomputes the core attention (its default `--recompute-modules`),
+  `full` every layer (`--recompute-method uniform --recompute-num-layers 1`);
+- `--bf16` / `--fp16` compute in half precision with fp32 main weights (amp); fp8 is Transformer
+  Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from stratagem.interop.engines import TF32_REASON, config_error, refuse
+from stratagem.layout import Layout
+
+ENGINE = "megatron"
+SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+FLAGS = (
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--num-layers",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--data-parallel-sharding-strategy",
+    "--num-distributed-optimizer-instances",
+    "--fp8-format",
+    "--fp8-recipe",
+)
+"""Flags read with a value; switches (`--sequence-parallel`, `--bf16`, ...) are read without one."""
+
+
+def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str]:
+    tensor, pipeline, context = layout.tensor or 1, layout.pipeline or 1, layout.context or 1
+    refuse(ENGINE, _refusals(layout, pipeline))
+    args = [
+        "--tensor-model-parallel-size",
+        str(tensor),
+        "--pipeline-model-parallel-size",
+        str(pipeline),
+        "--context-parallel-size",
+        str(context),
+    ]
+    if layout.virtual_stages > 1:
+        if layers is not None:
+            per_stage = layers // (pipeline * layout.virtual_stages)
+            args += ["--num-layers", str(layers), "--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+        else:
+            args += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += _batch(layout)
+    args += _sharding(layout)
+    if layout.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif layout.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    args += {
+        "amp-bf16": ["--bf16"],
+        "amp-fp16": ["--fp16"],
+        "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+    }.get(layout.precision, [])
+    return args
+
+
+def _refusals(layout: Layout, pipeline: int) -> list[str]:
+    reasons = []
+    if layout.precision == "tf32":
+        reasons.append(TF32_REASON)
+    if layout.precision == "bf16":
+        reasons.append("bf16 without fp32 main weights: Megatron's --bf16 keeps fp32 main weights (that is amp-bf16)")
+    if pipeline > 1 and layout.schedule in ("gpipe", "zero-bubble"):
+        reasons.append(f"the {layout.schedule} schedule: Megatron runs 1F1B, interleaved with virtual stages")
+    if layout.shard_group is not None and layout.zero != 1:
+        reasons.append(
+            f"a shard group at zero {layout.zero}: hybrid sharding is the distributed optimizer's instances (zero 1)"
+        )
+    if layout.shard_group is not None and layout.data is None:
+        reasons.append("shard_group: --num-distributed-optimizer-instances needs the data degree")
+    if (layout.micro_batches or 1) > 1 and layout.global_batch is None and layout.data is None:
+        reasons.append("micro_batches without a data degree: --global-batch-size needs it")
+    return reasons
+
+
+def _batch(layout: Layout) -> list[str]:
+    args = []
+    if layout.micro_batch is not None:
+        args += ["--micro-batch-size", str(layout.micro_batch)]
+        global_batch = layout.global_batch
+        if global_batch is None and layout.data is not None:
+            global_batch = layout.micro_batch * (layout.micro_batches or 1) * layout.data
+        if global_batch is not None:
+            args += ["--global-batch-size", str(global_batch)]
+    return args
+
+
+def _sharding(layout: Layout) -> list[str]:
+    if layout.zero == 1:
+        args = ["--use-distributed-optimizer"]
+        if layout.shard_group is not None and layout.data is not None:
+            args += ["--num-distributed-optimizer-instances", str(layout.data // layout.shard_group)]
+        return args
+    if layout.zero >= 2:
+        strategy = "optim_grads" if layout.zero == 2 else "optim_grads_params"
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+    return []
+
+
+def layout_from_megatron(args: str | list[str]) -> Layout:
+    """The layout a Megatron-LM command line runs (unknown flags, such as the model's, are skipped)."""
+    words = shlex.split(args) if isinstance(args, str) else list(args)
+    values, switches = _read(words)
+    tensor = _int(values, "--tensor-model-parallel-size", 1)
+    pipeline = _int(values, "--pipeline-model-parallel-size", 1)
+    chunks = _chunks(values, pipeline)
+    micro = _int(values, "--micro-batch-size", None)
+    fields: dict[str, Any] = {
+        "data": None,
+        "tensor": tensor,
+        "pipeline": pipeline,
+        "context": _int(values, "--context-parallel-size", 1),
+        "micro_batch": micro,
+        "global_batch": _int(values, "--global-batch-size", None),
+        "schedule": "interleaved-1f1b" if chunks > 1 else "1f1b",
+        "virtual_stages": chunks,
+        "sequence_parallel": "--sequence-parallel" in switches,
+        "recompute": _recompute(values),
+        "precision": _precision(values, switches),
+    }
+    fields |= _zero(values, switches)
+    return Layout.parse(fields)
+
+
+def _read(words: list[str]) -> tuple[dict[str, str], set[str]]:
+    values: dict[str, str] = {}
+    switches: set[str] = set()
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag, sep, inline = word.partition("=")
+        if flag in FLAGS:
+            if sep:
+                values[flag] = inline
+            elif i + 1 < len(words):
+                values[flag] = words[i + 1]
+                i += 1
+            else:
+                raise config_error(ENGINE, flag, "is missing its value")
+        elif word.startswith("--"):
+            switches.add(word)
+        i += 1
+    return values, switches
+
+
+def _int(values: dict[str, str], flag: str, default: int | None) -> int | None:
+    if flag not in values:
+        return default
+    text = values[flag]
+    if not text.isdigit() or int(text) < 1:
+        raise config_error(ENGINE, flag, f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _chunks(values: dict[str, str], pipeline: int) -> int:
+    per_rank = _int(values, "--num-virtual-stages-per-pipeline-rank", None)
+    if per_rank is not None:
+        return per_rank
+    per_stage = _int(values, "--num-layers-per-virtual-pipeline-stage", None)
+    if per_stage is None:
+        return 1
+    layers = _int(values, "--num-layers", None)
+    if layers is None:
+        raise config_error(
+            ENGINE,
+            "--num-layers-per-virtual-pipeline-stage",
+            "gives virtual stages only with --num-layers (layers / (pipeline × layers per virtual stage))",
+        )
+    if layers % (pipeline * per_stage):
+        raise config_error(
+            ENGINE,
+            "--num-layers-per-virtual-pipeline-stage",
+            f"num_layers({layers}) is not a multiple of pipeline({pipeline})*layers_per_virtual_stage({per_stage})",
+        )
+    return layers // (pipeline * per_stage)
+
+
+def _recompute(values: dict[str, str]) -> str:
+    granularity = values.get("--recompute-granularity")
+    if granularity is None:
+        return "none"
+    if granularity not in ("selective", "full"):
+        raise config_error(ENGINE, "--recompute-granularity", f"must be selective or full, got {granularity!r}")
+    return granularity
+
+
+def _precision(values: dict[str, str], switches: set[str]) -> str:
+    if "--fp8-format" in values:
+        return "fp8"
+    if "--bf16" in switches:
+        return "amp-bf16"
+    if "--fp16" in switches:
+        return "amp-fp16"
+    return "fp32"
+
+
+def _zero(values: dict[str, str], switches: set[str]) -> dict[str, Any]:
+    if "--use-megatron-fsdp" in switches or "--use-custom-fsdp" in switches:
+        strategy = values.get("--data-parallel-sharding-strategy", "optim_grads_params")
+        if strategy not in SHARDING:
+            raise config_error(
+                ENGINE, "--data-parallel-sharding-strategy", f"must be one of {', '.join(SHARDING)}, got {strategy!r}"
+            )
+        return {"zero": SHARDING[strategy]}
+    if "--use-torch-fsdp2" in switches:
+        return {"zero": 3}
+    if "--use-distributed-optimizer" in switches:
+        instances = _int(values, "--num-distributed-optimizer-instances", 1)
+        if instances and instances > 1:
+            raise config_error(
+                ENGINE,
+                "--num-distributed-optimizer-instances",
+                "gives the shard group only with the data degree, which the command line does not state; "
+                "set shard_group on the layout instead",
+            )
+        return {"zero": 1}
+    return {"zero": 0}

@@ -1,0 +1,193 @@
+"""`Layout.build`: a layout on a graph and a cluster, as the Strategy it describes.
+
+In order: fill the degrees from the device count (`Layout.resolved`), check the layout against the
+model and the cluster (every problem at once, with its arithmetic), then write the strategy: replicas
+are all compute devices, the tensor plan is `stratagem.tensor_plan`'s for the tensor degree, the
+pipeline chunks are `stratagem.stages`' cuts, and every trainable variable is all-reduced (zero 0) or
+sharded at the layout's ZeRO level.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from stratagem.architecture import architecture_of
+from stratagem.errors import InvalidLayoutError, Problem
+from stratagem.ir import (
+    AllReduceSynchronizer,
+    Architecture,
+    Mesh,
+    ModelGraph,
+    PipelineConfig,
+    Provenance,
+    ResourceSpec,
+    ShardedSynchronizer,
+    Strategy,
+    TensorParallelLayer,
+    VariableConfig,
+)
+from stratagem.layout import Layout
+from stratagem.stages import cut_points, cut_stages
+from stratagem.step_graph import LAYOUT_BUILDER
+from stratagem.tensor_plan import Split, candidate_splits
+
+FUSION_CHUNK = 128
+"""Variables per all-reduce (or shard) fusion group, as AutoDist's AllReduce builder groups them."""
+
+
+def build_strategy(
+    layout: Layout,
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    *,
+    check: bool = True,
+    shared: SharedParts | None = None,
+) -> Strategy:
+    """`check=False` leaves the checks against the graph and cluster to the caller (the simulator makes
+    them again when it encodes the strategy, so `predict` does not pay for them twice). `shared` lets
+    strategies built together from one graph share what does not depend on the layout's degrees."""
+    devices = resources.compute_devices
+    resolved = layout.resolved(len(devices))
+    arch = architecture_of(graph)
+    problems = graph_problems(resolved, resources, arch)
+    try:
+        _, micro_batches, _ = resolved.batch(graph.batch_size)
+    except InvalidLayoutError as error:
+        problems += error.problems
+    if problems:
+        raise InvalidLayoutError(problems)
+    tensor, pipeline, chunks = (
+        resolved.tensor or 1,
+        resolved.pipeline or 1,
+        (resolved.pipeline or 1) * resolved.virtual_stages,
+    )
+    pipe = None
+    if pipeline > 1 or micro_batches > 1:
+        pipe = PipelineConfig(
+            stages=cut_stages(graph, chunks, points=shared.points(graph) if shared is not None else None),
+            micro_batches=micro_batches,
+            schedule=resolved.schedule,
+            virtual_stages=resolved.virtual_stages,
+        )
+    strategy = Strategy(
+        graph_id=graph.id,
+        resources_id=resources.id,
+        replicas=devices,
+        mesh=Mesh(data=resolved.data or 1, tensor=tensor, pipeline=pipeline, context=resolved.context or 1),
+        pipeline=pipe,
+        tensor_parallel=tensor_plan_for(graph, tensor),
+        recompute=resolved.recompute,
+        precision=resolved.precision,
+        sequence_parallel=resolved.sequence_parallel,
+        variables=_variables(graph, resolved, shared),
+        provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
+    )
+    return strategy.validate_for(graph, resources) if check else strategy
+
+
+def graph_problems(layout: Layout, resources: ResourceSpec, arch: Architecture | None) -> list[Problem]:
+    """Rules of a resolved layout against the model's shape and the cluster."""
+    tensor, pipeline, context = layout.tensor or 1, layout.pipeline or 1, layout.context or 1
+    chunks = pipeline * layout.virtual_stages
+    problems: list[Problem] = []
+    if tensor > 1:
+        for node in resources.nodes:
+            count = len(node.compute_devices)
+            if count % tensor:
+                problems.append(
+                    Problem(
+                        "tensor",
+                        f"tensor({tensor}) does not divide the {count} devices of node {node.address}: "
+                        "a tensor group must stay inside one node",
+                    )
+                )
+                break
+    if arch is None:
+        if context > 1:
+            problems.append(
+                Problem(
+                    "context", "context parallelism splits a transformer's sequence; the graph records no architecture"
+                )
+            )
+        return problems
+    if arch.heads % tensor:
+        problems.append(Problem("tensor", f"tensor({tensor}) does not divide heads({arch.heads})"))
+    if arch.kv_heads is not None and arch.kv_heads % tensor:
+        problems.append(Problem("tensor", f"tensor({tensor}) does not divide kv_heads({arch.kv_heads})"))
+    if arch.layers % chunks:
+        problems.append(
+            Problem(
+                "pipeline",
+                f"layers({arch.layers}) is not a multiple of pipeline({pipeline})*virtual_stages"
+                f"({layout.virtual_stages})={chunks}",
+            )
+        )
+    if context > 1:
+        pieces = 2 * context if arch.causal else context
+        if arch.seq % pieces:
+            why = ": causal ring attention balances 2·context pieces of the sequence" if arch.causal else ""
+            shown = f"2*context({context})" if arch.causal else f"context({context})"
+            problems.append(Problem("context", f"seq({arch.seq}) is not a multiple of {shown}={pieces}{why}"))
+    return problems
+
+
+@dataclass
+class SharedParts:
+    """What strategies built together from one graph share: the per-variable configs of each ZeRO level
+    and shard group (pricing 64 layouts of a 70B model builds two lists, not 64; the strategies then
+    hold the same VariableConfig objects) and the places the graph can be cut."""
+
+    variables: dict[tuple[int, int | None], list[VariableConfig]] = field(default_factory=dict)
+    cuts: list[int] | None = None
+
+    def points(self, graph: ModelGraph) -> list[int]:
+        if self.cuts is None:
+            self.cuts = cut_points(graph)
+        return self.cuts
+
+
+def _variables(graph: ModelGraph, layout: Layout, shared: SharedParts | None) -> list[VariableConfig]:
+    if shared is None:
+        return synchronizers(graph, layout)
+    key = (layout.zero, layout.shard_group)
+    if key not in shared.variables:
+        shared.variables[key] = synchronizers(graph, layout)
+    return list(shared.variables[key])
+
+
+def synchronizers(graph: ModelGraph, layout: Layout) -> list[VariableConfig]:
+    """All-reduce for zero 0 (fused as AutoDist's AllReduce builder fuses), else ZeRO/FSDP sharding."""
+    configs = []
+    for index, variable in enumerate(graph.trainable_variables):
+        group = index // FUSION_CHUNK
+        sync: AllReduceSynchronizer | ShardedSynchronizer = (
+            AllReduceSynchronizer(group=group)
+            if layout.zero == 0
+            else ShardedSynchronizer(group=group, stage=layout.zero, shard_group=layout.shard_group)
+        )
+        # Built from values checked here, so pydantic's per-field validation (most of a large model's build) is skipped.
+        configs.append(VariableConfig.model_construct(var_name=variable.name, synchronizer=sync))
+    return configs
+
+
+_SPLITS: OrderedDict[str | None, list[Split]] = OrderedDict()
+_LOCK = threading.Lock()
+CACHED_GRAPHS = 8
+
+
+def tensor_plan_for(graph: ModelGraph, degree: int) -> list[TensorParallelLayer]:
+    """`stratagem.tensor_plan.tensor_plan`, with the graph's candidate splits worked out once per graph
+    (pricing many layouts of one model plans it once)."""
+    if degree <= 1:
+        return []
+    with _LOCK:
+        splits = _SPLITS.get(graph.id)
+    if splits is None:
+        splits = candidate_splits(graph)
+        with _LOCK:
+            _SPLITS[graph.id] = splits
+            while len(_SPLITS) > CACHED_GRAPHS:
+                _SPLITS.popitem(last=False)
+    return [split.layer for split in splits if split.length % degree == 0]

@@ -1,0 +1,158 @@
+"""`POST /v1/predict`, the trainer-config formats of `GET /v1/strategies/{id}`, and the strategy page's downloads,
+through the real service."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import yaml
+from conftest import make_mlp_graph, make_t4_cluster
+from fastapi.testclient import TestClient
+from layout_helpers import gpt_graph, gpu_cluster
+
+from stratagem import Layout
+from stratagem.builders import PS, AllReduce
+from stratagem.ir import AllReduceSynchronizer, Partition, PSSynchronizer, Strategy, VariableConfig
+
+pytest_plugins = ["service_fixtures"]
+
+
+def _documents() -> dict[str, object]:
+    return {"graph": gpt_graph().model_dump(mode="json"), "resources": gpu_cluster(2, 8).model_dump(mode="json")}
+
+
+def test_layouts_and_strategies_are_priced_in_the_order_given(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    strategy = AllReduce().build(gpt_graph(), gpu_cluster(2, 8))
+    body = {
+        **_documents(),
+        "layouts": ["tp=2,pp=2,gbs=64", Layout(tensor=4).model_dump(mode="json")],
+        "strategies": [strategy.model_dump(mode="json")],
+    }
+    response = client.post("/v1/predict", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["count"] == 3 and answer["graph_id"] == gpt_graph().id
+    assert [p["label"] for p in answer["data"]] == [
+        "dp=4,tp=2,pp=2,mb=2,gbs=64",
+        "dp=4,tp=4,mb=2,gbs=8",
+        "dp=16,mb=2,gbs=32",
+    ]
+    assert all(p["step_time_s"] > 0 and p["tokens_per_s"] > 0 for p in answer["data"])
+    assert answer["data"][2]["strategy_id"] == strategy.id
+
+
+def test_the_graph_and_cluster_can_be_named_by_id_or_given_as_autodist_yaml(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    graph_id = client.post("/v1/graphs", json=_documents()["graph"]).json()["id"]
+    resource_id = client.post("/v1/resources", json=_documents()["resources"]).json()["id"]
+    by_id = client.post("/v1/predict", json={"graph_id": graph_id, "resource_id": resource_id, "layouts": ["tp=2"]})
+    assert by_id.status_code == 200 and by_id.json()["resource_id"] == resource_id
+    spec = "nodes:\n  - address: 10.0.0.1\n    gpus: [0, 1, 2, 3]\n    chief: true\n"
+    yaml_body = {"graph_id": graph_id, "resources": spec, "device": "A100-80GB", "layouts": ["dp=4"]}
+    answer = client.post("/v1/predict", json=yaml_body)
+    assert answer.status_code == 200 and answer.json()["data"][0]["devices"] == 4
+
+
+def _problems(response) -> list[tuple[list, str]]:
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    return [(item["loc"], item["msg"]) for item in detail] if isinstance(detail, list) else [([], detail)]
+
+
+def test_a_bad_layout_is_422_at_its_place_in_the_request(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    parse = _problems(client.post("/v1/predict", json={**_documents(), "layouts": ["dp=16", "tp=banana"]}))
+    assert parse[0][0] == ["body", "layouts", 1, "tensor"]
+    build = _problems(client.post("/v1/predict", json={**_documents(), "layouts": ["dp=16", "tp=3"]}))
+    assert build == [(["body", "layouts", 1, "data"], "tensor(3)*pipeline(1)*context(1)=3 does not divide devices(16)")]
+    heads = _problems(client.post("/v1/predict", json={**_documents(), "layouts": ["tp=8"]}))
+    assert heads == [(["body", "layouts", 0, "tensor"], "tensor(8) does not divide heads(4)")]
+
+
+def test_a_strategy_the_simulator_cannot_price_is_422_at_its_place(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    base = AllReduce().build(gpt_graph(), gpu_cluster(2, 8))
+    halves = VariableConfig(
+        var_name=base.variables[0].var_name,
+        synchronizer=AllReduceSynchronizer(),
+        partition=Partition(axis=0, shards=2),
+        shard_synchronizers=[AllReduceSynchronizer(), PSSynchronizer(reduction_destination="10.0.0.1:CPU:0")],
+    )
+    mixed = base.replace(variables=[halves, *base.variables[1:]])
+    body = {**_documents(), "layouts": ["dp=16"], "strategies": [mixed.model_dump(mode="json")]}
+    [(loc, message)] = _problems(client.post("/v1/predict", json=body))
+    assert loc == ["body", "strategies", 0] and "different synchronizer kinds" in message
+    foreign = PS().build(make_mlp_graph(), make_t4_cluster(2))
+    body = {**_documents(), "strategies": [foreign.model_dump(mode="json")]}
+    problems = _problems(client.post("/v1/predict", json=body))
+    assert problems[0][0][:3] == ["body", "strategies", 0] and "made for graph" in problems[0][1]
+
+
+def test_the_request_needs_one_graph_one_cluster_and_1_to_64_items(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    both = {**_documents(), "graph_id": "0" * 64, "layouts": ["dp=16"]}
+    assert (
+        "give exactly one of 'graph' and 'graph_id'; both were given"
+        in _problems(client.post("/v1/predict", json=both))[0][1]
+    )
+    assert "got 0" in _problems(client.post("/v1/predict", json=_documents()))[0][1]
+    many = _problems(client.post("/v1/predict", json={**_documents(), "layouts": ["dp=16"] * 65}))
+    assert many[0][0] == ["body", "layouts"]
+    missing = client.post(
+        "/v1/predict", json={"graph_id": "a" * 64, "resources": _documents()["resources"], "layouts": ["dp=16"]}
+    )
+    assert missing.status_code == 404 and missing.json()["detail"][0]["loc"] == ["body", "graph_id"]
+
+
+def _store(client: TestClient, strategy: Strategy, graph, cluster) -> None:
+    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
+    resource_id = client.post("/v1/resources", json=cluster.model_dump(mode="json")).json()["id"]
+    body = {
+        "graph_id": graph_id,
+        "resource_id": resource_id,
+        "strategy": strategy.model_dump(mode="json"),
+        "step_times_s": [0.2],
+    }
+    assert client.post("/v1/trials", json=body).status_code == 201
+
+
+def test_a_stored_strategy_downloads_as_each_trainers_config(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    graph, cluster = gpt_graph(), gpu_cluster(2, 8)
+    strategy = Layout.from_string("tp=2,sp,zero=3,mb=2,gbs=64,precision=amp-bf16").build(graph, cluster)
+    _store(client, strategy, graph, cluster)
+    url = f"/v1/strategies/{strategy.id}"
+    titan = client.get(url, params={"format": "torchtitan"})
+    assert titan.status_code == 200 and titan.headers["content-type"].startswith("application/toml")
+    assert f'filename="strategy-{strategy.id[:12]}-torchtitan.toml"' in titan.headers["content-disposition"]
+    assert tomllib.loads(titan.text)["training"]["global_batch_size"] == 64
+    assert Layout.from_torchtitan(titan.text).build(graph, cluster).id == strategy.id
+    deepspeed = client.get(url, params={"format": "deepspeed"})
+    assert deepspeed.status_code == 422 and "sequence parallelism" in deepspeed.json()["detail"]
+    megatron = client.get(url, params={"format": "megatron"})
+    assert megatron.status_code == 200 and "--sequence-parallel" in megatron.text
+    assert Layout.from_megatron(megatron.text.replace("\\\n", " ")).build(graph, cluster).id == strategy.id
+    accelerate = client.get(url, params={"format": "accelerate"})
+    assert accelerate.status_code == 422 and "tp_plan" in accelerate.json()["detail"]
+    plain = Layout.from_string("dp=16,zero=2,mb=2,gbs=32").build(graph, cluster)
+    _store(client, plain, graph, cluster)
+    config = json.loads(client.get(f"/v1/strategies/{plain.id}", params={"format": "deepspeed"}).text)
+    assert config["zero_optimization"] == {"stage": 2} and config["train_batch_size"] == 32
+    assert (
+        yaml.safe_load(client.get(f"/v1/strategies/{plain.id}", params={"format": "accelerate"}).text)["num_machines"]
+        == 2
+    )
+
+
+def test_the_strategy_page_offers_each_download_or_says_why_not(make_client) -> None:
+    client: TestClient = make_client(workers=0)
+    graph, cluster = gpt_graph(), gpu_cluster(2, 8)
+    strategy = Layout.from_string("tp=2,sp,zero=3,mb=2,gbs=64,precision=amp-bf16").build(graph, cluster)
+    _store(client, strategy, graph, cluster)
+    page = client.get(f"/strategies/{strategy.id}").text
+    assert f"/v1/strategies/{strategy.id}?format=torchtitan" in page
+    assert f"/v1/strategies/{strategy.id}?format=megatron" in page
+    assert f"/v1/strategies/{strategy.id}?format=deepspeed" not in page
+    assert "DeepSpeed JSON (cannot express it)" in page and "dp=8,tp=2,mb=2,gbs=64,zero=3" in page
