@@ -13,9 +13,10 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from optimizer_service.api.deps import SessionDep, require_read_key
-from optimizer_service.api.schemas import ContentId, ErrorPublic, ResourcesInput
+from optimizer_service.api.schemas import ErrorPublic
 from optimizer_service.core.documents import get_graph_row, get_resources_row, load_graph, load_resources
 from optimizer_service.core.errors import document_rejected, path_parts, rejected
+from optimizer_service.core.inputs import ContentId, ResourcesInput
 from optimizer_service.core.jobs import autodist_resources
 from stratagem.errors import InvalidDocumentError, UnsupportedStrategyError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
