@@ -18,7 +18,7 @@ extra over the uncompressed bucket, and the ratio of the large set's extra to th
 the ratio the size law prices (its knee from this run's optimizer probes) and a flat buffer's (1);
 and, beside each measured extra, what the simulator's pass counts price it at this run's probe rates.
 
-    .venv/bin/python benchmarks/compression_passes.py [--repeats 25]
+    python -m benchmarks.compression_passes [--repeats 25]
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 

@@ -12,7 +12,7 @@ the gradient dropped before each step as the trial runner drops it. The simulato
 graph on a one-device spec from this run's own calibration probes (`stratagem.calibrate.compute_figures`).
 Prints one JSON object: per table, the measured and priced milliseconds and their ratio.
 
-    .venv/bin/python benchmarks/embedding_lookups.py [--repeats 30]
+    python -m benchmarks.embedding_lookups [--repeats 30]
 """
 
 from __future__ import annotations
@@ -23,10 +23,7 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 

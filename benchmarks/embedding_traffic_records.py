@@ -12,7 +12,7 @@ exact for one lookup per table per step, as in the zoo); graphs built by hand
 (`benchmarks/cost_model.py`'s replayed jobs, whose bytes never held a table) are copied as they are.
 Graph ids are recomputed and each strategy follows its graph.
 
-    .venv/bin/python benchmarks/embedding_traffic_records.py --to rows IN.jsonl.xz OUT.jsonl.xz
+    python -m benchmarks.embedding_traffic_records --to rows IN.jsonl.xz OUT.jsonl.xz
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.records_file import read_lines
+from benchmarks.lib.records import read_lines
 from stratagem.ir import ModelGraph, Strategy, Variable
 
 HAND_BUILT = "benchmarks/cost_model.py"

@@ -8,7 +8,7 @@ step took (memory the step touched for the first time: a bucket allocated afresh
 in its pages, which on a virtual machine costs more than the copy). DDP (one bucket per 25 MB, its
 default, kept across steps) is the baseline the all-reduce executor should stay close to.
 
-Usage: python benchmarks/runtime_step.py [--ranks 2] [--steps 20] [--width 512]   (prints one JSON object)
+Usage: python -m benchmarks.runtime_step [--ranks 2] [--steps 20] [--width 512]   (prints one JSON object)
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -26,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-
+from benchmarks.lib.system import page_faults
 from stratagem.rank_env import rank_environment
 
 LAYERS, BATCH = 6, 64
@@ -68,11 +66,6 @@ def _model(width: int):
     for _ in range(LAYERS):
         layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers, nn.Linear(width, 10))
-
-
-def page_faults() -> int:
-    """Minor page faults this process has taken so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _child(out: Path, steps: int, warmup: int, width: int) -> None:

@@ -7,26 +7,17 @@ import json
 import lzma
 from pathlib import Path
 
-import pytest
 import torch
-from conftest import load_benchmark, make_t4_cluster
+from conftest import make_t4_cluster
 from torch import nn
 
+from benchmarks import embedding_lookups as lookups
+from benchmarks import embedding_traffic_records as records
 from stratagem.builders import AllReduce
 from stratagem.tracing import capture
 
 
-@pytest.fixture(scope="module")
-def lookups():
-    return load_benchmark("embedding_lookups")
-
-
-@pytest.fixture(scope="module")
-def records():
-    return load_benchmark("embedding_traffic_records")
-
-
-def test_a_sparse_tables_measured_and_priced_step_do_not_grow_with_its_rows(lookups) -> None:
+def test_a_sparse_tables_measured_and_priced_step_do_not_grow_with_its_rows() -> None:
     spec = make_t4_cluster(1)
     small, large = (lookups.one_table(rows, 16, 256, sparse=True) for rows in (1_000, 1_000_000))
     assert lookups.priced_seconds(*small, spec) == lookups.priced_seconds(*large, spec)
@@ -42,7 +33,7 @@ def _line(rows: int) -> dict:
     return {"graph": graph.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json")}
 
 
-def test_a_record_rewritten_to_the_table_and_back_is_todays_capture(records, tmp_path: Path) -> None:
+def test_a_record_rewritten_to_the_table_and_back_is_todays_capture(tmp_path: Path) -> None:
     line = _line(5_000)
     today = json.loads(json.dumps(line))
     assert records.rewrite_line(line, "table") == 1

@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
 from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
-from test_cli_service import run_cli
-from test_client_helpers import closed_port_url, free_port, served
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem
 from stratagem.errors import NotFoundError, RequestRejectedError, ServiceError, StratagemError
+from stratagem.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_4X_T4 = ROOT / "examples" / "specs" / "4x_t4.yml"
@@ -34,12 +34,6 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with served(f"sqlite:///{tmp_path_factory.mktemp('bad_input') / 'service.db'}") as address:
         yield address
-
-
-def assert_one_line_error(code: int, err: str, message: str) -> None:
-    assert code == 2, err
-    assert message in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 # --- files handed to `optimize` -----------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_search_support import cluster, one_variable_graph, recommender_graph, transformer_graph
+from search_graphs import cluster, one_variable_graph, recommender_graph, transformer_graph
 
 from optimizer_service.search import SearchCancelled, SearchOptions, SearchProgress, search
 from optimizer_service.search.guard import admissible

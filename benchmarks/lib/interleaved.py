@@ -14,7 +14,6 @@ real-trial benchmarks beside each other on the same cores.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -25,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from stratagem.calibrate import free_port, wait_for_ranks
+from stratagem.calibrate import wait_for_ranks
 from stratagem.ir import ResourceSpec, Strategy
 from stratagem.rank_env import rank_environment
+from stratagem.runtime.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RANKS = 2
 PROBE_BUDGET_SCALE = 0.25
@@ -114,24 +114,6 @@ class Block:
         }
 
 
-def load_factors(times: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Per block, the factor by which the machine's load moved every step time in it.
-
-    `times` maps each strategy of one job to its step time per block (one block per round). A block's
-    factor is the geometric mean over the strategies measured in every block, divided by the median of
-    those means, so dividing a block's times by it judges the job's order without the load's drift
-    between rounds, at the job's typical level. Empty when fewer than two blocks or no strategy
-    measured in all of them.
-    """
-    blocks = {block for per_block in times.values() for block in per_block}
-    complete = [per_block for per_block in times.values() if set(per_block) == blocks]
-    if len(blocks) < 2 or not complete:
-        return {}
-    means = {block: math.exp(statistics.mean(math.log(per_block[block]) for per_block in complete)) for block in blocks}
-    scale = statistics.median(means.values())
-    return {block: mean / scale for block, mean in means.items()}
-
-
 def sync_parts(stats: Any) -> dict[str, float]:
     """A step's runtime timings as flat seconds: waiting per synchronizer kind, launching and updating."""
     return {
@@ -198,7 +180,8 @@ def _launch(job: Path, outputs: list[Path], timeout: float, extra_env: dict[str,
     env = rank_environment(**{"OMP_NUM_THREADS": "1", **extra_env})
     procs = [
         subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", str(job), str(rank), str(port), str(path)],
+            [sys.executable, "-m", "benchmarks.lib.interleaved", "--worker", str(job), str(rank), str(port), str(path)],
+            cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -304,4 +287,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "--worker":
         _worker(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
     else:
-        raise SystemExit("benchmarks/interleaved.py is run by the benchmarks; see benchmarks/simulator_accuracy.py")
+        raise SystemExit("benchmarks.lib.interleaved runs the ranks of a block; see benchmarks/simulator_accuracy.py")

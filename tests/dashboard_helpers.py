@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from conftest import make_mlp_graph
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH
 
 from stratagem.ir import ModelGraph, ResourceSpec
 

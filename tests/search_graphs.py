@@ -1,7 +1,6 @@
 """Small hand-built graphs and clusters for the search tests (no capture, so the tests stay fast).
 
-The other `test_search_*` modules import these helpers; the tests here only check that the helpers
-build valid documents of the intended shape.
+The `test_search_*` modules import these helpers; this module holds no tests.
 """
 
 from __future__ import annotations
@@ -141,11 +140,3 @@ def cluster(nodes: int = 2, gpus: int = 4, gbps: float = 50.0, device: str = "T4
             "network": {"bandwidth_gbps": gbps},
         }
     )
-
-
-def test_helpers_build_the_intended_documents() -> None:
-    transformer = transformer_graph(layers=2)
-    assert len(transformer.variables) == 1 + 2 * 10
-    recommender = recommender_graph()
-    assert [v.sparse for v in recommender.variables][:4] == [True] * 4
-    assert cluster(3, 2).num_devices == 6
