@@ -5,10 +5,10 @@ and make every pass (adding the error, casting, selecting, scattering) over that
 costs per byte should depend on the bucket's size, not on the sizes of the tensors in it. The
 simulator scales each variable's passes by the optimizer's size law (`1 + bytes / optimizer_knee_bytes`),
 which prices a bucket holding VGG's 16 MB classifier about 17% dearer per byte than BERT's bucket of
-1 MB layers. This benchmark finds no such effect in the passes themselves (within 3%), yet pricing
-them flat (`principled-1.12`) ranked an independent accuracy run worse (run AA, session 24: VGG's
-top-k priced below Sharded, measured above it in 8 of 8 rounds), so the law stays as a fitted figure
-whose cause lies outside the passes (docs/simulator.md, "Compression").
+1 MB layers. This benchmark finds no such effect in the passes themselves (within 6%), yet pricing
+them flat ranked an independent accuracy run worse (VGG's top-k priced below Sharded, measured above
+it in 8 of 8 rounds), so the law stays as a fitted figure whose cause lies outside the passes
+(docs/simulator.md, "Calibrated figures").
 
 Measured in turns on one rank (one thread, a rank's allocator settings): the uncompressed bucket and
 the fp16 and top-k (1%) reducers with error feedback, on a one-rank team (every pass but the

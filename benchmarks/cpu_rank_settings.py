@@ -202,7 +202,8 @@ def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> d
 
 
 BASE_SETTINGS: dict[str, dict[str, str]] = {"mapped": {"MALLOC_MMAP_MAX_": GLIBC_MMAP_MAX}, "tuned": {}}
-"""Comparison 4's two settings: ranks as they started before and as they start now."""
+"""Comparison 4's two settings: ranks that may map large buffers afresh (`mapped`), and ranks with
+Stratagem's settings (`tuned`)."""
 
 
 def mappings_in_blocks(

@@ -1,10 +1,10 @@
 """What an embedding layer's forward and backward cost as its table grows, against the simulator's price.
 
 A lookup reads the rows it looks up; a table with sparse gradients (`sparse=True`) hands back only those
-rows, while one with dense gradients makes autograd write a table-sized gradient in backward. Up to
-`principled-1.11` capture counted the whole table as the lookup's traffic and the simulator streamed it
-three times per step (forward, and twice in backward), so a recommendation model's compute grew with its
-tables, and a 244 MiB table was priced at tens of milliseconds its lookups never took.
+rows, while one with dense gradients makes autograd write a table-sized gradient in backward. Counting
+the whole table as the lookup's traffic would make a recommendation model's compute grow with its
+tables (a 244 MiB table priced at tens of milliseconds its lookups never take); this benchmark holds
+the price to the measurement as tables grow.
 
 Measured on one rank (one thread, a rank's allocator settings): a one-table model (`nn.Embedding`, its
 output summed as capture's default loss does), forward and backward timed apart over `--repeats` steps,

@@ -78,7 +78,7 @@ def test_the_cost_model_benchmark_reads_the_same_records_as_three_jobs():
     strategies, stats = load_trials([RECORDS])
     assert (stats["lines"], stats["trials_ok"], stats["jobs"], stats["strategies"]) == (48, 48, 3, 24)
     assert stats["rounds_per_strategy"] == {"2": 24} and stats["optimizer_primed"] is True
-    predicted, pairs = predicted_in_file_order()
+    _, pairs = predicted_in_file_order()
     by_name = {(p.model, p.name): sorted(t.predicted_s for t in p.trials) for p in pairs}
     for rounds in strategies:
         model = rounds.job.split("-")[0]

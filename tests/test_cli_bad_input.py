@@ -293,7 +293,7 @@ def test_files_without_permission_are_one_line_errors_naming_the_option(tmp_path
 
 def test_jobs_show_sends_the_id_as_one_path_segment(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["jobs", "show", "../../healthz", "--url", url], capsys)
-    assert_one_line_error(code, err, "-> 404")  # before: GET /healthz, then a KeyError trace
+    assert_one_line_error(code, err, "-> 404")  # not GET /healthz read as a job
     assert out == ""
     code, _, err = run_cli(["jobs", "show", "", "--url", url], capsys)
     assert_one_line_error(code, err, "job_id: expected an id, got ''")
@@ -445,7 +445,7 @@ def test_answers_that_are_not_the_services_raise_service_error(not_a_service: st
 def test_ids_are_one_path_segment_and_empty_ones_are_refused(url: str) -> None:
     with stratagem.Client(url) as client:
         with pytest.raises(NotFoundError):
-            client.job("../../healthz")  # before: the health answer, read as a job
+            client.job("../../healthz")  # not the health answer read as a job
         with pytest.raises(NotFoundError):
             client.strategy("../../healthz")
         for bad in ("", "..", None):

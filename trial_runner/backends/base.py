@@ -16,4 +16,3 @@ class TrialBackend(Protocol):
     def run(self, spec: TrialSpec) -> TrialResult:
         """Run the trial to its end and return the result; failures are outcomes, never exceptions."""
         ...
-
