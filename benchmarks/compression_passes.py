@@ -27,11 +27,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.lib.system import reexec_with
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 
 MIB = 1 << 20
@@ -152,7 +152,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if any(name not in os.environ for name in MALLOC_SETTINGS):
-        os.execve(sys.executable, [sys.executable, *sys.argv], rank_environment())
+        reexec_with(rank_environment(), "benchmarks.compression_passes")
     print(json.dumps({"benchmark": "compression_passes", "repeats": args.repeats, **measure(args.repeats)}, indent=2))
 
 

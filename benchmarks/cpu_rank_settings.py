@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.lib.system import ROOT, module_command
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 
 
@@ -139,7 +140,8 @@ def bucket_work(bucket_mb: float, repeats: int) -> dict[str, float]:
 
 def _child(env: dict[str, str], bucket_mb: float, repeats: int) -> dict[str, float]:
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(bucket_mb), str(repeats)],
+        module_command("benchmarks.cpu_rank_settings", "--child", str(bucket_mb), str(repeats)),
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,

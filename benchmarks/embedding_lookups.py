@@ -21,10 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
+from benchmarks.lib.system import reexec_with
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 
 TABLES: list[tuple[int, int, int]] = [
@@ -121,7 +121,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if any(name not in os.environ for name in MALLOC_SETTINGS):
-        os.execve(sys.executable, [sys.executable, *sys.argv], rank_environment())
+        reexec_with(rank_environment(), "benchmarks.embedding_lookups")
     print(json.dumps({"benchmark": "embedding_lookups", "repeats": args.repeats, **measure(args.repeats)}, indent=2))
 
 

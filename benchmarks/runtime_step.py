@@ -19,13 +19,12 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.system import page_faults
+from benchmarks.lib.system import ROOT, module_command, page_faults
 from stratagem.rank_env import rank_environment
 
 LAYERS, BATCH = 6, 64
@@ -135,9 +134,8 @@ def main() -> None:
         env = rank_environment(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1"
         )
-        command = [
-            sys.executable,
-            __file__,
+        command = module_command(
+            "benchmarks.runtime_step",
             "--child",
             str(out),
             "--steps",
@@ -146,8 +144,8 @@ def main() -> None:
             str(args.warmup),
             "--width",
             str(args.width),
-        ]
-        procs = [subprocess.Popen(command, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
+        )
+        procs = [subprocess.Popen(command, cwd=ROOT, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
         codes = [p.wait(timeout=900) for p in procs]
         if any(codes):
             raise SystemExit(f"a rank failed: exit codes {codes}")

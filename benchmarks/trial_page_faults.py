@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.system import page_faults
+from benchmarks.lib.system import ROOT, module_command, page_faults
 from stratagem.calibrate import wait_for_ranks
 from stratagem.rank_env import rank_environment
 from stratagem.runtime.launch import free_port
@@ -98,9 +98,8 @@ def measure(model: str, strategy: str, *, steps: int, warmup: int, glibc_default
         outs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
         procs = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
+                module_command(
+                    "benchmarks.trial_page_faults",
                     "--child",
                     model,
                     strategy,
@@ -109,7 +108,8 @@ def measure(model: str, strategy: str, *, steps: int, warmup: int, glibc_default
                     str(port),
                     str(rank),
                     str(out),
-                ],
+                ),
+                cwd=ROOT,
                 env=env,
                 stderr=subprocess.PIPE,
                 text=True,
