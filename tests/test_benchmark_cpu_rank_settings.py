@@ -11,6 +11,7 @@ from benchmarks.lib.cases import strategies_for
 from stratagem.rank_env import MALLOC_SETTINGS
 
 
+@pytest.mark.slow
 def test_both_comparisons_report_medians_and_speedups() -> None:
     selection = bench.selection(200_000, 0.01, repeats=2)
     assert selection["k"] == 2000

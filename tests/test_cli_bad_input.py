@@ -243,6 +243,7 @@ def test_a_failed_trials_export_leaves_the_existing_file_as_it_was(
 # --- files this user may not read or write -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_files_without_permission_are_one_line_errors_naming_the_option(tmp_path: Path) -> None:
     """chmod 000 and a read-only folder; as root the CLI runs without the capabilities that bypass them."""
     prefix: list[str] = []
@@ -347,6 +348,7 @@ def test_db_upgrade_to_an_unknown_revision_names_the_option(tmp_path: Path, caps
     assert_one_line_error(code, err, "--revision 'bogus': Can't locate revision identified by 'bogus'")
 
 
+@pytest.mark.slow
 def test_launch_refuses_what_every_rank_would_die_of(tmp_path: Path) -> None:
     strategy = tmp_path / "strategy.json"
     strategy.write_text("{}")
@@ -507,6 +509,7 @@ def test_serve_refuses_a_worker_count_the_database_pool_cannot_serve(
     assert_one_line_error(code, err, f"workers: Input should be {reason}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [

@@ -480,6 +480,7 @@ def test_without_the_service_installed_its_commands_say_how_to_install_it(
     )
 
 
+@pytest.mark.slow
 def test_the_cli_loads_only_the_services_command_registrations_until_a_server_command_runs() -> None:
     script = (
         "import sys\n"

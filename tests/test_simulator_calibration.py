@@ -192,6 +192,7 @@ def bucket_paths(rank: int, world: int, payload: dict) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_the_probes_run_each_bucket_the_way_its_runtime_executor_does():
     mean = (1 + 2) / 2
     for rank, result in enumerate(run_ranks("test_simulator_calibration:bucket_paths", 2, timeout_s=120)):
