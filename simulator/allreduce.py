@@ -37,8 +37,8 @@ SPARSE_ALLREDUCE_COLLECTIVES = 2
 """All-gathers per sparse variable: indices and values (their sizes vary per step), after one
 all-gather of every sparse variable's row count."""
 TOPK_COLLECTIVES = 1
-"""All-gathers per top-k group: values and indices travel as the bytes of one tensor (since
-`principled-1.7`; the runtime had gathered them in two)."""
+"""All-gathers per top-k group: values and indices travel as the bytes of one tensor, as the runtime
+packs them."""
 POWERSGD_COLLECTIVES = 2
 """All-reduces per PowerSGD group holding a matrix: P, then Q, which needs P's sum (and its QR) first,
 so a second round is on the stream (the group's vectors ride in P's all-reduce). The two rounds cost
@@ -288,9 +288,8 @@ def _allreduce_cost(
     topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of one all-reduce of `nbytes` per group under its algorithm (`auto`: whichever of ring,
-    tree and hierarchical is cheapest for those bytes), and that algorithm's latency. Until
-    `principled-1.17` the latency was taken as the cheapest algorithm's at zero bytes, which in a
-    multi-node cluster can be another algorithm than the one priced."""
+    tree and hierarchical is cheapest for those bytes), and the latency of the algorithm so chosen (the
+    cheapest at zero bytes can be another one in a multi-node cluster)."""
     coefficients = [(t[0].take(row), t[1].take(row)) for t in (topo.ring, topo.tree, topo.hierarchical)]
     seconds = np.stack([collectives.cost(c, nbytes) for c in coefficients])
     latencies = np.stack([c[0] for c in coefficients])

@@ -1,7 +1,7 @@
 """Compute phase of a step: forward, backward, tensor-parallel collectives and the pipeline schedule.
 
 Without a pipeline the step computes forward then backward, every tensor-parallel all-reduce on the
-critical path (Megatron: one per row-parallel matmul in each pass, see `context._row_parallel`), and a
+critical path (Megatron: one per row-parallel matmul in each pass, see `layers._row_parallel`), and a
 variable's gradient is ready when the backward of its layer is done:
 
     ready(v) = compute_end - (backward work of the layers before v's layer)
