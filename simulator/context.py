@@ -29,7 +29,7 @@ class SimContext(DeviceArrays, VariableArrays, LayerArrays):
     resources: ResourceSpec
     batch_size: int
     state_bytes_per_param: float
-    _layer_time_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = field(
+    _layer_time_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(
         default_factory=dict, repr=False, compare=False
     )
     _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)

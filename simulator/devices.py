@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator import collectives
+from simulator.precision import Peaks, peaks
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Node, ResourceSpec
 
@@ -61,6 +62,8 @@ class DeviceKinds:
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
     comm_latency_contention: np.ndarray
     """Latencies a collective running during compute takes from it beyond that share (0 on GPUs)."""
+    peaks: Peaks
+    """Matmul, convolution and attention peaks per precision (`simulator.precision`)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, spars
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
         comm_latency_contention=np.array([s.comm_latency_contention for s in specs]),
+        peaks=peaks(specs, dtype),
     )
 
 

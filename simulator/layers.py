@@ -59,6 +59,23 @@ class LayerArrays:
     """[L] bytes of the dense gradients an embedding layer's backward materialises: autograd writes a
     table-sized gradient of zeros, then adds the looked-up rows into it (trainable tables without sparse
     gradients; 0 elsewhere)."""
+    layer_attention: np.ndarray
+    """[L] attention cores (scores, softmax, weighted values): what selective recomputation repeats and
+    ring attention spreads over the context-parallel group."""
+    selective_dropped: np.ndarray
+    """[L] bytes selective recomputation frees: an attention core's saved activations beyond its inputs
+    (q, k, v, kept to recompute it) and its output (kept for the next layer), in numbered blocks. An
+    eager core saves its s×s scores and probabilities (5·a·s²·b bytes per layer in half precision,
+    Korthikanti et al. 2022, eq. 2), a flash or memory-efficient kernel only O(s) statistics."""
+    attention_kv_bytes: np.ndarray
+    """[L] bytes of the keys and values an attention core reads (its inputs' share that is k and v:
+    2·kv_heads / (heads + 2·kv_heads) under grouped-query attention, else 2/3): what ring attention
+    passes around the context-parallel group."""
+    layer_weight_grad: np.ndarray
+    """[L] layers with trainable weights whose backward computes a weight gradient (matmul, conv): about
+    half their backward, the part a zero-bubble schedule defers into the bubble."""
+    layer_unit: np.ndarray
+    """[L] index of each layer's unit in `unit_starts` (FSDP's wrapping unit: a block or a top-level module)."""
 
     @property
     def num_layers(self) -> int:
@@ -84,6 +101,16 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
     first[starts] = True
     block_input = np.r_[0.0, output[:-1]] if len(layers) else output
     kept = np.where(recomputed, np.where(first, block_input, 0.0), activations)
+    attention = np.array([layer.kind == LayerKind.attention for layer in layers], dtype=bool)
+    inputs = np.array([sum(output[index[n]] for n in layer.inputs) for layer in layers], dtype=float)
+    trainable = {v.name for v in graph.variables if v.trainable}
+    weighted = np.array(
+        [
+            layer.kind in (LayerKind.matmul, LayerKind.conv) and any(n in trainable for n in layer.variables)
+            for layer in layers
+        ],
+        dtype=bool,
+    )
     return LayerArrays(
         layer_names=[layer.name for layer in layers],
         layer_index=index,
@@ -104,7 +131,21 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
         recompute_kept=kept,
         layer_frozen_bytes=frozen,
         layer_grad_fill_bytes=np.array([_grad_fill_bytes(layer, graph) for layer in layers], dtype=float),
+        layer_attention=attention,
+        selective_dropped=np.where(attention & recomputed, np.maximum(activations - inputs - output, 0.0), 0.0),
+        attention_kv_bytes=np.where(attention, inputs * _kv_share(graph), 0.0),
+        layer_weight_grad=weighted,
+        layer_unit=np.maximum(np.searchsorted(starts, np.arange(len(layers)), side="right") - 1, 0),
     )
+
+
+def _kv_share(graph: ModelGraph) -> float:
+    """Keys' and values' share of an attention core's q, k, v inputs."""
+    arch = graph.architecture
+    if arch is None:
+        return 2.0 / 3.0
+    kv = arch.kv_heads or arch.heads
+    return 2.0 * kv / (arch.heads + 2.0 * kv)
 
 
 def _dense_tables(layer: Layer, graph: ModelGraph) -> list[Variable]:

@@ -11,6 +11,7 @@ import numpy as np
 from simulator.compression import CompressionTables, VariableFigures, tables
 from simulator.devices import DeviceKinds
 from simulator.layers import splits
+from simulator.precision import PrecisionTable, precision_table
 from stratagem.ir import ModelGraph
 
 UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
@@ -69,6 +70,8 @@ class VariableArrays:
     """[V] position of each variable in `order` (its rank in gradient-ready order)."""
     figures: VariableFigures
     compression: CompressionTables
+    var_precision: PrecisionTable
+    """Byte scales of activations, gradients and parameters under each precision."""
     update_per_variable: bool
     """A device kind's `optimizer_knee_bytes` (update cost depends on each tensor's size) or a sparse
     variable (only its touched rows update) makes updates differ from parameter and state bytes, so
@@ -148,6 +151,7 @@ def variable_arrays(graph: ModelGraph, layer_index: dict[str, int], kinds: Devic
         ready_position=np.argsort(order).astype(np.int32),
         figures=figures,
         compression=compression,
+        var_precision=precision_table(float(graph.dtype.itemsize), itemsize),
         update_per_variable=any(spec.optimizer_knee_bytes for spec in kinds.specs) or bool(sparse.any()),
     )
 
