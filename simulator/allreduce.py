@@ -178,7 +178,7 @@ def _sharded_seconds(topo: Topology, row: np.ndarray, nbytes: np.ndarray) -> tup
     rs = (topo.shard_reduce_scatter[0].take(row), topo.shard_reduce_scatter[1].take(row))
     across = (topo.replicate[0].take(row), topo.replicate[1].take(row))
     seconds = collectives.cost(rs, nbytes) + collectives.cost(across, nbytes / topo.shard_degree.take(row))
-    return seconds, rs[0] + across[0]
+    return np.asarray(seconds), rs[0] + across[0]
 
 
 def _sparse_allreduce(context: SimContext, batch: CandidateBatch) -> np.ndarray | None:

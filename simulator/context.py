@@ -11,6 +11,7 @@ documents. Its fields come from three tables, one per thing they index:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -78,5 +79,5 @@ def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     )
 
 
-def _fields_of(table: DeviceArrays | VariableArrays | LayerArrays) -> dict[str, object]:
+def _fields_of(table: DeviceArrays | VariableArrays | LayerArrays) -> dict[str, Any]:
     return {f.name: getattr(table, f.name) for f in fields(table)}

@@ -148,7 +148,7 @@ def device_arrays(
         inv_intra=1.0 / links["intra_bandwidth"][device_node],
         inv_rate=1.0 / rate,
         inv_coalesce=1.0 / (kinds.memory_bandwidth[device_kind] * kinds.coalesce_efficiency[device_kind]),
-        latency=collectives.ps_push_pull(links["nic_latency"][device_node]),
+        latency=np.asarray(collectives.ps_push_pull(links["nic_latency"][device_node])),
         tensor_s=kinds.optimizer_tensor_s[device_kind],
         push_scale=_node_max(device_node, 1.0 / kinds.reduce_efficiency[device_kind], len(resources.nodes)),
         pull_scale=_node_max(device_node, 1.0 / kinds.broadcast_efficiency[device_kind], len(resources.nodes)),

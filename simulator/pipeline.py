@@ -31,6 +31,7 @@ knobs, links), so ready times are kept as per-configuration offsets instead of a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,7 +133,9 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
     return out
 
 
-MICRO_BITS, TENSOR_BITS, CONTEXT_BITS = 20, 12, 12
+MICRO_BITS, TENSOR_BITS = 20, 12
+"""Bits of the micro-batch count and of the tensor degree in a configuration key (`validate` bounds both);
+the context degree takes the next 12, then the flags, the precision and the device kind."""
 
 
 def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,6 +156,8 @@ def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple
 
 @dataclass(frozen=True)
 class Config:
+    """What decides a candidate's per-layer times and activations, decoded from its `_configs` key."""
+
     kind: int
     tensor: int
     micro: int
@@ -174,7 +179,7 @@ class Config:
             micro=k & 0xFFFFF,
             recompute=bool((k >> 46) & 1),
             selective=bool((k >> 45) & 1),
-            knobs=knobs if knobs != PLAIN else PLAIN,
+            knobs=knobs,
         )
 
     def shape(self) -> activations.Shape:
@@ -240,9 +245,10 @@ def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.n
         tp_count = _exclusive_cumsum(back)[context.var_layer][context.order]
         tp_bytes = _exclusive_cumsum(back * wire)[context.var_layer][context.order]
         offsets[u] = _exclusive_cumsum(bwd)[context.var_layer][context.order] + tp_count * lat + tp_bytes / micro * inv
-        ring_f = ring_b = 0.0
+        ring_f: np.ndarray | float = 0.0
+        ring_b: np.ndarray | float = 0.0
         if config.knobs.context_parallel > 1:
-            ring_f, ring_b = context_parallel.exposed_per_layer(
+            exposed_f, exposed_b = context_parallel.exposed_per_layer(
                 context,
                 fwd,
                 bwd,
@@ -253,8 +259,9 @@ def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.n
                 latency=link[3],
                 per_byte=link[4],
             )
-            cp_total[u] = micro * (ring_f.sum() + ring_b.sum())
-            offsets[u] += _exclusive_cumsum(ring_b)[context.var_layer][context.order]
+            cp_total[u] = micro * (exposed_f.sum() + exposed_b.sum())
+            offsets[u] += _exclusive_cumsum(exposed_b)[context.var_layer][context.order]
+            ring_f, ring_b = exposed_f, exposed_b
         if units:
             tp_f, tp_b = row * (lat + wire / micro * inv), back * (lat + wire / micro * inv)
             unit_fwd[u] = np.bincount(context.layer_unit, weights=fwd + tp_f + ring_f, minlength=units)
@@ -303,7 +310,11 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     by_rank = _summer(rank, n, R)
 
     f_s, b_s, tp_s, tpb_s = by_rank(fwd), by_rank(bwd), by_rank(tp), by_rank(tp_back)
-    cpf_s, cpb_s = (by_rank(ring_f), by_rank(ring_b)) if ring_f is not None else (0.0, 0.0)
+    if ring_f is None or ring_b is None:
+        ring_f, ring_b = np.zeros_like(fwd), np.zeros_like(bwd)
+        cpf_s, cpb_s = np.zeros_like(f_s), np.zeros_like(b_s)
+    else:
+        cpf_s, cpb_s = by_rank(ring_f), by_rank(ring_b)
     stage_time = f_s + b_s + tp_s + tpb_s + cpf_s + cpb_s
     pick = np.arange(n), stage_time.argmax(axis=1)
     step = stage_time[pick]
@@ -311,15 +322,14 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
         bubble = (p - 1) * step
         chunk_back = b_s + tpb_s + cpb_s
     else:
-        ring = ring_f + ring_b if ring_f is not None else 0.0
-        chunk_time = by_chunk(fwd + bwd + tp + tp_back + ring)
+        chunk_time = by_chunk(fwd + bwd + tp + tp_back + ring_f + ring_b)
         chunk_pick = np.arange(n), chunk_time.argmax(axis=1)
         zbv = virtual >= 2
         forward = np.where(zbv, by_chunk(fwd + tp)[chunk_pick], (f_s + tp_s)[pick])
         backward = np.where(zbv, by_chunk(bwd + tp_back)[chunk_pick], (b_s + tpb_s)[pick])
         weights = np.where(zbv, by_chunk(weight)[chunk_pick], by_rank(weight)[pick])
         bubble = schedules.bubble(schedule, virtual, p, m, step, chunk_time[chunk_pick], forward, backward, weights)
-        chunk_back = by_chunk(bwd + tp_back + (ring_b if ring_b is not None else 0.0))
+        chunk_back = by_chunk(bwd + tp_back + ring_b)
     boundary = np.zeros(n)
     if L > 1:
         boundary = (wire[..., :-1] * (chunk[:, 1:] != chunk[:, :-1])).sum(axis=1) / m
@@ -327,10 +337,10 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     p2p = 2 * (crossings * topo.p2p[0][rows] + boundary * topo.p2p[1][rows])
     compute = m * (f_s[pick] + b_s[pick])
     tensor_parallel = m * (tp_s + tpb_s)[pick]
-    ring = m * (cpf_s + cpb_s)[pick] if ring_f is not None else np.zeros(n)
+    ring = m * (cpf_s + cpb_s)[pick]
     end = compute + tensor_parallel + bubble + p2p + ring
 
-    back = bwd + tp_back + (ring_b if ring_b is not None else 0.0)
+    back = bwd + tp_back + ring_b
     prefix = np.cumsum(back, axis=1) - back
     base = np.cumsum(chunk_back, axis=1) - chunk_back
     slowest_back = (b_s + tpb_s + cpb_s).max(axis=1)
@@ -348,7 +358,8 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     out.piped_block_peak = rebuilt
 
 
-def _summer(index: np.ndarray, n: int, size: int):
+def _summer(index: np.ndarray, n: int, size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A function summing [n, L] (or [L]) values into [n, size] by `index` (chunk or rank of each layer)."""
     key = (np.arange(n)[:, None] * size + index).ravel()
 
     def per(values: np.ndarray) -> np.ndarray:

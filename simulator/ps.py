@@ -296,7 +296,7 @@ def busiest_queue(context: SimContext, e: PSEntries, load: NodeLoad) -> BusiestQ
     )
     moved = np.bincount(e.row, weights=outbound, minlength=n)
     moved += np.bincount(e.row.take(i), weights=transfer, minlength=n)
-    moved_sparse = np.zeros(n)
+    moved_sparse: np.ndarray = np.zeros(n)
     if sparse_on_busy.size:
         moved_sparse = np.bincount(e.row, weights=outbound * context.var_sparse.take(e.var), minlength=n)
         moved_sparse += np.bincount(e.row.take(i), weights=transfer * sparse_on_busy, minlength=n)

@@ -100,9 +100,11 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     alpha = np.where(crosses, links.alpha_e, links.alpha_i)
     band = np.where(crosses, np.minimum(links.band_i, band_e), links.band_i)
 
-    ring = collectives.ring_allreduce(degree, alpha, band)
-    hier = collectives.hierarchical_allreduce(
-        k, m, links.alpha_i, links.band_i, links.alpha_e, np.minimum(band_e, links.band_i)
+    ring = _pair(collectives.ring_allreduce(degree, alpha, band))
+    hier = _pair(
+        collectives.hierarchical_allreduce(
+            k, m, links.alpha_i, links.band_i, links.alpha_e, np.minimum(band_e, links.band_i)
+        )
     )
     two_level = crosses & (k > 1)
     hierarchical = (np.where(two_level, hier[0], ring[0]), np.where(two_level, hier[1], ring[1]))
@@ -112,8 +114,8 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     tp_band = np.where(tp_crosses, np.minimum(links.band_i, links.band_nic), links.band_i)
     pp_crosses = block > per_node
     scatter = context.kinds.scatter_efficiency[kind]
-    reduce_scatter = collectives.reduce_scatter(degree, alpha, band * scatter)
-    all_gather = collectives.all_gather(degree, alpha, band * scatter)
+    reduce_scatter = _pair(collectives.reduce_scatter(degree, alpha, band * scatter))
+    all_gather = _pair(collectives.all_gather(degree, alpha, band * scatter))
     shard = _shard_groups(batch, links, per_node, cp_on_node, block, scatter, reduce_scatter, all_gather)
     cp_crosses = tensor * cp > per_node
     cp_band = np.minimum(links.band_i, links.band_nic / np.clip(per_node / cp_on_node, 1, None))
@@ -122,22 +124,26 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
         capacity=capacity,
         copies=per_node_count / stride[:, None],
         ring=ring,
-        tree=collectives.tree_allreduce(degree, alpha, band),
+        tree=_pair(collectives.tree_allreduce(degree, alpha, band)),
         hierarchical=hierarchical,
         reduce_scatter=reduce_scatter,
         all_gather=all_gather,
-        row_gather=collectives.all_gather(degree, alpha, band * context.kinds.gather_efficiency[kind]),
+        row_gather=_pair(collectives.all_gather(degree, alpha, band * context.kinds.gather_efficiency[kind])),
         half_reduce=context.kinds.half_reduce_efficiency[kind],
-        tensor=collectives.ring_allreduce(tensor, tp_alpha, tp_band),
-        p2p=collectives.send(
-            np.where(pp_crosses, links.alpha_e, links.alpha_i),
-            np.where(pp_crosses, np.minimum(links.band_nic, links.band_i), links.band_i),
+        tensor=_pair(collectives.ring_allreduce(tensor, tp_alpha, tp_band)),
+        p2p=_pair(
+            collectives.send(
+                np.where(pp_crosses, links.alpha_e, links.alpha_i),
+                np.where(pp_crosses, np.minimum(links.band_nic, links.band_i), links.band_i),
+            )
         ),
         dp_crosses_nodes=crosses,
         nic_gbps=gbps,
         dp_degree=degree,
-        cp=collectives.send(
-            np.where(cp_crosses, links.alpha_e, links.alpha_i), np.where(cp_crosses, cp_band, links.band_i)
+        cp=_pair(
+            collectives.send(
+                np.where(cp_crosses, links.alpha_e, links.alpha_i), np.where(cp_crosses, cp_band, links.band_i)
+            )
         ),
         shard_degree=shard[0],
         shard_reduce_scatter=shard[1],
@@ -190,15 +196,20 @@ def _shard_groups(
     across = data / group
     k_across = np.clip(np.floor(per_node / (group * block)), 1, across)
     alpha_r, band_r = links.group(across, k_across, per_node / k_across)
-    rs = collectives.reduce_scatter(shard, alpha, band * scatter)
-    ag = collectives.all_gather(shard, alpha, band * scatter)
-    replicate = collectives.ring_allreduce(across, alpha_r, band_r)
+    rs = _pair(collectives.reduce_scatter(shard, alpha, band * scatter))
+    ag = _pair(collectives.all_gather(shard, alpha, band * scatter))
+    replicate = _pair(collectives.ring_allreduce(across, alpha_r, band_r))
     return (
         shard,
         (np.where(hybrid, rs[0], reduce_scatter[0]), np.where(hybrid, rs[1], reduce_scatter[1])),
         (np.where(hybrid, ag[0], all_gather[0]), np.where(hybrid, ag[1], all_gather[1])),
         (np.where(hybrid, replicate[0], 0.0), np.where(hybrid, replicate[1], 0.0)),
     )
+
+
+def _pair(coefficients: tuple[collectives.Number, collectives.Number]) -> Pair:
+    """A collective's (latency, seconds per byte) as arrays (one value per candidate)."""
+    return np.asarray(coefficients[0]), np.asarray(coefficients[1])
 
 
 def _slowest_kind(context: SimContext, replicas: np.ndarray) -> np.ndarray:
