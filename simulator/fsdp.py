@@ -46,6 +46,8 @@ class FullShard:
 
 
 def full_shard_rows(batch: CandidateBatch) -> np.ndarray:
+    if batch.zero_stage.size == 0 or batch.zero_stage.max() < 3:
+        return np.zeros(0, dtype=np.intp)
     stage3 = (batch.kind == SyncKind.SHARDED) & (batch.zero_stage == 3)
     return np.flatnonzero(stage3.any(axis=1) & (batch.pipeline <= 1))
 

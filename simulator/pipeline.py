@@ -31,6 +31,7 @@ knobs, links), so ready times are kept as per-configuration offsets instead of a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -167,20 +168,7 @@ class Config:
 
     @classmethod
     def decode(cls, key: np.int64) -> Config:
-        k = int(key)
-        knobs = Knobs(
-            precision=(k >> 47) & 0x7,
-            context_parallel=(k >> (MICRO_BITS + TENSOR_BITS)) & 0xFFF,
-            sequence_parallel=bool((k >> 44) & 1),
-        )
-        return cls(
-            kind=k >> 50,
-            tensor=(k >> MICRO_BITS) & 0xFFF,
-            micro=k & 0xFFFFF,
-            recompute=bool((k >> 46) & 1),
-            selective=bool((k >> 45) & 1),
-            knobs=knobs,
-        )
+        return _decode(int(key))
 
     def shape(self) -> activations.Shape:
         return activations.Shape(
@@ -191,6 +179,23 @@ class Config:
             selective=self.selective,
             recompute=self.recompute,
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode(k: int) -> Config:
+    knobs = Knobs(
+        precision=(k >> 47) & 0x7,
+        context_parallel=(k >> (MICRO_BITS + TENSOR_BITS)) & 0xFFF,
+        sequence_parallel=bool((k >> 44) & 1),
+    )
+    return Config(
+        kind=k >> 50,
+        tensor=(k >> MICRO_BITS) & 0xFFF,
+        micro=k & 0xFFFFF,
+        recompute=bool((k >> 46) & 1),
+        selective=bool((k >> 45) & 1),
+        knobs=knobs,
+    )
 
 
 def _times(context: SimContext, config: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -239,7 +244,8 @@ def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.n
         micro = config.micro
         fwd, bwd, _ = _times(context, config)
         back = row * (1.0 + config.recompute * context.layer_recomputed)  # all-reduces per backward pass
-        wire = context.output_bytes * _wire_scale(context, config)
+        scale = _wire_scale(context, config)
+        wire = context.output_bytes if scale == 1.0 else context.output_bytes * scale
         totals[u] = micro * (fwd.sum() + bwd.sum())
         tp_total[u] = micro * (row.sum() + back.sum()) * lat + (wire * (row + back)).sum() * inv
         tp_count = _exclusive_cumsum(back)[context.var_layer][context.order]
@@ -310,26 +316,33 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     by_rank = _summer(rank, n, R)
 
     f_s, b_s, tp_s, tpb_s = by_rank(fwd), by_rank(bwd), by_rank(tp), by_rank(tp_back)
-    if ring_f is None or ring_b is None:
-        ring_f, ring_b = np.zeros_like(fwd), np.zeros_like(bwd)
-        cpf_s, cpb_s = np.zeros_like(f_s), np.zeros_like(b_s)
+    stage_back = b_s + tpb_s
+    stage_time = f_s + b_s + tp_s + tpb_s
+    ring_s: np.ndarray | None = None
+    if ring_f is not None and ring_b is not None:
+        cpb_s = by_rank(ring_b)
+        ring_s = by_rank(ring_f) + cpb_s
+        stage_back = stage_back + cpb_s
+        stage_time = stage_time + ring_s
+        bwd_all = bwd + tp_back + ring_b
+        fwd_all = fwd + tp + ring_f
     else:
-        cpf_s, cpb_s = by_rank(ring_f), by_rank(ring_b)
-    stage_time = f_s + b_s + tp_s + tpb_s + cpf_s + cpb_s
+        bwd_all, fwd_all = bwd + tp_back, fwd + tp
     pick = np.arange(n), stage_time.argmax(axis=1)
     step = stage_time[pick]
+    ring = m * ring_s[pick] if ring_s is not None else np.zeros(n)
     if ((schedule <= Schedule.GPIPE) & (virtual == 1)).all():
         bubble = (p - 1) * step
-        chunk_back = b_s + tpb_s + cpb_s
+        chunk_back = stage_back
     else:
-        chunk_time = by_chunk(fwd + bwd + tp + tp_back + ring_f + ring_b)
+        chunk_time = by_chunk(fwd_all + bwd_all)
         chunk_pick = np.arange(n), chunk_time.argmax(axis=1)
         zbv = virtual >= 2
         forward = np.where(zbv, by_chunk(fwd + tp)[chunk_pick], (f_s + tp_s)[pick])
         backward = np.where(zbv, by_chunk(bwd + tp_back)[chunk_pick], (b_s + tpb_s)[pick])
         weights = np.where(zbv, by_chunk(weight)[chunk_pick], by_rank(weight)[pick])
         bubble = schedules.bubble(schedule, virtual, p, m, step, chunk_time[chunk_pick], forward, backward, weights)
-        chunk_back = by_chunk(bwd + tp_back + ring_b)
+        chunk_back = by_chunk(bwd_all)
     boundary = np.zeros(n)
     if L > 1:
         boundary = (wire[..., :-1] * (chunk[:, 1:] != chunk[:, :-1])).sum(axis=1) / m
@@ -337,13 +350,11 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     p2p = 2 * (crossings * topo.p2p[0][rows] + boundary * topo.p2p[1][rows])
     compute = m * (f_s[pick] + b_s[pick])
     tensor_parallel = m * (tp_s + tpb_s)[pick]
-    ring = m * (cpf_s + cpb_s)[pick]
     end = compute + tensor_parallel + bubble + p2p + ring
 
-    back = bwd + tp_back + ring_b
-    prefix = np.cumsum(back, axis=1) - back
+    prefix = np.cumsum(bwd_all, axis=1) - bwd_all
     base = np.cumsum(chunk_back, axis=1) - chunk_back
-    slowest_back = (b_s + tpb_s + cpb_s).max(axis=1)
+    slowest_back = stage_back.max(axis=1)
     var_chunk, var_rank = chunk[:, context.var_layer], rank[:, context.var_layer]
     within = prefix[:, context.var_layer] - np.take_along_axis(base, var_chunk, axis=1)
     ready = end[:, None] - var_rank * slowest_back[:, None] - within
@@ -363,9 +374,8 @@ def _summer(index: np.ndarray, n: int, size: int) -> Callable[[np.ndarray], np.n
     key = (np.arange(n)[:, None] * size + index).ravel()
 
     def per(values: np.ndarray) -> np.ndarray:
-        return np.bincount(key, weights=np.broadcast_to(values, index.shape).ravel(), minlength=n * size).reshape(
-            n, size
-        )
+        flat = values.ravel() if values.shape == index.shape else np.broadcast_to(values, index.shape).ravel()
+        return np.bincount(key, weights=flat, minlength=n * size).reshape(n, size)
 
     return per
 
@@ -394,6 +404,14 @@ def _ring(
 def _held(context: SimContext, configs: list[Config], inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[n, L] activations each layer holds for the whole per-replica batch per rank, and [n] the bytes
     rebuilt at once in backward."""
-    held = np.stack([activations.held(context, config.shape()) for config in configs])
-    rebuilt = np.array([activations.rebuilt(context, config.shape()) for config in configs])
+    figures = [_activation_figures(context, config.shape()) for config in configs]
+    held = np.stack([f[0] for f in figures])
+    rebuilt = np.array([f[1] for f in figures])
     return held[inverse], rebuilt[inverse]
+
+
+def _activation_figures(context: SimContext, shape: activations.Shape) -> tuple[np.ndarray, float]:
+    cached = context._activations.get(shape)
+    if cached is None:
+        cached = context._activations[shape] = (activations.held(context, shape), activations.rebuilt(context, shape))
+    return cached
