@@ -25,8 +25,8 @@ from benchmarks.lib.scoring import (
     split_half_tau,
 )
 from simulator import compile_context, encode, simulate, simulate_batch
-from simulator.context import ADAPTIVE_SPARSE_STEP_COALESCES, COALESCE_PROBE_ROW_BYTES, SPARSE_STEP_COALESCES
 from simulator.ps import SPARSE_CHANGED_ROWS_COALESCES
+from simulator.variables import ADAPTIVE_SPARSE_STEP_COALESCES, COALESCE_PROBE_ROW_BYTES, SPARSE_STEP_COALESCES
 from stratagem.builders import PS, AllReduce, PartitionedPS
 from stratagem.calibrate.figures import (
     DEVICE_KIND,
