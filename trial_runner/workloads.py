@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stratagem.ir import ModelGraph
 from stratagem.ir.graph import OptimizerKind
+from stratagem.tracing.optrace import OperatorTrace
 
 ZOO_ALLOW_LIST: dict[str, str] = {
     "resnet50": "stratagem.zoo:resnet50",
@@ -69,11 +70,24 @@ class ZooWorkload(_Spec):
 class ReplayWorkload(_Spec):
     kind: Literal["replay"] = "replay"
     graph: ModelGraph
+    trace: OperatorTrace | None = None
+    """The graph's operator trace (the one `graph.trace_id` names): the replay runs its ops. Without
+    it the replay burns each layer's recorded work. Defaults to the trace held beside the graph."""
 
     def __init__(self, graph: ModelGraph | None = None, /, **data: Any) -> None:
         if graph is not None:
             data["graph"] = graph
+            if "trace" not in data and graph.trace is not None:
+                data["trace"] = graph.trace
         super().__init__(**data)
+
+    @model_validator(mode="after")
+    def _attach(self) -> ReplayWorkload:
+        if self.trace is not None:
+            if self.trace.id != self.graph.trace_id:
+                raise ValueError(f"trace: has id {self.trace.id}, but graph.trace_id is {self.graph.trace_id}")
+            self.graph.attach_trace(self.trace)
+        return self
 
     @property
     def batch_size(self) -> int:
@@ -115,8 +129,9 @@ class FaultWorkload(_Spec):
         return f"fault:{self.fault}:{self.inner.label}"
 
 
-def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
-    """The zoo model a graph was captured from, when it names one we may build; else a replay of it."""
+def workload_for_graph(graph: ModelGraph, *, trace: OperatorTrace | None = None) -> ZooWorkload | ReplayWorkload:
+    """The zoo model a graph was captured from, when it names one we may build; else a replay of it,
+    of its operator trace when there is one (`trace`, else the one held beside the graph)."""
     zoo = graph.provenance.get("zoo")
     if isinstance(zoo, dict) and zoo.get("name") in ZOO_ALLOW_LIST:
         try:
@@ -129,4 +144,4 @@ def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
             )
         except ValueError:
             pass
-    return ReplayWorkload(graph)
+    return ReplayWorkload(graph, trace=trace) if trace is not None else ReplayWorkload(graph)
