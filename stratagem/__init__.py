@@ -35,6 +35,7 @@ _LAZY = {
     "Client": "stratagem.client",
     "Job": "stratagem.client",
     "optimize": "stratagem.client",
+    "trial": "stratagem.trials",
 }
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "distribute",
     "launch",
     "optimize",
+    "trial",
 ]
 
 

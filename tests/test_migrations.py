@@ -16,7 +16,16 @@ import models
 
 pytest_plugins = ["service_fixtures"]
 
-TABLES = {"graphs", "resource_specs", "strategies", "jobs", "job_candidates", "trials", "cost_model_versions"}
+TABLES = {
+    "graphs",
+    "resource_specs",
+    "strategies",
+    "jobs",
+    "job_candidates",
+    "trials",
+    "cost_model_versions",
+    "operator_traces",
+}
 
 
 def _pending_diff(engine: Engine) -> list[object]:

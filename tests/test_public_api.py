@@ -38,6 +38,7 @@ PUBLIC = {
     "distribute",
     "launch",
     "optimize",
+    "trial",
 }
 
 
@@ -48,7 +49,7 @@ def test_all_is_pinned() -> None:
 def test_every_public_name_resolves_to_the_thing_it_names() -> None:
     for name in stratagem.__all__:
         assert getattr(stratagem, name) is not None
-    for name in ("capture", "distribute", "launch", "optimize"):
+    for name in ("capture", "distribute", "launch", "optimize", "trial"):
         assert inspect.isfunction(getattr(stratagem, name)), name
     assert issubclass(stratagem.InvalidGraphError, stratagem.StratagemError)
     assert issubclass(stratagem.NotFoundError, stratagem.ServiceError)

@@ -317,3 +317,27 @@ def _encoding_problem(value: Any, depth: int) -> str | None:
             return f"{key} must be a string"
         return None
     return f"{type(value).__name__} is not an encoded argument"
+
+
+def trace_graph_problems(trace: OperatorTrace, graph: Any) -> list[Problem]:
+    """A trace belongs to a graph when the graph names it and every parameter it reads is a variable of
+    the graph with the same shape (`graph` is a ModelGraph; typed loosely to keep the IR free of tracing)."""
+    problems = []
+    if graph.trace_id != trace.id:
+        problems.append(Problem("graph.trace_id", f"is {graph.trace_id!r}, but the trace's id is {trace.id!r}"))
+    shapes = {v.name: list(v.shape) for v in graph.variables}
+    for index, tensor in enumerate(trace.tensors):
+        if tensor.source != "parameter":
+            continue
+        if tensor.name not in shapes:
+            problems.append(Problem(f"trace.tensors[{index}].name", f"{tensor.name!r} is not a variable of the graph"))
+        elif shapes[tensor.name] != tensor.shape:
+            problems.append(
+                Problem(
+                    f"trace.tensors[{index}].shape",
+                    f"parameter {tensor.name!r} is {tensor.shape} in the trace, {shapes[tensor.name]} in the graph",
+                )
+            )
+        if len(problems) >= 10:
+            break
+    return problems
