@@ -5,8 +5,8 @@
 - a TorchFunctionMode tags the autograd nodes each forward call creates with the running layer;
 - saved-tensor hooks see what autograd keeps for backward (the activations).
 
-With a TraceRecorder, the dispatch mode also writes every op into the operator trace, the optimizer
-step's included (`Phase.optimizer`, which touches no layer).
+With a TraceRecorder, the dispatch mode also writes every forward and backward op into the operator
+trace (`trace_recorder.record_optimizer_step` adds the update's afterwards).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from stratagem.tracing.flops import EMBEDDING_OPS, op_category, op_flops
 from stratagem.tracing.recorder import LayerRecord, Phase, Recorder, tensors_in
-from stratagem.tracing.trace_recorder import OPTIMIZER_LAYER, TraceRecorder
+from stratagem.tracing.trace_recorder import TraceRecorder
 
 _NO_TRAFFIC = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
 
@@ -46,12 +46,10 @@ class OpRecorder(TorchDispatchMode):
         flops = op_flops(func, args, kwargs, out)
         if phase is Phase.forward:
             layer = self._forward_op(func, args, kwargs, out, flops).name
-        elif phase is Phase.backward:
+        else:
             record = self.recorder.layer_for_backward()
             record.bwd_flops += flops
             layer = record.name
-        else:
-            layer = OPTIMIZER_LAYER
         if self.trace is not None:
             self.trace.record(phase.value, func, args, kwargs, out, layer=layer, flops=flops)
         return out

@@ -27,8 +27,6 @@ NODE_TAG = "stratagem_layer"
 class Phase(Enum):
     forward = "forward"
     backward = "backward"
-    optimizer = "optimizer"
-    """The update after backward: recorded in the operator trace only, never in a layer."""
 
 
 @dataclass

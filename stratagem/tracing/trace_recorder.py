@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from stratagem.tracing.fake import storage_key
-from stratagem.tracing.optrace import MAX_CONSTANT_ELEMENTS, OperatorTrace, Phase, Source
+from stratagem.tracing.optrace import MAX_CONSTANT_ELEMENTS, OperatorTrace, Phase, Source, TraceOp, TraceTensor
 
 SKIPPED_NAMESPACES = frozenset({"prim", "profiler"})
 """Metadata queries and profiler markers: no work, nothing to replay."""
@@ -162,26 +163,25 @@ class TraceRecorder:
                 self.inputs.append(self.register(leaf, source="input", name=str(position)))
 
     def build(self, *, provenance: dict[str, Any]) -> OperatorTrace:
-        return OperatorTrace.model_validate(
-            {
-                "graph_name": self.graph_name,
-                "batch_size": self.batch_size,
-                "optimizer": self.optimizer,
-                "layers": list(self._layers),
-                "tensors": self.tensors,
-                "inputs": self.inputs,
-                "loss": self.loss,
-                "forward": self.ops["forward"],
-                "backward": self.ops["backward"],
-                "optimizer_step": self.ops["optimizer"],
-                "gradients": self.gradients,
-                "notes": self.notes,
-                "provenance": {
-                    **provenance,
-                    "recording_seconds": round(time.perf_counter() - self._started, 3),
-                },
-            }
+        """The trace document, put together without re-validating what this recorder wrote itself (on a
+        7B decoder that takes longer than recording); its id is computed exactly as parsing computes it."""
+        trace = OperatorTrace.model_construct(
+            graph_name=self.graph_name,
+            batch_size=self.batch_size,
+            optimizer=self.optimizer,
+            layers=list(self._layers),
+            tensors=[TraceTensor.model_construct(**entry) for entry in self.tensors],
+            inputs=self.inputs,
+            loss=self.loss,
+            forward=[TraceOp.model_construct(**op) for op in self.ops["forward"]],
+            backward=[TraceOp.model_construct(**op) for op in self.ops["backward"]],
+            optimizer_step=[TraceOp.model_construct(**op) for op in self.ops["optimizer"]],
+            gradients=self.gradients,
+            notes=self.notes,
+            provenance={**provenance, "recording_seconds": round(time.perf_counter() - self._started, 3)},
         )
+        object.__setattr__(trace, "id", trace.compute_id())
+        return trace
 
 
 def _special(value: Any) -> Any:
@@ -225,3 +225,56 @@ def optimizer_for(kind: str, params: list[torch.Tensor]) -> torch.optim.Optimize
         "lamb": lambda: torch.optim.AdamW(params, lr=1e-3),
     }
     return makers[kind]()
+
+
+class _OptimizerOps(TorchDispatchMode):
+    """Writes the update's ops into the trace; nothing else runs during the optimizer step."""
+
+    def __init__(self, tracer: TraceRecorder) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if isinstance(func, torch._ops.OpOverload):
+            self.tracer.record("optimizer", func, args, kwargs, out, layer=OPTIMIZER_LAYER, flops=0.0)
+        return out
+
+
+def record_optimizer_step(
+    tracer: TraceRecorder, params: dict[str, torch.Tensor], kind: str, loss: torch.Tensor
+) -> None:
+    """Record one steady-state update (call under the capture's fake mode, after backward): a first step,
+    not recorded, creates the optimizer's state, as a trained model's has; the second is traced.
+
+    The update never changes what capture measured, so whatever fails here becomes a note of the trace.
+    """
+    tracer.loss = tracer.known(loss)
+    with_grad = {name: p for name, p in params.items() if p.grad is not None}
+    for name, param in with_grad.items():
+        index = tracer.known(param.grad)  # type: ignore[arg-type]
+        if index is not None:
+            tracer.gradients[name] = index
+    sparse = [name for name, p in with_grad.items() if p.grad is not None and p.grad.layout != torch.strided]
+    if sparse and kind in ("adam", "adamw", "lamb"):
+        tracer.notes.append(
+            f"the optimizer step leaves out {len(sparse)} sparse tables ({', '.join(sparse[:3])}): "
+            "SparseAdam's update size depends on the rows looked up, which capture does not know"
+        )
+        with_grad = {name: p for name, p in with_grad.items() if name not in sparse}
+    if not with_grad:
+        return
+    try:
+        optimizer = optimizer_for(kind, list(with_grad.values()))
+        optimizer.step()
+        names = {id(p): name for name, p in with_grad.items()}
+        for param, state in optimizer.state.items():
+            for slot, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    tracer.register(value, source="state", name=f"{names[id(param)]}:{slot}")
+        with _OptimizerOps(tracer):
+            optimizer.step()
+    except Exception as error:  # the update is an extra of the trace: capture goes on without it
+        tracer.ops["optimizer"].clear()
+        tracer.notes.append(f"the optimizer step could not be traced: {type(error).__name__}: {error}"[:500])
