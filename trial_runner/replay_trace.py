@@ -518,6 +518,7 @@ class TraceReplay:
         self.buffers: dict[int, str] = {}
         self.constants: dict[int, TraceTensor] = {}
         problems = []
+        read_forward = {i for op in trace.forward for i in tensor_refs([op.args, list(op.kwargs.values())])}
         for index, meta in enumerate(trace.tensors):
             if meta.source == "parameter" and meta.name is not None:
                 if variables.get(meta.name) != meta.shape:
@@ -532,7 +533,7 @@ class TraceReplay:
                 self.parameters[index] = meta.name
             elif meta.source == "buffer" and meta.name is not None:
                 self.buffers[index] = meta.name
-            elif meta.source in ("constant", "state"):
+            elif meta.source == "constant" and index in read_forward:
                 self.constants[index] = meta
         if problems:
             raise InvalidGraphError(problems[:10])
