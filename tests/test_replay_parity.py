@@ -47,50 +47,42 @@ def _runs(world_size: int) -> list[dict[str, Any]]:
 
 
 def parity_worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any]:
+    errors = {run["name"]: _parity(run, rank, world_size) for run in payload["runs"]}
+    return {"errors": {k: v[0] for k, v in errors.items()}, "control": next(iter(errors.values()))[1]}
+
+
+def _parity(run: dict[str, Any], rank: int, world_size: int) -> tuple[float, float]:
+    """(error of the distributed replay, error of a replay that trains on its own batches alone)."""
     from stratagem.ir import ModelGraph, Strategy
     from stratagem.runtime import distribute
     from stratagem.tracing.optrace import OperatorTrace
     from trial_runner.build import derive_seed, make_optimizer
     from trial_runner.replay import ReplayModel, replay_batch_maker, replay_loss
 
-    errors = {}
-    for run in payload["runs"]:
-        graph = ModelGraph.parse(run["graph"]).attach_trace(OperatorTrace.parse(run["trace"]))
-        make_batch = replay_batch_maker(graph)
+    graph = ModelGraph.parse(run["graph"]).attach_trace(OperatorTrace.parse(run["trace"]))
+    make_batch = replay_batch_maker(graph)
 
-        def batch(step: int, of_rank: int) -> tuple[torch.Tensor, ...]:
-            torch.manual_seed(derive_seed(7, of_rank, step))
-            return make_batch(graph.batch_size)
+    def batch(step: int, of_rank: int) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(derive_seed(7, of_rank, step))
+        return make_batch(graph.batch_size)
 
-        def fresh() -> ReplayModel:
-            torch.manual_seed(0)
-            return ReplayModel(graph)
-
-        reference = fresh()
-        reference_optimizer = make_optimizer(graph.optimizer.kind, reference, lr=0.01)
-        for step in range(STEPS):
-            reference_optimizer.zero_grad()
-            for other in range(world_size):
-                (replay_loss(reference(*batch(step, other))) / world_size).backward()
-            reference_optimizer.step()
-        model = fresh()
+    def train(ranks: list[int], strategy: Strategy | None) -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = ReplayModel(graph)
         optimizer = make_optimizer(graph.optimizer.kind, model, lr=0.01)
-        model, optimizer = distribute(model, optimizer, Strategy.parse(run["strategy"]))
+        if strategy is not None:
+            model, optimizer = distribute(model, optimizer, strategy)
         for step in range(STEPS):
             optimizer.zero_grad()
-            replay_loss(model(*batch(step, rank))).backward()
+            for other in ranks:
+                (replay_loss(model(*batch(step, other))) / len(ranks)).backward()
             optimizer.step()
-        errors[run["name"]] = max_relative_error(model, reference)
-        if "control" not in errors:  # a replay that trains on its own batches alone is far off: the check can fail
-            alone = fresh()
-            alone_optimizer = make_optimizer(graph.optimizer.kind, alone, lr=0.01)
-            for step in range(STEPS):
-                alone_optimizer.zero_grad()
-                replay_loss(alone(*batch(step, rank))).backward()
-                alone_optimizer.step()
-            errors["control"] = max_relative_error(alone, reference)
-    control = errors.pop("control")
-    return {"errors": errors, "control": control}
+        return model
+
+    reference = train(list(range(world_size)), None)
+    distributed = train([rank], Strategy.parse(run["strategy"]))
+    alone = train([rank], None)
+    return max_relative_error(distributed, reference), max_relative_error(alone, reference)
 
 
 def test_n_rank_replay_equals_one_process_replay_of_the_same_batches() -> None:
