@@ -18,7 +18,8 @@ from stratagem.tracing.optrace import OperatorTrace
 from trial_runner import LocalBackend, Outcome, ReplayWorkload, run_trial
 from trial_runner.build import build_workload, make_optimizer, output_loss
 from trial_runner.replay import ReplayModel, replay_batch_maker, replay_loss
-from trial_runner.replay_trace import input_bounds, replay_notes
+from trial_runner.replay_inputs import input_bounds
+from trial_runner.replay_trace import replay_notes
 from trial_runner.spec import TrialSpec
 from trial_runner.workloads import workload_for_graph
 
