@@ -162,7 +162,8 @@ class ModelGraph(Document):
         return self._trace
 
     def attach_trace(self, trace: OperatorTrace) -> Self:
-        """Keep `trace` beside the graph, so uploads and replays find it; it must be the one `trace_id` names."""
+        """Keep `trace` beside the graph, so uploads and replays find it; it must be the one `trace_id` names.
+        Parsing, `replace` and `load` give a graph without it (JSON carries the id only)."""
         if trace.id != self.trace_id:
             raise InvalidGraphError(
                 [Problem("trace_id", f"is {self.trace_id!r}, but the trace given has id {trace.id!r}")]
