@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_cpu_cluster
 from runtime_helpers import run_ranks
-from test_client_helpers import served
+from service_helpers import served
 from torch import nn
 
 import stratagem

@@ -10,16 +10,14 @@ import json
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from test_client_helpers import served
+from service_helpers import served
 from torch import nn
 
 import stratagem
-from optimizer_service.api.routes.graphs import MAX_TRACE_BYTES
+from optimizer_service.core.graph_upload import MAX_TRACE_BYTES
 from stratagem.ir import ModelGraph
 from stratagem.tracing import capture
 from stratagem.tracing.optrace import OperatorTrace
-
-pytest_plugins = ["service_fixtures"]
 
 
 def _captured() -> ModelGraph:

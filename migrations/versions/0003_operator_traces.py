@@ -1,6 +1,6 @@
 """Operator traces beside the graphs: gzip-compressed JSON keyed by content id.
 
-Revision ID: 0004_operator_traces
+Revision ID: 0003_operator_traces
 Revises: 0001_initial
 Create Date: 2026-12-01
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_operator_traces"
+revision = "0003_operator_traces"
 down_revision = "0002_content_ids"
 branch_labels = None
 depends_on = None
