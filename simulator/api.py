@@ -6,9 +6,10 @@ import logging
 import threading
 from collections import OrderedDict
 
-from simulator.codec import encode
+from simulator.codec import check_all, encode
 from simulator.context import SimContext, compile_context
 from simulator.prediction import Prediction, predictions
+from simulator.step_graph import step_graph
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
@@ -40,11 +41,23 @@ def context_for(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
 
 def simulate(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Prediction]:
     """Predict each strategy. Raises InvalidStrategyError (with the strategy's index in the path) for a
-    strategy that does not match the graph or cluster."""
+    strategy that does not match the graph or cluster. A strategy that states its micro-batch size is
+    priced on the graph of its whole step (`step_graph`), one batch per step size."""
     if not strategies:
         return []
-    context = context_for(graph, resources)
-    return predictions(context, encode(context, strategies))
+    samples = [strategy.step_samples(graph.batch_size) for strategy in strategies]
+    if all(n == graph.batch_size for n in samples):
+        context = context_for(graph, resources)
+        return predictions(context, encode(context, strategies))
+    check_all(graph, resources, strategies)
+    out: list[Prediction | None] = [None] * len(strategies)
+    for size in sorted(set(samples)):
+        rows = [i for i, n in enumerate(samples) if n == size]
+        context = context_for(step_graph(graph, size), resources)
+        batch = [strategies[i] for i in rows]
+        for i, prediction in zip(rows, predictions(context, encode(context, batch, validate=False)), strict=True):
+            out[i] = prediction
+    return [p for p in out if p is not None]
 
 
 def simulate_each(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Prediction | None]:

@@ -21,9 +21,11 @@ from stratagem.errors import InvalidStrategyError, Problem, UnsupportedStrategyE
 from stratagem.ir import (
     Consistency,
     Mesh,
+    ModelGraph,
     PipelineConfig,
     Provenance,
     PSSynchronizer,
+    ResourceSpec,
     ShardedSynchronizer,
     Strategy,
     VariableConfig,
@@ -75,11 +77,18 @@ def encode(context: SimContext, strategies: list[Strategy], *, validate: bool = 
     batch = CandidateBatch.allocate(context, len(strategies), max_shards=max_shards)
     for i, strategy in enumerate(strategies):
         if validate:
-            problems = strategy_problems(strategy, context.graph, context.resources)
-            if problems:
-                raise InvalidStrategyError([Problem(f"strategies[{i}].{p.path}", p.reason) for p in problems])
+            check_all(context.graph, context.resources, [strategy], first=i)
         _encode_row(context, batch, i, strategy)
     return batch
+
+
+def check_all(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy], *, first: int = 0) -> None:
+    """Raise InvalidStrategyError for the first strategy that does not fit the graph or cluster, its
+    path `strategies[i]...` counting from `first`."""
+    for i, strategy in enumerate(strategies, start=first):
+        problems = strategy_problems(strategy, graph, resources)
+        if problems:
+            raise InvalidStrategyError([Problem(f"strategies[{i}].{p.path}", p.reason) for p in problems])
 
 
 def _ps_shards(strategy: Strategy) -> int:

@@ -34,7 +34,6 @@ from stratagem.ir import (
     device_address,
 )
 from stratagem.ir.document import Document, as_value_error
-from stratagem.step_graph import micro_batch_count
 
 ZeroLevel = Literal[0, 1, 2, 3]
 MAX_MICRO_BATCHES = 1 << 20
@@ -256,7 +255,7 @@ def layout_problems(layout: Layout) -> list[Problem]:
 def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
     """A strategy's layout, where it has one: every variable all-reduced uncompressed, or every one
     sharded at one stage; BSP; no partitions. The batch sizes need the graph (one micro-batch for a
-    strategy built from a layout, a replica's step for others: `stratagem.step_graph`); without it the
+    strategy that states its micro-batch size, a replica's step for others: `Strategy.step_samples`); without it the
     layout keeps the micro-batch count and leaves the batch sizes unset."""
     if graph is not None and strategy.graph_id is not None and strategy.graph_id != graph.id:
         raise UnsupportedStrategyError(
@@ -268,7 +267,7 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
     micro_batches = pipe.micro_batches if pipe is not None else 1
     batch: dict[str, int | None] = {"micro_batches": micro_batches}
     if graph is not None:
-        step = graph.batch_size * micro_batch_count(strategy)  # one replica's samples per step
+        step = strategy.step_samples(graph.batch_size)
         if step % micro_batches:
             raise UnsupportedStrategyError(
                 f"the graph's batch {step} does not split into {micro_batches} equal micro-batches"

@@ -30,9 +30,10 @@ from stratagem.ir import (
 )
 from stratagem.layout import Layout
 from stratagem.stages import cut_points, cut_stages
-from stratagem.step_graph import LAYOUT_BUILDER
 from stratagem.tensor_plan import Split, candidate_splits
 
+LAYOUT_BUILDER = "Layout"
+"""`provenance.builder` of a strategy `Layout.build` wrote."""
 FUSION_CHUNK = 128
 """Variables per all-reduce (or shard) fusion group, as AutoDist's AllReduce builder groups them."""
 
@@ -77,6 +78,7 @@ def build_strategy(
         replicas=devices,
         mesh=Mesh(data=resolved.data or 1, tensor=tensor, pipeline=pipeline, context=resolved.context or 1),
         pipeline=pipe,
+        micro_batch_size=graph.batch_size,
         tensor_parallel=tensor_plan_for(graph, tensor),
         recompute=resolved.recompute,
         precision=resolved.precision,

@@ -5,9 +5,9 @@ and the simulator build on the library, not the other way round), so `predict` i
 and a client that only talks to the service never loads it. This module is the one place in `stratagem`
 that reaches into `simulator` (docs/layouts.md, "Architecture").
 
-Throughput counts what a step trains: a layout's graph is captured at the micro-batch, so its step is
-`micro-batches × data` micro-batches of the graph's batch (`stratagem.step_graph` prices it so); any
-other strategy's graph is already a replica's step. Tokens are samples × the architecture's sequence. MFU is model FLOPs (the captured forward and backward, without the forward that
+Throughput counts what a step trains: a strategy that states its micro-batch size (every one a layout
+builds, whose graph is captured at the micro-batch) trains `micro_batch_size × micro-batches × data`
+samples per step; any other strategy's graph is already a replica's step (`Strategy.step_samples`). Tokens are samples × the architecture's sequence. MFU is model FLOPs (the captured forward and backward, without the forward that
 recomputation repeats; attention counted over the whole score matrix, as PaLM's appendix B does) per
 second over the dense peak of every replica's device at the step's matmul precision.
 """
@@ -25,7 +25,6 @@ from stratagem.ir import DeviceSpec, ModelGraph, ResourceSpec, Strategy
 from stratagem.ir.document import Strict
 from stratagem.layout import Layout, layout_of
 from stratagem.layout_build import SharedParts, build_strategy
-from stratagem.step_graph import micro_batch_count, step_graph
 
 PEAK_KEYS: dict[str, tuple[str, ...]] = {
     "fp32": ("float32",),
@@ -119,27 +118,15 @@ def _strategy(
 
 
 def _simulate(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy], *, single: bool) -> list[Any]:
-    """One simulator call per graph: the graph itself, and for a layout's strategy the graph of its whole
-    step (`stratagem.step_graph`), one call per micro-batch count."""
     from simulator import simulate  # the lazy facade: see the module docstring
 
-    counts = [micro_batch_count(strategy) for strategy in strategies]
-    out: list[Any] = [None] * len(strategies)
-    for count in sorted(set(counts)):
-        rows = [i for i, c in enumerate(counts) if c == count]
-        priced = step_graph(graph, count)
-        batch = [
-            strategies[i] if count == 1 else strategies[i].model_copy(update={"graph_id": priced.id}) for i in rows
-        ]
-        try:
-            results = simulate(priced, resources, batch)
-        except InvalidDocumentError as error:
-            raise _renamed(error, rows, single=single) from None
-        except UnsupportedStrategyError as error:
-            raise _refused(simulate, priced, resources, batch, rows, error, single=single) from None
-        for i, result in zip(rows, results, strict=True):
-            out[i] = result
-    return out
+    rows = list(range(len(strategies)))
+    try:
+        return list(simulate(graph, resources, strategies))
+    except InvalidDocumentError as error:
+        raise _renamed(error, rows, single=single) from None
+    except UnsupportedStrategyError as error:
+        raise _refused(simulate, graph, resources, strategies, rows, error, single=single) from None
 
 
 def _renamed(error: InvalidDocumentError, rows: list[int], *, single: bool) -> InvalidDocumentError:
@@ -179,19 +166,23 @@ def _refused(
 
 def _prediction(graph: ModelGraph, resources: ResourceSpec, item: Any, strategy: Strategy, raw: Any) -> Prediction:
     mesh = strategy.effective_mesh
-    micro_batches = micro_batch_count(strategy)
-    global_batch = graph.batch_size * micro_batches * mesh.data
+    step_samples = strategy.step_samples(graph.batch_size)
+    global_batch = step_samples * mesh.data
     step = float(raw.step_time_s)
     samples = global_batch / step if step > 0 else 0.0
     arch = architecture_of(graph)
-    model_flops = graph.total_flops * micro_batches * mesh.data
+    model_flops = graph.total_flops * step_samples / graph.batch_size * mesh.data
     specs = [_device_spec(resources, device) for device in strategy.replicas]
     peaks = [_dense_peak(spec, strategy.precision) for spec in specs]
     peak = None if any(p is None for p in peaks) else sum(p for p in peaks if p is not None)
     capacity = min(spec.memory_bytes for spec in specs)
     memory = float(raw.memory_per_device_bytes)
     if isinstance(item, Layout):
-        batch = {"micro_batch": graph.batch_size, "global_batch": global_batch, "micro_batches": None}
+        batch = {
+            "micro_batch": strategy.micro_batch_size or graph.batch_size,
+            "global_batch": global_batch,
+            "micro_batches": None,
+        }
         layout: Layout | None = Layout.parse(
             {**item.resolved(len(strategy.replicas)).model_dump(mode="json", exclude={"id"}), **batch}
         )

@@ -194,3 +194,14 @@ def test_a_strategy_no_layout_states_is_refused_with_the_reason() -> None:
     with pytest.raises(UnsupportedStrategyError, match="made for graph"):
         base.layout(gpt_graph())
     assert base.layout(graph).data == 8
+
+
+def test_a_built_strategy_states_its_micro_batch_and_a_trial_feeds_every_micro_batch_of_the_step() -> None:
+    from trial_runner import ReplayWorkload, TrialSpec
+
+    graph, cluster = gpt_graph(), gpu_cluster(1, 8)
+    strategy = Layout(data=8, micro_batch=graph.batch_size, global_batch=graph.batch_size * 8 * 4).build(graph, cluster)
+    assert strategy.micro_batch_size == graph.batch_size and strategy.micro_batches == 4
+    assert strategy.step_samples(graph.batch_size) == 4 * graph.batch_size
+    spec = TrialSpec(workload=ReplayWorkload(graph), resources=cluster, strategy=strategy)
+    assert spec.global_batch_size == graph.batch_size * 4 * 8

@@ -139,16 +139,21 @@ def test_a_step_of_m_micro_batches_computes_m_times_one_micro_batch() -> None:
     assert four.global_batch == 4 * one.global_batch
 
 
-def test_the_simulator_splits_the_graphs_batch_into_micro_batches() -> None:
-    """The contract `stratagem.step_graph` bridges: the simulator reads a strategy's graph as a replica's
-    whole step. When it reads the graph at the micro-batch instead (DESIGN), this fails: remove the bridge."""
+def test_a_strategy_without_a_micro_batch_size_splits_its_graphs_batch_and_one_with_it_repeats_it() -> None:
     from simulator import simulate
 
     graph, cluster = gpt_graph(hidden=512, seq=256), make_cpu_cluster(2)
     whole = AllReduce().build(graph, cluster)
     split = whole.replace(pipeline={"stages": [[layer.name for layer in graph.layers]], "micro_batches": 2})
-    one, two = simulate(graph, cluster, [whole, split])
+    repeated = split.replace(micro_batch_size=graph.batch_size)
+    one, two, twice = simulate(graph, cluster, [whole, split, repeated])
     assert two.breakdown["compute"] == pytest.approx(one.breakdown["compute"], rel=0.1)
+    assert twice.breakdown["compute"] == pytest.approx(2 * one.breakdown["compute"], rel=0.1)
+    assert twice.samples_per_s * twice.step_time_s == pytest.approx(2 * one.samples_per_s * one.step_time_s)
+    assert (split.step_samples(graph.batch_size), repeated.step_samples(graph.batch_size)) == (
+        graph.batch_size,
+        2 * graph.batch_size,
+    )
 
 
 def test_a_search_strategys_micro_batches_split_its_graphs_batch() -> None:

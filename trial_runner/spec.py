@@ -60,8 +60,8 @@ class TrialSpec(BaseModel):
 
     @property
     def global_batch_size(self) -> int:
-        """Samples per step over all replicas: the per-replica batch times the data-parallel degree."""
-        return self.workload.batch_size * self.strategy.effective_mesh.data
+        """Samples per step over all replicas: the per-replica step times the data-parallel degree."""
+        return self.strategy.step_samples(self.workload.batch_size) * self.strategy.effective_mesh.data
 
     def cpu_threads(self, local_ranks: int) -> int:
         if self.threads_per_rank is not None:

@@ -84,6 +84,7 @@ def _train(
     advance("build")
     report.baseline_memory_bytes = current_memory_bytes(device)
     built = build_workload(spec.workload, seed=spec.seed, rank=rank)
+    built.batch_size = spec.strategy.step_samples(built.batch_size)
     built.model.to(device)
     optimizer = make_optimizer(built.optimizer_kind, built.model)
     if spec.prime_optimizer:
@@ -151,6 +152,7 @@ def _measure_undistributed(spec: TrialSpec, rank: int, device: torch.device) -> 
     """Time the same steps on an undistributed replica: what the step costs without any synchronization."""
     workload = spec.workload.inner if isinstance(spec.workload, FaultWorkload) else spec.workload
     built = build_workload(workload, seed=spec.seed, rank=rank)
+    built.batch_size = spec.strategy.step_samples(built.batch_size)
     built.model.to(device)
     optimizer = make_optimizer(built.optimizer_kind, built.model)
     times = []

@@ -267,6 +267,12 @@ class Strategy(Document):
     pipeline: PipelineConfig | None = None
     tensor_parallel: list[TensorParallelLayer] = Field(default_factory=list, max_length=MAX_LAYERS)
     """Which modules the tensor-parallel group splits, and how; everything else is replicated in it."""
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    """Samples in each micro-batch on one replica. None: the graph's batch is the replica's whole step,
+    split evenly into the pipeline's micro-batches (what the search writes). Set (what a layout writes,
+    its graph captured at the micro-batch): each micro-batch holds this many samples, a step runs
+    `pipeline.micro_batches` of them on every replica, and the graph's recorded work scales by
+    `micro_batch_size / graph.batch_size` per micro-batch."""
     recompute: Recompute = "none"
     """Activation recomputation of every numbered block (`blocks.3`, or `2` in an nn.Sequential).
     `full`: only a block's input is kept through the forward, and the block's forward runs again in
@@ -290,6 +296,16 @@ class Strategy(Document):
     def _check_self(self) -> Self:
         as_value_error(strategy_self_problems(self))
         return self
+
+    @property
+    def micro_batches(self) -> int:
+        return self.pipeline.micro_batches if self.pipeline is not None else 1
+
+    def step_samples(self, graph_batch: int) -> int:
+        """Samples one replica trains on per step, for a graph captured at `graph_batch`."""
+        if self.micro_batch_size is None:
+            return graph_batch
+        return self.micro_batch_size * self.micro_batches
 
     @property
     def effective_mesh(self) -> Mesh:

@@ -1,0 +1,65 @@
+"""The graph of one replica's step, for a strategy that states its micro-batch size.
+
+The engine reads a graph as a replica's whole step and splits its batch into the micro-batches. A
+strategy with `micro_batch_size` (every strategy a layout builds: its graph is captured at the
+micro-batch) trains `micro_batch_size × micro_batches` samples per replica per step instead, so it is
+priced on the graph scaled to that step: every per-sample figure (FLOPs, activation and output bytes,
+the bytes a layer moves beyond its weights, sparse lookups) times `step samples / graph batch`, the
+variables as they are. Compute, activations and samples are linear in the batch for the layers a
+graph records; the weights a layer reads are not, and stay.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from stratagem.ir import ModelGraph
+
+CACHED = 16
+
+_graphs: OrderedDict[tuple[str | None, int], ModelGraph] = OrderedDict()
+_lock = threading.Lock()
+
+
+def step_graph(graph: ModelGraph, samples: int) -> ModelGraph:
+    """`graph` scaled to `samples` per replica step (cached per graph and sample count)."""
+    if samples == graph.batch_size:
+        return graph
+    key = (graph.id, samples)
+    with _lock:
+        found = _graphs.get(key)
+    if found is not None:
+        return found
+    scaled = _scaled(graph, samples)
+    with _lock:
+        _graphs[key] = scaled
+        while len(_graphs) > CACHED:
+            _graphs.popitem(last=False)
+    return scaled
+
+
+def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
+    factor = samples / graph.batch_size
+    weights = {variable.name: variable.nbytes for variable in graph.variables}
+    layers = []
+    for layer in graph.layers:
+        fixed = min(layer.bytes_moved, sum(weights[name] for name in layer.variables))
+        layers.append(
+            layer.model_copy(
+                update={
+                    "fwd_flops": layer.fwd_flops * factor,
+                    "bwd_flops": layer.bwd_flops * factor,
+                    "bytes_moved": (layer.bytes_moved - fixed) * factor + fixed,
+                    "activation_bytes": layer.activation_bytes * factor,
+                    "output_bytes": layer.output_bytes * factor,
+                }
+            )
+        )
+    variables = [
+        variable.model_copy(update={"lookups_per_step": round(variable.lookups_per_step * factor)})
+        if variable.lookups_per_step is not None
+        else variable
+        for variable in graph.variables
+    ]
+    return graph.replace(batch_size=samples, layers=layers, variables=variables)
