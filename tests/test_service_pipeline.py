@@ -49,17 +49,18 @@ class TimedBackend:
         )
 
 
-def test_without_trials_the_answer_is_the_top_prediction_and_progress_walks_the_phases() -> None:
+def test_without_trials_the_answer_is_the_decided_prediction_and_progress_walks_the_phases() -> None:
     phases: list[JobPhase] = []
     result = run_pipeline(
         make_mlp_graph(), make_t4_cluster(2), OPTIONS, lambda p: phases.append(p.phase), lambda: False
     )
     assert result.best is result.candidates[0] and result.best.rank == 1
     assert result.summary["answer_basis"] == "predicted" and result.summary["trials_ran"] == 0
+    assert result.summary["decision"]["chosen"] == result.best.strategy.id
     assert phases[0] == JobPhase.searching and phases[-1] == JobPhase.finalizing
     steps = [
         c.strategy.predicted.step_time_s
-        for c in result.candidates
+        for c in result.candidates[1:]
         if c.strategy.predicted and c.strategy.predicted.feasible
     ]
     assert steps == sorted(steps)
