@@ -191,8 +191,10 @@ def placement(space: Space, batch: CandidateBatch, i: int, v: int) -> str:
         servers = sorted({context.devices[int(s)] for s in batch.server[i, v, :shards] if s >= 0})
         replicated = ", replicated locally" if batch.local_replication[i, v] else ""
         return f"parameter server {', '.join(servers)}{split}{replicated}"
-    fused = int(((batch.group[i] == batch.group[i, v]) & (batch.kind[i] == batch.kind[i, v])).sum()) - 1
-    partners = f", fused with {fused} other variable(s)" if fused else ", in a fusion group of its own"
+    mates = np.flatnonzero((batch.group[i] == batch.group[i, v]) & (batch.kind[i] == batch.kind[i, v]))
+    names = [context.variable_names[int(m)] for m in mates if m != v]
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    partners = f", fused with {names[0]}{more}" if names else ", in a fusion group of its own"
     if kind == SyncKind.SHARDED:
         return f"sharded{split}{partners}"
     algorithm = Algorithm(int(batch.algorithm[i, v])).name.lower()
