@@ -36,7 +36,7 @@ def _run(client: TestClient, **body: Any) -> dict[str, Any]:
 
 def test_a_job_names_the_rule_that_decided_and_re_levels_after_a_far_first_trial(make_client) -> None:
     client: TestClient = make_client(trials=fake_executor(_slow_cluster))
-    job = _run(client, max_trials=3)
+    job = _run(client, max_trials=3, current="dp=8")
     result = job["result"]
     decision = result["decision"]
     assert decision["rule"] in {rule.value for rule in Rule}
@@ -54,6 +54,7 @@ def test_a_job_names_the_rule_that_decided_and_re_levels_after_a_far_first_trial
     assert ranked == client.get(f"{job['url']}/strategies").json()["data"]
     assert ranked[0]["strategy_id"] == job["best_strategy_id"]
     feasible = [c for c in ranked if c["predicted"]["feasible"]]
+    assert "current" in {c["source"] for c in feasible}, "re-levelled like every untried candidate"
     for candidate in feasible:
         predicted = candidate["predicted"]["step_time_s"]
         assert candidate["relevelled_step_time_s"] == pytest.approx(MISS * predicted), candidate["source"]

@@ -116,16 +116,10 @@ def state_against(
     *,
     same_as: str | None,
     notes: list[str],
-    relevel: Relevelled | None,
 ) -> dict[str, Any]:
-    """`result.current` and `result.speedup_vs_current`, and a note saying it in words. When the first
-    trial re-levelled the candidates, the current configuration's prediction is re-levelled alike (in
-    `relevel.levelled`, for the page that shows them side by side); the speed-up, a ratio of two
-    predictions on one level, does not change."""
+    """`result.current` and `result.speedup_vs_current`, and a note saying it in words."""
     speedup = speedup_over(answer.strategy, current.candidate.strategy)
     predicted = current.candidate.strategy.predicted
-    if relevel is not None and relevel.applied and predicted is not None:
-        relevel.levelled.setdefault(str(current.candidate.strategy.id), predicted.step_time_s * relevel.factor)
     if predicted is not None and not predicted.feasible:
         notes.append(
             f"your current configuration ({current.label}) is predicted not to fit: {predicted.infeasible_reason}"
@@ -142,6 +136,16 @@ def state_against(
             "answer: keep it"
         )
     return {"current": current.to_json(same_as=same_as), "speedup_vs_current": speedup}
+
+
+def relevelled_current(current: PricedCurrent, relevel: Relevelled | None) -> dict[str, float]:
+    """The current configuration's prediction re-levelled like every untried candidate, by strategy id
+    (empty when the first trial re-levelled nothing). The speed-up over it, a ratio of two predictions
+    on one level, does not change."""
+    predicted = current.candidate.strategy.predicted
+    if relevel is None or not relevel.applied or predicted is None:
+        return {}
+    return {str(current.candidate.strategy.id): predicted.step_time_s * relevel.factor}
 
 
 def speedup_over(answer: Strategy, current: Strategy) -> float | None:

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from models import JobPhase
 from optimizer_service.core.inputs import JobOptions
 from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
-from optimizer_service.jobs.current import join_candidates, price_for_job, speedup_over, state_against
+from optimizer_service.jobs.current import (
+    join_candidates,
+    price_for_job,
+    relevelled_current,
+    speedup_over,
+    state_against,
+)
 from optimizer_service.jobs.decision import decide_answer
 from optimizer_service.jobs.search_adapter import SearchFn, SearchOutcome, run_search
 from optimizer_service.jobs.trial_plan import make_planner, trial_result
@@ -99,12 +105,11 @@ def run_pipeline(
     same_as = join_candidates(candidates, current)
     ranked = _rank_final(candidates, phase)
     best = ranked[0]
-    stated = (
-        state_against(best, current, same_as=same_as, notes=state.notes, relevel=phase.relevelled)
-        if current is not None
-        else {}
-    )
+    stated = state_against(best, current, same_as=same_as, notes=state.notes) if current is not None else {}
     summary = {**_summary(outcome, best, ranked, phase, state, cost_model), **stated}
+    relevel = summary.get("relevel")
+    if current is not None and isinstance(relevel, dict):
+        relevel["relevelled_s"].update(relevelled_current(current, phase.relevelled))
     state.timings_s["finalizing"] = clock.lap()
     summary["timings_s"] = dict(state.timings_s)
     progress(state)
