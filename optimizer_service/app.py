@@ -22,7 +22,7 @@ from optimizer_service import dashboard
 from optimizer_service.api import errors, routes
 from optimizer_service.api.bodies import openapi_with_bodies
 from optimizer_service.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from optimizer_service.api.schemas import OptimizeRequest, TrialCreate
+from optimizer_service.api.schemas import OptimizeRequest, PredictRequest, TrialCreate
 from optimizer_service.core.cost_model import CostModelTrainer, default_trainer
 from optimizer_service.core.ingest import Ingestor
 from optimizer_service.core.redact import install_log_masking
@@ -45,7 +45,7 @@ POST a ModelGraph and a ResourceSpec to `/v1/optimize`, follow the job at `/v1/j
 the answer, a Strategy document, from `/v1/jobs/{id}/best`."""
 
 _UNSET = object()
-REQUEST_BODIES = [ModelGraph, ResourceSpec, OptimizeRequest, TrialCreate]
+REQUEST_BODIES = [ModelGraph, ResourceSpec, OptimizeRequest, TrialCreate, PredictRequest]
 """Bodies the routes read off the event loop (`api/bodies.py`); listed so the OpenAPI document shows them."""
 ROUTERS = (
     routes.graphs,

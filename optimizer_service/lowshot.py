@@ -8,6 +8,12 @@ of one family tend to be wrong in the same way. After each result the prediction
 callback, e.g. the cost model refit on the new trial) and the planner stops as soon as the best is
 clear: its upper bound lies below every other candidate's lower bound.
 
+An uncalibrated cluster shows at the first measurement: when the job's first successful trial lands
+far from its prediction (`Relevel.far`: outside its interval, or more than 15% off), every candidate
+is re-levelled by that miss (its interval times measured / predicted) before the next choice, so the
+rest are judged on the level the cluster actually runs at. The level stays: later refits work on
+measurements divided by it and their intervals are multiplied by it.
+
 Pure logic on candidate ids and (low, mid, high) intervals; the service drives it:
 
     planner = TrialPlanner(candidates, budget=4, update=CostModelUpdater(...))
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from scipy.stats import norm
@@ -77,6 +83,65 @@ class Answer:
     reason: str
 
 
+@dataclass(frozen=True)
+class Relevel:
+    """The rule for re-levelling on the first measurement, and what it did when it fired."""
+
+    relative: float = 0.15
+    """A first measurement more than this far from its prediction (either way) is far."""
+    outside_interval: bool = True
+    """A first measurement outside the prediction's (low, high) interval is far too."""
+
+    def far(self, measured: float, interval: Interval) -> bool:
+        low, mid, high = interval
+        off = abs(measured / mid - 1.0) > self.relative
+        return off or (self.outside_interval and not low <= measured <= high)
+
+
+DEFAULT_RELEVEL = Relevel()
+
+
+@dataclass(frozen=True)
+class Relevelled:
+    """A re-levelling that happened: which trial, by how much, and every candidate's level after it."""
+
+    candidate_id: str
+    predicted: Interval
+    """The measured candidate's interval when it ran."""
+    measured: float
+    factor: float
+    """measured / predicted mid: what every interval was multiplied by."""
+    applied: bool
+    """False when the first measurement was close enough: nothing was re-levelled."""
+    levelled: dict[str, float] = field(default_factory=dict)
+    """Each candidate's step-time prediction (interval mid) right after the re-levelling."""
+
+    def to_json(self, rule: Relevel) -> dict[str, object]:
+        low, mid, high = self.predicted
+        return {
+            "applied": self.applied,
+            "trial_strategy_id": self.candidate_id,
+            "predicted_s": mid,
+            "interval_s": [low, high],
+            "measured_s": self.measured,
+            "factor": self.factor,
+            "far_when": {"relative": rule.relative, "outside_interval": rule.outside_interval},
+            "relevelled_s": dict(self.levelled),
+            "reason": self.words(rule),
+        }
+
+    def words(self, rule: Relevel) -> str:
+        low, mid, high = self.predicted
+        where = f"{self.measured:.4g} s against {mid:.4g} s predicted (interval {low:.4g}–{high:.4g} s)"
+        if not self.applied:
+            return f"the first trial measured {where}: within {rule.relative:.0%} and the interval, so nothing was re-levelled"
+        return (
+            f"the first trial measured {where}, {self.factor:.2f}× its prediction: far from it (outside its "
+            f"interval or more than {rule.relative:.0%} off), so every untried candidate was re-levelled by "
+            f"{self.factor:.2f}× before the next choice"
+        )
+
+
 @dataclass
 class _State:
     intervals: dict[str, Interval]
@@ -85,6 +150,9 @@ class _State:
     pending: list[str] = field(default_factory=list)
     order: list[str] = field(default_factory=list)
     """Ids in the order trials were handed out."""
+    level: float = 1.0
+    """Every interval's factor from re-levelling (1 until a far first measurement)."""
+    relevelled: Relevelled | None = None
 
 
 class TrialPlanner:
@@ -100,6 +168,7 @@ class TrialPlanner:
         update: Updater | None = None,
         measurement_noise: float = 0.02,
         interval_z: float = 1.645,
+        relevel: Relevel | None = DEFAULT_RELEVEL,
     ) -> None:
         _check_inputs(candidates, budget, diversity, measurement_noise)
         self.candidates = {c.id: c for c in candidates}
@@ -111,6 +180,8 @@ class TrialPlanner:
         """Relative spread of a measured step time (run-to-run noise), its interval's half-width."""
         self.interval_z = interval_z
         """How many standard deviations the candidates' intervals span on each side (for expected improvement)."""
+        self.relevel = relevel
+        """When the first measurement re-levels every candidate; None never re-levels."""
         self._state = _State(intervals={c.id: (c.low, c.mid, c.high) for c in candidates})
 
     # --- what the driver calls -------------------------------------------------------------------
@@ -151,7 +222,13 @@ class TrialPlanner:
             state.order.append(candidate_id)
         if isinstance(result, TrialFailure):
             return
-        self._apply_update(self.update(dict(state.measured)))
+        first = len(state.measured) == 1 and state.relevelled is None
+        if first and self.relevel is not None:
+            self._relevel(candidate_id, state.measured[candidate_id])
+        self._apply_update(self.update({cid: s / state.level for cid, s in state.measured.items()}))
+        if first and state.relevelled is not None and state.relevelled.applied:
+            levelled = {cid: interval[1] for cid, interval in state.intervals.items()}
+            state.relevelled = replace(state.relevelled, levelled=levelled)
 
     def done(self) -> bool:
         """No trial is out and none is worth starting: budget spent, nothing left, or the best is clear."""
@@ -217,6 +294,11 @@ class TrialPlanner:
     @property
     def trial_order(self) -> list[str]:
         return list(self._state.order)
+
+    @property
+    def relevelled(self) -> Relevelled | None:
+        """What the first measurement did to the predictions (None before one, or without the rule)."""
+        return self._state.relevelled
 
     def interval(self, candidate_id: str) -> Interval:
         """The current interval: a measured candidate's is its measurement ± noise."""
@@ -300,7 +382,23 @@ class TrialPlanner:
     def _measured_interval(self, seconds: float) -> tuple[float, float]:
         return seconds * (1 - self.measurement_noise), seconds * (1 + self.measurement_noise)
 
+    def _relevel(self, candidate_id: str, seconds: float) -> None:
+        """On the first measurement: when it is far from its prediction, multiply every interval by the miss."""
+        state = self._state
+        predicted = state.intervals[candidate_id]
+        factor = seconds / predicted[1]
+        applied = self.relevel is not None and self.relevel.far(seconds, predicted)
+        state.relevelled = Relevelled(candidate_id, predicted, seconds, factor, applied)
+        if not applied:
+            return
+        state.level = factor
+        state.intervals = {
+            cid: (low * factor, mid * factor, high * factor) for cid, (low, mid, high) in state.intervals.items()
+        }
+
     def _apply_update(self, fresh: Mapping[str, Interval]) -> None:
+        """Take the update's intervals (computed on measurements divided by the level), at the level."""
+        level = self._state.level
         for cid, interval in fresh.items():
             if cid not in self.candidates:
                 raise StratagemError(f"the update returned an interval for unknown candidate {cid!r}")
@@ -309,7 +407,7 @@ class TrialPlanner:
                 raise StratagemError(
                     f"the update returned a bad interval for {cid!r}: low={low}, mid={mid}, high={high}"
                 )
-            self._state.intervals[cid] = (low, mid, high)
+            self._state.intervals[cid] = (low * level, mid * level, high * level)
 
 
 def _expected_improvement(incumbent: float, low: float, mid: float, high: float, z: float) -> float:

@@ -30,6 +30,7 @@ from stratagem.errors import (
     StratagemError,
 )
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from stratagem.layout import Layout
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -156,9 +157,29 @@ class Job:
         return Strategy.parse(self.client._get_json(f"/v1/jobs/{_segment('job_id', self.id)}/best"))
 
     def strategies(self) -> list[dict[str, Any]]:
-        """Ranked candidates: each has the strategy, its prediction and, when trialled, its measurement."""
+        """Ranked candidates, the answer first: each has the strategy, its prediction, when trialled its
+        measurement (and its re-levelled prediction when the first trial missed far), and the near-copies
+        it stands for (`variant_count`, `variants`). The user's `current` configuration is among them."""
         body = self.client._get_json(f"/v1/jobs/{_segment('job_id', self.id)}/strategies")
         return list(_field(body, "data", "GET /v1/jobs/{id}/strategies"))
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The answer's summary once the job ended (`decision`, `speedup_vs_current`, notes, ...); {} before."""
+        result = self.data.get("result")
+        return dict(result) if isinstance(result, dict) else {}
+
+    @property
+    def decision(self) -> dict[str, Any] | None:
+        """Which rule chose the answer, and why (`rule`, `reason`, `chosen`, `fastest`, `gain`, `bar`)."""
+        decision = self.result.get("decision")
+        return dict(decision) if isinstance(decision, dict) else None
+
+    @property
+    def speedup_vs_current(self) -> float | None:
+        """The answer's predicted throughput over the `current` configuration's (None without one)."""
+        value = self.result.get("speedup_vs_current")
+        return float(value) if isinstance(value, (int, float)) else None
 
     def cancel(self) -> Job:
         body = self.client._post_json(f"/v1/jobs/{_segment('job_id', self.id)}/cancel", None)
@@ -277,10 +298,13 @@ class Client:
         objective: str = "throughput",
         search: dict[str, Any] | None = None,
         device: str | None = None,
+        current: Layout | Strategy | str | None = None,
     ) -> Job:
         """Submit a job. `resources` may be a ResourceSpec or AutoDist resource_spec.yml text, whose
         nodes' GPU kind `device` names (the service's default, T4, when None). `max_trials=None`
-        takes the service's default budget."""
+        takes the service's default budget. `current` is the configuration you run today (a Layout, its
+        short form `"dp=8,tp=4,mb=1,gbs=512"`, or a Strategy): the job prices it beside the answer and
+        states the answer's predicted speed-up over it (`Job.speedup_vs_current`)."""
         body: dict[str, Any] = {
             "graph": _document("graph", graph, ModelGraph),
             "resources": _resources_text(resources)
@@ -293,6 +317,8 @@ class Client:
             body["search"] = search
         if device is not None:
             body["device"] = device
+        if current is not None:
+            body["current"] = _current(current)
         created = _object(self._post_json("/v1/optimize", body), "POST /v1/optimize")
         return Job(self, str(_field(created, "id", "POST /v1/optimize")), created)
 
@@ -375,6 +401,18 @@ def _document(name: str, value: Any, kind: type[ModelGraph] | type[ResourceSpec]
             f"(a dict parses with stratagem.{kind.__name__}.parse)"
         )
     return dict(value.model_dump(mode="json"))
+
+
+def _current(value: Any) -> str | dict[str, Any]:
+    """A current configuration for a request body: a layout's short form as it is, a document as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (Layout, Strategy)):
+        return dict(value.model_dump(mode="json"))
+    raise StratagemError(
+        f"current: expected a stratagem.Layout, a Strategy or a layout's short form like 'dp=8,tp=4', "
+        f"got {type(value).__name__}"
+    )
 
 
 def _resources_text(text: str) -> str:

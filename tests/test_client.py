@@ -49,12 +49,23 @@ def test_optimize_wait_best_returns_the_rank_one_strategy_valid_for_the_document
     assert [c["rank"] for c in candidates] == list(range(1, len(candidates) + 1))
     assert candidates[0]["strategy_id"] == best.id
     assert {"AllReduce", "PS"} <= {c["source"] for c in candidates}
-    assert best.predicted is not None and best.predicted.step_time_s <= min(
-        c["predicted"]["step_time_s"] for c in candidates
-    )
+    assert job.decision is not None and job.decision["chosen"] == best.id  # the rule's answer, and why
+    assert best.predicted is not None and job.decision["reason"] in " ".join(best.provenance.notes)
     assert job.data["options"]["max_trials"] == 0
     assert client.job(job.id).data["status"] == "succeeded"
     assert job.id in {j["id"] for j in client.jobs(status="succeeded")}
+
+
+def test_optimize_prices_the_current_configuration_in_any_of_its_forms(client: stratagem.Client) -> None:
+    graph, resources = make_mlp_graph(), make_t4_cluster(2)
+    for current in ("dp=8", stratagem.Layout(data=8), stratagem.Layout().build(graph, resources)):
+        job = client.optimize(graph, resources, max_trials=0, search=QUICK_SEARCH, current=current).wait(timeout=60)
+        assert job.result["current"]["label"].startswith("dp=8") and job.speedup_vs_current is not None
+        assert [c["source"] for c in job.strategies()].count("current") == 1
+    with pytest.raises(StratagemError, match=r"current: expected a stratagem\.Layout"):
+        client.optimize(graph, resources, current={"data": 8})  # type: ignore[arg-type]
+    with pytest.raises(RequestRejectedError, match=r"body\.current\.data: tensor\(3\)"):
+        client.optimize(graph, resources, current="tp=3")
 
 
 def test_strategies_are_stored_and_fetchable_as_json_and_autodist_text(client: stratagem.Client) -> None:

@@ -61,7 +61,7 @@ def test_a_batch_holds_distinct_candidates_and_waits_for_them(job):
 
 
 def test_it_stops_as_soon_as_the_best_is_clear(job):
-    planner = TrialPlanner(job, budget=4, update=no_update)
+    planner = TrialPlanner(job, budget=4, update=no_update, relevel=None)
     answer = run_plan(planner, {"search-a": 0.6, "dp": 1.0, "ps": 1.3, "search-b": 0.85, "search-c": 0.9}.__getitem__)
     assert planner.trial_order == ["search-a", "dp"], "0.6 s measured is below every other lower bound"
     assert answer.candidate_id == "search-a" and answer.source == "measured"
@@ -148,7 +148,7 @@ def test_an_untried_candidate_is_the_answer_only_when_its_interval_clears_every_
 
 
 def test_the_default_update_moves_every_prediction_by_the_shared_bias(job):
-    planner = TrialPlanner(job, budget=4)
+    planner = TrialPlanner(job, budget=4, relevel=None)
     planner.record(planner.next_candidates(1)[0], 1.6)  # predicted 0.8: twice as slow
     low, mid, high = planner.interval("dp")
     assert mid == pytest.approx(1.0 * math.sqrt(2.0)), "log ratio log 2 shrunk by one pseudo-trial"

@@ -4,13 +4,21 @@ through the real service."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import tomllib
+from pathlib import Path
 
+import httpx
+import pytest
 import yaml
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from layout_helpers import gpt_graph, gpu_cluster
+from served import Served
+from test_service_large_body import STALL_S, large_graph_body
 
+from optimizer_service.core.ingest import INLINE_BYTES
 from stratagem import Layout
 from stratagem.builders import PS, AllReduce
 from stratagem.ir import AllReduceSynchronizer, Partition, PSSynchronizer, Strategy, VariableConfig
@@ -154,3 +162,58 @@ def test_the_strategy_page_offers_each_download_or_says_why_not(make_client) -> 
     assert f"/v1/strategies/{strategy.id}?format=megatron" in page
     assert f"/v1/strategies/{strategy.id}?format=deepspeed" not in page
     assert "DeepSpeed JSON (cannot express it)" in page and "dp=8,tp=2,mb=2,gbs=64,zero=3" in page
+
+
+def test_a_large_inline_graph_is_priced_by_the_ingestor_like_an_optimize_body(make_client) -> None:
+    """Over the inline limit the body is parsed, validated and priced in the parser process, not on the
+    event loop; the answer is the same as for the graph stored and named by id."""
+    client: TestClient = make_client(workers=0)
+    body = large_graph_body(4000)
+    assert len(body) > INLINE_BYTES
+    cluster = json.dumps(make_t4_cluster(2).model_dump(mode="json"))
+    inline = b'{"graph": ' + body + b', "resources": ' + cluster.encode() + b', "layouts": ["dp=8", "tp=3"]}'
+    refused = client.post("/v1/predict", content=inline, headers={"content-type": "application/json"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0]["loc"] == ["body", "layouts", 1, "data"]
+    inline = inline.replace(b', "tp=3"]', b"]")
+    answer = client.post("/v1/predict", content=inline, headers={"content-type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert client.app.state.stratagem.ingest.in_memory is False
+    graph_id = client.post("/v1/graphs", content=body, headers={"content-type": "application/json"}).json()["id"]
+    by_id = client.post(
+        "/v1/predict", json={"graph_id": graph_id, "resources": json.loads(cluster), "layouts": ["dp=8"]}
+    )
+    assert answer.json() == by_id.json() and answer.json()["graph_id"] == graph_id
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_healthz_keeps_answering_while_a_large_inline_graph_is_priced(sqlite_url: str, tmp_path: Path) -> None:
+    body = large_graph_body(100_000)
+    cluster = json.dumps(make_t4_cluster(2).model_dump(mode="json")).encode()
+    request = b'{"graph": ' + body + b', "resources": ' + cluster + b', "layouts": ["dp=8"]}'
+    served = Served(sqlite_url, tmp_path / "service.log", workers=0)
+    try:
+        served.wait_healthy()
+        priced: dict[str, object] = {}
+
+        def post() -> None:
+            response = httpx.post(
+                f"{served.url}/v1/predict", content=request, headers={"content-type": "application/json"}, timeout=240
+            )
+            priced.update(status=response.status_code, text=response.text[:300])
+
+        poster = threading.Thread(target=post)
+        latencies: list[float] = []
+        with httpx.Client(base_url=served.url, timeout=30) as http:
+            poster.start()
+            while poster.is_alive():
+                started = time.perf_counter()
+                assert http.get("/healthz").status_code == 200
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.02)
+        poster.join()
+    finally:
+        served.stop()
+    assert priced["status"] == 200, priced
+    assert len(latencies) > 10 and max(latencies) < STALL_S, latencies

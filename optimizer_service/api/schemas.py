@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from models import JobPhase, JobStatus
-from optimizer_service.core.inputs import OptimizeInput, TrialInput
+from optimizer_service.core.inputs import OptimizeInput, PredictInput, TrialInput
 from stratagem.ir import MeasuredPerformance, PredictedPerformance
 from trial_runner.result import Outcome
 
@@ -56,8 +56,14 @@ class ResourceSpecsPublic(BaseModel):
 
 
 class OptimizeRequest(OptimizeInput):
-    """What `POST /v1/optimize` takes: a graph and a cluster (each inline or by id), a trial budget and
-    search budgets. The rules are the core's (`optimizer_service.core.inputs.OptimizeInput`)."""
+    """What `POST /v1/optimize` takes: a graph and a cluster (each inline or by id), a trial budget,
+    search budgets, and optionally the configuration the user runs today (`current`), priced beside the
+    answer. The rules are the core's (`optimizer_service.core.inputs.OptimizeInput`)."""
+
+
+class PredictRequest(PredictInput):
+    """What `POST /v1/predict` takes: a graph and a cluster (each inline or by id) and 1 to 64 layouts
+    or strategies. The rules are the core's (`optimizer_service.core.inputs.PredictInput`)."""
 
 
 class JobProgress(BaseModel):
@@ -102,14 +108,30 @@ class JobsPublic(BaseModel):
     count: int
 
 
+class VariantPublic(BaseModel):
+    step_time_s: float
+    """The variant's predicted step time (within 0.1% of its representative's)."""
+    differs: list[dict[str, str]]
+    """The small variables it places differently: `{variable, representative, variant}`, in words."""
+
+
 class CandidatePublic(BaseModel):
     rank: int
-    """1 is the best: fastest measured when trials ran, else fastest predicted."""
+    """1 is the answer (`result.decision` says which rule chose it); then measured, then predicted."""
     strategy_id: str
     source: str
+    """`search`, the builder that made it, or `current` (the configuration the user runs today)."""
     description: str
     predicted: PredictedPerformance | None
     measured: MeasuredPerformance | None
+    relevelled_step_time_s: float | None = None
+    """The prediction re-levelled by the job's first trial when that one measured far from its own."""
+    variant_count: int = 0
+    """Near-copies this candidate stands for: within 0.1%, differing only in where small variables live."""
+    variants: list[VariantPublic] = Field(default_factory=list)
+    """The first few of them."""
+    variant_key: str | None = None
+    """What the candidate and its variants share (a hash of everything but the small variables' placement)."""
     strategy: dict[str, Any]
     """The Strategy document, annotated with this job's prediction and measurement."""
 

@@ -9,7 +9,7 @@ summary, so the service's own interpreter never touches the large document.
 
 `perform` is the one function both paths run: parse the JSON (with the service's words for a body
 that is not JSON), validate it into the core's input model, act (store a document, submit a job,
-record a trial) and summarize. Failures come back as values, not exceptions, so they cross the
+record a trial, price layouts) and summarize. Failures come back as values, not exceptions, so they cross the
 process boundary as plain data and are raised again on the service's side.
 """
 
@@ -29,11 +29,12 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from optimizer_service.core import jobs as core_jobs
+from optimizer_service.core import predict as core_predict
 from optimizer_service.core import trials as core_trials
 from optimizer_service.core.documents import store_graph, store_resources, store_trace
 from optimizer_service.core.errors import path_parts, validation_problems
 from optimizer_service.core.graph_upload import UploadRejected, parse_upload
-from optimizer_service.core.inputs import OptimizeInput, TrialInput
+from optimizer_service.core.inputs import OptimizeInput, PredictInput, TrialInput
 from optimizer_service.settings import Settings
 from stratagem import errors as stratagem_errors
 from stratagem.errors import InvalidDocumentError, ServiceError
@@ -44,12 +45,13 @@ log = logging.getLogger(__name__)
 INLINE_BYTES = 256 * 1024
 """Bodies up to this size are handled in a thread; larger ones in the parser process."""
 
-Kind = Literal["graph", "resources", "optimize", "trial"]
+Kind = Literal["graph", "resources", "optimize", "trial", "predict"]
 MODELS: dict[str, type[BaseModel]] = {
     "graph": ModelGraph,
     "resources": ResourceSpec,
     "optimize": OptimizeInput,
     "trial": TrialInput,
+    "predict": PredictInput,
 }
 
 
@@ -133,6 +135,8 @@ def _act(kind: Kind, request: Any, session: Session, settings: Settings) -> dict
     if kind == "optimize":
         job = core_jobs.submit_job(session, request, settings)
         return {"id": str(job.id), "status": job.status.value}
+    if kind == "predict":
+        return core_predict.predictions(session, request)
     trial = core_trials.record_trial(session, request)
     return {"id": str(trial.id)}
 

@@ -1,4 +1,5 @@
-"""What the core accepts: an optimize submission, a trial measured elsewhere, and a job's resolved options.
+"""What the core accepts: an optimize submission, a prediction request, a trial measured elsewhere, and a
+job's resolved options.
 
 The API's request schemas build on these classes (they add nothing but documentation), so the rules of
 a valid submission live here, beside the code that acts on it, and the core never imports the API.
@@ -11,21 +12,28 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from optimizer_service.settings import Settings, TrialsBackend
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 from stratagem.ir.limits import MAX_NAME_CHARS, MAX_YAML_CHARS
+from stratagem.layout import Layout
 from trial_runner.result import Outcome
 
 ContentId = Annotated[
     str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$", description="sha256 content id")
 ]
 
-# Tags of the `resources` union; the validation-error handler drops them from error locations.
+# Tags of the `resources` and `current` unions; the validation-error handler drops them from error locations.
 RESOURCE_SPEC_TAG = "ResourceSpec"
 AUTODIST_YAML_TAG = "autodist_yaml"
-UNION_TAGS = frozenset({RESOURCE_SPEC_TAG, AUTODIST_YAML_TAG})
+LAYOUT_TAG = "Layout"
+LAYOUT_TEXT_TAG = "layout_text"
+STRATEGY_TAG = "Strategy"
+UNION_TAGS = frozenset({RESOURCE_SPEC_TAG, AUTODIST_YAML_TAG, LAYOUT_TAG, LAYOUT_TEXT_TAG, STRATEGY_TAG})
+MAX_LAYOUT_CHARS = 1000
+"""The short form of a layout (`dp=8,tp=4,...`) is a line, not a document."""
+MAX_PREDICT_ITEMS = 64
 
 
 def _resources_kind(value: Any) -> str:
@@ -38,6 +46,31 @@ ResourcesInput = Annotated[
     Discriminator(_resources_kind),
 ]
 """A ResourceSpec document, or the text of an AutoDist resource_spec.yml: text, never a path."""
+
+
+def _document_kind(value: Any) -> str:
+    """A Strategy names its replicas and variables; anything else JSON-shaped is a Layout."""
+    if isinstance(value, Strategy) or (isinstance(value, dict) and ("replicas" in value or "variables" in value)):
+        return STRATEGY_TAG
+    return LAYOUT_TAG
+
+
+def _current_kind(value: Any) -> str:
+    return LAYOUT_TEXT_TAG if isinstance(value, str) else _document_kind(value)
+
+
+CurrentInput = Annotated[
+    Annotated[Layout, Tag(LAYOUT_TAG)]
+    | Annotated[str, Tag(LAYOUT_TEXT_TAG), Field(min_length=1, max_length=MAX_LAYOUT_CHARS)]
+    | Annotated[Strategy, Tag(STRATEGY_TAG)],
+    Discriminator(_current_kind),
+]
+"""A user's present configuration: a Layout document, its short form (`"dp=8,tp=4,mb=1,gbs=512"`), or a Strategy."""
+
+CurrentConfig = Annotated[
+    Annotated[Layout, Tag(LAYOUT_TAG)] | Annotated[Strategy, Tag(STRATEGY_TAG)], Discriminator(_document_kind)
+]
+"""The present configuration as a job stores it: the short form is parsed into its Layout at submission."""
 
 
 class Body(BaseModel):
@@ -69,14 +102,51 @@ class OptimizeInput(Body):
     """Real trials of the best candidates; 0 answers from the simulator alone."""
     objective: Literal["throughput"] = "throughput"
     search: SearchOptions = Field(default_factory=SearchOptions)
+    current: CurrentInput | None = None
+    """The configuration the user runs today (a Layout, its short form, or a Strategy): priced beside the
+    answer, which states its predicted speed-up over it. Checked against the graph and cluster at submission."""
 
     @model_validator(mode="after")
     def _one_of_each(self) -> Self:
-        for document, reference in (("graph", "graph_id"), ("resources", "resource_id")):
-            given = [name for name in (document, reference) if getattr(self, name) is not None]
-            if len(given) != 1:
-                how = "both were given" if given else "neither was given"
-                raise ValueError(f"{document}: give exactly one of '{document}' and '{reference}'; {how}")
+        _check_one_of_each(self)
+        return self
+
+
+def _check_one_of_each(request: BaseModel) -> None:
+    for document, reference in (("graph", "graph_id"), ("resources", "resource_id")):
+        given = [name for name in (document, reference) if getattr(request, name) is not None]
+        if len(given) != 1:
+            how = "both were given" if given else "neither was given"
+            raise ValueError(f"{document}: give exactly one of '{document}' and '{reference}'; {how}")
+
+
+def _layout_text(value: Any) -> Any:
+    return Layout.from_string(value) if isinstance(value, str) else value
+
+
+LayoutInput = Annotated[Layout, BeforeValidator(_layout_text)]
+
+
+class PredictInput(Body):
+    """Up to 64 layouts or strategies to price on one cluster, synchronously, storing nothing."""
+
+    graph: ModelGraph | None = None
+    graph_id: ContentId | None = None
+    resources: ResourcesInput | None = None
+    """A ResourceSpec, or the text of an AutoDist resource_spec.yml."""
+    resource_id: ContentId | None = None
+    device: str = Field(default="T4", min_length=1, max_length=64)
+    """GPU kind of the nodes of an AutoDist resource spec, which does not say."""
+    layouts: list[LayoutInput] = Field(default_factory=list, max_length=MAX_PREDICT_ITEMS)
+    """Layout documents, or their short form `"dp=8,tp=4,pp=2,mb=1,gbs=512,precision=amp-bf16"`."""
+    strategies: list[Strategy] = Field(default_factory=list, max_length=MAX_PREDICT_ITEMS)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        _check_one_of_each(self)
+        count = len(self.layouts) + len(self.strategies)
+        if not 1 <= count <= MAX_PREDICT_ITEMS:
+            raise ValueError(f"layouts: give 1 to {MAX_PREDICT_ITEMS} layouts and strategies in all, got {count}")
         return self
 
 
@@ -130,12 +200,18 @@ class JobOptions(BaseModel):
     max_trials: int = Field(ge=0)
     trials_backend: TrialsBackend = "none"
     search: SearchBudget
+    current: CurrentConfig | None = None
+    """The user's present configuration, priced beside the answer."""
 
     @classmethod
-    def resolve(cls, request: OptimizeInput, settings: Settings) -> JobOptions:
+    def resolve(
+        cls, request: OptimizeInput, settings: Settings, *, current: Layout | Strategy | None = None
+    ) -> JobOptions:
+        """`current` is the request's configuration as checked at submission (its short form parsed)."""
         search = request.search
         return cls(
             objective=request.objective,
+            current=current,
             max_trials=settings.max_trials if request.max_trials is None else request.max_trials,
             trials_backend=settings.effective_trials_backend,
             search=SearchBudget(

@@ -6,22 +6,35 @@ SQLite's write lock), then counts and inserts, so concurrent submissions on any 
 never overfill the queue, and a refused one stores nothing. The options are stored resolved
 (`JobOptions`, service defaults filled in), so a job states exactly what it ran with even if the
 defaults change later.
+
+A submission's `current` configuration is built against the graph and cluster before the queue's lock
+is taken (building is CPU work; the lock is the database's): a layout that does not fit the cluster or
+a strategy made for another graph is a 422 at `body.current.*`, and nothing is stored.
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from models import Job, JobCandidate, JobStatus, StrategyRow, utcnow
-from optimizer_service.core.documents import get_graph_row, get_resources_row, store_graph, store_resources
+from optimizer_service.core.documents import (
+    get_graph_row,
+    get_resources_row,
+    load_graph,
+    load_resources,
+    store_graph,
+    store_resources,
+)
 from optimizer_service.core.errors import document_rejected, not_found, queue_full, rejected
-from optimizer_service.core.inputs import JobOptions, OptimizeInput
+from optimizer_service.core.inputs import JobOptions, OptimizeInput, PredictInput
 from optimizer_service.settings import Settings
-from stratagem.errors import InvalidDocumentError
-from stratagem.ir import MeasuredPerformance, PredictedPerformance, ResourceSpec, Strategy
+from stratagem.errors import InvalidDocumentError, UnsupportedStrategyError
+from stratagem.ir import MeasuredPerformance, ModelGraph, PredictedPerformance, ResourceSpec, Strategy
+from stratagem.layout import Layout
 
 QUEUE_LOCK_KEY = 0x5354524151
 """PostgreSQL advisory lock that serializes submissions ("STRAQ"); not the migrations' key."""
@@ -40,7 +53,7 @@ def lock_queue(session: Session) -> None:
 
 
 def submit_job(session: Session, request: OptimizeInput, settings: Settings) -> Job:
-    options = JobOptions.resolve(request, settings)
+    options = JobOptions.resolve(request, settings, current=current_configuration(session, request))
     lock_queue(session)
     queued = session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.queued)) or 0
     if queued >= settings.max_queue_length:
@@ -77,6 +90,44 @@ def _resource_id(session: Session, request: OptimizeInput) -> str:
     if resources is None:
         raise rejected("resources: give exactly one of 'resources' and 'resource_id'", loc=["body", "resources"])
     return store_resources(session, resources)[0].id
+
+
+def current_configuration(session: Session, request: OptimizeInput) -> Layout | Strategy | None:
+    """The request's `current` configuration, its short form parsed, checked by building it for the
+    graph and cluster; problems are 422s at `body.current.*`."""
+    if request.current is None:
+        return None
+    where: list[str | int] = ["body", "current"]
+    try:
+        current = Layout.from_string(request.current) if isinstance(request.current, str) else request.current
+        graph, resources = graph_document(session, request), resources_document(session, request)
+        if isinstance(current, Layout):
+            current.build(graph, resources)
+        else:
+            current.validate_for(graph, resources)
+    except InvalidDocumentError as error:
+        raise document_rejected(error, where) from None
+    except UnsupportedStrategyError as error:
+        raise rejected(f"current: {error}", loc=where) from None
+    return current
+
+
+def graph_document(session: Session, request: OptimizeInput | PredictInput) -> ModelGraph:
+    """The request's graph: inline, or the stored one it names."""
+    if request.graph is not None:
+        return request.graph
+    return load_graph(get_graph_row(session, str(request.graph_id), loc=["body", "graph_id"]))
+
+
+def resources_document(session: Session, request: OptimizeInput | PredictInput) -> ResourceSpec:
+    """The request's cluster: inline, AutoDist YAML text read as such, or the stored one it names."""
+    if request.resource_id is not None:
+        return load_resources(get_resources_row(session, request.resource_id, loc=["body", "resource_id"]))
+    if isinstance(request.resources, str):
+        return autodist_resources(request.resources, device=request.device)
+    if request.resources is None:
+        raise rejected("resources: give exactly one of 'resources' and 'resource_id'", loc=["body", "resources"])
+    return request.resources
 
 
 def autodist_resources(text: str, *, device: str) -> ResourceSpec:
@@ -139,6 +190,21 @@ def candidate_rows(session: Session, job_id: uuid.UUID) -> list[tuple[JobCandida
         .order_by(JobCandidate.rank)
     )
     return [(candidate, strategy) for candidate, strategy in rows]
+
+
+def variants_of(result: dict[str, Any], strategy_id: str) -> dict[str, Any]:
+    """A candidate's variants as its job recorded them (`{key, count, listed}`; empty when it has none)."""
+    variants = (result.get("variants") or {}).get(strategy_id)
+    return variants if isinstance(variants, dict) else {}
+
+
+def relevelled_of(result: dict[str, Any], strategy_id: str) -> float | None:
+    """A candidate's prediction after the job's first trial re-levelled it; None when nothing was re-levelled."""
+    relevel = result.get("relevel") or {}
+    if not relevel.get("applied"):
+        return None
+    value = (relevel.get("relevelled_s") or {}).get(strategy_id)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def annotated_strategy(candidate: JobCandidate, row: StrategyRow) -> Strategy:

@@ -65,12 +65,17 @@ def breakdown_chart(
 
 
 def predicted_vs_measured_bars(
-    labels: Sequence[str], predicted: Sequence[float | None], measured: Sequence[float | None]
+    labels: Sequence[str],
+    predicted: Sequence[float | None],
+    measured: Sequence[float | None],
+    *,
+    relevelled: Sequence[float | None] | None = None,
 ) -> Figure:
-    data = [
-        {"type": "bar", "name": "predicted", "x": list(labels), "y": [_ms(v) for v in predicted]},
-        {"type": "bar", "name": "measured", "x": list(labels), "y": [_ms(v) for v in measured]},
-    ]
+    """Grouped bars per candidate: predicted, re-levelled by the first trial's miss (when it was), measured."""
+    data = [{"type": "bar", "name": "predicted", "x": list(labels), "y": [_ms(v) for v in predicted]}]
+    if relevelled is not None:
+        data.append({"type": "bar", "name": "re-levelled", "x": list(labels), "y": [_ms(v) for v in relevelled]})
+    data.append({"type": "bar", "name": "measured", "x": list(labels), "y": [_ms(v) for v in measured]})
     return {
         "data": data,
         "layout": _layout(

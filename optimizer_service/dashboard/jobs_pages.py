@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from models import Job, JobCandidate, StrategyRow
-from optimizer_service.core.jobs import candidate_rows
+from optimizer_service.core.jobs import candidate_rows, relevelled_of, variants_of
 from optimizer_service.dashboard import charts, queries
 from optimizer_service.dashboard.progress import progress_of
 from stratagem.errors import StratagemError
@@ -27,6 +27,10 @@ class CandidateView:
     predicted: PredictedPerformance | None
     measured_s: float | None
     trials: int
+    relevelled_s: float | None = None
+    """The prediction after the first trial re-levelled every candidate (None when nothing was re-levelled)."""
+    variant_count: int = 0
+    variants: tuple[dict[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
@@ -51,6 +55,7 @@ def job_context(session: Session, job_id: uuid.UUID) -> dict[str, Any] | None:
     if found is None:
         return None
     job, graph_row, resources_row = found
+    result = job.result or {}
     candidates = _candidates(session, job)
     context: dict[str, Any] = {
         "title": f"Job {str(job.id)[:8]}",
@@ -68,8 +73,11 @@ def job_context(session: Session, job_id: uuid.UUID) -> dict[str, Any] | None:
             "devices": queries.count_devices(resources_row.json),
         },
         "progress": progress_of(job),
-        "result": job.result or {},
-        "search": (job.result or {}).get("search") or {},
+        "result": result,
+        "search": result.get("search") or {},
+        "decision": result.get("decision") or {},
+        "relevel": result.get("relevel") or {},
+        "current": result.get("current") or {},
         "candidates": candidates,
         "trial_count": sum(c.trials for c in candidates),
         "figures": {},
@@ -81,10 +89,13 @@ def job_context(session: Session, job_id: uuid.UUID) -> dict[str, Any] | None:
 
 def _candidates(session: Session, job: Job) -> list[CandidateView]:
     measured = queries.measured_by_strategy(session, job.id)
-    return [_candidate_view(c, row, measured.get(row.id)) for c, row in candidate_rows(session, job.id)]
+    result = job.result or {}
+    return [_candidate_view(c, row, measured.get(row.id), result) for c, row in candidate_rows(session, job.id)]
 
 
-def _candidate_view(candidate: JobCandidate, row: StrategyRow, trialled: tuple[float, int] | None) -> CandidateView:
+def _candidate_view(
+    candidate: JobCandidate, row: StrategyRow, trialled: tuple[float, int] | None, result: dict[str, Any]
+) -> CandidateView:
     predicted = PredictedPerformance.model_validate(candidate.predicted) if candidate.predicted else None
     measured = (candidate.measured or {}).get("step_time_s")
     if trialled is not None:
@@ -101,6 +112,9 @@ def _candidate_view(candidate: JobCandidate, row: StrategyRow, trialled: tuple[f
         predicted=predicted,
         measured_s=measured,
         trials=trialled[1] if trialled else 0,
+        relevelled_s=relevelled_of(result, row.id),
+        variant_count=int(variants_of(result, row.id).get("count", 0)),
+        variants=tuple(variants_of(result, row.id).get("listed", [])),
     )
 
 
@@ -132,10 +146,12 @@ def _figures(candidates: list[CandidateView], space: dict[str, Any] | None) -> d
             [c.label for c in predicted], [c.predicted.breakdown for c in predicted if c.predicted]
         )
     if any(c.measured_s is not None for c in candidates):
+        relevelled = [c.relevelled_s for c in candidates]
         figures["versus"] = charts.predicted_vs_measured_bars(
             [c.label for c in candidates],
             [c.predicted.step_time_s if c.predicted else None for c in candidates],
             [c.measured_s for c in candidates],
+            relevelled=relevelled if any(r is not None for r in relevelled) else None,
         )
     if space and space.get("knobs"):
         figures["space"] = charts.space_chart({k: float(v) for k, v in space["knobs"].items()})

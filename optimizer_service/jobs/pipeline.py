@@ -12,6 +12,13 @@ predicted one, and the summary says so. When every candidate offered to trials f
 
 A resumed job hands in the trials it `recorded` before: they count against the budget and inform the
 planner as if just run, so a restart never runs more trials than the budget (nor any twice).
+
+The answer a user gets is then decided by the answer rule (`decision.py`): the simpler strategy unless
+a more complex one gains more than the prediction's uncertainty; `result.decision` names the rule that
+decided. A first trial far from its prediction re-levels every untried candidate (`lowshot.Relevel`);
+`result.relevel` keeps predicted, re-levelled and measured. The user's `current` configuration, when
+given, is priced beside the answer (`current.py`); `result.speedup_vs_current` is the answer's predicted
+speed-up over it. Candidates that stand for near-copies carry their variants (`result.variants`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,14 @@ from dataclasses import dataclass, field
 from models import JobPhase
 from optimizer_service.core.inputs import JobOptions
 from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
+from optimizer_service.jobs.current import (
+    join_candidates,
+    price_for_job,
+    relevelled_current,
+    speedup_over,
+    state_against,
+)
+from optimizer_service.jobs.decision import decide_answer
 from optimizer_service.jobs.search_adapter import SearchFn, SearchOutcome, run_search
 from optimizer_service.jobs.trial_plan import make_planner, trial_result
 from optimizer_service.jobs.types import (
@@ -37,11 +52,14 @@ from optimizer_service.jobs.types import (
     TrialExecutor,
     TrialRecord,
 )
-from optimizer_service.lowshot import Answer, Interval, TrialPlanner
+from optimizer_service.lowshot import Answer, Interval, Relevel, Relevelled, TrialPlanner
+from optimizer_service.search.simplicity import Decision
 from stratagem.errors import TrialFailedError
-from stratagem.ir import ModelGraph, ResourceSpec
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 log = logging.getLogger(__name__)
+
+DATA_PARALLEL = "DataParallel"
 
 
 def run_pipeline(
@@ -67,6 +85,7 @@ def run_pipeline(
         raise JobInterrupted("the search returned no candidate strategy", why=Interruption.failed)
     intervals = _correct(graph, resources, candidates, cost_model, state)
     _rank_by_prediction(candidates)
+    current = price_for_job(graph, resources, options.current, cost_model, state.notes)
     state.timings_s["ranking"] = clock.lap()
     phase = _trial_phase(
         graph, resources, options, candidates, intervals, state, progress, cancelled, trials, on_trial, recorded or []
@@ -74,9 +93,23 @@ def run_pipeline(
     state.timings_s["trials"] = clock.lap()
     state.phase = JobPhase.finalizing
     progress(state)
+    phase.decision = decide_answer(
+        candidates,
+        intervals,
+        planner_answer=phase.answer,
+        measurement_noise=phase.measurement_noise,
+        failed=phase.failed,
+    )
+    if phase.decision is not None:
+        state.notes.append(f"answer: {phase.decision.reason}")
+    same_as = join_candidates(candidates, current)
     ranked = _rank_final(candidates, phase)
     best = ranked[0]
-    summary = _summary(outcome, best, phase, state, cost_model)
+    stated = state_against(best, current, same_as=same_as, notes=state.notes) if current is not None else {}
+    summary = {**_summary(outcome, best, ranked, phase, state, cost_model), **stated}
+    relevel = summary.get("relevel")
+    if current is not None and isinstance(relevel, dict):
+        relevel["relevelled_s"].update(relevelled_current(current, phase.relevelled))
     state.timings_s["finalizing"] = clock.lap()
     summary["timings_s"] = dict(state.timings_s)
     progress(state)
@@ -90,6 +123,11 @@ class _TrialPhase:
     """The planner's answer; None when no trials were planned."""
     failed: set[str] = field(default_factory=set)
     """Ids of candidates whose trial failed: never the answer."""
+    measurement_noise: float = 0.02
+    relevelled: Relevelled | None = None
+    relevel_rule: Relevel | None = None
+    decision: Decision | None = None
+    """The answer rule's decision (`decision.py`), made once the trials are done."""
 
 
 def _search(
@@ -219,7 +257,16 @@ def _trial_phase(
     failures = _failure_note(records)
     if failures:
         state.notes.append(failures)
-    return _TrialPhase(records=records, answer=_answer(planner), failed=set(planner.failed))
+    if planner.relevelled is not None and planner.relevelled.applied and planner.relevel is not None:
+        state.notes.append(planner.relevelled.words(planner.relevel))
+    return _TrialPhase(
+        records=records,
+        answer=_answer(planner),
+        failed=set(planner.failed),
+        measurement_noise=planner.measurement_noise,
+        relevelled=planner.relevelled,
+        relevel_rule=planner.relevel,
+    )
 
 
 def _resume(
@@ -286,8 +333,14 @@ def _run_one(
 
 
 def _rank_final(candidates: list[RankedCandidate], phase: _TrialPhase) -> list[RankedCandidate]:
-    """The planner's answer first; then measured strategies, fastest first; then the rest by prediction; failed last."""
-    answer_id = phase.answer.candidate_id if phase.answer is not None else None
+    """The decided answer first; then measured strategies, fastest first; then the rest by prediction; failed last."""
+    answer_id = (
+        phase.decision.chosen.id
+        if phase.decision is not None
+        else phase.answer.candidate_id
+        if phase.answer is not None
+        else None
+    )
 
     def key(candidate: RankedCandidate) -> tuple[int, int, float, int]:
         strategy_id, measured = str(candidate.strategy.id), candidate.strategy.measured
@@ -314,21 +367,19 @@ def _predicted_key(candidate: RankedCandidate) -> tuple[int, float]:
 def _summary(
     outcome: SearchOutcome,
     best: RankedCandidate,
+    ranked: list[RankedCandidate],
     phase: _TrialPhase,
     state: Progress,
     cost_model: LoadedCostModel | None,
 ) -> dict[str, object]:
     records = phase.records
-    basis = (
-        phase.answer.source
-        if phase.answer is not None
-        else ("measured" if best.strategy.measured is not None else "predicted")
-    )
+    basis = "measured" if best.strategy.measured is not None else "predicted"
+    builder = outcome.details.get("best_builder")
     summary: dict[str, object] = {
         "evaluated": outcome.evaluated,
         "search_elapsed_s": outcome.elapsed_s,
-        "speedup_vs_data_parallel": outcome.speedup_vs_data_parallel,
-        "speedup_vs_best_builder": outcome.speedup_vs_best_builder,
+        "speedup_vs_data_parallel": _speedup_vs(best, ranked, outcome.baselines.get(DATA_PARALLEL)),
+        "speedup_vs_best_builder": _speedup_vs(best, ranked, outcome.baselines.get(str(builder))),
         "trials_ran": len(records),
         "trials_ok": sum(1 for r in records if r.ok),
         "answer_basis": basis,
@@ -340,7 +391,31 @@ def _summary(
     }
     if phase.answer is not None:
         summary["answer_reason"] = phase.answer.reason
+    summary["decision"] = phase.decision.to_json() if phase.decision is not None else None
+    if phase.relevelled is not None and phase.relevel_rule is not None:
+        summary["relevel"] = phase.relevelled.to_json(phase.relevel_rule)
+    summary["variants"] = _variants(ranked)
     return summary
+
+
+def _speedup_vs(best: RankedCandidate, ranked: list[RankedCandidate], baseline: Strategy | None) -> float | None:
+    """The answer's predicted throughput over a baseline's, on one basis: the baseline as a candidate of
+    this job (corrected like the answer; a builder whose strategy another one made already is that one)."""
+    if baseline is None:
+        return None
+    same = next((c.strategy for c in ranked if c.strategy.id == baseline.id), baseline)
+    return speedup_over(best.strategy, same)
+
+
+def _variants(ranked: list[RankedCandidate]) -> dict[str, object]:
+    """Per candidate that stands for near-copies of itself, its variants (`search/variants.py`)."""
+    out: dict[str, object] = {}
+    for candidate in ranked:
+        record = candidate.strategy.provenance.search or {}
+        variants = record.get("variants")
+        if candidate.source == "search" and isinstance(variants, dict) and variants.get("count"):
+            out[str(candidate.strategy.id)] = variants
+    return out
 
 
 def _stop_if_cancelled(cancelled: CancelCheck) -> None:

@@ -14,17 +14,21 @@ from typing import Any
 import numpy as np
 
 from optimizer_service.search.evaluate import Archive, Evaluator
-from optimizer_service.search.explain import composition, why
+from optimizer_service.search.explain import composition, differences, why
 from optimizer_service.search.guard import admissible
 from optimizer_service.search.local_search import SUFFIX
 from optimizer_service.search.select import default_min_distance, select_diverse, signatures
+from optimizer_service.search.simplicity import Choice, Decision, decide, predicted_choice
 from optimizer_service.search.space import Space, SpaceSize, size_of
+from optimizer_service.search.variants import Group, group_variants, small_variables, variant_keys
 from simulator import SIMULATOR_VERSION, CandidateBatch, Prediction, predictions, to_strategy
 from stratagem.builders import DataParallel
 from stratagem.errors import InfeasibleStrategyError
 from stratagem.ir import ModelGraph, Provenance, ResourceSpec, Strategy
 
 DATA_PARALLEL = DataParallel().name
+VARIANTS_LISTED = 8
+"""Variants described per candidate (all are counted), and differing variables listed per variant."""
 
 
 @dataclass
@@ -46,6 +50,10 @@ class SearchResult:
     seed: int
     stopped_by: str
     """`candidates` (the candidate budget), `time` (the time budget) or `completed`."""
+    decision: Decision | None = None
+    """The answer rule (`simplicity.py`) on these predictions at the stated floor: the candidate a user
+    should run when nothing else is known. `candidates` stay ranked by prediction; a job applies the
+    rule again with the learned correction and its trials."""
 
     def summary(self) -> dict[str, Any]:
         """The numbers without the strategies, as JSON-ready values (for job progress and logs)."""
@@ -62,6 +70,7 @@ class SearchResult:
             "space": self.space.model_dump(),
             "seed": self.seed,
             "stopped_by": self.stopped_by,
+            "decision": self.decision.to_json() if self.decision is not None else None,
         }
 
 
@@ -112,7 +121,7 @@ def answer(
 ) -> SearchResult:
     baselines.predictions = predictions(space.context, baselines.batch)
     best = baselines.best_builder
-    archive, rows, explained = _pick(space, evaluator, baselines, baselines.best_step, top_k)
+    archive, rows, explained, groups = _pick(space, evaluator, baselines, baselines.best_step, top_k)
     shared = {
         "seed": seed,
         "evaluated": evaluator.evaluated,
@@ -120,15 +129,22 @@ def answer(
         "options": {"allow_compression": space.options.allow_compression, "allow_async": space.options.allow_async},
     }
     candidates = [
-        _candidate(space, archive, int(row), prediction, baselines, rank=rank, shared=shared).validate_for(
-            graph, resources
-        )
+        _candidate(
+            space,
+            archive,
+            int(row),
+            prediction,
+            baselines,
+            rank=rank,
+            shared={**shared, "variants": _variants(space, archive, groups[int(row)], prediction)},
+        ).validate_for(graph, resources)
         for rank, (row, prediction) in enumerate(zip(rows, explained, strict=True), start=1)
     ]
     speedups = _speedups(explained[0], baselines)
+    annotated = _annotated_baselines(baselines)
     return SearchResult(
         candidates=candidates,
-        baselines=_annotated_baselines(baselines),
+        baselines=annotated,
         best_builder=best[0] if best else None,
         evaluated=evaluator.evaluated,
         evaluated_by_phase=dict(evaluator.by_phase),
@@ -138,13 +154,15 @@ def answer(
         space=size_of(space),
         seed=seed,
         stopped_by="candidates" if evaluator.remaining == 0 else "time" if evaluator.out_of_time else "completed",
+        decision=_decision(candidates, annotated),
     )
 
 
 def _pick(
     space: Space, evaluator: Evaluator, baselines: Baselines, best_step: float, top_k: int
-) -> tuple[Archive, np.ndarray, list[Prediction]]:
-    """Archive rows to return, best first, with their explained predictions; raises if nothing fits."""
+) -> tuple[Archive, np.ndarray, list[Prediction], dict[int, Group]]:
+    """Archive rows to return, best first, with their explained predictions and their groups of variants
+    (by archive row); raises if nothing fits. Only each group's representative competes for the top-K."""
     archive = evaluator.archive
     allowed = (
         np.zeros(0, dtype=np.intp)
@@ -156,11 +174,14 @@ def _pick(
         raise InfeasibleStrategyError(
             f"no candidate fits on this cluster after {evaluator.evaluated} evaluated; plain data parallel: {reason}"
         )
-    rows = archive.batch.take(allowed)
-    picked = allowed[
+    groups = group_variants(variant_keys(space.context, archive.batch.take(allowed)), archive.scores[allowed])
+    by_row = {int(allowed[g.representative]): Group(g.key, [int(allowed[m]) for m in g.members]) for g in groups}
+    representatives = np.array(sorted(by_row), dtype=np.intp)
+    rows = archive.batch.take(representatives)
+    picked = representatives[
         select_diverse(
             signatures(space, rows),
-            archive.scores[allowed],
+            archive.scores[representatives],
             top_k,
             min_distance=default_min_distance(space),
             mixes=rows.kind,
@@ -170,7 +191,36 @@ def _pick(
     # rank by the explained prediction itself (throughput: layouts differ in global batch), so the order
     # shown is the order of the numbers shown
     order = sorted(range(len(picked)), key=lambda i: -explained[i].samples_per_s)
-    return archive, picked[order], [explained[i] for i in order]
+    return archive, picked[order], [explained[i] for i in order], by_row
+
+
+def _variants(space: Space, archive: Archive, group: Group, prediction: Prediction) -> dict[str, Any]:
+    """The candidate's variants: how many, and for the first few what differs and their predicted step."""
+    small = small_variables(space.context)
+    rep = group.representative
+    listed = [
+        {
+            "step_time_s": prediction.step_time_s * float(archive.scores[row] / archive.scores[rep]),
+            "differs": differences(space, archive.batch, rep, row, among=small, limit=VARIANTS_LISTED),
+        }
+        for row in group.variants[:VARIANTS_LISTED]
+    ]
+    return {"key": group.key, "count": len(group.variants), "listed": listed}
+
+
+def _decision(candidates: list[Strategy], baselines: dict[str, Strategy]) -> Decision | None:
+    """The answer rule over the returned candidates and every pre-built strategy, at the floor."""
+    choices: dict[str, Choice] = {}
+    for name, strategy in baselines.items():
+        choice = predicted_choice(strategy, name)
+        if choice is not None:
+            choices.setdefault(choice.id, choice)
+    for rank, strategy in enumerate(candidates, start=1):
+        label = strategy.provenance.builder or f"candidate #{rank} ({str(strategy.id)[:8]})"
+        choice = predicted_choice(strategy, label)
+        if choice is not None:
+            choices.setdefault(choice.id, choice)
+    return decide(list(choices.values())) if choices else None
 
 
 def _candidate(

@@ -181,6 +181,43 @@ def why(
     return " ".join(sentences)
 
 
+def placement(space: Space, batch: CandidateBatch, i: int, v: int) -> str:
+    """Where one variable of row i lives, in words (its synchronizer, fusion partners, servers, shards)."""
+    context = space.context
+    kind = SyncKind(int(batch.kind[i, v]))
+    shards = int(batch.shards[i, v])
+    split = f" in {shards} shards" if shards > 1 else ""
+    if kind == SyncKind.PS:
+        servers = sorted({context.devices[int(s)] for s in batch.server[i, v, :shards] if s >= 0})
+        replicated = ", replicated locally" if batch.local_replication[i, v] else ""
+        return f"parameter server {', '.join(servers)}{split}{replicated}"
+    mates = np.flatnonzero((batch.group[i] == batch.group[i, v]) & (batch.kind[i] == batch.kind[i, v]))
+    names = [context.variable_names[int(m)] for m in mates if m != v]
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    partners = f", fused with {names[0]}{more}" if names else ", in a fusion group of its own"
+    if kind == SyncKind.SHARDED:
+        return f"sharded{split}{partners}"
+    algorithm = Algorithm(int(batch.algorithm[i, v])).name.lower()
+    compressor = CompressorKind(int(batch.compressor[i, v]))
+    squeeze = f", compressed {compressor.name.lower()}" if compressor != CompressorKind.NONE else ""
+    return f"all-reduce ({algorithm}){split}{partners}{squeeze}"
+
+
+def differences(
+    space: Space, batch: CandidateBatch, i: int, j: int, *, among: np.ndarray, limit: int
+) -> list[dict[str, str]]:
+    """The variables of `among` (a [V] mask) placed differently in rows i and j: name, i's placement, j's
+    (at most `limit`)."""
+    out = []
+    for v in np.flatnonzero(among):
+        here, there = placement(space, batch, i, int(v)), placement(space, batch, j, int(v))
+        if here != there:
+            out.append({"variable": space.context.variable_names[int(v)], "representative": here, "variant": there})
+            if len(out) == limit:
+                break
+    return out
+
+
 def _biggest_change(prediction: Prediction, baseline: Prediction) -> str:
     deltas = {k: baseline.breakdown.get(k, 0.0) - v for k, v in prediction.breakdown.items()}
     key = max(deltas, key=lambda k: deltas[k])

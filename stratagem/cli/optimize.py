@@ -3,6 +3,10 @@
 Capture (or read) the graph, read the cluster, submit both to a service, follow the job with a
 progress bar, write the best strategy and print every ranked candidate. The builder is resolved and
 built exactly as `stratagem capture` does it, so the two commands accept the same models.
+
+`--current "dp=8,tp=4,mb=1,gbs=512"` (or `--current-config train.toml`, any trainer config
+`stratagem predict --config` reads) names the configuration run today: the service prices it beside the
+answer and states the answer's predicted speed-up over it.
 """
 
 from __future__ import annotations
@@ -60,6 +64,27 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--time-budget", type=float, default=None, help="search seconds (default: the service's)")
     parser.add_argument("--top-k", type=positive_int, default=None, help="candidates kept in the ranking")
     parser.add_argument("--seed", type=int, default=None, help="search seed, for a reproducible answer")
+    current = parser.add_mutually_exclusive_group()
+    current.add_argument(
+        "--current",
+        default=None,
+        metavar="LAYOUT",
+        help='the layout you run today, priced beside the answer: "dp=8,tp=4,pp=2,mb=1,gbs=512"',
+    )
+    current.add_argument(
+        "--current-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the trainer config you run today, priced beside the answer: torchtitan .toml, DeepSpeed .json, "
+        "Accelerate .yaml, or a file of Megatron-LM arguments",
+    )
+    parser.add_argument(
+        "--current-config-format",
+        choices=("torchtitan", "deepspeed", "megatron", "accelerate"),
+        default=None,
+        help="read --current-config as this engine's (default: by suffix)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the job (default 3600)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the best strategy JSON")
@@ -69,6 +94,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     check_numbers(args)
     check_output(args.output, "--output")
+    current = current_layout(args)
     graph = load_or_capture(args)
     resources = read_resources(args.resources, device=args.device)
     print(
@@ -76,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     with connect(args) as client:
-        job = client.optimize(graph, resources, max_trials=args.trials, search=search_options(args))
+        job = client.optimize(graph, resources, max_trials=args.trials, search=search_options(args), current=current)
         print(f"job {job.id} submitted to {args.url}", file=sys.stderr)
         job.wait(args.timeout, progress=not args.no_progress)
         best = job.best()
@@ -100,6 +126,24 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise StratagemError(f"--seed: must be 0 or more, got {args.seed}")
     if not args.timeout > 0:  # NaN too: it would never expire
         raise StratagemError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
+
+
+def current_layout(args: argparse.Namespace) -> Any:
+    """The `--current` layout, or the layout of the `--current-config` trainer config; None without either.
+    Read before capturing, so a bad one costs no capture."""
+    from stratagem.layout import Layout
+
+    if args.current is not None:
+        return Layout.from_string(args.current)
+    if args.current_config is not None:
+        from stratagem.cli.predict import config_layout
+
+        if not args.current_config.exists():
+            raise StratagemError(f"--current-config: {args.current_config}: no such file")
+        return config_layout(args.current_config, args.current_config_format)
+    if args.current_config_format is not None:
+        raise StratagemError("--current-config-format: says how to read --current-config, which was not given")
+    return None
 
 
 def load_or_capture(args: argparse.Namespace) -> ModelGraph:
@@ -184,8 +228,14 @@ def answer_line(job: dict[str, Any], best_id: str | None, output: Path | None) -
     result = job.get("result") or {}
     speedup = result.get("speedup_vs_data_parallel")
     parts = [f"best: {best_id}", f"answer {result.get('answer_basis', '?')}"]
+    rule = (result.get("decision") or {}).get("rule")
+    if rule:
+        parts.append(f"decided by {rule}")
     if isinstance(speedup, (int, float)):
         parts.append(f"{speedup:.2f}x predicted vs plain data parallel")
+    current = result.get("speedup_vs_current")
+    if isinstance(current, (int, float)):
+        parts.append(f"{current:.2f}x predicted vs your current configuration")
     if output is not None:
         parts.append(f"written to {output}")
     return "; ".join(parts)

@@ -22,6 +22,7 @@ from optimizer_service.api.schemas import (
     JobPublic,
     JobsPublic,
     OptimizeRequest,
+    VariantPublic,
 )
 from optimizer_service.core import jobs as core
 from optimizer_service.core.errors import unavailable
@@ -128,11 +129,15 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, request: Request, _: Writ
     return job_public(core.cancel_job(session, job_id), request)
 
 
+@router.get("/v1/jobs/{job_id}/candidates", responses={404: {"model": ErrorPublic}})
 @router.get("/v1/jobs/{job_id}/strategies", responses={404: {"model": ErrorPublic}})
-def job_strategies(job_id: uuid.UUID, session: SessionDep) -> CandidatesPublic:
+def job_candidates(job_id: uuid.UUID, session: SessionDep) -> CandidatesPublic:
+    """The ranked candidates, the answer first; near-copies are one candidate with its variants."""
+    result = core.get_job(session, job_id).result or {}
     data = []
     for candidate, row in core.job_candidates(session, job_id):
         strategy = core.annotated_strategy(candidate, row)
+        variants = core.variants_of(result, row.id)
         data.append(
             CandidatePublic(
                 rank=candidate.rank,
@@ -141,6 +146,10 @@ def job_strategies(job_id: uuid.UUID, session: SessionDep) -> CandidatesPublic:
                 description=strategy.describe(),
                 predicted=strategy.predicted,
                 measured=strategy.measured,
+                relevelled_step_time_s=core.relevelled_of(result, row.id),
+                variant_count=int(variants.get("count", 0)),
+                variants=[VariantPublic.model_validate(v) for v in variants.get("listed", [])],
+                variant_key=variants.get("key"),
                 strategy=strategy.model_dump(mode="json"),
             )
         )
