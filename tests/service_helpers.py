@@ -21,10 +21,12 @@ from fastapi.testclient import TestClient
 from examples.demo import ServiceThread
 from optimizer_service.app import create_app
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
+from optimizer_service.jobs.trials import TrialRunnerExecutor
 from optimizer_service.search import search
 from optimizer_service.settings import Settings
 from stratagem.ir import ModelGraph, ResourceSpec
 from stratagem.runtime.launch import free_port
+from trial_runner import FakeBackend
 
 FAST = {
     "poll_interval_s": 0.05,
@@ -111,3 +113,28 @@ class MeanRatioTrainer:
             version=f"mean-{len(samples)}",
             metrics={"mape": 0.1, "groups": len({s.group for s in samples}), **self.cross_validated},
         )
+
+
+def fake_executor(step_time: Any) -> TrialRunnerExecutor:
+    """The service's real executor around trial_runner's FakeBackend (answers from a function, no processes)."""
+    return TrialRunnerExecutor(FakeBackend(step_time), name="fake", warmup=1, steps=3, timeout_s=30)
+
+
+LAYERS = 200_000
+STALL_S = 1.0
+"""Far above a healthy answer (milliseconds) and far below the seconds the validation takes."""
+
+
+def large_graph_body(layers: int = LAYERS) -> bytes:
+    """A valid graph of `layers` chained layers, about 75 bytes each."""
+    graph: dict[str, Any] = {
+        "name": "large",
+        "batch_size": 8,
+        "layers": [
+            {"name": f"l{i}", "fwd_flops": 1_000_000, "bwd_flops": 2_000_000, "inputs": [f"l{i - 1}"] if i else []}
+            | ({"variables": ["w"]} if i == 0 else {})
+            for i in range(layers)
+        ],
+        "variables": [{"name": "w", "shape": [64, 64], "consumer": "l0"}],
+    }
+    return json.dumps(graph, separators=(",", ":")).encode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from conftest import make_mlp_graph, make_t4_cluster
-from test_search_support import cluster, recommender_graph
+from search_graphs import cluster, recommender_graph
 
 from optimizer_service.search import search
 from optimizer_service.search.variants import group_variants, small_variables, variant_keys

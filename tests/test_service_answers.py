@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
-from test_service_helpers import optimize_body
-from test_service_trials import fake_executor
+from service_helpers import fake_executor, optimize_body
 
 from optimizer_service.search.simplicity import Rule
 from stratagem.builders import PS

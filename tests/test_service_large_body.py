@@ -7,7 +7,6 @@ answers all through it instead of stalling for the seconds validation takes.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -16,25 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from served import Served
-
-LAYERS = 200_000
-STALL_S = 1.0
-"""Far above a healthy answer (milliseconds) and far below the seconds the validation takes."""
-
-
-def large_graph_body(layers: int = LAYERS) -> bytes:
-    """A valid graph of `layers` chained layers, about 75 bytes each."""
-    graph: dict[str, Any] = {
-        "name": "large",
-        "batch_size": 8,
-        "layers": [
-            {"name": f"l{i}", "fwd_flops": 1_000_000, "bwd_flops": 2_000_000, "inputs": [f"l{i - 1}"] if i else []}
-            | ({"variables": ["w"]} if i == 0 else {})
-            for i in range(layers)
-        ],
-        "variables": [{"name": "w", "shape": [64, 64], "consumer": "l0"}],
-    }
-    return json.dumps(graph, separators=(",", ":")).encode()
+from service_helpers import LAYERS, STALL_S, large_graph_body
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from layout_helpers import gpt_graph, gpu_cluster
 from served import Served
-from test_service_large_body import STALL_S, large_graph_body
+from service_helpers import STALL_S, large_graph_body
 
 from optimizer_service.core.ingest import INLINE_BYTES
 from stratagem import Layout

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
-from service_helpers import optimize_body, service_settings
+from service_helpers import fake_executor, optimize_body, service_settings
 
 from optimizer_service.app import create_app
-from optimizer_service.jobs.trials import TrialRunnerExecutor, workload_for
+from optimizer_service.jobs.trials import workload_for
 from stratagem.builders import AllReduce, DataParallel
 from stratagem.ir import Strategy
-from trial_runner import FakeBackend, Outcome, ReplayWorkload, TrialSpec, ZooWorkload
+from trial_runner import Outcome, ReplayWorkload, TrialSpec, ZooWorkload
 
 
 def _upload(client: TestClient, graph: Any, resources: Any) -> tuple[str, str]:
@@ -95,11 +95,6 @@ def test_a_trial_filter_naming_nothing_stored_is_404_not_an_empty_page(make_clie
     ):
         response = client.get("/v1/trials", params=params)
         assert response.status_code == 404 and response.json()["detail"][0]["loc"] == loc, response.text
-
-
-def fake_executor(step_time: Any) -> TrialRunnerExecutor:
-    """The service's real executor around trial_runner's FakeBackend (answers from a function, no processes)."""
-    return TrialRunnerExecutor(FakeBackend(step_time), name="fake", warmup=1, steps=3, timeout_s=30)
 
 
 def test_a_job_with_trials_answers_with_the_fastest_measured_strategy(make_client) -> None:
