@@ -34,7 +34,7 @@ schemas: $(STAMP)
 	$(PY) -m stratagem.ir.schemas docs/schemas
 
 bench: $(STAMP)
-	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	for b in benchmarks/[a-z]*.py; do n=$$(basename $$b .py); echo "== $$n"; $(PY) -m benchmarks.$$n || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -10,13 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 
 from stratagem.builders import all_builders
 from stratagem.interop import strategy_from_autodist, strategy_to_autodist

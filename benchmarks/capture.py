@@ -4,7 +4,7 @@ Targets: a LLaMA-7B-like decoder (hidden 4096, 32 layers, seq 2048, batch 1) cap
 with under 3 GB peak RSS on a 2-core machine. Peak RSS is the child's `ru_maxrss`, so it includes
 importing torch. FLOPs are compared with the 6·N·tokens rule of thumb (which ignores attention).
 
-Usage: python benchmarks/capture.py   (prints one JSON object)
+Usage: python -m benchmarks.capture   (prints one JSON object)
 """
 
 from __future__ import annotations

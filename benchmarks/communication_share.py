@@ -5,7 +5,7 @@ should be judged on the last alone. The runtime times its own collectives (launc
 so for each strategy this prints predicted communication over measured, and the median per model
 and overall. Prints JSON.
 
-    python benchmarks/communication_share.py accuracy-run-ag.json [more reports ...]
+    python -m benchmarks.communication_share accuracy-run-ag.json [more reports ...]
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def report_ratios(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="JSON reports of benchmarks/simulator_accuracy.py")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = {str(path): report_ratios(json.loads(path.read_text())) for path in args.reports}
     print(json.dumps({"benchmark": "communication_share", "reports": out}, indent=2))
 

@@ -5,10 +5,10 @@ and make every pass (adding the error, casting, selecting, scattering) over that
 costs per byte should depend on the bucket's size, not on the sizes of the tensors in it. The
 simulator scales each variable's passes by the optimizer's size law (`1 + bytes / optimizer_knee_bytes`),
 which prices a bucket holding VGG's 16 MB classifier about 17% dearer per byte than BERT's bucket of
-1 MB layers. This benchmark finds no such effect in the passes themselves (within 3%), yet pricing
-them flat (`principled-1.12`) ranked an independent accuracy run worse (run AA, session 24: VGG's
-top-k priced below Sharded, measured above it in 8 of 8 rounds), so the law stays as a fitted figure
-whose cause lies outside the passes (docs/simulator.md, "Compression").
+1 MB layers. This benchmark finds no such effect in the passes themselves (within 6%), yet pricing
+them flat ranked an independent accuracy run worse (VGG's top-k priced below Sharded, measured above
+it in 8 of 8 rounds), so the law stays as a fitted figure whose cause lies outside the passes
+(docs/simulator.md, "Calibrated figures").
 
 Measured in turns on one rank (one thread, a rank's allocator settings): the uncompressed bucket and
 the fp16 and top-k (1%) reducers with error feedback, on a one-rank team (every pass but the
@@ -18,7 +18,7 @@ extra over the uncompressed bucket, and the ratio of the large set's extra to th
 the ratio the size law prices (its knee from this run's optimizer probes) and a flat buffer's (1);
 and, beside each measured extra, what the simulator's pass counts price it at this run's probe rates.
 
-    .venv/bin/python benchmarks/compression_passes.py [--repeats 25]
+    python -m benchmarks.compression_passes [--repeats 25]
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.lib.system import reexec_with
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 
 MIB = 1 << 20
@@ -157,7 +154,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if any(name not in os.environ for name in MALLOC_SETTINGS):
-        os.execve(sys.executable, [sys.executable, *sys.argv], rank_environment())
+        reexec_with(rank_environment(), "benchmarks.compression_passes")
     print(json.dumps({"benchmark": "compression_passes", "repeats": args.repeats, **measure(args.repeats)}, indent=2))
 
 

@@ -11,7 +11,7 @@
    shapes of the accuracy benchmark's BERT and VGG.
 4. With `--block-jobs`, no mappings of their own for large requests (`MALLOC_MMAP_MAX_=0`): every
    strategy of the named cost-model jobs (`benchmarks/cost_model.py`) trained in interleaved blocks
-   (`benchmarks/interleaved.py`) by ranks started with and without it, in alternating order. The
+   (`benchmarks.lib.interleaved`) by ranks started with and without it, in alternating order. The
    requests that cross glibc's 32 MiB threshold come from gloo's worker thread inside a step, which
    comparison 2's children never run. `--strategies` keeps only the named strategies in each block
    (one alone is what a trial runs; with all of them, their buffers share one heap);
@@ -19,9 +19,9 @@
 
 Prints one JSON object: the medians in ms and the speed-ups (default over tuned).
 
-    .venv/bin/python benchmarks/cpu_rank_settings.py [--bucket-mb 24] [--rounds 4] [--repeats 9]
-    .venv/bin/python benchmarks/cpu_rank_settings.py --block-jobs mlp-wide,vgg16-wide-fc,mlp-deep --rounds 2
-    .venv/bin/python benchmarks/cpu_rank_settings.py --block-jobs mlp-wide --strategies Sharded --setting arena1:MALLOC_ARENA_MAX=1
+    python -m benchmarks.cpu_rank_settings [--bucket-mb 24] [--rounds 4] [--repeats 9]
+    python -m benchmarks.cpu_rank_settings --block-jobs mlp-wide,vgg16-wide-fc,mlp-deep --rounds 2
+    python -m benchmarks.cpu_rank_settings --block-jobs mlp-wide --strategies Sharded --setting arena1:MALLOC_ARENA_MAX=1
 """
 
 from __future__ import annotations
@@ -36,11 +36,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.lib.system import ROOT, module_command
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 
 
@@ -142,7 +140,8 @@ def bucket_work(bucket_mb: float, repeats: int) -> dict[str, float]:
 
 def _child(env: dict[str, str], bucket_mb: float, repeats: int) -> dict[str, float]:
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(bucket_mb), str(repeats)],
+        module_command("benchmarks.cpu_rank_settings", "--child", str(bucket_mb), str(repeats)),
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -188,7 +187,7 @@ class BlockJob:
 def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
     """One interleaved block under `extra_env`: each strategy's measured and simulated step in ms."""
     import simulator
-    from benchmarks.interleaved import measure_block
+    from benchmarks.lib.interleaved import measure_block
 
     block = measure_block(job.workload, job.strategies, warmup=job.warmup, steps=steps, timeout=900, env=extra_env)
     if block.resources is None:
@@ -205,7 +204,8 @@ def _block_medians(job: BlockJob, *, steps: int, extra_env: dict[str, str]) -> d
 
 
 BASE_SETTINGS: dict[str, dict[str, str]] = {"mapped": {"MALLOC_MMAP_MAX_": GLIBC_MMAP_MAX}, "tuned": {}}
-"""Comparison 4's two settings: ranks as they started before and as they start now."""
+"""Comparison 4's two settings: ranks that may map large buffers afresh (`mapped`), and ranks with
+Stratagem's settings (`tuned`)."""
 
 
 def mappings_in_blocks(
@@ -253,13 +253,12 @@ def parse_setting(text: str) -> tuple[str, dict[str, str]]:
 
 
 def _cost_model_jobs(names: list[str], only: list[str]) -> dict[str, BlockJob]:
-    from benchmarks.cost_model import _placeholder_spec, job_workload
-    from benchmarks.simulator_accuracy import strategies_for
+    from benchmarks.lib.cases import job_workload, placeholder_spec, strategies_for
 
     jobs = {}
     for name in names:
         work = job_workload(name)
-        strategies = strategies_for(work.graph, _placeholder_spec())
+        strategies = strategies_for(work.graph, placeholder_spec())
         if only:
             unknown = sorted(set(only) - set(strategies))
             if unknown:

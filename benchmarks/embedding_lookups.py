@@ -1,10 +1,10 @@
 """What an embedding layer's forward and backward cost as its table grows, against the simulator's price.
 
 A lookup reads the rows it looks up; a table with sparse gradients (`sparse=True`) hands back only those
-rows, while one with dense gradients makes autograd write a table-sized gradient in backward. Up to
-`principled-1.11` capture counted the whole table as the lookup's traffic and the simulator streamed it
-three times per step (forward, and twice in backward), so a recommendation model's compute grew with its
-tables, and a 244 MiB table was priced at tens of milliseconds its lookups never took.
+rows, while one with dense gradients makes autograd write a table-sized gradient in backward. Counting
+the whole table as the lookup's traffic would make a recommendation model's compute grow with its
+tables (a 244 MiB table priced at tens of milliseconds its lookups never take); this benchmark holds
+the price to the measurement as tables grow.
 
 Measured on one rank (one thread, a rank's allocator settings): a one-table model (`nn.Embedding`, its
 output summed as capture's default loss does), forward and backward timed apart over `--repeats` steps,
@@ -12,7 +12,7 @@ the gradient dropped before each step as the trial runner drops it. The simulato
 graph on a one-device spec from this run's own calibration probes (`stratagem.calibrate.compute.compute_figures`).
 Prints one JSON object: per table, the measured and priced milliseconds and their ratio.
 
-    .venv/bin/python benchmarks/embedding_lookups.py [--repeats 30]
+    python -m benchmarks.embedding_lookups [--repeats 30]
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.lib.system import reexec_with
 from stratagem.rank_env import MALLOC_SETTINGS, rank_environment
 
 TABLES: list[tuple[int, int, int]] = [
@@ -126,7 +123,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if any(name not in os.environ for name in MALLOC_SETTINGS):
-        os.execve(sys.executable, [sys.executable, *sys.argv], rank_environment())
+        reexec_with(rank_environment(), "benchmarks.embedding_lookups")
     print(json.dumps({"benchmark": "embedding_lookups", "repeats": args.repeats, **measure(args.repeats)}, indent=2))
 
 

@@ -5,78 +5,25 @@ same model's plain PyTorch step (no Stratagem runtime: what the runtime itself a
 both predictions and their ratios to the trial, the runtime's own account of its waits, and the MAPE
 of each prediction.
 
-    python benchmarks/gpu_one_rank.py --device H100
+    python -m benchmarks.gpu_one_rank --device H100
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch
-
+from benchmarks.lib.gpu import CASES, optimizer_for, plain_step_ms
 from simulator import simulate
+from simulator.metrics import mape
 from stratagem import zoo
 from stratagem.builders import DataParallel
 from stratagem.calibrate import calibrate_gpu
 from stratagem.ir import Node, ResourceSpec
 from stratagem.tracing import capture
 from trial_runner import LocalBackend, ZooWorkload, run_trial
-
-CASES: list[tuple[str, int, dict[str, Any]]] = [
-    ("bert_large", 16, {"layers": 4, "hidden": 1024, "ffn": 4096, "seq": 128, "heads": 16}),
-    ("gpt", 16, {"hidden": 1024, "ffn": 4096, "layers": 4, "seq": 256, "heads": 16}),
-    ("vgg16", 64, {"width": 64, "hidden": 4096}),
-    ("resnet50", 64, {"width": 64}),
-    ("dlrm", 4096, {}),
-]
-"""Zoo models at sizes a GPU computes in milliseconds, each with its batch per step."""
-
-
-def optimizer_for(name: str) -> str:
-    return "adagrad" if name == "dlrm" else "adam"
-
-
-def plain_model(
-    name: str, batch: int, overrides: dict[str, Any]
-) -> tuple[torch.nn.Module, torch.optim.Optimizer, tuple[Any, ...]]:
-    """The zoo model on CUDA with its optimizer and one batch, in plain PyTorch (no Stratagem runtime)."""
-    module, make_batch = zoo.build(name, "small", device="cuda", **overrides)
-    optimizer = (torch.optim.Adagrad if optimizer_for(name) == "adagrad" else torch.optim.Adam)(module.parameters())
-    return module, optimizer, make_batch(batch)
-
-
-def plain_training(name: str, batch: int, overrides: dict[str, Any]) -> Callable[[], None]:
-    """One training step of the zoo model on CUDA in plain PyTorch, as a user's own loop runs it."""
-    module, optimizer, inputs = plain_model(name, batch, overrides)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        module(*inputs).backward()
-        optimizer.step()
-
-    return step
-
-
-def plain_step_ms(name: str, batch: int, overrides: dict[str, Any], *, warmup: int = 10, steps: int = 20) -> float:
-    step = plain_training(name, batch, overrides)
-    times = []
-    for i in range(warmup + steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return round(statistics.median(times) * 1e3, 3)
 
 
 def measure_case(
@@ -112,9 +59,10 @@ def measure_case(
     }
 
 
-def mape(cases: list[dict[str, Any]], label: str) -> float | None:
+def ratio_mape(cases: list[dict[str, Any]], label: str) -> float | None:
+    """MAPE of one prediction over the cases, from its predicted/measured ratios."""
     ratios = [case[f"{label}_ratio"] for case in cases if case[f"{label}_ratio"] is not None]
-    return round(sum(abs(r - 1.0) for r in ratios) / len(ratios), 3) if ratios else None
+    return round(mape(measured=[1.0] * len(ratios), predicted=ratios), 3) if ratios else None
 
 
 def main() -> None:
@@ -135,7 +83,7 @@ def main() -> None:
                 "device": args.device,
                 "calibrated_kind": kind,
                 "calibration_s": round(calibration_s, 1),
-                "mape": {"catalog": mape(cases, "catalog"), "calibrated": mape(cases, "calibrated")},
+                "mape": {"catalog": ratio_mape(cases, "catalog"), "calibrated": ratio_mape(cases, "calibrated")},
                 "cases": cases,
                 "calibrated_device": calibrated.devices[kind].model_dump(exclude_none=True),
                 "figures": calibrated.provenance,

@@ -9,7 +9,7 @@ It answers what the simulator's GPU pricing leaves out: whether host launches an
 or overlap, whether other layer kinds cost what a Linear layer does per pass, and where a model the
 calibrated simulator misprices (DLRM's sparse tables and Adagrad) spends its step.
 
-    python benchmarks/gpu_step_anatomy.py [--profile dlrm]
+    python -m benchmarks.gpu_step_anatomy [--profile dlrm]
 """
 
 from __future__ import annotations
@@ -17,18 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from torch import nn
 
-from benchmarks.gpu_one_rank import CASES, plain_model, plain_training
+from benchmarks.lib.gpu import CASES, plain_model, plain_training
 
 STEPS = 15
 

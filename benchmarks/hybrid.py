@@ -27,7 +27,7 @@ the forward pass that activation recomputation repeats. `model` TFLOP/s count on
 72·B·s·l·h²·(1 + s/6h + V/12lh) (what one step needs without recomputation); the paper's figure is
 shown both as published and converted to model FLOP/s, and predictions are given in model FLOP/s.
 
-    .venv/bin/python benchmarks/hybrid.py [--models 1.7b 18b 1t] [--candidates 2000] [--skip-capture]
+    python -m benchmarks.hybrid [--models 1.7b 18b 1t] [--candidates 2000] [--skip-capture]
 """
 
 from __future__ import annotations
@@ -36,10 +36,7 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

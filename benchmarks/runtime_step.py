@@ -8,7 +8,7 @@ step took (memory the step touched for the first time: a bucket allocated afresh
 in its pages, which on a virtual machine costs more than the copy). DDP (one bucket per 25 MB, its
 default, kept across steps) is the baseline the all-reduce executor should stay close to.
 
-Usage: python benchmarks/runtime_step.py [--ranks 2] [--steps 20] [--width 512]   (prints one JSON object)
+Usage: python -m benchmarks.runtime_step [--ranks 2] [--steps 20] [--width 512]   (prints one JSON object)
 """
 
 from __future__ import annotations
@@ -16,18 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-
+from benchmarks.lib.system import ROOT, module_command, page_faults
 from stratagem.rank_env import rank_environment
 
 LAYERS, BATCH = 6, 64
@@ -68,11 +65,6 @@ def _model(width: int):
     for _ in range(LAYERS):
         layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers, nn.Linear(width, 10))
-
-
-def page_faults() -> int:
-    """Minor page faults this process has taken so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _child(out: Path, steps: int, warmup: int, width: int) -> None:
@@ -142,9 +134,8 @@ def main() -> None:
         env = rank_environment(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.ranks), OMP_NUM_THREADS="1"
         )
-        command = [
-            sys.executable,
-            __file__,
+        command = module_command(
+            "benchmarks.runtime_step",
             "--child",
             str(out),
             "--steps",
@@ -153,8 +144,8 @@ def main() -> None:
             str(args.warmup),
             "--width",
             str(args.width),
-        ]
-        procs = [subprocess.Popen(command, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
+        )
+        procs = [subprocess.Popen(command, cwd=ROOT, env=dict(env, RANK=str(r))) for r in range(args.ranks)]
         codes = [p.wait(timeout=900) for p in procs]
         if any(codes):
             raise SystemExit(f"a rank failed: exit codes {codes}")

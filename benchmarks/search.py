@@ -10,7 +10,7 @@ Prints one JSON object:
   size, the case parameter servers exist for;
 - `reproducible`: the same seed under a candidate budget gives the same strategies.
 
-    .venv/bin/python benchmarks/search.py [--budget 2.0] [--nodes 1 2 4 8] [--models bert_large dlrm]
+    python -m benchmarks.search [--budget 2.0] [--nodes 1 2 4 8] [--models bert_large dlrm]
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from optimizer_service.search import search
 from stratagem import zoo

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import stratagem
 from stratagem.ir import ModelGraph
+from stratagem.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH = {"time_budget_s": 0.2, "max_candidates": 300, "top_k": 3, "seed": 0}
@@ -53,7 +53,7 @@ def main() -> None:
     graphs = [small_graph(batch) for batch in range(1, args.jobs + 1)]
     cluster = stratagem.ResourceSpec.from_autodist_yaml(ROOT / "examples" / "specs" / "4x_t4.yml", device="T4")
     with tempfile.TemporaryDirectory(prefix="stratagem-load-") as directory:
-        port = _free_port()
+        port = free_port()
         server = start_server(port, Path(directory) / "load.db", workers=args.workers)
         try:
             url = f"http://127.0.0.1:{port}"
@@ -266,12 +266,6 @@ def summary(latencies: list[float]) -> dict[str, float]:
         "p95": round(p95, 4),
         "max": round(ordered[-1], 4),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,12 @@ machine), single-simulation latency (one candidate through `simulate_batch`, and
 `stratagem.zoo.bert_large` when that works here, else from a BERT-large-shaped generator below
 (24 layers, real shapes, FLOPs by formula).
 
-    .venv/bin/python benchmarks/simulator.py [--candidates 10000] [--synthetic]
+`--llm` times the LLM dimensions instead: a 70B decoder (Llama-3-70B's shapes, without grouped-query
+attention) on 8 nodes of 8 H100, 64 layouts mixing tensor, pipeline (1F1B, interleaved, zero-bubble),
+context and data parallelism, ZeRO stages 1 and 3, bf16 and fp8, and selective or full recomputation
+(target: the 64 price in well under a second).
+
+    .venv/bin/python benchmarks/simulator.py [--candidates 10000] [--synthetic] [--llm]
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator import (
     CandidateBatch,
+    Precision,
+    Schedule,
     SyncKind,
     compile_context,
+    predictions,
     simulate,
     simulate_batch,
     to_strategy,
@@ -225,11 +233,99 @@ def timed(fn, repeats: int) -> tuple[list[float], list[float]]:
     return wall, cpu
 
 
+def llama_70b() -> ModelGraph:
+    """Llama-3-70B's shapes (80 blocks, hidden 8192, 64 heads, SwiGLU 28672, vocabulary 128256), 16
+    sequences of 4096 tokens per replica and step, captured on meta."""
+    from stratagem import zoo
+    from stratagem.tracing import capture
+
+    model, make_batch = zoo.gpt(
+        size="7b", device="meta", hidden=8192, layers=80, heads=64, ffn=28672, seq=4096, vocab=128256
+    )
+    return capture(model, make_batch(16), batch_size=16, name="llama-70b-shapes")
+
+
+def h100_cluster(nodes: int = 8) -> ResourceSpec:
+    return ResourceSpec(
+        name=f"{nodes}x8-H100",
+        nodes=[Node(address=f"10.1.0.{i + 1}", chief=i == 0, gpus=list(range(8)), device="H100") for i in range(nodes)],
+        network=Link(kind="infiniband", bandwidth_gbps=3200, latency_us=5),
+    )
+
+
+def llm_layouts(context: SimContext) -> CandidateBatch:
+    """64 layouts of 64 GPUs: (tensor, pipeline, context) meshes, each with a schedule, ZeRO stage,
+    precision and recomputation drawn in turn."""
+    meshes = [(t, p, c) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) for c in (1, 2) if t * p * c <= 32]
+    b = CandidateBatch.allocate(context, 64)
+    units = context.unit_starts.size
+    for i in range(64):
+        t, p, c = meshes[i % len(meshes)]
+        b.tensor[i], b.pipeline[i], b.context_parallel[i], b.data[i] = t, p, c, 64 // (t * p * c)
+        b.precision[i] = Precision.FP8 if i % 4 == 3 else Precision.BF16
+        b.sequence_parallel[i] = t > 1
+        b.recompute[i], b.selective[i] = i % 3 == 0, i % 3 == 1
+        b.kind[i] = SyncKind.SHARDED
+        b.zero_stage[i] = 3 if p == 1 else 1
+        if p > 1:
+            schedule, virtual = [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2), (Schedule.ZERO_BUBBLE, 2)][i % 3]
+            b.schedule[i], b.virtual_stages[i], b.micro_batches[i] = schedule, virtual, 16  # one sequence each
+            chunks = p * virtual
+            b.layer_stage[i] = np.minimum(context.layer_unit * chunks // units, chunks - 1)
+        else:
+            b.micro_batches[i] = 16
+    return b
+
+
+def llm_main() -> None:
+    start = time.perf_counter()
+    graph = llama_70b()
+    capture_s = time.perf_counter() - start
+    resources = h100_cluster()
+    start = time.perf_counter()
+    context = compile_context(graph, resources)
+    compile_s = time.perf_counter() - start
+    batch = llm_layouts(context)
+    batch.validate(context)
+    wall, cpu = timed(lambda: simulate_batch(context, batch), 5)
+    explained, _ = timed(lambda: predictions(context, batch), 3)
+    result = simulate_batch(context, batch)
+    best = int(np.argmax(np.where(result.feasible, result.samples_per_s, -1.0)))
+    tokens = graph.batch_size * 4096 * float(batch.data[best])
+    print(
+        json.dumps(
+            {
+                "benchmark": "simulator-llm",
+                "graph": graph.name,
+                "layers": context.num_layers,
+                "variables": context.num_variables,
+                "cluster": resources.name,
+                "layouts": len(batch),
+                "first_batch_s": round(wall[0], 4),
+                "batch_seconds_best": round(min(wall), 4),
+                "batch_cpu_seconds_best": round(min(cpu), 4),
+                "predictions_seconds_median": round(statistics.median(explained), 4),
+                "compile_context_ms": round(1e3 * compile_s, 1),
+                "capture_s": round(capture_s, 2),
+                "feasible": int(result.feasible.sum()),
+                "best_layout": to_strategy(context, batch, best).effective_mesh.describe(),
+                "best_step_time_s": round(float(result.step_time[best]), 4),
+                "best_tokens_per_s_per_gpu": round(tokens / float(result.step_time[best]) / 64, 1),
+                "load_average_1min": round(os.getloadavg()[0], 2),
+            }
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=int, default=10_000)
     parser.add_argument("--synthetic", action="store_true", help="skip capture, use the generated BERT-large graph")
+    parser.add_argument("--llm", action="store_true", help="time 64 layouts of a 70B decoder on 64 H100 instead")
     args = parser.parse_args()
+    if args.llm:
+        llm_main()
+        return
     graph = None if args.synthetic else bert_large_captured()
     source = "capture" if graph is not None else "synthetic"
     graph = graph or bert_large_synthetic()

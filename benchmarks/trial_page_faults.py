@@ -10,7 +10,7 @@ or commits: both copies saw the same load.
 `--glibc-defaults` starts the ranks without Stratagem's allocator settings (`stratagem/rank_env.py`),
 as a user's own launcher (torchrun) would.
 
-    .venv/bin/python benchmarks/trial_page_faults.py [--model bert_large] [--strategies AllReduce PS] [--glibc-defaults]
+    python -m benchmarks.trial_page_faults [--model bert_large] [--strategies AllReduce PS] [--glibc-defaults]
 
 Prints one JSON object.
 """
@@ -28,9 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.runtime_step import page_faults
+from benchmarks.lib.system import ROOT, module_command, page_faults
 from stratagem.calibrate.workers import wait_for_ranks
 from stratagem.rank_env import rank_environment
 from stratagem.runtime.launch import free_port
@@ -44,7 +42,7 @@ def _child(model: str, strategy_name: str, steps: int, warmup: int, port: int, r
     import torch
     import torch.distributed as dist
 
-    from benchmarks.simulator_accuracy import CASES, build_graph, strategies_for
+    from benchmarks.lib.cases import CASES, build_graph, strategies_for
     from stratagem.ir import Node, ResourceSpec
     from stratagem.runtime import distribute
     from trial_runner.build import batch_for, build_workload, make_optimizer, prime_optimizer_state
@@ -100,9 +98,8 @@ def measure(model: str, strategy: str, *, steps: int, warmup: int, glibc_default
         outs = [Path(folder) / f"rank{rank}.json" for rank in range(RANKS)]
         procs = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
+                module_command(
+                    "benchmarks.trial_page_faults",
                     "--child",
                     model,
                     strategy,
@@ -111,7 +108,8 @@ def measure(model: str, strategy: str, *, steps: int, warmup: int, glibc_default
                     str(port),
                     str(rank),
                     str(out),
-                ],
+                ),
+                cwd=ROOT,
                 env=env,
                 stderr=subprocess.PIPE,
                 text=True,

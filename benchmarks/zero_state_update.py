@@ -12,7 +12,7 @@ Measured side by side, in turns: `torch.sqrt` over ones and over zeros, and an A
 16 MB of parameters whose gradients are zero at a given share of the entries (those entries' state
 stays zero).
 
-    .venv/bin/python benchmarks/zero_state_update.py [--repeats 9]
+    python -m benchmarks.zero_state_update [--repeats 9]
 """
 
 from __future__ import annotations

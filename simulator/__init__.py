@@ -12,16 +12,16 @@ in `memory`; `engine` only wires them. `docs/simulator.md` explains the model.
 """
 
 from simulator.api import SIMULATOR_VERSION, context_for, simulate, simulate_each
+from simulator.codec import encode, to_strategy
 from simulator.context import SimContext, compile_context
 from simulator.encoding import (
     Algorithm,
     CandidateBatch,
     CompressorKind,
     ConsistencyKind,
+    Precision,
     Schedule,
     SyncKind,
-    encode,
-    to_strategy,
 )
 from simulator.engine import BREAKDOWN_KEYS, BatchResult, simulate_batch
 from simulator.prediction import Prediction, predictions
@@ -34,6 +34,7 @@ __all__ = [
     "CandidateBatch",
     "CompressorKind",
     "ConsistencyKind",
+    "Precision",
     "Prediction",
     "Schedule",
     "SimContext",

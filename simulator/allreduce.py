@@ -4,8 +4,13 @@ A fusion group (same `group`, same kind) launches when its last member's gradien
 sum of its members' wire bytes in one collective (one latency), and runs on the candidate's
 collective stream after the groups launched before it (one stream per pipeline stage). `auto` takes
 the cheapest of ring, tree and hierarchical for the group's bytes (a top-k group all-gathers instead,
-see `_group_seconds`). Sharded groups reduce-scatter here; their all-gather of updated parameters
-comes after the optimizer step, exposed. Compression work is added to its group's time.
+see `_group_seconds`). Sharded groups at ZeRO stage 1 all-reduce their whole gradients, at stage 2
+reduce-scatter them over the shard group (and, under hybrid sharding, all-reduce each shard across the
+groups); the all-gather of updated parameters (in the precision's compute dtype) comes after the
+optimizer step, exposed. Stage 3 gathers and reduce-scatters unit by unit in the compute phase
+(`simulator.fsdp`) and is left out here. Gradients travel at the precision's gradient bytes (fp32
+under amp, bf16 under `bf16` and `fp8`, where they also move at the device's half-precision rate).
+Compression work is added to its group's time.
 
 Sparse variables (embeddings with sparse gradients) are not reduced in a fusion group: at the
 optimizer step every rank all-gathers the rows it touched (one all-gather of every table's row count,
@@ -27,7 +32,7 @@ import numpy as np
 
 from simulator import collectives, compression
 from simulator.context import SimContext
-from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, SyncKind
+from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Precision, SyncKind
 from simulator.pipeline import ComputePhase
 from simulator.timeline import fifo_dense
 from simulator.topology import Topology
@@ -37,8 +42,8 @@ SPARSE_ALLREDUCE_COLLECTIVES = 2
 """All-gathers per sparse variable: indices and values (their sizes vary per step), after one
 all-gather of every sparse variable's row count."""
 TOPK_COLLECTIVES = 1
-"""All-gathers per top-k group: values and indices travel as the bytes of one tensor (since
-`principled-1.7`; the runtime had gathered them in two)."""
+"""All-gathers per top-k group: values and indices travel as the bytes of one tensor, as the runtime
+packs them."""
 POWERSGD_COLLECTIVES = 2
 """All-reduces per PowerSGD group holding a matrix: P, then Q, which needs P's sum (and its QR) first,
 so a second round is on the stream (the group's vectors ride in P's all-reduce). The two rounds cost
@@ -69,11 +74,16 @@ def collective_phase(
     kind = batch.kind
     sparse = _sparse_allreduce(context, batch)
     dropped = kind == SyncKind.PS if sparse is None else (kind == SyncKind.PS) | sparse
-    key = np.where(dropped, 2 * G, batch.group + np.where(kind == SyncKind.SHARDED, G, 0))
+    is_sharded = kind == SyncKind.SHARDED
+    full_shard = _full_shard(batch, is_sharded)
+    if full_shard is not None:
+        dropped = dropped | full_shard
+    key = np.where(dropped, 2 * G, batch.group + np.where(is_sharded, G, 0))
     key += (np.arange(n, dtype=key.dtype) * slots)[:, None]
     key = key.ravel()
     wire = context.var_bytes_tile(n).copy()
     _split_bytes(context, batch, wire)
+    gathered = _precision_bytes(context, batch, wire)
     compressed = np.flatnonzero((batch.compressor != CompressorKind.NONE) & (kind == SyncKind.ALLREDUCE) & ~dropped)
     squeeze = _compress(context, batch, topo, compressed, wire, key, n * slots)
     group_bytes = np.bincount(key, weights=wire, minlength=n * slots)
@@ -100,14 +110,20 @@ def collective_phase(
         second = _second_round(context, topo, row.take(lowrank), algorithm.take(lowrank))
         ar_time[lowrank] += second
         ar_latency[lowrank] += second
-    rs_time = collectives.cost((topo.reduce_scatter[0].take(row), topo.reduce_scatter[1].take(row)), nbytes)
-    latency = np.where(sharded, topo.reduce_scatter[0].take(row), ar_latency)
-    duration = np.where(sharded, rs_time, ar_time)
+    reduce_scatter = np.flatnonzero(sharded)
+    reduce_scatter = reduce_scatter[batch.zero_stage.ravel().take(last_member.take(reduce_scatter)) != 1]
+    latency, duration = ar_latency, ar_time
+    if reduce_scatter.size:
+        rs_time, rs_latency = _sharded_seconds(topo, row.take(reduce_scatter), nbytes.take(reduce_scatter))
+        duration, latency = duration.copy(), latency.copy()
+        duration[reduce_scatter], latency[reduce_scatter] = rs_time, rs_latency
     if squeeze is not None:
         duration += squeeze.take(groups)
     service = np.zeros((n, V))
     service.ravel()[row * V + position] = duration
-    ag_time = collectives.cost((topo.all_gather[0].take(row), topo.all_gather[1].take(row)), nbytes) * sharded
+    gather_bytes = nbytes if gathered is None else np.bincount(key, weights=gathered, minlength=n * slots).take(groups)
+    all_gather = (topo.shard_all_gather[0].take(row), topo.shard_all_gather[1].take(row))
+    ag_time = collectives.cost(all_gather, gather_bytes) * sharded
     busy, wire_total = _per_row(row, duration * ~sharded, n), _per_row(row, nbytes * ~sharded, n)
     latency_busy = _per_row(row, latency, n)
     if sparse is not None:
@@ -122,6 +138,47 @@ def collective_phase(
         allreduce_bytes=wire_total,
         latency_busy=latency_busy,
     )
+
+
+def _full_shard(batch: CandidateBatch, is_sharded: np.ndarray) -> np.ndarray | None:
+    """[N, V] ZeRO-3 variables of candidates without a pipeline (None when there are none): their
+    gathers and reduce-scatters run unit by unit in the compute phase (`simulator.fsdp`). Under a
+    pipeline stage 3 runs as stage 2 (see there)."""
+    if batch.zero_stage.size == 0 or batch.zero_stage.max() < 3:
+        return None
+    sharded = np.flatnonzero(is_sharded)
+    stage3 = sharded[batch.zero_stage.ravel().take(sharded) == 3]
+    stage3 = stage3[batch.pipeline.take(stage3 // batch.kind.shape[1]) <= 1]
+    if not stage3.size:
+        return None
+    out = np.zeros(batch.kind.shape, dtype=bool)
+    out.ravel()[stage3] = True
+    return out
+
+
+def _precision_bytes(context: SimContext, batch: CandidateBatch, wire: np.ndarray) -> np.ndarray | None:
+    """Rescale `wire` (flat [N·V] captured bytes per tensor rank) in place to each candidate's gradient
+    bytes; return the bytes its parameters are all-gathered in (None when every candidate runs as
+    captured, where both are the captured bytes)."""
+    scaled = np.flatnonzero(batch.precision > Precision.TF32)
+    if not scaled.size:
+        return None
+    rows = wire.reshape(len(batch), -1)
+    captured = rows[scaled]
+    precision = batch.precision[scaled].astype(np.intp)
+    rows[scaled] = captured * context.var_precision.gradient[precision]
+    gathered = wire.copy()
+    gathered.reshape(len(batch), -1)[scaled] = captured * context.var_precision.gathered[precision]
+    return gathered
+
+
+def _sharded_seconds(topo: Topology, row: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ZeRO-2's gradient reduction: a reduce-scatter over the shard group, then (hybrid sharding) the
+    all-reduce of each 1/S shard across the groups; seconds and latency."""
+    rs = (topo.shard_reduce_scatter[0].take(row), topo.shard_reduce_scatter[1].take(row))
+    across = (topo.replicate[0].take(row), topo.replicate[1].take(row))
+    seconds = collectives.cost(rs, nbytes) + collectives.cost(across, nbytes / topo.shard_degree.take(row))
+    return np.asarray(seconds), rs[0] + across[0]
 
 
 def _sparse_allreduce(context: SimContext, batch: CandidateBatch) -> np.ndarray | None:
@@ -141,16 +198,16 @@ def _sparse_rows(
     rows, and coalesces the p row sets into one sum."""
     per_row = np.where(sparse, context.var_coalesce_bytes, 0.0).sum(axis=1)
     work = np.where(sparse, context.var_coalesce_work, 0.0).sum(axis=1)
-    gathered = per_row * batch.data
+    gathered = per_row * topo.dp_degree
     latency, per_byte = topo.row_gather
     count = sparse.sum(axis=1)
     kinds = context.kinds
     coalesce_rate = kinds.memory_bandwidth[topo.kind] * kinds.coalesce_efficiency[topo.kind]
-    coalesced = work * (1.0 + batch.data)
+    coalesced = work * (1.0 + topo.dp_degree)
     calls = 1 + SPARSE_ALLREDUCE_COLLECTIVES * count
     latencies = np.where(count > 0, calls * latency, 0.0)
     seconds = np.where(count > 0, latencies + gathered * per_byte + coalesced / coalesce_rate, 0.0)
-    return seconds, per_row * np.maximum(batch.data - 1, 0), latencies
+    return seconds, per_row * np.maximum(topo.dp_degree - 1, 0), latencies
 
 
 def _stream_finish(
@@ -201,7 +258,7 @@ def _compress(
     row, var = np.divmod(entries, context.num_variables)
     div = np.where(context.var_tensor_split.take(var), batch.tensor.take(row), 1).astype(float)
     compressor, param = batch.compressor.ravel().take(entries), batch.compressor_param.ravel().take(entries)
-    wire[entries] = compression.wire_bytes(context.compression, compressor, param, var, div)
+    wire[entries] = np.minimum(compression.wire_bytes(context.compression, compressor, param, var, div), wire[entries])
     kinds, kind = context.kinds, topo.kind.take(row)
     bandwidth = kinds.memory_bandwidth[kind]
     rates = compression.Rates(
@@ -273,13 +330,15 @@ def _group_seconds(
     payload moves at the device's `half_reduce_efficiency`; top-k's values and indices are not summed on
     the wire but all-gathered (`TOPK_COLLECTIVES`), every rank receiving its p - 1 peers' entries."""
     half = (compressor == CompressorKind.FP16) | (compressor == CompressorKind.BF16)
+    precision = batch.precision.take(row)
+    half |= (compressor == CompressorKind.NONE) & ((precision == Precision.BF16) | (precision == Precision.FP8))
     seconds, latency = _allreduce_cost(
         topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes)
     )
     topk = compressor == CompressorKind.TOPK
     if topk.any():
         gather_latency = TOPK_COLLECTIVES * topo.row_gather[0].take(row)
-        gathered = gather_latency + nbytes * batch.data.take(row) * topo.row_gather[1].take(row)
+        gathered = gather_latency + nbytes * topo.dp_degree.take(row) * topo.row_gather[1].take(row)
         seconds, latency = np.where(topk, gathered, seconds), np.where(topk, gather_latency, latency)
     return seconds, latency
 
@@ -288,9 +347,8 @@ def _allreduce_cost(
     topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seconds of one all-reduce of `nbytes` per group under its algorithm (`auto`: whichever of ring,
-    tree and hierarchical is cheapest for those bytes), and that algorithm's latency. Until
-    `principled-1.17` the latency was taken as the cheapest algorithm's at zero bytes, which in a
-    multi-node cluster can be another algorithm than the one priced."""
+    tree and hierarchical is cheapest for those bytes), and the latency of the algorithm so chosen (the
+    cheapest at zero bytes can be another one in a multi-node cluster)."""
     coefficients = [(t[0].take(row), t[1].take(row)) for t in (topo.ring, topo.tree, topo.hierarchical)]
     seconds = np.stack([collectives.cost(c, nbytes) for c in coefficients])
     latencies = np.stack([c[0] for c in coefficients])

@@ -6,13 +6,13 @@ import logging
 import threading
 from collections import OrderedDict
 
+from simulator.codec import encode
 from simulator.context import SimContext, compile_context
-from simulator.encoding import encode
 from simulator.prediction import Prediction, predictions
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-SIMULATOR_VERSION = "principled-1.18"
+SIMULATOR_VERSION = "principled-1.19"
 """Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
 
 log = logging.getLogger(__name__)

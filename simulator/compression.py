@@ -21,14 +21,14 @@ compression`, error feedback on, its default), in bytes b of the gradient stream
 Copying back is the bucket writing its averaged gradient into each parameter's `.grad` (read the
 result, write the gradient: `COPY_BACK_PASSES`). An uncompressed bucket pays it inside the link's
 fitted bandwidth, since calibration times buckets with their copies; a compressed bucket's wire
-carries a fraction of the bytes, so its copy back, at full size, is priced here (since
-`principled-1.9`; a vector under PowerSGD travels uncompressed with P and is covered by the link).
+carries a fraction of the bytes, so its copy back, at full size, is priced here (a vector under
+PowerSGD travels uncompressed with P and is covered by the link).
 
 Plain bytes go at the device's `stream_efficiency` (an add or a copy over a bucket, about a copy's
 speed), casts at its `cast_efficiency`, selection at its `select_efficiency` and PowerSGD's passes at
 its `lowrank_efficiency` of memory bandwidth (on a CPU the last three are far below a copy's rate,
-which is what makes compression a loss there). Before `principled-1.11` plain bytes went at the
-element-wise rate, an activation's (GELU), which on a CPU is under half a copy's.
+which is what makes compression a loss there). The element-wise rate is an activation's (GELU), which
+on a CPU is under half a copy's, so it would overprice these passes.
 
 Each formula is `unit[kind, v] · scale` with scale = r or ρ for PowerSGD and top-k (1 otherwise), so
 the per-variable units are tabulated once per graph (`CompressionTables`) and a batch costs a gather.

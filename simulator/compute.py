@@ -16,6 +16,13 @@ and of element-wise layers on sharded activations (a GELU between a column- and 
 matmul), by the tensor degree (launches stay); a micro-batch does 1/m of the work and pays every
 launch again.
 
+The step's knobs (`Knobs`) change this per layer: the precision picks the peak of matmuls,
+convolutions and attention cores and scales every byte (`simulator.precision`); context parallelism
+gives each rank 1/c of every layer's tokens (ring attention with causal load balancing gives each rank
+1/c of the attention work too: Liu et al. 2023; torchtitan's `context_parallel` shards the sequence
+round-robin for that); sequence parallelism gives each tensor rank 1/t of the sequence in the layers
+tensor parallelism leaves whole (norms, dropout, residual adds: Korthikanti et al. 2022).
+
 On a GPU the host only queues kernels, and the device runs them while the host queues the next
 layer's: a layer's kernels start once the host has issued them and the device has finished the layers
 before. A step is the two-stage pipeline of the forward layers, then the backward layers in reverse,
@@ -26,6 +33,8 @@ CPU the same cores dispatch and compute, so the two add.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from simulator.context import SimContext
@@ -34,26 +43,54 @@ BACKWARD_BYTES_FACTOR = 2.0
 """Backward bytes moved relative to forward (gradients of inputs and of weights)."""
 
 
-def layer_times(context: SimContext, kind: int, tensor: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Knobs:
+    """The step-wide knobs that change each layer's work (see the module docstring)."""
+
+    precision: int = 0
+    context_parallel: int = 1
+    sequence_parallel: bool = False
+
+
+PLAIN = Knobs()
+
+
+def layer_times(
+    context: SimContext, kind: int, tensor: int, micro_batches: int, knobs: Knobs = PLAIN
+) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of each layer for one micro-batch, on device kind `kind`; cached."""
-    key = (kind, tensor, micro_batches)
+    key = (kind, tensor, micro_batches) if knobs == PLAIN else (kind, tensor, micro_batches, knobs)
     cached = context._layer_time_cache.get(key)
     if cached is not None:
         return cached
     k = context.kinds
+    p = knobs.precision
     efficiency = np.where(context.layer_matmul, k.matmul_efficiency[kind], k.elementwise_efficiency[kind])
     efficiency = np.where(context.layer_conv, k.conv_efficiency[kind], efficiency)
-    flop_rate = k.peak_flops[kind] * efficiency
+    peak = np.where(context.layer_matmul, k.peaks.matmul[kind, p], k.peak_flops[kind])
+    peak = np.where(context.layer_conv, k.peaks.conv[kind, p], peak)
+    peak = np.where(context.layer_attention, k.peaks.attention[kind, p], peak)
+    flop_rate = peak * efficiency
     stream_rate = k.memory_bandwidth[kind] * k.stream_efficiency[kind]
     byte_rate = k.memory_bandwidth[kind] * np.where(
         context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind]
     )
     byte_rate = np.where(context.layer_embedding, stream_rate, byte_rate)
-    share = np.where(context.layer_tensor_split | context.layer_sharded_input, 1.0 / tensor, 1.0) / micro_batches
+    divided = context.layer_tensor_split | context.layer_sharded_input
+    if knobs.sequence_parallel:
+        divided = divided | ~context.layer_embedding
+    share = np.where(divided, 1.0 / tensor, 1.0) / micro_batches
+    if knobs.context_parallel > 1:
+        share = share / knobs.context_parallel
+    moved = context.bytes_moved
+    fill_bytes = context.layer_grad_fill_bytes
+    if p:
+        moved = moved * context.var_precision.activation[p]
+        fill_bytes = fill_bytes * context.var_precision.graph_gradient[p]
     launch = k.launch_overhead_s[kind]
-    fwd = np.maximum(context.fwd_flops * share / flop_rate, context.bytes_moved * share / byte_rate)
-    bwd_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR) * context.bytes_moved * share / byte_rate
-    fill = context.layer_grad_fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
+    fwd = np.maximum(context.fwd_flops * share / flop_rate, moved * share / byte_rate)
+    bwd_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR) * moved * share / byte_rate
+    fill = fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
     bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + fill
     result = queued_ahead(fwd, bwd, launch) if k.specs[kind].is_gpu else (fwd + launch, bwd + launch)
     context._layer_time_cache[key] = result

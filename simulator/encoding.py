@@ -1,9 +1,10 @@
 """The array encoding of a batch of candidate strategies: what the search builds, mutates and simulates.
 
 Search evaluates tens of thousands of candidates, so a candidate is a row of numpy arrays rather than
-a `Strategy` object. `encode` turns Strategies into a `CandidateBatch`, `to_strategy` turns a row back
-into an executable `Strategy`, and `simulator.simulate_batch` reads the arrays directly. The layout
-below is a contract with `optimizer_service/search/`; change it only by adding fields.
+a `Strategy` object. `simulator.codec.encode` turns Strategies into a `CandidateBatch`,
+`simulator.codec.to_strategy` turns a row back into an executable `Strategy`, and
+`simulator.simulate_batch` reads the arrays directly. The layout below is a contract with
+`optimizer_service/search/`; change it only by adding fields.
 
 Indices refer to the `SimContext` the batch was built for (`simulator.compile_context(graph, resources)`):
 
@@ -16,20 +17,27 @@ Per candidate, shape [N]:
 
 | field | dtype | meaning |
 |---|---|---|
-| `data`, `tensor`, `pipeline` | int32 | mesh degrees; their product is the number of replicas |
+| `data`, `tensor`, `pipeline` | int32 | mesh degrees; with `context_parallel` their product is the number of replicas |
+| `context_parallel` | int32 | context-parallel degree c: each sequence split into c pieces, attention as a ring (1 = none) |
 | `micro_batches` | int32 | micro-batches per step: pipeline micro-batches, or gradient accumulation without a pipeline |
-| `schedule` | int8 | `Schedule`: 1F1B (0) or GPipe (1); decides activations in flight |
+| `schedule` | int8 | `Schedule`: 1F1B (0), GPipe (1), interleaved 1F1B (2), zero-bubble (3) |
+| `virtual_stages` | int32 | model chunks per pipeline rank (1, or ≥ 2 for interleaved 1F1B; zero-bubble takes 1 or 2) |
 | `consistency` | int8 | `ConsistencyKind`: BSP (0), SSP (1), ASP (2); applies to PS variables |
 | `staleness` | int32 | SSP's bound in steps (0 for BSP, ignored for ASP) |
-| `recompute` | bool | activation recomputation of the numbered blocks (`context.layer_recomputed`) |
+| `recompute` | bool | full recomputation of the numbered blocks (`context.layer_recomputed`) |
+| `selective` | bool | selective recomputation: the attention cores of the numbered blocks only (not with `recompute`) |
+| `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
+| `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
+| `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
 
 Per candidate and device, shape [N, D]: `replicas` (bool) — the devices that run the model. Ranks are
-assigned in device-table order (node by node), tensor innermost, then pipeline, then data:
-`rank = (d · pipeline + p) · tensor + t`. A Strategy whose replicas are listed in another order is
-simulated as if listed in table order.
+assigned in device-table order (node by node), tensor innermost, then context, then pipeline, then
+data: `rank = ((d · pipeline + p) · context + c) · tensor + t`. A Strategy whose replicas are listed in
+another order is simulated as if listed in table order.
 
-Per candidate and layer, shape [N, L]: `layer_stage` (int8) — the pipeline stage of each layer,
-non-decreasing along the forward order, `< pipeline` (all 0 without a pipeline).
+Per candidate and layer, shape [N, L]: `layer_stage` (int8) — the pipeline chunk of each layer,
+non-decreasing along the forward order, `< pipeline · virtual_stages` (all 0 without a pipeline); chunk
+i runs on pipeline rank `i % pipeline`.
 
 Per candidate and variable, shape [N, V]:
 
@@ -43,6 +51,7 @@ Per candidate and variable, shape [N, V]:
 | `shards` | int32 | partition shards along `partition_axis` (1 = not partitioned) |
 | `partition_axis` | int8 | the axis partitioned (only matters when `shards > 1`) |
 | `local_replication` | bool | PS: aggregate the node's gradients before pushing (one push per node) |
+| `zero_stage` | int8 | sharded variables: ZeRO stage 1 (optimizer state), 2 (and gradients) or 3 (and parameters, FSDP) |
 
 Per candidate, variable and shard, shape [N, V, K] with K = `max_shards`: `server` (int16) — the device
 index (into `context.devices`) of the parameter server holding shard `k` of a PS variable. Entries with
@@ -56,25 +65,13 @@ Row i of `simulate_batch`'s result depends only on row i, so re-simulating just 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stratagem.errors import InvalidStrategyError, Problem, UnsupportedStrategyError
-from stratagem.ir import (
-    Consistency,
-    Mesh,
-    PipelineConfig,
-    Provenance,
-    PSSynchronizer,
-    ShardedSynchronizer,
-    Strategy,
-    VariableConfig,
-)
-from stratagem.ir.strategy import strategy_problems
+from stratagem.errors import InvalidStrategyError, Problem
 
 if TYPE_CHECKING:
     from simulator.context import SimContext
@@ -110,6 +107,19 @@ class ConsistencyKind(IntEnum):
 class Schedule(IntEnum):
     ONE_F_ONE_B = 0
     GPIPE = 1
+    INTERLEAVED = 2
+    ZERO_BUBBLE = 3
+
+
+class Precision(IntEnum):
+    """The step's numerics (`Strategy.precision`); `simulator.precision` prices each."""
+
+    FP32 = 0
+    TF32 = 1
+    AMP_FP16 = 2
+    AMP_BF16 = 3
+    BF16 = 4
+    FP8 = 5
 
 
 PER_CANDIDATE: dict[str, Any] = {
@@ -121,6 +131,12 @@ PER_CANDIDATE: dict[str, Any] = {
     "consistency": np.int8,
     "staleness": np.int32,
     "recompute": np.bool_,
+    "context_parallel": np.int32,
+    "virtual_stages": np.int32,
+    "selective": np.bool_,
+    "precision": np.int8,
+    "sequence_parallel": np.bool_,
+    "shard_group": np.int32,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -131,6 +147,7 @@ PER_VARIABLE: dict[str, Any] = {
     "shards": np.int32,
     "partition_axis": np.int8,
     "local_replication": np.bool_,
+    "zero_stage": np.int8,
 }
 OTHER: dict[str, Any] = {"replicas": np.bool_, "layer_stage": np.int8, "server": np.int16}
 DTYPES: dict[str, Any] = {**PER_CANDIDATE, **PER_VARIABLE, **OTHER}
@@ -159,6 +176,13 @@ class CandidateBatch:
     partition_axis: np.ndarray
     local_replication: np.ndarray
     server: np.ndarray
+    context_parallel: np.ndarray
+    virtual_stages: np.ndarray
+    selective: np.ndarray
+    precision: np.ndarray
+    sequence_parallel: np.ndarray
+    shard_group: np.ndarray
+    zero_stage: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -170,7 +194,8 @@ class CandidateBatch:
     @classmethod
     def allocate(cls, context: SimContext, n: int, *, max_shards: int = 1) -> CandidateBatch:
         """N copies of plain data parallelism over every compute device: `auto` all-reduce with one
-        fusion group per variable, no compression, BSP. A starting point search overwrites field by field."""
+        fusion group per variable, no compression, BSP, fp32, no recomputation. A starting point search
+        overwrites field by field."""
         V, L, D = context.num_variables, context.num_layers, context.num_devices
         replicas = np.zeros((n, D), dtype=np.bool_)
         replicas[:, context.compute_device_indices] = True
@@ -194,6 +219,13 @@ class CandidateBatch:
             partition_axis=np.zeros((n, V), np.int8),
             local_replication=np.zeros((n, V), np.bool_),
             server=np.full((n, V, max_shards), -1, np.int16),
+            context_parallel=np.ones(n, np.int32),
+            virtual_stages=np.ones(n, np.int32),
+            selective=np.zeros(n, np.bool_),
+            precision=np.zeros(n, np.int8),
+            sequence_parallel=np.zeros(n, np.bool_),
+            shard_group=np.zeros(n, np.int32),
+            zero_stage=np.full((n, V), 2, np.int8),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -275,19 +307,63 @@ def validation_problems(batch: CandidateBatch, context: SimContext) -> list[Prob
     return _value_problems(batch, context)
 
 
+def _schedule_problems(b: CandidateBatch) -> list[Problem]:
+    """Interleaving needs two or more chunks per rank; GPipe and 1F1B run one; zero-bubble one or two
+    (ZB-H1, or the V-shaped ZBV)."""
+    v = b.virtual_stages
+    problems = _first_bad(
+        "virtual_stages", (v < 1) | (v * b.pipeline >= 128), "must be >= 1, with fewer than 128 chunks"
+    )
+    problems += _first_bad(
+        "virtual_stages", (b.schedule == Schedule.INTERLEAVED) & (v < 2), "interleaved 1F1B needs >= 2 chunks per rank"
+    )
+    problems += _first_bad(
+        "virtual_stages", (b.schedule <= Schedule.GPIPE) & (v != 1), "GPipe and 1F1B run one chunk per rank"
+    )
+    problems += _first_bad(
+        "virtual_stages", (b.schedule == Schedule.ZERO_BUBBLE) & (v > 2), "zero-bubble runs one or two chunks per rank"
+    )
+    return problems
+
+
 def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
     D, V = context.num_devices, context.num_variables
-    size = b.data.astype(np.int64) * b.tensor * b.pipeline
-    problems = _first_bad("data", (b.data < 1) | (b.tensor < 1) | (b.pipeline < 1), "mesh degrees must be >= 1")
-    problems += _first_bad("replicas", b.replicas.sum(axis=1) != size, "number of replicas != data*tensor*pipeline")
-    problems += _first_bad("micro_batches", b.micro_batches < 1, "must be >= 1")
-    problems += _first_bad("schedule", (b.schedule < 0) | (b.schedule > 1), "unknown schedule")
+    size = b.data.astype(np.int64) * b.tensor * b.pipeline * b.context_parallel
+    problems = _first_bad(
+        "data",
+        (b.data < 1) | (b.tensor < 1) | (b.pipeline < 1) | (b.context_parallel < 1),
+        "mesh degrees must be >= 1",
+    )
+    problems += _first_bad(
+        "replicas", b.replicas.sum(axis=1) != size, "number of replicas != data*tensor*pipeline*context_parallel"
+    )
+    problems += _first_bad(
+        "micro_batches", (b.micro_batches < 1) | (b.micro_batches >= 1 << 20), "must be in [1, 2^20)"
+    )
+    problems += _first_bad("schedule", (b.schedule < 0) | (b.schedule > 3), "unknown schedule")
+    problems += _schedule_problems(b)
+    problems += _first_bad("precision", (b.precision < 0) | (b.precision > 5), "unknown precision")
+    problems += _first_bad(
+        "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
+    )
+    problems += _first_bad("sequence_parallel", b.sequence_parallel & (b.tensor < 2), "needs tensor > 1")
+    problems += _first_bad("tensor", b.tensor >= 1 << 12, "must be < 4096")
+    problems += _first_bad("context_parallel", b.context_parallel >= 1 << 12, "must be < 4096")
+    group = b.shard_group
+    problems += _first_bad(
+        "shard_group", (group < 0) | ((group > 0) & (b.data % np.maximum(group, 1) != 0)), "must divide data (0: all)"
+    )
+    problems += _first_bad(
+        "zero_stage", (b.kind == SyncKind.SHARDED) & ((b.zero_stage < 1) | (b.zero_stage > 3)), "ZeRO stage 1, 2 or 3"
+    )
     problems += _first_bad("consistency", (b.consistency < 0) | (b.consistency > 2), "unknown consistency")
     problems += _first_bad(
         "staleness", (b.consistency == ConsistencyKind.SSP) & (b.staleness < 1), "ssp needs staleness >= 1"
     )
     problems += _first_bad(
-        "layer_stage", (b.layer_stage < 0) | (b.layer_stage >= b.pipeline[:, None]), "stage outside [0, pipeline)"
+        "layer_stage",
+        (b.layer_stage < 0) | (b.layer_stage >= (b.pipeline * b.virtual_stages)[:, None]),
+        "stage outside [0, pipeline*virtual_stages)",
     )
     problems += _first_bad(
         "layer_stage",
@@ -325,188 +401,3 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
         "server", is_ps & live & ((b.server < 0) | (b.server >= D)), f"PS shard without a server in [0, {D})"
     )
     return problems
-
-
-# --- Strategy -> row ----------------------------------------------------------------------------
-
-_ALGORITHMS = {
-    "auto": Algorithm.AUTO,
-    "ring": Algorithm.RING,
-    "tree": Algorithm.TREE,
-    "hierarchical": Algorithm.HIERARCHICAL,
-}
-_COMPRESSORS = {
-    "none": CompressorKind.NONE,
-    "fp16": CompressorKind.FP16,
-    "bf16": CompressorKind.BF16,
-    "powersgd": CompressorKind.POWERSGD,
-    "topk": CompressorKind.TOPK,
-}
-_CONSISTENCIES = {"bsp": ConsistencyKind.BSP, "ssp": ConsistencyKind.SSP, "asp": ConsistencyKind.ASP}
-
-
-def encode(context: SimContext, strategies: list[Strategy], *, validate: bool = True) -> CandidateBatch:
-    """Strategies to a batch. Raises InvalidStrategyError (path `strategies[i]...`) for a strategy that
-    does not fit the graph or cluster, UnsupportedStrategyError for one the encoding cannot express."""
-    max_shards = max([_ps_shards(s) for s in strategies] + [1])
-    batch = CandidateBatch.allocate(context, len(strategies), max_shards=max_shards)
-    for i, strategy in enumerate(strategies):
-        if validate:
-            problems = strategy_problems(strategy, context.graph, context.resources)
-            if problems:
-                raise InvalidStrategyError([Problem(f"strategies[{i}].{p.path}", p.reason) for p in problems])
-        _encode_row(context, batch, i, strategy)
-    return batch
-
-
-def _refuse_unpriced(strategy: Strategy) -> None:
-    """Knobs of the strategy document the encoding does not carry yet are refused, never ignored."""
-    mesh, pipeline = strategy.effective_mesh, strategy.pipeline
-    knobs = {
-        f"precision {strategy.precision!r}": strategy.precision != "fp32",
-        "selective recomputation": strategy.recompute == "selective",
-        "sequence parallelism": strategy.sequence_parallel,
-        "context parallelism": mesh.context > 1,
-        f"the {pipeline.schedule if pipeline else ''} pipeline schedule": pipeline is not None
-        and pipeline.schedule not in ("gpipe", "1f1b"),
-        "ZeRO stage 1 or 3, or a shard group": any(
-            isinstance(s, ShardedSynchronizer) and (s.stage != 2 or s.shard_group is not None)
-            for c in strategy.variables
-            for s in c.synchronizers
-        ),
-    }
-    unpriced = [name for name, used in knobs.items() if used]
-    if unpriced:
-        raise UnsupportedStrategyError(f"the simulator does not price {', '.join(unpriced)} yet")
-
-
-def _ps_shards(strategy: Strategy) -> int:
-    return max([c.num_shards for c in strategy.variables if any(s.kind == "ps" for s in c.synchronizers)] + [1])
-
-
-def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strategy) -> None:
-    mesh = strategy.effective_mesh
-    b.data[i], b.tensor[i], b.pipeline[i] = mesh.data, mesh.tensor, mesh.pipeline
-    b.replicas[i] = False
-    b.replicas[i, [context.device_index[d] for d in strategy.replicas]] = True
-    b.consistency[i] = _CONSISTENCIES[strategy.consistency.kind]
-    b.staleness[i] = strategy.consistency.staleness
-    _refuse_unpriced(strategy)
-    b.recompute[i] = strategy.recompute == "full"
-    if strategy.pipeline is not None:
-        b.micro_batches[i] = strategy.pipeline.micro_batches
-        b.schedule[i] = Schedule.GPIPE if strategy.pipeline.schedule == "gpipe" else Schedule.ONE_F_ONE_B
-        for stage, names in enumerate(strategy.pipeline.stages):
-            b.layer_stage[i, [context.layer_index[name] for name in names]] = stage
-    groups = sorted({s.group for c in strategy.variables for s in c.synchronizers if s.kind != "ps"})
-    compact = {g: k for k, g in enumerate(groups)}
-    for config in strategy.variables:
-        _encode_variable(context, b, i, config, compact)
-
-
-def _encode_variable(
-    context: SimContext, b: CandidateBatch, i: int, config: VariableConfig, compact: dict[int, int]
-) -> None:
-    v = context.variable_index[config.var_name]
-    syncs = config.synchronizers
-    kinds = {s.kind for s in syncs}
-    if len(kinds) > 1:
-        raise UnsupportedStrategyError(
-            f"variable {config.var_name!r}: shards use different synchronizer kinds ({', '.join(sorted(kinds))}); "
-            "the simulator needs one kind per variable"
-        )
-    first = syncs[0]
-    b.shards[i, v] = config.num_shards
-    b.partition_axis[i, v] = config.partition.axis if config.partition else 0
-    if isinstance(first, PSSynchronizer):
-        b.kind[i, v] = SyncKind.PS
-        b.local_replication[i, v] = first.local_replication
-        for k, sync in enumerate(syncs):
-            b.server[i, v, k] = context.device_index[sync.reduction_destination]  # type: ignore[union-attr]
-        return
-    b.group[i, v] = compact[first.group]
-    if isinstance(first, ShardedSynchronizer):
-        b.kind[i, v] = SyncKind.SHARDED
-        return
-    b.kind[i, v] = SyncKind.ALLREDUCE
-    b.algorithm[i, v] = _ALGORITHMS[first.algorithm]
-    b.compressor[i, v] = _COMPRESSORS[first.compressor.kind]
-    b.compressor_param[i, v] = first.compressor.rank or first.compressor.ratio or 0.0
-
-
-# --- row -> Strategy ----------------------------------------------------------------------------
-
-
-def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, builder: str | None = None) -> Strategy:
-    """Row `index` as an executable Strategy (replicas in device-table order; with a tensor degree, the
-    splits the simulator assumes, `context.tensor_plan`)."""
-    i = index
-    replicas = [context.devices[d] for d in np.flatnonzero(batch.replicas[i])]
-    consistency_kind = ConsistencyKind(int(batch.consistency[i]))
-    staleness = int(batch.staleness[i]) if consistency_kind == ConsistencyKind.SSP else 0
-    consistency = Consistency(kind=consistency_kind.name.lower(), staleness=staleness)  # type: ignore[arg-type]
-    pipeline = None
-    if int(batch.pipeline[i]) > 1 or int(batch.micro_batches[i]) > 1:
-        stages: list[list[str]] = [[] for _ in range(int(batch.pipeline[i]))]
-        for layer, name in enumerate(context.layer_names):
-            stages[int(batch.layer_stage[i, layer])].append(name)
-        schedule = "gpipe" if int(batch.schedule[i]) == Schedule.GPIPE else "1f1b"
-        pipeline = PipelineConfig(stages=stages, micro_batches=int(batch.micro_batches[i]), schedule=schedule)
-    variables = [_variable_config(context, batch, i, v, consistency) for v in range(context.num_variables)]
-    return Strategy(
-        graph_id=context.graph.id,
-        resources_id=context.resources.id,
-        replicas=replicas,
-        mesh=Mesh(data=int(batch.data[i]), tensor=int(batch.tensor[i]), pipeline=int(batch.pipeline[i])),
-        pipeline=pipeline,
-        tensor_parallel=context.tensor_plan(int(batch.tensor[i])),
-        recompute="full" if batch.recompute[i] else "none",
-        consistency=consistency,
-        variables=variables,
-        provenance=Provenance(builder=builder),
-    )
-
-
-def _variable_config(
-    context: SimContext, b: CandidateBatch, i: int, v: int, consistency: Consistency
-) -> dict[str, Any]:
-    """A plain dict: the Strategy validates all of them in one pass of pydantic's core, several times
-    faster than building a BERT-sized strategy's thousands of sub-objects one by one."""
-    shards = int(b.shards[i, v])
-    partition = {"axis": int(b.partition_axis[i, v]), "shards": shards} if shards > 1 else None
-    name = context.variable_names[v]
-    kind = SyncKind(int(b.kind[i, v]))
-    if kind == SyncKind.PS:
-        ps = [
-            {
-                "kind": "ps",
-                "reduction_destination": context.devices[int(b.server[i, v, k])],
-                "local_replication": bool(b.local_replication[i, v]),
-                "sync": consistency.kind != "asp",
-                "staleness": consistency.staleness,
-            }
-            for k in range(shards)
-        ]
-        overrides = ps if shards > 1 and len({p["reduction_destination"] for p in ps}) > 1 else None
-        return {"var_name": name, "synchronizer": ps[0], "partition": partition, "shard_synchronizers": overrides}
-    if kind == SyncKind.SHARDED:
-        return {
-            "var_name": name,
-            "synchronizer": {"kind": "sharded", "group": int(b.group[i, v])},
-            "partition": partition,
-        }
-    synchronizer = {
-        "kind": "allreduce",
-        "algorithm": Algorithm(int(b.algorithm[i, v])).name.lower(),
-        "group": int(b.group[i, v]),
-        "compressor": _compressor(int(b.compressor[i, v]), float(b.compressor_param[i, v])),
-    }
-    return {"var_name": name, "synchronizer": synchronizer, "partition": partition}
-
-
-def _compressor(kind: int, param: float) -> dict[str, Any]:
-    if kind == CompressorKind.POWERSGD:
-        return {"kind": "powersgd", "rank": max(1, round(param))}
-    if kind == CompressorKind.TOPK:
-        return {"kind": "topk", "ratio": float(min(1.0, max(param, math.ulp(0.0))))}
-    return {"kind": CompressorKind(kind).name.lower()}

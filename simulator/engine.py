@@ -1,6 +1,7 @@
 """simulate_batch: the composer. It only wires the phases in the order a step runs them:
 
-    topology -> compute (forward, backward, tensor parallel, pipeline) -> gradients ready
+    topology -> compute (forward, backward, tensor and context parallel, ZeRO-3 gathers, pipeline)
+             -> gradients ready
              -> collective stream (all-reduce, reduce-scatter) and PS NICs, overlapping backward
              -> optimizer update -> sharded all-gather -> memory check
 
@@ -25,7 +26,8 @@ so many small collectives launched in backward cost more than one large one carr
 
     stolen = (1 - overlap) · hidden + contention · hidden · latency / busy
 
-The breakdown splits the step into components that add up to it exactly (see BREAKDOWN_KEYS).
+The breakdown splits the step into components that add up to it exactly (see BREAKDOWN_KEYS). A
+candidate whose numerics the device cannot run (fp8 without fp8 tensor cores) is infeasible.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ import numpy as np
 from simulator.allreduce import CollectivePhase, collective_phase
 from simulator.compute import update_seconds
 from simulator.context import SimContext
-from simulator.encoding import CandidateBatch, ConsistencyKind
+from simulator.encoding import CandidateBatch, ConsistencyKind, Precision
 from simulator.memory import KindSums, MemoryPhase, memory_phase, update_bytes, update_tensors
 from simulator.pipeline import ComputePhase, compute_phase
 from simulator.ps import PSPhase, ps_phase
-from simulator.topology import topology
+from simulator.topology import Topology, topology
 
 BREAKDOWN_KEYS = (
     "compute",
@@ -52,8 +54,11 @@ BREAKDOWN_KEYS = (
     "sharded",
     "ps",
     "optimizer_update",
+    "context_parallel",
 )
-"""Seconds per component; they sum to the step time. Communication entries are the *exposed* part."""
+"""Seconds per component; they sum to the step time. Communication entries are the *exposed* part
+(`sharded` includes ZeRO-3's exposed gathers and reduce-scatters, `context_parallel` ring attention's
+exposed key/value sends)."""
 
 CHUNK = 512
 """Candidates simulated per chunk: keeps the [chunk, V] working arrays in cache-friendly sizes."""
@@ -108,7 +113,10 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
     update = update_seconds(
-        context, topo.kind, update_bytes(context, batch, compute, sums), update_tensors(context, batch, compute, sums)
+        context,
+        topo.kind,
+        update_bytes(context, batch, topo, compute, sums),
+        update_tensors(context, batch, compute, sums),
     )
     kinds = context.kinds
     step, breakdown = _compose(
@@ -117,9 +125,13 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     global_batch = context.batch_size * batch.data.astype(np.float64)
     samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)
     extra = _detail(ps, coll, memory) if detail else {}
-    return BatchResult(
-        step, samples, memory.peak, memory.capacity, memory.feasible, breakdown, memory.server_over, extra
-    )
+    feasible = memory.feasible & supported(context, batch, topo)
+    return BatchResult(step, samples, memory.peak, memory.capacity, feasible, breakdown, memory.server_over, extra)
+
+
+def supported(context: SimContext, batch: CandidateBatch, topo: Topology) -> np.ndarray:
+    """[N] whether the device can run the candidate's numerics: fp8 needs fp8 tensor cores."""
+    return (batch.precision != Precision.FP8) | context.kinds.peaks.fp8[topo.kind]
 
 
 def _compose(
@@ -153,9 +165,10 @@ def _compose(
         "pipeline_bubble": compute.bubble,
         "pipeline_p2p": compute.p2p,
         "allreduce": exposed * ar_share,
-        "sharded": exposed * (1 - ar_share) + coll.all_gather,
+        "sharded": exposed * (1 - ar_share) + coll.all_gather + compute.fsdp,
         "ps": step - local + stolen_p,
         "optimizer_update": update,
+        "context_parallel": compute.context_parallel,
     }
     return step, np.stack([columns[k] for k in BREAKDOWN_KEYS], axis=1)
 

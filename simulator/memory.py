@@ -2,23 +2,28 @@
 
 Per device: parameters + gradients + optimizer state + activations in flight.
 
-- Tensor parallelism divides split layers' variables by the tensor degree, and the activations of
-  layers that read sharded activations (`context.layer_sharded_input`); the inputs of column-parallel
-  matmuls, norms and residuals stay whole on every rank (Megatron without sequence parallelism).
+- Tensor parallelism divides split layers' variables by the tensor degree; activations follow
+  `simulator.activations` (tensor, sequence and context parallelism, precision, recomputation).
 - Without a pipeline, m micro-batches (gradient accumulation) hold one micro-batch's activations.
-- With activation recomputation a numbered block keeps only its input (per micro-batch in flight),
-  plus, once, the largest block's activations rebuilt during its backward.
-- Sharded (ZeRO-2 style) variables keep full parameters but 1/data of gradients and optimizer state.
+- Precision sets the bytes of each state (`simulator.precision`): the captured dtype for `fp32` and
+  `tf32`; fp32 parameters and gradients plus the half weight copies autocast saves for `amp-*`;
+  16-bit parameters and gradients with an fp32 master copy kept beside the optimizer state for `bf16`
+  and `fp8`.
+- Sharded variables (ZeRO, over S = shard group (or data) × context ranks): stage 1 keeps 1/S of the
+  optimizer state (master copy included), stage 2 also 1/S of the gradients, stage 3 also 1/S of the
+  parameters plus the two units it has gathered (`simulator.fsdp`; under a pipeline stage 3 holds what
+  stage 2 does).
 - PS variables keep a parameter copy and a gradient on every worker (the forward needs the weights and
   backward produces the gradient before the push); their optimizer state lives on the server. A server
   that is also a replica adds what it holds (parameters and state of its shards) to its own peak; any
   other server (typically a node's CPU) must fit what it holds in its own memory.
-- With a pipeline each device holds its stage only; activations in flight are the stage's activations
-  for min(m, p - s) micro-batches under 1F1B (m under GPipe), each 1/m of the per-replica batch.
+- With a pipeline each device holds its rank's chunks only; activations in flight are the rank's
+  activations for the micro-batches its schedule keeps (`simulator.schedules.in_flight`), each 1/m of
+  the per-replica batch.
 - Frozen (non-trainable) variables count as parameters.
 
 The optimizer update streams each variable's parameters, gradient and state through memory on the
-device that owns it: workers for all-reduce variables, 1/data of it for sharded ones, the server for PS;
+device that owns it: workers for all-reduce variables, 1/S of it for sharded ones, the server for PS;
 and it pays the kind's `optimizer_tensor_s` for each tensor it steps (a variable, or a flat shard).
 """
 
@@ -28,10 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.context import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES, SimContext
-from simulator.encoding import CandidateBatch, Schedule, SyncKind
+from simulator import activations, schedules
+from simulator.context import SimContext
+from simulator.encoding import CandidateBatch, Precision, SyncKind
 from simulator.pipeline import ComputePhase, block_peak
 from simulator.topology import Topology
+from simulator.variables import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES
 
 # Columns of the per-variable figures summed by synchronizer kind.
 PARAM_SPLIT, PARAM_REST, STATE_SPLIT, STATE_REST, UPDATE_SPLIT, UPDATE_REST = range(6)
@@ -58,26 +65,38 @@ class KindSums:
     """[N] PS variables (their updates run on the servers)."""
     sharded_count: np.ndarray
     """[N] sharded variables (updated as one flat shard)."""
+    stage1: np.ndarray | None = None
+    """[N, C] sharded variables at ZeRO stage 1 (None when there are none)."""
+    stage3: np.ndarray | None = None
+    """[N, C] sharded variables at ZeRO stage 3 of candidates without a pipeline (None when none)."""
 
     @classmethod
     def of(cls, context: SimContext, batch: CandidateBatch, ps_rows: np.ndarray, ps_vars: np.ndarray) -> KindSums:
         """Sums over the flat PS entries (sorted by row) and the sharded ones; no [N, V] float work."""
         n = len(batch)
         columns = variable_columns(context)
-        sharded_rows, sharded_vars = np.divmod(np.flatnonzero(batch.kind == SyncKind.SHARDED), context.num_variables)
-        return cls(
+        sharded = np.flatnonzero(batch.kind == SyncKind.SHARDED)
+        sharded_rows, sharded_vars = np.divmod(sharded, context.num_variables)
+        sums = cls(
             columns.sum(axis=0),
             _row_sums(columns, ps_rows, ps_vars, n),
             _row_sums(columns, sharded_rows, sharded_vars, n),
             np.bincount(ps_rows, minlength=n).astype(np.float64),
             np.bincount(sharded_rows, minlength=n).astype(np.float64),
         )
+        stage = batch.zero_stage.ravel().take(sharded)
+        if (stage != 2).any():
+            flat = batch.pipeline.take(sharded_rows) <= 1
+            for name, mask in (("stage1", stage == 1), ("stage3", (stage == 3) & flat)):
+                if mask.any():
+                    setattr(sums, name, _row_sums(columns, sharded_rows[mask], sharded_vars[mask], n))
+        return sums
 
-    def owned(self, split: int, rest: int, tensor: np.ndarray, data: np.ndarray) -> np.ndarray:
-        """Bytes of a column pair on one worker, excluding PS variables, sharded ones over data."""
+    def owned(self, split: int, rest: int, tensor: np.ndarray, shards: np.ndarray) -> np.ndarray:
+        """Bytes of a column pair on one worker, excluding PS variables, sharded ones over `shards`."""
         local_split = self.total[split] - self.ps[:, split] - self.sharded[:, split]
         local_rest = self.total[rest] - self.ps[:, rest] - self.sharded[:, rest]
-        return local_split / tensor + local_rest + (self.sharded[:, split] / tensor + self.sharded[:, rest]) / data
+        return local_split / tensor + local_rest + (self.sharded[:, split] / tensor + self.sharded[:, rest]) / shards
 
 
 def _row_sums(columns: np.ndarray, rows: np.ndarray, variables: np.ndarray, n: int) -> np.ndarray:
@@ -101,18 +120,27 @@ class MemoryPhase:
 def memory_phase(
     context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase, sums: KindSums, held: np.ndarray
 ) -> MemoryPhase:
-    data = batch.data.astype(np.float64)
     tensor = batch.tensor.astype(np.float64)
+    shards = topo.shard_degree
     params = sums.total[PARAM_SPLIT] / tensor + sums.total[PARAM_REST]
     sharded_params = sums.sharded[:, PARAM_SPLIT] / tensor + sums.sharded[:, PARAM_REST]
-    grads = params - sharded_params * (1 - 1 / data)
-    state = sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
+    grads = params - sharded_params * (1 - 1 / shards)
+    state = sums.owned(STATE_SPLIT, STATE_REST, tensor, shards)
     frozen_split = (context.layer_frozen_bytes * context.layer_tensor_split).sum()
-    frozen_rest = context.layer_frozen_bytes.sum() - frozen_split
+    frozen = frozen_split / tensor + context.layer_frozen_bytes.sum() - frozen_split
     acts = _flat_activations(context, batch, tensor) / batch.micro_batches
-    peak = params + grads + state + frozen_split / tensor + frozen_rest + acts
+    if sums.stage1 is not None:
+        stage1 = sums.stage1[:, PARAM_SPLIT] / tensor + sums.stage1[:, PARAM_REST]
+        grads = grads + stage1 * (1 - 1 / shards)
+    if sums.stage3 is not None:
+        stage3 = sums.stage3[:, PARAM_SPLIT] / tensor + sums.stage3[:, PARAM_REST]
+        params = params - stage3 * (1 - 1 / shards)
+    scaled = np.flatnonzero(batch.precision > Precision.TF32)
+    if scaled.size:
+        params, grads, state, frozen = _precision_state(context, batch, scaled, shards, (params, grads, state, frozen))
+    peak = params + grads + state + frozen + acts + compute.fsdp_working
     if compute.piped.size:
-        peak[compute.piped] = _pipelined_peak(context, batch, compute)
+        peak[compute.piped] = _pipelined_peak(context, batch, topo, compute)
 
     replicas = batch.replicas
     peak = peak + np.where(replicas, held, 0.0).max(axis=1)
@@ -126,26 +154,66 @@ def memory_phase(
     )
 
 
-def update_bytes(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
-    """[N] bytes the optimizer streams on the busiest worker (the slowest stage's, with a pipeline)."""
-    tensor, data = batch.tensor.astype(np.float64), batch.data.astype(np.float64)
+def _precision_state(
+    context: SimContext,
+    batch: CandidateBatch,
+    rows: np.ndarray,
+    shards: np.ndarray,
+    figures: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Parameters, gradients, state and frozen bytes of `rows` (precisions other than the captured dtype):
+    the captured figures rescaled to the precision's bytes, plus the master copies (kept and sharded with
+    the optimizer state) and autocast's half weight copies (of the matmul weights held whole)."""
+    params, grads, state, frozen = (np.array(f, dtype=np.float64) * np.ones(len(batch)) for f in figures)
+    precision = batch.precision[rows].astype(np.intp)
+    table = context.var_precision
+    kind, stage = batch.kind[rows], batch.zero_stage[rows]
+    sharded = kind == SyncKind.SHARDED
+    full_shard = sharded & (stage == 3) & (batch.pipeline[rows] <= 1)[:, None]
+    div = np.where(context.var_tensor_split, batch.tensor[rows, None].astype(np.float64), 1.0)
+    captured = context.var_bytes / div
+    numel = context.var_numel / div
+    share = shards[rows, None]
+    held = np.where(full_shard, 1.0 / share, 1.0)
+    grad_held = np.where(sharded & (stage >= 2), 1.0 / share, 1.0)
+    params[rows] += (captured * held * (table.parameter[precision] - 1.0)).sum(axis=1)
+    grads[rows] += (captured * grad_held * (table.gradient[precision] - 1.0)).sum(axis=1)
+    owned = np.where(kind == SyncKind.PS, 0.0, np.where(sharded, 1.0 / share, 1.0))
+    state[rows] += table.master[precision] * (numel * owned).sum(axis=1)
+    cast = _autocast(context)
+    params[rows] += table.weight_copy[precision] * (numel * cast * ~full_shard).sum(axis=1)
+    frozen[rows] *= table.graph_gradient[precision]
+    return params, grads, state, frozen
+
+
+def _autocast(context: SimContext) -> np.ndarray:
+    """[V] variables autocast casts to half precision: weights of matmuls and convolutions (embeddings,
+    norms and biases of other layers run in fp32)."""
+    return context.layer_matmul.take(context.var_layer).astype(np.float64)
+
+
+def update_bytes(
+    context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase, sums: KindSums
+) -> np.ndarray:
+    """[N] bytes the optimizer streams on the busiest worker (the slowest rank's, with a pipeline)."""
+    tensor, shards = batch.tensor.astype(np.float64), topo.shard_degree
     if context.update_per_variable:
-        out = sums.owned(UPDATE_SPLIT, UPDATE_REST, tensor, data)
+        out = sums.owned(UPDATE_SPLIT, UPDATE_REST, tensor, shards)
     else:
         out = UPDATE_PARAM_PASSES * sums.owned(
-            PARAM_SPLIT, PARAM_REST, tensor, data
-        ) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, data)
+            PARAM_SPLIT, PARAM_REST, tensor, shards
+        ) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, shards)
     rows = compute.piped
     if rows.size:
         per_var = _per_variable(
-            context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / batch.data[rows, None]
+            context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / shards[rows, None]
         )
         out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
     return out
 
 
 def update_tensors(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
-    """[N] tensors the optimizer steps one at a time on the busiest worker (the slowest stage's, with a
+    """[N] tensors the optimizer steps one at a time on the busiest worker (the slowest rank's, with a
     pipeline): every variable it updates itself, plus one flat shard for its sharded ones."""
     out = context.num_variables - sums.ps_count - sums.sharded_count + (sums.sharded_count > 0)
     rows = compute.piped
@@ -181,25 +249,40 @@ def _per_stage(per_var: np.ndarray, var_stage: np.ndarray, stages: int) -> np.nd
     return np.bincount(key, weights=per_var.ravel(), minlength=n * stages).reshape(n, stages)
 
 
-def _pipelined_peak(context: SimContext, batch: CandidateBatch, compute: ComputePhase) -> np.ndarray:
+def _pipelined_peak(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase) -> np.ndarray:
     rows = compute.piped
     n = rows.size
     S = int(batch.pipeline[rows].max())
-    data = batch.data[rows, None].astype(np.float64)
+    shards = topo.shard_degree[rows, None]
+    stage = batch.zero_stage[rows]
+    grad_share = np.where(stage == 1, 1.0, 1.0 / shards) if (stage == 1).any() else 1.0 / shards
+    state_bytes = context.var_state_bytes
     params = _per_variable(context, batch, rows, context.var_bytes, ps_share=1.0, sharded_share=1.0)
-    grads = _per_variable(context, batch, rows, context.var_bytes, ps_share=1.0, sharded_share=1.0 / data)
-    state = _per_variable(context, batch, rows, context.var_state_bytes, ps_share=0.0, sharded_share=1.0 / data)
+    grads = _per_variable(context, batch, rows, context.var_bytes, ps_share=1.0, sharded_share=grad_share)
+    precision = batch.precision[rows].astype(np.intp)
+    scaled = precision > Precision.TF32
+    if scaled.any():
+        table = context.var_precision
+        params = (
+            params * table.parameter[precision]
+            + _per_variable(context, batch, rows, context.var_numel, ps_share=1.0, sharded_share=1.0)
+            * table.weight_copy[precision][:, None]
+        )
+        grads = grads * table.gradient[precision]
+        state_bytes = state_bytes + table.master[precision][:, None] * context.var_numel
+    state = _per_variable(context, batch, rows, state_bytes, ps_share=0.0, sharded_share=1.0 / shards)
     stage_vars = _per_stage(params + grads + state, compute.piped_var_stage, S)
-    layer_key = (np.arange(n)[:, None] * S + batch.layer_stage[rows].astype(np.intp)).ravel()
+    layer_key = (np.arange(n)[:, None] * S + compute.piped_layer_rank).ravel()
     frozen = np.bincount(
         layer_key, weights=np.broadcast_to(context.layer_frozen_bytes, (n, context.num_layers)).ravel(), minlength=n * S
     ).reshape(n, S)
-    m = batch.micro_batches[rows].astype(np.float64)[:, None]
-    p = batch.pipeline[rows].astype(np.float64)[:, None]
-    stage = np.arange(S, dtype=np.float64)[None, :]
-    in_flight = np.where(batch.schedule[rows, None] == Schedule.GPIPE, m, np.minimum(m, p - stage))
+    if scaled.any():
+        frozen = frozen * context.var_precision.graph_gradient[precision][:, None]
+    m = batch.micro_batches[rows].astype(np.float64)
+    p = batch.pipeline[rows].astype(np.float64)
+    in_flight = schedules.in_flight(batch.schedule[rows], batch.virtual_stages[rows], p, m, S)
     tensor = batch.tensor[rows, None].astype(np.float64)
-    acts = (compute.piped_stage_activations[:, :S] * np.maximum(in_flight, 0.0) + compute.piped_block_peak[:, None]) / m
+    acts = (compute.piped_stage_activations[:, :S] * in_flight + compute.piped_block_peak[:, None]) / m[:, None]
     return (stage_vars + frozen / tensor + acts).max(axis=1)
 
 
@@ -209,14 +292,30 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
     acts, sharded, recomputed = context.activation_bytes, context.layer_sharded_input, context.layer_recomputed
     whole = (acts * sharded).sum() / tensor + (acts * ~sharded).sum()
     rows = np.flatnonzero(batch.recompute)
-    if rows.size == 0:
-        return whole
-    kept = context.recompute_kept[recomputed].sum()
-    outside = (acts * sharded * ~recomputed).sum() / tensor[rows] + (acts * ~sharded * ~recomputed).sum()
     out = np.array(whole, dtype=np.float64)
-    for degree in np.unique(tensor[rows]).tolist():
-        hit = rows[tensor[rows] == degree]
-        out[hit] = (
-            kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
-        )
+    if rows.size:
+        kept = context.recompute_kept[recomputed].sum()
+        outside = (acts * sharded * ~recomputed).sum() / tensor[rows] + (acts * ~sharded * ~recomputed).sum()
+        for degree in np.unique(tensor[rows]).tolist():
+            hit = rows[tensor[rows] == degree]
+            out[hit] = (
+                kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
+            )
+    knobs = np.flatnonzero(
+        (batch.precision > 0) | (batch.context_parallel > 1) | batch.sequence_parallel | batch.selective
+    )
+    if knobs.size:
+        shapes: dict[activations.Shape, float] = {}
+        for i in knobs.tolist():
+            shape = activations.Shape(
+                tensor=int(batch.tensor[i]),
+                context_parallel=int(batch.context_parallel[i]),
+                sequence_parallel=bool(batch.sequence_parallel[i]),
+                precision=int(batch.precision[i]),
+                selective=bool(batch.selective[i]),
+                recompute=bool(batch.recompute[i]),
+            )
+            if shape not in shapes:
+                shapes[shape] = float(activations.held(context, shape).sum()) + activations.rebuilt(context, shape)
+            out[i] = shapes[shape]
     return out

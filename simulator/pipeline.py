@@ -1,39 +1,50 @@
-"""Compute phase of a step: forward, backward, tensor-parallel collectives and the pipeline schedule.
+"""Compute phase of a step: forward, backward, tensor- and context-parallel exchanges, ZeRO-3 gathers and
+the pipeline schedule.
 
 Without a pipeline the step computes forward then backward, every tensor-parallel all-reduce on the
-critical path (Megatron: one per row-parallel matmul in each pass, see `context._row_parallel`), and a
-variable's gradient is ready when the backward of its layer is done:
+critical path (Megatron: one per row-parallel matmul in each pass, see `layers._row_parallel`; with
+sequence parallelism each becomes a reduce-scatter and an all-gather, the same bytes on a ring and the
+same time), and a variable's gradient is ready when the backward of its layer is done:
 
     ready(v) = compute_end - (backward work of the layers before v's layer)
 
-With p stages and m micro-batches the slowest stage paces the schedule (1F1B and GPipe alike):
+With p ranks and m micro-batches the slowest rank paces the schedule; `simulator.schedules` prices the
+bubble of GPipe, 1F1B, interleaved 1F1B and zero-bubble schedules:
 
-    compute path = (m + p - 1) · max_s(f_s + b_s)   where the (p - 1) share is the bubble (p-1)/(m+p-1)
+    compute path = m · max_r(f_r + b_r) + bubble + fill and drain sends
 
-plus 2(p - 1) activation sends to fill and drain the pipe. Stage s finishes its last backward s
-slowest-stage backward steps before stage 0 does; gradients inside the stage are ready as above.
+Rank r finishes its last backward r slowest-rank backward steps before rank 0 does; gradients inside
+the rank are ready as above.
 
-With activation recomputation a numbered block's backward first repeats its forward (and that
-forward's tensor-parallel all-reduces).
+With full recomputation a numbered block's backward first repeats its forward (and that forward's
+tensor-parallel all-reduces); with selective recomputation only its attention core's forward.
+Context parallelism adds ring attention's exposed key/value sends (`simulator.context_parallel`), ZeRO
+stage 3 its exposed gathers and reduce-scatters (`simulator.fsdp`).
 
 Without a pipeline, m > 1 micro-batches are gradient accumulation: m forward/backward passes of 1/m
 of the batch each (every launch and every tensor-parallel latency paid m times); gradients are ready
 as the last micro-batch's backward goes by.
 
 Candidates without a pipeline share a few configurations (device kind, tensor degree, micro-batches,
-tensor link), so ready times are kept as per-configuration offsets instead of an [N, V] array.
+knobs, links), so ready times are kept as per-configuration offsets instead of an [N, V] array.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.compute import layer_times
+from simulator import activations, context_parallel, fsdp, schedules
+from simulator.activations import block_peak
+from simulator.compute import PLAIN, Knobs, layer_times
 from simulator.context import SimContext
-from simulator.encoding import CandidateBatch
+from simulator.encoding import CandidateBatch, Schedule
 from simulator.topology import Topology
+
+__all__ = ["ComputePhase", "block_peak", "compute_phase"]
 
 
 @dataclass
@@ -44,6 +55,12 @@ class ComputePhase:
     tensor_parallel: np.ndarray
     bubble: np.ndarray
     p2p: np.ndarray
+    context_parallel: np.ndarray
+    """[N] ring attention's exposed key/value sends."""
+    fsdp: np.ndarray
+    """[N] ZeRO-3's exposed parameter gathers and gradient reduce-scatters."""
+    fsdp_working: np.ndarray
+    """[N] bytes of ZeRO-3 parameters gathered at once (two units)."""
     config: np.ndarray
     """[N] row of `offsets` for candidates without a pipeline (0 for pipelined ones)."""
     offsets: np.ndarray
@@ -55,12 +72,15 @@ class ComputePhase:
     piped_ready: np.ndarray
     """[Np, V] ready times of pipelined rows, in ready order."""
     piped_var_stage: np.ndarray
-    """[Np, V] stage holding each variable (graph order)."""
+    """[Np, V] pipeline rank holding each variable (graph order)."""
+    piped_layer_rank: np.ndarray
+    """[Np, L] pipeline rank running each layer."""
     piped_stage_activations: np.ndarray
-    """[Np, S] activation bytes of each stage for the whole per-replica batch, per tensor rank."""
+    """[Np, S] activation bytes each rank holds per micro-batch in flight, times m (the whole per-replica
+    batch's worth), per tensor rank."""
     piped_block_peak: np.ndarray
-    """[Np] with recomputation, the largest block's activations (rebuilt during its backward), for the
-    whole per-replica batch, per tensor rank; 0 without."""
+    """[Np] activations rebuilt at once during backward under recomputation, for the whole per-replica
+    batch, per tensor rank; 0 without."""
 
     def ready_dense(self) -> np.ndarray:
         """[N, V] gradient-ready times in ready order."""
@@ -84,7 +104,7 @@ class ComputePhase:
 
 
 def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) -> ComputePhase:
-    n, V = len(batch), context.num_variables
+    n, V, L = len(batch), context.num_variables, context.num_layers
     piped = np.flatnonzero(batch.pipeline > 1)
     out = ComputePhase(
         end=np.zeros(n),
@@ -92,12 +112,16 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
         tensor_parallel=np.zeros(n),
         bubble=np.zeros(n),
         p2p=np.zeros(n),
+        context_parallel=np.zeros(n),
+        fsdp=np.zeros(n),
+        fsdp_working=np.zeros(n),
         config=np.zeros(n, dtype=np.intp),
         offsets=np.zeros((1, V)),
         piped=piped,
         piped_slot=np.full(n, -1, dtype=np.intp),
         piped_ready=np.zeros((piped.size, V)),
         piped_var_stage=np.zeros((piped.size, V), dtype=np.intp),
+        piped_layer_rank=np.zeros((piped.size, L), dtype=np.intp),
         piped_stage_activations=np.zeros((piped.size, 1)),
         piped_block_peak=np.zeros(piped.size),
     )
@@ -110,119 +134,284 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
     return out
 
 
-def _configs(
-    kind: np.ndarray, tensor: np.ndarray, micro: np.ndarray, recompute: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+MICRO_BITS, TENSOR_BITS = 20, 12
+"""Bits of the micro-batch count and of the tensor degree in a configuration key (`validate` bounds both);
+the context degree takes the next 12, then the flags, the precision and the device kind."""
+
+
+def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique (kind, knobs, tensor, micro-batches) keys of `rows` and each row's index among them."""
     key = (
-        (kind.astype(np.int64) << 41)
-        | (recompute.astype(np.int64) << 40)
-        | (tensor.astype(np.int64) << 20)
-        | micro.astype(np.int64)
+        (kind.astype(np.int64) << 50)
+        | (batch.precision[rows].astype(np.int64) << 47)
+        | (batch.recompute[rows].astype(np.int64) << 46)
+        | (batch.selective[rows].astype(np.int64) << 45)
+        | (batch.sequence_parallel[rows].astype(np.int64) << 44)
+        | (batch.context_parallel[rows].astype(np.int64) << (MICRO_BITS + TENSOR_BITS))
+        | (batch.tensor[rows].astype(np.int64) << MICRO_BITS)
+        | batch.micro_batches[rows].astype(np.int64)
     )
-    return np.unique(key, return_inverse=True)
+    keys, inverse = np.unique(key, return_inverse=True)
+    return keys, inverse.reshape(-1)
 
 
-def _decode(key: np.int64) -> tuple[int, int, int, bool]:
-    k = int(key)
-    return k >> 41, (k >> 20) & 0xFFFFF, k & 0xFFFFF, bool((k >> 40) & 1)
+@dataclass(frozen=True)
+class Config:
+    """What decides a candidate's per-layer times and activations, decoded from its `_configs` key."""
+
+    kind: int
+    tensor: int
+    micro: int
+    recompute: bool
+    selective: bool
+    knobs: Knobs
+
+    @classmethod
+    def decode(cls, key: np.int64) -> Config:
+        return _decode(int(key))
+
+    def shape(self) -> activations.Shape:
+        return activations.Shape(
+            tensor=self.tensor,
+            context_parallel=self.knobs.context_parallel,
+            sequence_parallel=self.knobs.sequence_parallel,
+            precision=self.knobs.precision,
+            selective=self.selective,
+            recompute=self.recompute,
+        )
 
 
-def _times(context: SimContext, key: np.int64) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward seconds per layer and micro-batch; a recomputed layer's backward repeats its forward."""
-    kind, tensor, micro, recompute = _decode(key)
-    fwd, bwd = layer_times(context, kind, tensor, micro)
-    return fwd, bwd + fwd * context.layer_recomputed if recompute else bwd
+@functools.lru_cache(maxsize=4096)
+def _decode(k: int) -> Config:
+    knobs = Knobs(
+        precision=(k >> 47) & 0x7,
+        context_parallel=(k >> (MICRO_BITS + TENSOR_BITS)) & 0xFFF,
+        sequence_parallel=bool((k >> 44) & 1),
+    )
+    return Config(
+        kind=k >> 50,
+        tensor=(k >> MICRO_BITS) & 0xFFF,
+        micro=k & 0xFFFFF,
+        recompute=bool((k >> 46) & 1),
+        selective=bool((k >> 45) & 1),
+        knobs=knobs,
+    )
 
 
-def block_peak(context: SimContext, activations: np.ndarray) -> np.ndarray:
-    """[n] the largest recomputed block's activations, from [n, L] (or [L]) per-layer activations."""
-    per_unit = np.add.reduceat(np.atleast_2d(activations), context.unit_starts, axis=1)
-    recomputed = context.layer_recomputed[context.unit_starts]
-    return np.where(recomputed, per_unit, 0.0).max(axis=1, initial=0.0)
+def _times(context: SimContext, config: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward, backward and weight-gradient seconds per layer and micro-batch; a recomputed layer's
+    backward repeats its forward (every layer of a numbered block under full recomputation, its attention
+    core under selective)."""
+    fwd, bwd = layer_times(context, config.kind, config.tensor, config.micro, config.knobs)
+    weight = 0.5 * bwd * context.layer_weight_grad
+    if config.recompute:
+        return fwd, bwd + fwd * context.layer_recomputed, weight
+    if config.selective:
+        return fwd, bwd + fwd * (context.layer_attention & context.layer_recomputed), weight
+    return fwd, bwd, weight
 
 
 def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(values)[:-1]])
 
 
+def _wire_scale(context: SimContext, config: Config) -> float:
+    if config.knobs == PLAIN:
+        return 1.0
+    return float(context.var_precision.activation[config.knobs.precision]) / config.knobs.context_parallel
+
+
 def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.ndarray, out: ComputePhase) -> None:
     latency, per_byte = topo.tensor[0][rows], topo.tensor[1][rows]
-    kind_tensor, kt_inverse = _configs(
-        topo.kind[rows], batch.tensor[rows], batch.micro_batches[rows], batch.recompute[rows]
-    )
-    links = np.stack([kt_inverse.astype(float), latency, per_byte], axis=1)
+    keys, config_of = _configs(batch, topo.kind[rows], rows)
+    ring = batch.context_parallel[rows] > 1
+    columns = [config_of.astype(float), latency, per_byte]
+    if ring.any():
+        columns += [np.where(ring, topo.cp[0][rows], 0.0), np.where(ring, topo.cp[1][rows], 0.0)]
+    links = np.stack(columns, axis=1)
     configs, inverse = np.unique(links, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     row = context.layer_tp_allreduce
-    totals = np.zeros(len(configs))
-    tp_total = np.zeros(len(configs))
-    offsets = np.zeros((len(configs), context.num_variables))
-    for u, (kt, lat, inv) in enumerate(configs):
-        key = kind_tensor[int(kt)]
-        _, _, micro, recompute = _decode(key)
-        fwd, bwd = _times(context, key)
-        back = row * (1.0 + recompute * context.layer_recomputed)  # all-reduces per backward pass
+    U = len(configs)
+    totals, tp_total, cp_total = np.zeros(U), np.zeros(U), np.zeros(U)
+    offsets = np.zeros((U, context.num_variables))
+    sharded = fsdp.full_shard_rows(batch)
+    units = context.unit_starts.size if sharded.size else 0
+    unit_fwd, unit_bwd = np.zeros((U, units)), np.zeros((U, units))
+    for u, link in enumerate(configs):
+        config = Config.decode(keys[int(link[0])])
+        lat, inv = link[1], link[2]
+        micro = config.micro
+        fwd, bwd, _ = _times(context, config)
+        back = row * (1.0 + config.recompute * context.layer_recomputed)  # all-reduces per backward pass
+        scale = _wire_scale(context, config)
+        wire = context.output_bytes if scale == 1.0 else context.output_bytes * scale
         totals[u] = micro * (fwd.sum() + bwd.sum())
-        tp_total[u] = micro * (row.sum() + back.sum()) * lat + (context.output_bytes * (row + back)).sum() * inv
+        tp_total[u] = micro * (row.sum() + back.sum()) * lat + (wire * (row + back)).sum() * inv
         tp_count = _exclusive_cumsum(back)[context.var_layer][context.order]
-        tp_bytes = _exclusive_cumsum(back * context.output_bytes)[context.var_layer][context.order]
+        tp_bytes = _exclusive_cumsum(back * wire)[context.var_layer][context.order]
         offsets[u] = _exclusive_cumsum(bwd)[context.var_layer][context.order] + tp_count * lat + tp_bytes / micro * inv
+        ring_f: np.ndarray | float = 0.0
+        ring_b: np.ndarray | float = 0.0
+        if config.knobs.context_parallel > 1:
+            exposed_f, exposed_b = context_parallel.exposed_per_layer(
+                context,
+                fwd,
+                bwd,
+                degree=config.knobs.context_parallel,
+                tensor=config.tensor,
+                micro_batches=micro,
+                activation_scale=float(context.var_precision.activation[config.knobs.precision]),
+                latency=link[3],
+                per_byte=link[4],
+            )
+            cp_total[u] = micro * (exposed_f.sum() + exposed_b.sum())
+            offsets[u] += _exclusive_cumsum(exposed_b)[context.var_layer][context.order]
+            ring_f, ring_b = exposed_f, exposed_b
+        if units:
+            tp_f, tp_b = row * (lat + wire / micro * inv), back * (lat + wire / micro * inv)
+            unit_fwd[u] = np.bincount(context.layer_unit, weights=fwd + tp_f + ring_f, minlength=units)
+            unit_bwd[u] = np.bincount(context.layer_unit, weights=bwd + tp_b + ring_b, minlength=units)
     out.config[rows] = inverse
     out.offsets = offsets
     out.compute[rows] = totals[inverse]
     out.tensor_parallel[rows] = tp_total[inverse]
-    out.end[rows] = totals[inverse] + tp_total[inverse]
+    out.context_parallel[rows] = cp_total[inverse]
+    out.end[rows] = totals[inverse] + tp_total[inverse] + cp_total[inverse]
+    if sharded.size:
+        slot = np.full(len(batch), -1, dtype=np.intp)
+        slot[rows] = inverse
+        full = fsdp.full_shard(context, batch, topo, sharded, unit_fwd[slot[sharded]], unit_bwd[slot[sharded]])
+        out.fsdp[sharded] = full.exposed
+        out.fsdp_working[sharded] = full.working
+        out.end[sharded] += full.exposed
 
 
 def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.ndarray, out: ComputePhase) -> None:
     n, L = rows.size, context.num_layers
     m = batch.micro_batches[rows].astype(float)
     p = batch.pipeline[rows].astype(float)
+    virtual = batch.virtual_stages[rows]
+    schedule = batch.schedule[rows]
     recompute = batch.recompute[rows]
-    keys, inverse = _configs(topo.kind[rows], batch.tensor[rows], batch.micro_batches[rows], recompute)
-    fwd_table = np.zeros((len(keys), L))
-    bwd_table = np.zeros((len(keys), L))
-    for u, key in enumerate(keys):
-        fwd_table[u], bwd_table[u] = _times(context, key)
+    keys, inverse = _configs(batch, topo.kind[rows], rows)
+    configs = [Config.decode(key) for key in keys]
+    fwd_table, bwd_table, weight_table = np.zeros((len(keys), L)), np.zeros((len(keys), L)), np.zeros((len(keys), L))
+    scale_table = np.ones(len(keys))
+    for u, config in enumerate(configs):
+        fwd_table[u], bwd_table[u], weight_table[u] = _times(context, config)
+        scale_table[u] = _wire_scale(context, config)
+    scale = scale_table[inverse][:, None]
     latency, per_byte = topo.tensor[0][rows], topo.tensor[1][rows]
-    tp = context.layer_tp_allreduce * (latency[:, None] + context.output_bytes / m[:, None] * per_byte[:, None])
+    wire = context.output_bytes if (scale == 1.0).all() else context.output_bytes * scale
+    tp = context.layer_tp_allreduce * (latency[:, None] + wire / m[:, None] * per_byte[:, None])
     tp_back = tp * (1.0 + recompute[:, None] * context.layer_recomputed)
-    stage = batch.layer_stage[rows].astype(np.intp)
-    S = int(batch.pipeline[rows].max())
-    key = (np.arange(n)[:, None] * S + stage).ravel()
+    fwd, bwd, weight = fwd_table[inverse], bwd_table[inverse], weight_table[inverse]
+    ring_f, ring_b = _ring(context, batch, topo, rows, fwd, bwd)
+    chunk = batch.layer_stage[rows].astype(np.intp)
+    rank = chunk if (virtual == 1).all() else schedules.chunk_rank(chunk, batch.pipeline[rows], schedule, virtual)
+    R = int(batch.pipeline[rows].max())
+    C = int((batch.pipeline[rows] * virtual).max())
+    by_chunk = _summer(chunk, n, C)
+    by_rank = _summer(rank, n, R)
 
-    def per_stage(values: np.ndarray) -> np.ndarray:
-        return np.bincount(key, weights=values.ravel(), minlength=n * S).reshape(n, S)
-
-    fwd, bwd = fwd_table[inverse.reshape(-1)], bwd_table[inverse.reshape(-1)]
-    f_s, b_s, tp_s, tpb_s = per_stage(fwd), per_stage(bwd), per_stage(tp), per_stage(tp_back)
+    f_s, b_s, tp_s, tpb_s = by_rank(fwd), by_rank(bwd), by_rank(tp), by_rank(tp_back)
+    stage_back = b_s + tpb_s
     stage_time = f_s + b_s + tp_s + tpb_s
+    ring_s: np.ndarray | None = None
+    if ring_f is not None and ring_b is not None:
+        cpb_s = by_rank(ring_b)
+        ring_s = by_rank(ring_f) + cpb_s
+        stage_back = stage_back + cpb_s
+        stage_time = stage_time + ring_s
+        bwd_all = bwd + tp_back + ring_b
+        fwd_all = fwd + tp + ring_f
+    else:
+        bwd_all, fwd_all = bwd + tp_back, fwd + tp
     pick = np.arange(n), stage_time.argmax(axis=1)
     step = stage_time[pick]
+    ring = m * ring_s[pick] if ring_s is not None else np.zeros(n)
+    if ((schedule <= Schedule.GPIPE) & (virtual == 1)).all():
+        bubble = (p - 1) * step
+        chunk_back = stage_back
+    else:
+        chunk_time = by_chunk(fwd_all + bwd_all)
+        chunk_pick = np.arange(n), chunk_time.argmax(axis=1)
+        zbv = virtual >= 2
+        forward = np.where(zbv, by_chunk(fwd + tp)[chunk_pick], (f_s + tp_s)[pick])
+        backward = np.where(zbv, by_chunk(bwd + tp_back)[chunk_pick], (b_s + tpb_s)[pick])
+        weights = np.where(zbv, by_chunk(weight)[chunk_pick], by_rank(weight)[pick])
+        bubble = schedules.bubble(schedule, virtual, p, m, step, chunk_time[chunk_pick], forward, backward, weights)
+        chunk_back = by_chunk(bwd_all)
     boundary = np.zeros(n)
     if L > 1:
-        boundary = (context.output_bytes[:-1] * (stage[:, 1:] != stage[:, :-1])).sum(axis=1) / m
-    p2p = 2 * ((p - 1) * topo.p2p[0][rows] + boundary * topo.p2p[1][rows])
+        boundary = (wire[..., :-1] * (chunk[:, 1:] != chunk[:, :-1])).sum(axis=1) / m
+    crossings = p * virtual - 1
+    p2p = 2 * (crossings * topo.p2p[0][rows] + boundary * topo.p2p[1][rows])
     compute = m * (f_s[pick] + b_s[pick])
     tensor_parallel = m * (tp_s + tpb_s)[pick]
-    bubble = (p - 1) * step
-    end = compute + tensor_parallel + bubble + p2p
+    end = compute + tensor_parallel + bubble + p2p + ring
 
-    back = bwd + tp_back
-    prefix = np.cumsum(back, axis=1) - back
-    base = np.cumsum(b_s + tpb_s, axis=1) - (b_s + tpb_s)
-    slowest_back = (b_s + tpb_s).max(axis=1)
-    var_stage = stage[:, context.var_layer]
-    within = prefix[:, context.var_layer] - np.take_along_axis(base, var_stage, axis=1)
-    ready = end[:, None] - var_stage * slowest_back[:, None] - within
+    prefix = np.cumsum(bwd_all, axis=1) - bwd_all
+    base = np.cumsum(chunk_back, axis=1) - chunk_back
+    slowest_back = stage_back.max(axis=1)
+    var_chunk, var_rank = chunk[:, context.var_layer], rank[:, context.var_layer]
+    within = prefix[:, context.var_layer] - np.take_along_axis(base, var_chunk, axis=1)
+    ready = end[:, None] - var_rank * slowest_back[:, None] - within
 
     out.end[rows], out.compute[rows], out.tensor_parallel[rows] = end, compute, tensor_parallel
-    out.bubble[rows], out.p2p[rows] = bubble, p2p
+    out.bubble[rows], out.p2p[rows], out.context_parallel[rows] = bubble, p2p, ring
     out.piped_ready = ready[:, context.order]
-    out.piped_var_stage = var_stage
-    tensor = batch.tensor[rows].astype(float)[:, None]
-    full = context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1.0)
-    out.piped_stage_activations = per_stage(
-        np.where(recompute[:, None] & context.layer_recomputed, context.recompute_kept, full)
+    out.piped_var_stage = var_rank
+    out.piped_layer_rank = rank
+    held, rebuilt = _held(context, configs, inverse)
+    out.piped_stage_activations = by_rank(held)
+    out.piped_block_peak = rebuilt
+
+
+def _summer(index: np.ndarray, n: int, size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A function summing [n, L] (or [L]) values into [n, size] by `index` (chunk or rank of each layer)."""
+    key = (np.arange(n)[:, None] * size + index).ravel()
+
+    def per(values: np.ndarray) -> np.ndarray:
+        flat = values.ravel() if values.shape == index.shape else np.broadcast_to(values, index.shape).ravel()
+        return np.bincount(key, weights=flat, minlength=n * size).reshape(n, size)
+
+    return per
+
+
+def _ring(
+    context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.ndarray, fwd: np.ndarray, bwd: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """[n, L] ring attention's exposed seconds per micro-batch (None when no row has a context group)."""
+    degree = batch.context_parallel[rows]
+    if not (degree > 1).any():
+        return None, None
+    column = lambda a: a.astype(np.float64)[:, None]  # noqa: E731
+    return context_parallel.exposed_per_layer(
+        context,
+        fwd,
+        bwd,
+        degree=column(degree),
+        tensor=column(batch.tensor[rows]),
+        micro_batches=column(batch.micro_batches[rows]),
+        activation_scale=column(context.var_precision.activation[batch.precision[rows]]),
+        latency=column(topo.cp[0][rows]),
+        per_byte=column(topo.cp[1][rows]),
     )
-    out.piped_block_peak = np.where(recompute, block_peak(context, full), 0.0)
+
+
+def _held(context: SimContext, configs: list[Config], inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[n, L] activations each layer holds for the whole per-replica batch per rank, and [n] the bytes
+    rebuilt at once in backward."""
+    figures = [_activation_figures(context, config.shape()) for config in configs]
+    held = np.stack([f[0] for f in figures])
+    rebuilt = np.array([f[1] for f in figures])
+    return held[inverse], rebuilt[inverse]
+
+
+def _activation_figures(context: SimContext, shape: activations.Shape) -> tuple[np.ndarray, float]:
+    cached = context._activations.get(shape)
+    if cached is None:
+        cached = context._activations[shape] = (activations.held(context, shape), activations.rebuilt(context, shape))
+    return cached

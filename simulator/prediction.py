@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.context import SimContext
-from simulator.encoding import CandidateBatch
+from simulator.encoding import CandidateBatch, Precision
 from simulator.engine import BREAKDOWN_KEYS, BatchResult, simulate_batch
 from stratagem.ir import PredictedPerformance
 
@@ -86,6 +86,10 @@ def _prediction(context: SimContext, batch: CandidateBatch, result: BatchResult,
 
 
 def _infeasible_reason(context: SimContext, batch: CandidateBatch, result: BatchResult, i: int) -> str:
+    if int(batch.precision[i]) == Precision.FP8:
+        kind = context.kinds.specs[_kind(context, batch, i)]
+        if "float8" not in kind.peak_flops:
+            return f"fp8 needs fp8 tensor cores, which {kind.name} does not have (H100 and later do)"
     over = float(result.server_over[i])
     if over > 0:
         return f"a parameter server's memory is short by {_bytes(over)} for the variables it holds"
@@ -101,6 +105,7 @@ RUNNER_UP_LABELS = {
     "pipeline_p2p": "pipeline stage transfers",
     "allreduce": "exposed gradient all-reduce",
     "sharded": "the sharded reduce-scatter and all-gather",
+    "context_parallel": "ring attention's key/value exchange",
     "ps": "the parameter-server exchange",
     "optimizer_update": "the optimizer update",
 }
@@ -129,7 +134,15 @@ def _bottleneck(
         )
     if key == "pipeline_bubble":
         p, m = int(batch.pipeline[i]), int(batch.micro_batches[i])
-        return f"pipeline bubble: {p} stages with {m} micro-batches leave devices idle {(p - 1) / (m + p - 1):.0%} of the schedule"
+        return (
+            f"pipeline bubble: {p} stages with {m} micro-batches leave devices idle {breakdown[key] / step:.0%} "
+            "of the step"
+        )
+    if key == "context_parallel":
+        return (
+            f"ring attention's key/value exchange across {int(batch.context_parallel[i])} context ranks is not "
+            f"hidden by the attention compute: {_seconds(breakdown[key])} ({share:.0%} of the step)"
+        )
     if key == "optimizer_update":
         return (
             f"the optimizer update streams parameters and state through memory for {_seconds(breakdown[key])} per step"

@@ -23,21 +23,22 @@ A server's side of a push (receiving and summing) and of a pull (sending) runs a
 CPU pulls about twice as fast as it pushes): the node's, for the whole push and pull through its NIC.
 
 Push and pull volumes are equal, so one direction (the slower) of a full-duplex NIC decides: a node's
-PS time per step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node traffic + updates.
-That total per node is the PS *throughput* bound. For synchronous training the busiest node's NIC is
-also run as a FIFO timeline; other nodes carry less by construction and are not timed one by one. A
-dense bucket is queued (its push, then its update) when its last member's gradient is ready, since the
-runtime launches it from that gradient's hook: one server's bucket of every variable leaves after
-backward and overlaps none of it (until `principled-1.18` each variable was queued at its own
-gradient, as if pushed alone). A sparse shard, exchanged at the optimizer step, is queued with the last
-PS gradient to be ready. A pull can only leave once its
-bucket's update is done, so the pulls of dense buckets overlap later buckets' pushes (launched in
-backward) except the last one's, which is exposed after the queue drains: with X dense buckets on the
-busiest node, their pull is priced as 1/X of their transfer time (one bucket: the whole pull waits for
-the whole push, as the runtime's fused bucket does). Sparse shards exchange at the optimizer step, one
-after another (push, update, pull), so every sparse pull is exposed.
+PS time per step is (its workers' pushes + its shards' remote traffic) / NIC bandwidth + intra-node
+traffic + updates (`node_load`). That total per node is the PS *throughput* bound. For synchronous
+training the busiest node's NIC is also run as a FIFO timeline (`busiest_queue`); other nodes carry
+less by construction and are not timed one by one. A dense bucket is queued (its push, then its
+update) when its last member's gradient is ready, since the runtime launches it from that gradient's
+hook: one server's bucket of every variable leaves after backward and overlaps none of it. A sparse
+shard, exchanged at the optimizer step, is queued with the last PS gradient to be ready. A pull can
+only leave once its bucket's update is done, so the pulls of dense buckets overlap later buckets'
+pushes (launched in backward) except the last one's, which is exposed after the queue drains: with X
+dense buckets on the busiest node, their pull is priced as 1/X of their transfer time (one bucket: the
+whole pull waits for the whole push, as the runtime's fused bucket does). Sparse shards exchange at
+the optimizer step, one after another (push, update, pull), so every sparse pull is exposed.
 
-Work is done on the flat list of PS (candidate, variable) entries only.
+Work is done on the flat list of PS (candidate, variable) entries only (`ps_entries`).
+`simulator.ps_reference` prices one candidate at a time with plain loops; a property test holds this
+module to it.
 """
 
 from __future__ import annotations
@@ -76,56 +77,165 @@ class PSPhase:
 
 
 def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase) -> PSPhase:
-    n, M, D, V = len(batch), context.num_nodes, context.num_devices, context.num_variables
+    """The PS entries, each node's load per step, then the busiest node's NIC as a queue."""
+    n, M, D = len(batch), context.num_nodes, context.num_devices
+    entries = ps_entries(context, batch, topo)
+    if entries is None:
+        zeros, none = np.zeros(n), np.zeros(0, dtype=np.intp)
+        return PSPhase(
+            zeros, zeros.copy(), zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), none, none
+        )
+    load = node_load(context, batch, entries)
+    queue = busiest_queue(context, entries, load)
+    return PSPhase(
+        finish=fifo_segments(entries.row, compute.ready_at(entries.row, entries.position), queue.service, n)
+        + queue.last_pull,
+        last_pull=queue.last_pull,
+        throughput=load.node_seconds.max(axis=1),
+        node_seconds=load.node_seconds,
+        node_bytes=load.node_bytes,
+        held=load.by_device["keep"],
+        rows=entries.row,
+        variables=entries.var,
+    )
+
+
+@dataclass
+class PSEntries:
+    """The PS (candidate, variable) entries of a batch, flat and sorted by (candidate, ready position),
+    and their shards as (entry, server) pairs: shard 0 of every entry, then the further shards."""
+
+    n: int
+    row: np.ndarray
+    """[E] candidate of each entry..."""
+    position: np.ndarray
+    """...its variable's ready position..."""
+    var: np.ndarray
+    """...and its variable."""
+    lr: np.ndarray
+    """[E] local replication."""
+    weights: np.ndarray
+    """[n, 2, M] pushing weight per node: data-parallel copies, or at most 1 with local replication."""
+    totals: np.ndarray
+    """[n·2] `weights` summed over nodes (every pusher of a variable)."""
+    weight_row: np.ndarray
+    """[E] row of `weights` each entry pushes with: candidate · 2 + local replication."""
+    push: np.ndarray
+    """[E] bytes one pusher sends for the whole variable."""
+    count: np.ndarray
+    """[E] shards."""
+    update: np.ndarray
+    """[E] update bytes per shard."""
+    push_share: np.ndarray
+    """[E] push bytes per shard."""
+    keep: np.ndarray
+    """[E] bytes a server holds per shard."""
+    entry: np.ndarray
+    """[P] the entry of each (entry, shard) pair..."""
+    server: np.ndarray
+    """...and the device serving that shard."""
+    head: np.ndarray
+    tail: np.ndarray
+    tail_server: np.ndarray
+    tail_shard: np.ndarray
+    sparse: np.ndarray | None
+    """[P] pairs of sparse variables (None when the graph has none)."""
+    buckets: DenseBuckets
+    exchanges: np.ndarray
+    """[P] round trips of each pair's own exchange (sparse shards only; 0 with no sparse variables)."""
+    coalesced: np.ndarray
+    """[P] bytes each sparse pair's exchange coalesces (`_coalesced_bytes`)."""
+
+
+def ps_entries(context: SimContext, batch: CandidateBatch, topo: Topology) -> PSEntries | None:
+    """None when no candidate has a PS variable."""
+    n, D, V = len(batch), context.num_devices, context.num_variables
     flat = np.flatnonzero(np.take(batch.kind, context.order, axis=1).ravel() == SyncKind.PS)
+    if not flat.size:
+        return None
     row, position = np.divmod(flat, V)
     var = context.order.take(position)
-    if not flat.size:
-        zeros = np.zeros(n)
-        return PSPhase(
-            zeros, zeros.copy(), zeros.copy(), np.zeros((n, M)), np.zeros((n, M)), np.zeros((n, D)), row, var
-        )
     cell = row * V + var
     lr = batch.local_replication.ravel().take(cell)
     weights = np.stack([topo.copies, np.minimum(topo.copies, 1.0)], axis=1)
-    """[n, 2, M] pushing weight per node: data-parallel copies, or at most 1 with local replication."""
-    copies = weights.reshape(-1)
     totals = weights.sum(axis=2).reshape(-1)
-    weight_row = row * 2 + lr
     ps_bytes = context.var_ps_bytes.take(var)
     push = np.where(lr, np.minimum(topo.copies.max(axis=1).take(row) * ps_bytes, context.var_bytes.take(var)), ps_bytes)
-
-    # Shard k of entry e sits on server[row, var, k]. Sums are taken per (candidate, server device)
-    # first, then priced with that device's figures, so per-shard work stays a few gathers.
     shards = batch.shards.ravel().take(cell)
     count = shards.astype(np.float64)
-    push_share = push / count
-    update = context.var_update_bytes.take(var) / count
-    keep = context.ps_held_bytes.take(var) / count
     head, tail, tail_server, tail_shard = _shard_slots(batch, cell, shards)
     entry = np.concatenate([np.arange(flat.size), tail])
-    server = np.concatenate([head, tail_server])
-    by_device = _device_sums(row, head, tail, tail_server, n, D, lr, push_share, update, keep)
     sparse = context.var_sparse.take(var.take(entry)) if context.var_sparse.any() else None
-    buckets = _dense_buckets(context, batch.max_shards, row, var, lr, head, tail, tail_server, tail_shard, sparse, n, D)
-    device_trips = buckets.per_device
+    push_share = push / count
+    exchanges = np.zeros(entry.size)
     coalesced = np.zeros(entry.size)
     if sparse is not None:
         exchanges = sparse * collectives.SPARSE_PS_ROUND_TRIPS
-        device_trips = device_trips + np.bincount(
-            row.take(entry) * D + server, weights=exchanges, minlength=n * D
-        ).reshape(n, D)
         coalesced = _coalesced_bytes(
-            context, var.take(entry), sparse, push_share.take(entry), totals.take(weight_row.take(entry))
+            context, var.take(entry), sparse, push_share.take(entry), totals.take((row * 2 + lr).take(entry))
         )
-    device_weights = weights[:, :, context.device_node]
+    return PSEntries(
+        n=n,
+        row=row,
+        position=position,
+        var=var,
+        lr=lr,
+        weights=weights,
+        totals=totals,
+        weight_row=row * 2 + lr,
+        push=push,
+        count=count,
+        update=context.var_update_bytes.take(var) / count,
+        push_share=push_share,
+        keep=context.ps_held_bytes.take(var) / count,
+        entry=entry,
+        server=np.concatenate([head, tail_server]),
+        head=head,
+        tail=tail,
+        tail_server=tail_server,
+        tail_shard=tail_shard,
+        sparse=sparse,
+        buckets=_dense_buckets(
+            context, batch.max_shards, row, var, lr, head, tail, tail_server, tail_shard, sparse, n, D
+        ),
+        exchanges=exchanges,
+        coalesced=coalesced,
+    )
+
+
+@dataclass
+class NodeLoad:
+    """What each server device and node carries per step."""
+
+    by_device: dict[str, np.ndarray]
+    """Per (candidate, server device): `push` [n, 2, D] by local replication, `update`, `keep` and
+    `tensors` [n, D] (`_device_sums`)."""
+    resident: np.ndarray
+    """[n, 2, D] pushing weight of the worker on each server device itself (`_resident_weights`)."""
+    node_seconds: np.ndarray
+    node_bytes: np.ndarray
+
+
+def node_load(context: SimContext, batch: CandidateBatch, e: PSEntries) -> NodeLoad:
+    """Each node's PS seconds per step: its workers' pushes and its servers' remote traffic through its NIC
+    (the slower of push and pull), its own workers' pushes over the intra-node link, and its servers'
+    updates, round trips and coalesces."""
+    n, D = e.n, context.num_devices
+    by_device = _device_sums(e.row, e.head, e.tail, e.tail_server, n, D, e.lr, e.push_share, e.update, e.keep)
+    device_trips = e.buckets.per_device
+    if e.sparse is not None:
+        device_trips = device_trips + np.bincount(
+            e.row.take(e.entry) * D + e.server, weights=e.exchanges, minlength=n * D
+        ).reshape(n, D)
+    device_weights = e.weights[:, :, context.device_node]
     own = (by_device["push"] * device_weights).sum(axis=1)
     resident = _resident_weights(batch, device_weights)
     crossing = ((device_weights - resident) * by_device["push"]).sum(axis=1)
-    remote = (by_device["push"] * weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
+    remote = (by_device["push"] * e.weights.sum(axis=2)[:, :, None]).sum(axis=1) - 2 * own
     price = context.server_price
-    device_coalesced = np.bincount(row.take(entry) * D + server, weights=coalesced, minlength=n * D).reshape(n, D)
-    push_scale, pull_scale = price.push_scale, price.pull_scale
+    device_coalesced = np.bincount(e.row.take(e.entry) * D + e.server, weights=e.coalesced, minlength=n * D).reshape(
+        n, D
+    )
     device_transfer = remote * price.inv_nic + crossing * price.inv_intra
     device_work = (
         by_device["update"] * price.inv_rate
@@ -133,66 +243,76 @@ def ps_phase(context: SimContext, batch: CandidateBatch, topo: Topology, compute
         + device_trips * price.latency
         + device_coalesced * price.inv_coalesce
     )
-    worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * weights).sum(axis=1)
+    worker_bytes = (by_device["push"].sum(axis=2)[:, :, None] * e.weights).sum(axis=1)
     transfer_seconds = worker_bytes / context.nic_bandwidth + context.per_node(device_transfer)
-    node_seconds = transfer_seconds * np.maximum(push_scale, pull_scale) + context.per_node(device_work)
-    node_bytes = worker_bytes + context.per_node(remote)
+    node_seconds = transfer_seconds * np.maximum(price.push_scale, price.pull_scale) + context.per_node(device_work)
+    return NodeLoad(by_device, resident, node_seconds, worker_bytes + context.per_node(remote))
 
-    busiest = node_seconds.argmax(axis=1)
-    busy_node = busiest.take(row)
-    outbound = copies.take(weight_row * M + busy_node) * push / context.nic_bandwidth.take(busy_node)
-    entry_push = push_scale.take(busy_node)
-    on_busy = np.flatnonzero(context.device_node.take(server) == busy_node.take(entry))
-    e, d = entry.take(on_busy), server.take(on_busy)
-    own_e = copies.take(weight_row.take(e) * M + context.device_node.take(d)) * push_share.take(e)
-    resident_e = resident.reshape(-1).take(weight_row.take(e) * D + d) * push_share.take(e)
-    total_e = push_share.take(e) * totals.take(weight_row.take(e))
-    transfer = (total_e - 2 * own_e) * price.inv_nic.take(d) + (own_e - resident_e) * price.inv_intra.take(d)
+
+@dataclass
+class BusiestQueue:
+    service: np.ndarray
+    """[E] seconds each entry launches on the busiest node's queue (0 where it launches nothing)."""
+    last_pull: np.ndarray
+    """[n] the exposed pulls after the queue drains."""
+
+
+def busiest_queue(context: SimContext, e: PSEntries, load: NodeLoad) -> BusiestQueue:
+    """The busiest node's NIC as a FIFO: each dense bucket (its pushes through the NIC, the shards' updates
+    and one round trip) is served when its last member's gradient is ready, each sparse shard with the
+    last PS gradient; then the exposed pulls."""
+    n, M = e.n, context.num_nodes
+    price = context.server_price
+    busiest = load.node_seconds.argmax(axis=1)
+    busy_node = busiest.take(e.row)
+    copies = e.weights.reshape(-1)
+    outbound = copies.take(e.weight_row * M + busy_node) * e.push / context.nic_bandwidth.take(busy_node)
+    entry_push = price.push_scale.take(busy_node)
+    on_busy = np.flatnonzero(context.device_node.take(e.server) == busy_node.take(e.entry))
+    i, d = e.entry.take(on_busy), e.server.take(on_busy)
+    share = e.push_share.take(i)
+    own = copies.take(e.weight_row.take(i) * M + context.device_node.take(d)) * share
+    resident = load.resident.reshape(-1).take(e.weight_row.take(i) * context.num_devices + d) * share
+    total = share * e.totals.take(e.weight_row.take(i))
+    transfer = (total - 2 * own) * price.inv_nic.take(d) + (own - resident) * price.inv_intra.take(d)
+    buckets = e.buckets
     launched = buckets.launch.take(on_busy)
+    E = e.row.size
     service = (
-        np.bincount(buckets.launch, weights=(outbound / count).take(entry), minlength=flat.size)
-        + np.bincount(launched, weights=transfer, minlength=flat.size)
+        np.bincount(buckets.launch, weights=(outbound / e.count).take(e.entry), minlength=E)
+        + np.bincount(launched, weights=transfer, minlength=E)
     ) * entry_push
-    seconds = update.take(e) * price.inv_rate.take(d) + price.tensor_s.take(d)
-    exchanges_on_busy = np.zeros(0)
-    if sparse is not None:
-        exchanges_on_busy = sparse.take(on_busy).astype(np.float64)
-        seconds += exchanges.take(on_busy) * price.latency.take(d) + coalesced.take(on_busy) * price.inv_coalesce.take(
-            d
-        )
-    service += np.bincount(launched, weights=seconds, minlength=flat.size)
+    seconds = e.update.take(i) * price.inv_rate.take(d) + price.tensor_s.take(d)
+    sparse_on_busy = np.zeros(0)
+    if e.sparse is not None:
+        sparse_on_busy = e.sparse.take(on_busy).astype(np.float64)
+        seconds += e.exchanges.take(on_busy) * price.latency.take(d) + e.coalesced.take(
+            on_busy
+        ) * price.inv_coalesce.take(d)
+    service += np.bincount(launched, weights=seconds, minlength=E)
     on_busy_bucket = np.flatnonzero(context.device_node.take(buckets.device) == busy_node.take(buckets.entry))
     service += np.bincount(
-        buckets.entry.take(on_busy_bucket),
-        weights=price.latency.take(buckets.device.take(on_busy_bucket)),
-        minlength=flat.size,
+        buckets.entry.take(on_busy_bucket), weights=price.latency.take(buckets.device.take(on_busy_bucket)), minlength=E
     )
-    moved = np.bincount(row, weights=outbound, minlength=n)
-    moved += np.bincount(row.take(e), weights=transfer, minlength=n)
-    moved_sparse = np.zeros(n)
-    if exchanges_on_busy.size:
-        moved_sparse = np.bincount(row, weights=outbound * context.var_sparse.take(var), minlength=n)
-        moved_sparse += np.bincount(row.take(e), weights=transfer * exchanges_on_busy, minlength=n)
-    dense_buckets = np.bincount(row.take(buckets.entry.take(on_busy_bucket)), minlength=n).astype(np.float64)
-    last_pull = ((moved - moved_sparse) / np.maximum(dense_buckets, 1.0) + moved_sparse) * pull_scale.take(busiest)
-    return PSPhase(
-        finish=fifo_segments(row, compute.ready_at(row, position), service, n) + last_pull,
-        last_pull=last_pull,
-        throughput=node_seconds.max(axis=1),
-        node_seconds=node_seconds,
-        node_bytes=node_bytes,
-        held=by_device["keep"],
-        rows=row,
-        variables=var,
+    moved = np.bincount(e.row, weights=outbound, minlength=n)
+    moved += np.bincount(e.row.take(i), weights=transfer, minlength=n)
+    moved_sparse: np.ndarray = np.zeros(n)
+    if sparse_on_busy.size:
+        moved_sparse = np.bincount(e.row, weights=outbound * context.var_sparse.take(e.var), minlength=n)
+        moved_sparse += np.bincount(e.row.take(i), weights=transfer * sparse_on_busy, minlength=n)
+    dense_buckets = np.bincount(e.row.take(buckets.entry.take(on_busy_bucket)), minlength=n).astype(np.float64)
+    last_pull = ((moved - moved_sparse) / np.maximum(dense_buckets, 1.0) + moved_sparse) * price.pull_scale.take(
+        busiest
     )
+    return BusiestQueue(service, last_pull)
 
 
 SPARSE_CHANGED_ROWS_COALESCES = 1.5
 """What a sparse server spends, in coalesces of the pushed rows, to find the rows its update changed and
 send only those: the candidate rows' unique sort, reading them before and after the step, comparing,
 reading the changed ones for the pull, and every worker writing them into its copy. Measured on DLRM's
-four tables (session 11): the server's update took 3.7 ms more than the same sparse steps under
-all-reduce, where one coalesce of the rows took 2.5 ms."""
+four tables: the server's update took 3.7 ms more than the same sparse steps under all-reduce, where one
+coalesce of the rows took 2.5 ms."""
 
 
 def _coalesced_bytes(

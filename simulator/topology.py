@@ -1,10 +1,16 @@
 """Where each candidate's ranks sit, and the links its collectives cross (one value per candidate).
 
-Ranks fill the device table node by node, tensor innermost (`rank = (d·P + p)·T + t`), so:
+Ranks fill the device table node by node, tensor innermost (`rank = ((d·P + p)·C + c)·T + t`), so:
 - a tensor group stays inside a node when T <= replicas per node;
-- a data-parallel group (stride T·P) has k = max(1, per_node // (T·P)) members per node over
-  m = ceil(data / k) nodes; when m > 1 its ring crosses NICs, and the T·P groups that share a node
-  (at most `per_node`) run their rings side by side, splitting the NIC;
+- gradients are reduced over the data × context ranks of a (tensor, pipeline) position, every context
+  rank holding a full replica: a group of g = data·C with k = min(C, per_node // T) ·
+  max(1, per_node // (T·C·P)) members per node over m = ceil(g / k) nodes; when m > 1 its ring crosses
+  NICs, and the T·P groups that share a node (at most `per_node / min(C, per_node // T)`) run their rings
+  side by side, splitting the NIC;
+- ring attention passes key/value blocks among the C context ranks (stride T), across NICs when
+  T·C > per_node;
+- hybrid sharding shards over groups of `shard_group` data ranks (× C: S ranks, consecutive, so inside
+  a node when they fit) and all-reduces each shard across the R = data / shard_group groups;
 - the slowest link a collective crosses decides its bandwidth, the largest latency its alpha;
 - reduce-scatter and all-gather reach the pacing device kind's `scatter_efficiency` of that bandwidth
   (below 1 where the collective library has no ring for them, as gloo on CPU); an all-gather into
@@ -48,6 +54,16 @@ class Topology:
     dp_crosses_nodes: np.ndarray
     nic_gbps: np.ndarray
     """[N] line rate of the slowest NIC among the replicas' nodes (for messages)."""
+    dp_degree: np.ndarray
+    """[N] ranks a gradient is reduced over: data × context."""
+    cp: Pair
+    """A send between neighbouring context-parallel ranks (ring attention)."""
+    shard_degree: np.ndarray
+    """[N] ranks a sharded variable is sharded over: the shard group (or all data ranks) × context."""
+    shard_reduce_scatter: Pair
+    shard_all_gather: Pair
+    replicate: Pair
+    """All-reduce of a shard across the R = data / shard_group groups (free when R = 1)."""
 
 
 def topology(context: SimContext, batch: CandidateBatch) -> Topology:
@@ -55,55 +71,145 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     per_node_count = context.per_node(replicas.astype(np.float64))
     used = per_node_count > 0
     nodes_used = np.maximum(used.sum(axis=1), 1)
-    size = batch.data.astype(np.float64) * batch.tensor * batch.pipeline
+    cp = batch.context_parallel.astype(np.float64)
+    size = batch.data.astype(np.float64) * batch.tensor * batch.pipeline * cp
     per_node = size / nodes_used
     kind = _slowest_kind(context, replicas)
     capacity = np.where(replicas, context.kinds.memory_bytes[context.device_kind], np.inf).min(axis=1)
 
-    alpha_i = np.where(used, context.intra_latency, 0.0).max(axis=1)
-    band_i = np.where(used, context.intra_bandwidth, np.inf).min(axis=1)
-    alpha_e = np.maximum(np.where(used, context.nic_latency, 0.0).max(axis=1), alpha_i)
-    band_nic = np.where(used, context.nic_bandwidth, np.inf).min(axis=1)
+    links = Links(
+        alpha_i=np.where(used, context.intra_latency, 0.0).max(axis=1),
+        band_i=np.where(used, context.intra_bandwidth, np.inf).min(axis=1),
+        alpha_e=np.maximum(
+            np.where(used, context.nic_latency, 0.0).max(axis=1), np.where(used, context.intra_latency, 0.0).max(axis=1)
+        ),
+        band_nic=np.where(used, context.nic_bandwidth, np.inf).min(axis=1),
+    )
     gbps = np.where(used, context.nic_gbps, np.inf).min(axis=1)
 
     data = batch.data.astype(np.float64)
     tensor = batch.tensor.astype(np.float64)
     stride = tensor * batch.pipeline
-    k = np.clip(np.floor(per_node / stride), 1, data)
-    m = np.ceil(data / k)
+    block = stride * cp
+    cp_on_node = np.clip(np.floor(per_node / tensor), 1, cp)
+    k = cp_on_node * np.clip(np.floor(per_node / block), 1, data)
+    degree = data * cp
+    m = np.ceil(degree / k)
     crosses = m > 1
-    band_e = band_nic / np.clip(np.minimum(stride, per_node), 1, None)
-    alpha = np.where(crosses, alpha_e, alpha_i)
-    band = np.where(crosses, np.minimum(band_i, band_e), band_i)
+    band_e = links.band_nic / np.clip(np.minimum(stride, per_node / cp_on_node), 1, None)
+    alpha = np.where(crosses, links.alpha_e, links.alpha_i)
+    band = np.where(crosses, np.minimum(links.band_i, band_e), links.band_i)
 
-    ring = collectives.ring_allreduce(data, alpha, band)
-    hier = collectives.hierarchical_allreduce(k, m, alpha_i, band_i, alpha_e, np.minimum(band_e, band_i))
+    ring = _pair(collectives.ring_allreduce(degree, alpha, band))
+    hier = _pair(
+        collectives.hierarchical_allreduce(
+            k, m, links.alpha_i, links.band_i, links.alpha_e, np.minimum(band_e, links.band_i)
+        )
+    )
     two_level = crosses & (k > 1)
     hierarchical = (np.where(two_level, hier[0], ring[0]), np.where(two_level, hier[1], ring[1]))
 
     tp_crosses = tensor > per_node
-    tp_alpha = np.where(tp_crosses, alpha_e, alpha_i)
-    tp_band = np.where(tp_crosses, np.minimum(band_i, band_nic), band_i)
-    pp_crosses = stride > per_node
+    tp_alpha = np.where(tp_crosses, links.alpha_e, links.alpha_i)
+    tp_band = np.where(tp_crosses, np.minimum(links.band_i, links.band_nic), links.band_i)
+    pp_crosses = block > per_node
     scatter = context.kinds.scatter_efficiency[kind]
+    reduce_scatter = _pair(collectives.reduce_scatter(degree, alpha, band * scatter))
+    all_gather = _pair(collectives.all_gather(degree, alpha, band * scatter))
+    shard = _shard_groups(batch, links, per_node, cp_on_node, block, scatter, reduce_scatter, all_gather)
+    cp_crosses = tensor * cp > per_node
+    cp_band = np.minimum(links.band_i, links.band_nic / np.clip(per_node / cp_on_node, 1, None))
     return Topology(
         kind=kind,
         capacity=capacity,
         copies=per_node_count / stride[:, None],
         ring=ring,
-        tree=collectives.tree_allreduce(data, alpha, band),
+        tree=_pair(collectives.tree_allreduce(degree, alpha, band)),
         hierarchical=hierarchical,
-        reduce_scatter=collectives.reduce_scatter(data, alpha, band * scatter),
-        all_gather=collectives.all_gather(data, alpha, band * scatter),
-        row_gather=collectives.all_gather(data, alpha, band * context.kinds.gather_efficiency[kind]),
+        reduce_scatter=reduce_scatter,
+        all_gather=all_gather,
+        row_gather=_pair(collectives.all_gather(degree, alpha, band * context.kinds.gather_efficiency[kind])),
         half_reduce=context.kinds.half_reduce_efficiency[kind],
-        tensor=collectives.ring_allreduce(tensor, tp_alpha, tp_band),
-        p2p=collectives.send(
-            np.where(pp_crosses, alpha_e, alpha_i), np.where(pp_crosses, np.minimum(band_nic, band_i), band_i)
+        tensor=_pair(collectives.ring_allreduce(tensor, tp_alpha, tp_band)),
+        p2p=_pair(
+            collectives.send(
+                np.where(pp_crosses, links.alpha_e, links.alpha_i),
+                np.where(pp_crosses, np.minimum(links.band_nic, links.band_i), links.band_i),
+            )
         ),
         dp_crosses_nodes=crosses,
         nic_gbps=gbps,
+        dp_degree=degree,
+        cp=_pair(
+            collectives.send(
+                np.where(cp_crosses, links.alpha_e, links.alpha_i), np.where(cp_crosses, cp_band, links.band_i)
+            )
+        ),
+        shard_degree=shard[0],
+        shard_reduce_scatter=shard[1],
+        shard_all_gather=shard[2],
+        replicate=shard[3],
     )
+
+
+@dataclass
+class Links:
+    """[N] the links a candidate's collectives can cross: inside a node (`_i`) and through its NIC."""
+
+    alpha_i: np.ndarray
+    band_i: np.ndarray
+    alpha_e: np.ndarray
+    band_nic: np.ndarray
+
+    def group(self, members: np.ndarray, per_node_members: np.ndarray, sharing: np.ndarray) -> Pair:
+        """(alpha, bandwidth) of a group with `per_node_members` members on each of its nodes, whose
+        NIC `sharing` such groups split."""
+        crosses = np.ceil(members / per_node_members) > 1
+        band_e = self.band_nic / np.clip(sharing, 1, None)
+        return np.where(crosses, self.alpha_e, self.alpha_i), np.where(
+            crosses, np.minimum(self.band_i, band_e), self.band_i
+        )
+
+
+def _shard_groups(
+    batch: CandidateBatch,
+    links: Links,
+    per_node: np.ndarray,
+    cp_on_node: np.ndarray,
+    block: np.ndarray,
+    scatter: np.ndarray,
+    reduce_scatter: Pair,
+    all_gather: Pair,
+) -> tuple[np.ndarray, Pair, Pair, Pair]:
+    """Shard degree, the shard group's reduce-scatter and all-gather, and the all-reduce across groups.
+    Without a shard group the shard group is the whole data × context group."""
+    cp = batch.context_parallel.astype(np.float64)
+    data = batch.data.astype(np.float64)
+    hybrid = batch.shard_group > 0
+    none = (np.zeros(len(batch)), np.zeros(len(batch)))
+    if not hybrid.any():
+        return data * cp, reduce_scatter, all_gather, none
+    group = np.where(hybrid, batch.shard_group, batch.data).astype(np.float64)
+    shard = group * cp
+    k_shard = cp_on_node * np.clip(np.floor(per_node / block), 1, group)
+    alpha, band = links.group(shard, k_shard, np.minimum(block / cp, per_node / cp_on_node))
+    across = data / group
+    k_across = np.clip(np.floor(per_node / (group * block)), 1, across)
+    alpha_r, band_r = links.group(across, k_across, per_node / k_across)
+    rs = _pair(collectives.reduce_scatter(shard, alpha, band * scatter))
+    ag = _pair(collectives.all_gather(shard, alpha, band * scatter))
+    replicate = _pair(collectives.ring_allreduce(across, alpha_r, band_r))
+    return (
+        shard,
+        (np.where(hybrid, rs[0], reduce_scatter[0]), np.where(hybrid, rs[1], reduce_scatter[1])),
+        (np.where(hybrid, ag[0], all_gather[0]), np.where(hybrid, ag[1], all_gather[1])),
+        (np.where(hybrid, replicate[0], 0.0), np.where(hybrid, replicate[1], 0.0)),
+    )
+
+
+def _pair(coefficients: tuple[collectives.Number, collectives.Number]) -> Pair:
+    """A collective's (latency, seconds per byte) as arrays (one value per candidate)."""
+    return np.asarray(coefficients[0]), np.asarray(coefficients[1])
 
 
 def _slowest_kind(context: SimContext, replicas: np.ndarray) -> np.ndarray:

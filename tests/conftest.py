@@ -15,20 +15,25 @@ Clusters:
 
 The `make_*` functions build the same documents with other sizes; import them with
 `from conftest import make_mlp_graph`.
+
+Fixtures of the service (an app on a fresh SQLite file or PostgreSQL database) are in
+`service_fixtures.py`, loaded here as a plugin so every test module can ask for them. Plain helpers
+live in modules without tests, imported by name: `service_helpers`, `dashboard_helpers`,
+`cli_helpers`, `search_graphs`, `runtime_helpers`. Test modules never import each other.
+
+Records cut from real measurements live in `tests/data/` (see its README).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from stratagem.ir import Layer, ModelGraph, Node, ResourceSpec, Variable
+
+pytest_plugins = ["service_fixtures"]
 
 FLOAT32 = 4
 
@@ -228,17 +233,6 @@ def any_cluster(request: pytest.FixtureRequest) -> ResourceSpec:
         "t4_2x4": lambda: make_t4_cluster(2),
         "t4_16x4": lambda: make_t4_cluster(16),
     }[request.param]()
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """A script of `benchmarks/` loaded as a module (the folder holds scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ stratagem_test_<random>`, dropped when the session ends) and every test that ask
 gets its own empty schema in it, so tests never see each other's rows. The server is the one at 127.0.0.1:5432 (override with
 `STRATAGEM_TEST_POSTGRES_URL`); when it is unreachable those tests are skipped with the reason.
 
-A test module uses them with `pytest_plugins = ["service_fixtures"]`; plain helpers (request bodies,
-polling, settings) are in `test_service_helpers.py`, imported normally.
+`conftest.py` loads this module as a plugin, so every test can ask for these fixtures; plain helpers
+(request bodies, polling, settings) are in `service_helpers.py`, imported normally.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from service_helpers import service_settings
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-from test_service_helpers import service_settings
 
 from optimizer_service.app import create_app
 

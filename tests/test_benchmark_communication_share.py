@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
-from conftest import load_benchmark
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "communication_share.py"
-
-
-@pytest.fixture(scope="module")
-def share():
-    return load_benchmark("communication_share")
+from benchmarks import communication_share as share
 
 
 def pair(model: str, breakdown: dict[str, float], sync: dict[str, float]) -> dict:
     return {"model": model, "strategy": "s", "predicted_breakdown_ms": breakdown, "measured_sync_ms": sync}
 
 
-def test_only_communication_is_compared_and_the_update_is_left_out(share):
+def test_only_communication_is_compared_and_the_update_is_left_out():
     p = pair(
         "m",
         {"compute": 50.0, "allreduce": 20.0, "ps": 4.0, "optimizer_update": 9.0},
@@ -32,7 +21,7 @@ def test_only_communication_is_compared_and_the_update_is_left_out(share):
     assert share.measured_ms(p) == 20.0
 
 
-def test_medians_per_model_and_overall_skip_pairs_without_communication(share):
+def test_medians_per_model_and_overall_skip_pairs_without_communication():
     report = {
         "pairs": [
             pair("a", {"allreduce": 10.0}, {"launch": 2.0, "wait_allreduce": 8.0}),  # 1.0
@@ -46,10 +35,10 @@ def test_medians_per_model_and_overall_skip_pairs_without_communication(share):
     assert share.report_ratios({"pairs": []}) == {"pairs": 0, "median_ratio": None, "models": {}}
 
 
-def test_cli_prints_one_entry_per_report(tmp_path):
+def test_cli_prints_one_entry_per_report(tmp_path, capsys):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"pairs": [pair("a", {"sharded": 9.0}, {"launch": 1.0, "wait_sharded": 7.0})]}))
-    out = subprocess.run([sys.executable, str(SCRIPT), str(path)], capture_output=True, text=True, check=True)
-    printed = json.loads(out.stdout)
+    share.main([str(path)])
+    printed = json.loads(capsys.readouterr().out)
     assert printed["benchmark"] == "communication_share"
     assert printed["reports"][str(path)]["median_ratio"] == 1.125

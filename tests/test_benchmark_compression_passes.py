@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_benchmark
+
+from benchmarks import compression_passes as passes
 
 
-@pytest.fixture(scope="module")
-def passes():
-    return load_benchmark("compression_passes")
-
-
-def test_the_size_law_prices_a_large_tensor_dearer_per_byte_and_a_flat_buffer_does_not(passes) -> None:
+def test_the_size_law_prices_a_large_tensor_dearer_per_byte_and_a_flat_buffer_does_not() -> None:
     mib = 1 << 20
     law = passes._law_ratio(4 * mib)
     expected = (16 * mib * 5 + 4 * mib * 1.25) / (20 * mib * 1.25)  # 1 + bytes/knee per tensor, both sets 20 MiB
@@ -20,7 +16,7 @@ def test_the_size_law_prices_a_large_tensor_dearer_per_byte_and_a_flat_buffer_do
     assert passes._law_ratio(None) == 1.0
 
 
-def test_the_report_sets_each_compressors_measured_extra_beside_the_priced_ratios(passes) -> None:
+def test_the_report_sets_each_compressors_measured_extra_beside_the_priced_ratios() -> None:
     ms = {
         "one_large/plain": 10.0,
         "one_large/fp16": 16.0,
@@ -40,7 +36,7 @@ def test_the_report_sets_each_compressors_measured_extra_beside_the_priced_ratio
     assert report["large_over_small"]["topk"]["measured"] == 1.0
 
 
-def test_both_sets_hold_the_same_bytes_and_every_bucket_runs_through_the_runtimes_reducers(passes) -> None:
+def test_both_sets_hold_the_same_bytes_and_every_bucket_runs_through_the_runtimes_reducers() -> None:
     assert sum(passes.SETS["one_large"]) == sum(passes.SETS["small_only"])
     runs = passes.bucket_runs(torch)
     assert set(runs) == {f"{s}/{r}" for s in passes.SETS for r in ("plain", "fp16", "topk")}
@@ -48,7 +44,7 @@ def test_both_sets_hold_the_same_bytes_and_every_bucket_runs_through_the_runtime
         run()
 
 
-def test_the_priced_extra_counts_the_simulators_passes_beyond_the_uncompressed_bucket(passes) -> None:
+def test_the_priced_extra_counts_the_simulators_passes_beyond_the_uncompressed_bucket() -> None:
     rates = {"stream_rate": 1e10, "cast_rate": 5e9, "select_rate": 1e9}
     priced = passes.priced_extra_ms(rates)
     b = 20 * (1 << 20)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from conftest import load_benchmark
 
+from benchmarks import cpu_rank_settings as bench
+from benchmarks.lib.cases import strategies_for
 from stratagem.rank_env import MALLOC_SETTINGS
 
 
+@pytest.mark.slow
 def test_both_comparisons_report_medians_and_speedups() -> None:
-    bench = load_benchmark("cpu_rank_settings")
     selection = bench.selection(200_000, 0.01, repeats=2)
     assert selection["k"] == 2000
     assert selection["torch_topk_ms"] > 0 and selection["select_largest_ms"] > 0
@@ -27,7 +28,6 @@ def test_both_comparisons_report_medians_and_speedups() -> None:
 def test_powersgd_product_orders_compute_the_same_numbers_and_report_a_speedup() -> None:
     import torch
 
-    bench = load_benchmark("cpu_rank_settings")
     ms = [torch.randn(rows, cols) for rows, cols in ((64, 16), (16, 48))]
     qs = [torch.randn(m.shape[1], 4) for m in ms]
     textbook = bench.textbook_products(ms, qs)
@@ -52,10 +52,9 @@ def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simu
     from stratagem.ir import Node, ResourceSpec
     from trial_runner import ReplayWorkload
 
-    bench = load_benchmark("cpu_rank_settings")
     graph = make_mlp_graph(batch_size=8, widths=(64, 32, 10))
     two_ranks = ResourceSpec(name="local", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
-    every = load_benchmark("simulator_accuracy").strategies_for(graph, two_ranks)
+    every = strategies_for(graph, two_ranks)
     strategies = {name: every[name] for name in ("AllReduce", "Sharded")}
     job = bench.BlockJob(graph, ReplayWorkload(graph), strategies, warmup=1)
     label, arena = bench.parse_setting("arena:MALLOC_ARENA_MAX=1")
@@ -77,12 +76,10 @@ def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simu
 
 @pytest.mark.parametrize("text", ["arena", ":A=1", "arena:A", "arena:=1"])
 def test_a_malformed_setting_names_the_option_and_the_expected_form(text: str) -> None:
-    bench = load_benchmark("cpu_rank_settings")
     with pytest.raises(argparse.ArgumentTypeError, match="LABEL:NAME=VALUE"):
         bench.parse_setting(text)
 
 
 def test_an_extra_setting_may_not_take_the_label_of_mapped_or_tuned() -> None:
-    bench = load_benchmark("cpu_rank_settings")
     with pytest.raises(ValueError, match=r"\['tuned'\] would replace"):
         bench.mappings_in_blocks({}, rounds=1, steps=1, extra_settings={"tuned": {"MALLOC_ARENA_MAX": "1"}})

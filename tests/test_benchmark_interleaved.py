@@ -4,20 +4,16 @@ replayed model, every strategy stepped in turn, the machine calibrated alongside
 from __future__ import annotations
 
 import pytest
-from conftest import load_benchmark, make_mlp_graph
+from conftest import make_mlp_graph
 
+from benchmarks.lib import interleaved
 from stratagem.builders import PS, AllReduce
 from stratagem.ir import Node, ResourceSpec
 from trial_runner import ReplayWorkload
 
 
-@pytest.fixture(scope="module")
-def interleaved():
-    return load_benchmark("interleaved")
-
-
 @pytest.mark.slow
-def test_a_block_times_every_strategy_and_the_undistributed_copy_and_calibrates_the_machine(interleaved):
+def test_a_block_times_every_strategy_and_the_undistributed_copy_and_calibrates_the_machine():
     graph = make_mlp_graph(batch_size=8, widths=(64, 32, 10))
     two_ranks = ResourceSpec(name="local", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
     wrong_ranks = ResourceSpec(

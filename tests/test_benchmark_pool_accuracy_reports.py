@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "pool_accuracy_reports.py"
-
-
-@pytest.fixture(scope="module")
-def pool():
-    return load_benchmark("pool_accuracy_reports")
+from benchmarks import pool_accuracy_reports as pool
 
 
 def report(version: str, rounds: dict[str, tuple[list[float], list[float]]]) -> dict:
@@ -32,7 +23,7 @@ def report(version: str, rounds: dict[str, tuple[list[float], list[float]]]) -> 
     }
 
 
-def test_pooling_takes_the_median_over_every_round_of_every_run(pool):
+def test_pooling_takes_the_median_over_every_round_of_every_run():
     # run 1 alone ranks a, b backwards (a measured slower); run 2's rounds outvote it when pooled
     run1 = report("v", {"a": ([12.0], [10.0]), "b": ([11.0], [20.0])})
     run2 = report("v", {"a": ([9.0, 10.0], [10.0, 10.0]), "b": ([21.0, 19.0], [20.0, 20.0])})
@@ -50,7 +41,7 @@ def test_pooling_takes_the_median_over_every_round_of_every_run(pool):
     assert pool.pooled_scores([run1])["models"]["m"]["kendall_tau"] == -1.0
 
 
-def test_pooled_rounds_resolve_pairs_that_no_single_run_can(pool):
+def test_pooled_rounds_resolve_pairs_that_no_single_run_can():
     # four rounds per run: a sign test at 0.05 needs 6 of 6 at least, so only the pool of both runs resolves a < b
     runs = [report("v", {"a": ([1.0] * 4, [1.0] * 4), "b": ([2.0] * 4, [2.0] * 4)}) for _ in range(2)]
     alone = pool.resolved_pairs(pool.pooled_rounds(runs[:1]))["overall"]
@@ -59,14 +50,14 @@ def test_pooled_rounds_resolve_pairs_that_no_single_run_can(pool):
     assert pooled == {"pairs": 1, "resolved": 1, "ordered_right": 1, "ordered_wrong": 0, "kendall_tau_resolved": 1.0}
 
 
-def test_split_half_compares_even_and_odd_rounds(pool):
+def test_split_half_compares_even_and_odd_rounds():
     agree = report("v", {"a": ([1.0, 1.1, 1.0, 1.2], [1.0] * 4), "b": ([2.0, 2.1, 2.2, 2.0], [2.0] * 4)})
     flip = report("v", {"a": ([1.0, 3.0], [1.0] * 2), "b": ([2.0, 2.0], [2.0] * 2)})
-    assert pool.split_half_tau([agree]) == 1.0
-    assert pool.split_half_tau([flip]) == -1.0
+    assert pool.pooled_split_half_tau([agree]) == 1.0
+    assert pool.pooled_split_half_tau([flip]) == -1.0
 
 
-def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path):
+def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path, capsys):
     paths = []
     for index, version in enumerate(("v1", "v1", "v2")):
         path = tmp_path / f"run{index}.json"
@@ -75,26 +66,24 @@ def test_cli_pools_files_and_refuses_mixed_versions_or_other_json(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"benchmark": "simulator"}))
 
-    done = subprocess.run([sys.executable, str(SCRIPT), *paths[:2]], capture_output=True, text=True, check=True)
-    printed = json.loads(done.stdout)
+    pool.main(paths[:2])
+    printed = json.loads(capsys.readouterr().out)
     assert printed["simulator_version"] == "v1" and printed["overall"]["mape"] == pytest.approx(0.1)
     assert set(printed["runs"]) == set(paths[:2])
 
-    mixed = subprocess.run([sys.executable, str(SCRIPT), *paths], capture_output=True, text=True)
-    assert mixed.returncode != 0 and "['v1', 'v2']" in mixed.stderr and "Traceback" not in mixed.stderr
-    wrong = subprocess.run([sys.executable, str(SCRIPT), paths[0], str(other)], capture_output=True, text=True)
-    assert (
-        wrong.returncode != 0 and "not a simulator_accuracy report" in wrong.stderr and "Traceback" not in wrong.stderr
-    )
+    with pytest.raises(SystemExit, match=r"\['v1', 'v2'\]"):
+        pool.main(paths)
+    with pytest.raises(SystemExit, match="not a simulator_accuracy report"):
+        pool.main([paths[0], str(other)])
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"benchmark": "simulator_accuracy", "pairs": [{"model": "m", "strategy": "a"}]}))
-    older = subprocess.run([sys.executable, str(SCRIPT), str(old)], capture_output=True, text=True)
-    assert older.returncode != 0 and "round_medians_ms" in older.stderr and "Traceback" not in older.stderr
+    with pytest.raises(SystemExit, match="round_medians_ms"):
+        pool.main([str(old)])
 
 
-def test_cli_refuses_to_pool_runs_timed_over_primed_and_empty_optimizer_state(tmp_path):
+def test_cli_refuses_to_pool_runs_timed_over_primed_and_empty_optimizer_state(tmp_path, capsys):
     paths = []
-    for index, primed in enumerate((True, True, None)):  # None: a report from before the setting existed
+    for index, primed in enumerate((True, True, None)):  # None: a report without the setting
         data = report("v1", {"a": ([1.0], [1.1]), "b": ([2.0], [2.2])})
         if primed is not None:
             data["settings"] = {"optimizer_primed": primed}
@@ -102,7 +91,7 @@ def test_cli_refuses_to_pool_runs_timed_over_primed_and_empty_optimizer_state(tm
         path.write_text(json.dumps(data))
         paths.append(str(path))
 
-    done = subprocess.run([sys.executable, str(SCRIPT), *paths[:2]], capture_output=True, text=True, check=True)
-    assert json.loads(done.stdout)["optimizer_primed"] is True
-    mixed = subprocess.run([sys.executable, str(SCRIPT), *paths], capture_output=True, text=True)
-    assert mixed.returncode != 0 and "optimizer_primed" in mixed.stderr and "Traceback" not in mixed.stderr
+    pool.main(paths[:2])
+    assert json.loads(capsys.readouterr().out)["optimizer_primed"] is True
+    with pytest.raises(SystemExit, match="optimizer_primed"):
+        pool.main(paths)

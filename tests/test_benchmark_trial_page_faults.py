@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from conftest import load_benchmark
+import pytest
+
+from benchmarks import trial_page_faults as bench
 
 
+@pytest.mark.slow
 def test_one_strategy_reports_step_times_page_faults_and_their_ratio() -> None:
-    bench = load_benchmark("trial_page_faults")
     result = bench.measure("dlrm", "AllReduce", steps=2, warmup=1, glibc_defaults=True)
     assert set(result) == {"AllReduce", "undistributed", "over_undistributed"}
     for copy in ("AllReduce", "undistributed"):

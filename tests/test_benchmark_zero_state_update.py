@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import load_benchmark
+
+from benchmarks import zero_state_update as bench
 
 
 def test_reports_every_zero_share_and_the_slowdowns_it_derives() -> None:
-    bench = load_benchmark("zero_state_update")
     report = bench.measure(repeats=1, elements=1 << 14)
     assert report["elements"] == 1 << 14
     assert set(report["adam_slowdown"]) == {str(share) for share in bench.ZERO_SHARES}
@@ -21,7 +21,7 @@ def test_zero_gradients_leave_the_adam_state_at_zero() -> None:
     """The premise of the measurement: an entry whose gradient is always zero keeps a zero second moment."""
     import torch
 
-    step = load_benchmark("zero_state_update")._adam(0.5, 1 << 12)
+    step = bench._adam(0.5, 1 << 12)
     step()
     optimizer = step.__self__
     (state,) = optimizer.state.values()

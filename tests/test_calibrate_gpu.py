@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
+from cli_helpers import assert_one_line_error, run_cli
 from conftest import make_embedding_graph, make_mlp_graph
-from test_cli_bad_input import assert_one_line_error
-from test_cli_service import run_cli
 
 from simulator import simulate
 from stratagem.builders import DataParallel

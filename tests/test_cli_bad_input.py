@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import assert_one_line_error, run_cli
 from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
-from test_cli_service import run_cli
-from test_client_helpers import closed_port_url, free_port, served
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem
 from stratagem.errors import NotFoundError, RequestRejectedError, ServiceError, StratagemError
+from stratagem.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_4X_T4 = ROOT / "examples" / "specs" / "4x_t4.yml"
@@ -34,12 +34,6 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with served(f"sqlite:///{tmp_path_factory.mktemp('bad_input') / 'service.db'}") as address:
         yield address
-
-
-def assert_one_line_error(code: int, err: str, message: str) -> None:
-    assert code == 2, err
-    assert message in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 # --- files handed to `optimize` -----------------------------------------------------------------
@@ -249,6 +243,7 @@ def test_a_failed_trials_export_leaves_the_existing_file_as_it_was(
 # --- files this user may not read or write -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_files_without_permission_are_one_line_errors_naming_the_option(tmp_path: Path) -> None:
     """chmod 000 and a read-only folder; as root the CLI runs without the capabilities that bypass them."""
     prefix: list[str] = []
@@ -299,7 +294,7 @@ def test_files_without_permission_are_one_line_errors_naming_the_option(tmp_path
 
 def test_jobs_show_sends_the_id_as_one_path_segment(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["jobs", "show", "../../healthz", "--url", url], capsys)
-    assert_one_line_error(code, err, "-> 404")  # before: GET /healthz, then a KeyError trace
+    assert_one_line_error(code, err, "-> 404")  # not GET /healthz read as a job
     assert out == ""
     code, _, err = run_cli(["jobs", "show", "", "--url", url], capsys)
     assert_one_line_error(code, err, "job_id: expected an id, got ''")
@@ -353,6 +348,7 @@ def test_db_upgrade_to_an_unknown_revision_names_the_option(tmp_path: Path, caps
     assert_one_line_error(code, err, "--revision 'bogus': Can't locate revision identified by 'bogus'")
 
 
+@pytest.mark.slow
 def test_launch_refuses_what_every_rank_would_die_of(tmp_path: Path) -> None:
     strategy = tmp_path / "strategy.json"
     strategy.write_text("{}")
@@ -451,7 +447,7 @@ def test_answers_that_are_not_the_services_raise_service_error(not_a_service: st
 def test_ids_are_one_path_segment_and_empty_ones_are_refused(url: str) -> None:
     with stratagem.Client(url) as client:
         with pytest.raises(NotFoundError):
-            client.job("../../healthz")  # before: the health answer, read as a job
+            client.job("../../healthz")  # not the health answer read as a job
         with pytest.raises(NotFoundError):
             client.strategy("../../healthz")
         for bad in ("", "..", None):
@@ -513,6 +509,7 @@ def test_serve_refuses_a_worker_count_the_database_pool_cannot_serve(
     assert_one_line_error(code, err, f"workers: Input should be {reason}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [

@@ -15,16 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from cli_helpers import run_cli
 from conftest import make_cpu_cluster, make_embedding_graph, make_mlp_graph, make_t4_cluster
-from test_client_helpers import closed_port_url, free_port, served
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem
-from stratagem.cli import main
 from stratagem.cli import trials as trials_cli
 from stratagem.ir import ModelGraph, Strategy
-
-pytest_plugins = ["service_fixtures"]
+from stratagem.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_4X_T4 = ROOT / "examples" / "specs" / "4x_t4.yml"
@@ -34,12 +32,6 @@ SPEC_4X_T4 = ROOT / "examples" / "specs" / "4x_t4.yml"
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with served(f"sqlite:///{tmp_path_factory.mktemp('cli') / 'service.db'}") as address:
         yield address
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    streams = capsys.readouterr()
-    return code, streams.out, streams.err
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -488,6 +480,7 @@ def test_without_the_service_installed_its_commands_say_how_to_install_it(
     )
 
 
+@pytest.mark.slow
 def test_the_cli_loads_only_the_services_command_registrations_until_a_server_command_runs() -> None:
     script = (
         "import sys\n"

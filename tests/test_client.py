@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_cpu_cluster, make_embedding_graph, make_mlp_graph, make_t4_cluster
-from test_client_helpers import closed_port_url, served
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem
 from stratagem.builders import BUILDERS

@@ -11,7 +11,6 @@ machine; screenshots go to `artifacts/dashboard/`.
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,11 +23,12 @@ import httpx
 import pytest
 import uvicorn
 from conftest import make_embedding_graph, make_t4_cluster
-from test_dashboard_helpers import XSS_NAME, hostile_graph, record_failed_trial, record_trials, submit, wait_until
-from test_service_helpers import service_settings
+from dashboard_helpers import XSS_NAME, hostile_graph, record_failed_trial, record_trials, submit, wait_until
+from service_helpers import service_settings
 
 from optimizer_service.app import create_app
 from simulator.learned import Trainer
+from stratagem.runtime.launch import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -57,19 +57,13 @@ class Site:
     jobs: list[dict[str, Any]]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     database = tmp_path_factory.mktemp("dashboard") / "dashboard.db"
     app = create_app(
         service_settings(f"sqlite:///{database}", workers=1), cost_model_trainer=Trainer(n_bootstrap=2, n_estimators=20)
     )
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

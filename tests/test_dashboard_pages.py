@@ -13,8 +13,7 @@ import statistics
 from pathlib import Path
 
 from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
-from fastapi.testclient import TestClient
-from test_dashboard_helpers import (
+from dashboard_helpers import (
     XSS_LAYER,
     XSS_NAME,
     candidates,
@@ -24,14 +23,13 @@ from test_dashboard_helpers import (
     submit,
     wait_until,
 )
+from fastapi.testclient import TestClient
 
 from models import StrategyRow, utcnow
 from optimizer_service.dashboard import formatting
 from optimizer_service.dashboard.router import plotly_js_path
 from optimizer_service.db import make_engine, make_session_factory
 from simulator.learned import Trainer
-
-pytest_plugins = ["service_fixtures"]
 
 DONE = {"succeeded", "failed", "cancelled"}
 

@@ -17,8 +17,6 @@ from optimizer_service.core.documents import insert_if_absent, store_graph, stor
 from optimizer_service.db import make_engine, make_session_factory
 from stratagem.builders import Parallax
 
-pytest_plugins = ["service_fixtures"]
-
 
 @pytest.fixture
 def factory(database_url: str) -> Iterator[sessionmaker[Session]]:

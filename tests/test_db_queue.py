@@ -19,8 +19,6 @@ from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs import queue
 from optimizer_service.jobs.types import Progress
 
-pytest_plugins = ["service_fixtures"]
-
 
 @pytest.fixture
 def factory(database_url: str) -> Iterator[sessionmaker[Session]]:

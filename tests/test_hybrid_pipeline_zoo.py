@@ -1,6 +1,6 @@
 """The zoo's transformers (no nn.Sequential, loss inside forward, tied embedding and head) are cut into
 pipeline stages between their blocks and train as one process does, on real gloo ranks; the search
-now offers them pipelines, and what the traced route cannot run is refused before any collective.
+offers them pipelines, and what the traced route cannot run is refused before any collective.
 
 Each case trains STEPS steps of SGD with momentum through `loss = model(*batch); loss.backward()`,
 the trial worker's contract. One process trains on the mean over data-parallel slices of the mean

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_search_support import cluster, transformer_graph
+from search_graphs import cluster, transformer_graph
 
 from optimizer_service.search import search
 from optimizer_service.search.meshes import mesh_choices

@@ -252,7 +252,7 @@ def test_the_search_emits_no_layout_the_runtime_cannot_run_and_says_why(graphs: 
     "mesh", ["tensor(2)×pipeline(1)", "tensor(1)×pipeline(2), 2 micro-batches 1F1B, stages by compute"]
 )
 def test_a_searched_tensor_or_pipeline_layout_runs_as_a_service_trial(graphs: dict[str, ModelGraph], mesh: str) -> None:
-    """The path whose trials used to end `invalid`: the trial runner builds the zoo model itself."""
+    """The trial runner builds the zoo model itself and runs the searched layout to an `ok` trial."""
     from trial_runner import LocalBackend, Outcome, ZooWorkload, run_trial
 
     layouts = searched_layouts("gpt", graphs["gpt"], 2)

@@ -335,3 +335,15 @@ def test_loading_a_file_that_is_not_utf8_is_the_documents_own_error(tmp_path: Pa
     garbled.write_bytes(b"\xff\xfe{}")
     with pytest.raises(InvalidStrategyError, match="Invalid JSON"):
         Strategy.load(garbled)
+
+
+def test_synchronizers_at_their_defaults_keep_their_kind_in_the_content_id(mlp_graph, t4_2x4):
+    from stratagem.builders import AllReduce
+
+    graph = mlp_graph
+    allreduce = AllReduce().build(graph, t4_2x4)
+    sharded = allreduce.replace(
+        variables=[{"var_name": v.name, "synchronizer": {"kind": "sharded"}} for v in graph.trainable_variables]
+    )
+    assert allreduce.id != sharded.id
+    assert allreduce.id_content()["variables"][0]["synchronizer"] == {"kind": "allreduce"}

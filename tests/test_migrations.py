@@ -14,8 +14,6 @@ from sqlalchemy import Engine, create_engine, inspect
 import migrations
 import models
 
-pytest_plugins = ["service_fixtures"]
-
 TABLES = {"graphs", "resource_specs", "strategies", "jobs", "job_candidates", "trials", "cost_model_versions"}
 
 

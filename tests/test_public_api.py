@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import stratagem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +64,7 @@ def test_every_public_name_resolves_to_the_thing_it_names() -> None:
     assert issubclass(stratagem.NotFoundError, stratagem.ServiceError)
 
 
+@pytest.mark.slow
 def test_importing_stratagem_does_not_load_torch_or_the_server() -> None:
     code = (
         "import sys, stratagem, stratagem.ir, stratagem.client\n"

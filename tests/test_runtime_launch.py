@@ -87,6 +87,7 @@ def test_launch_reports_an_invalid_strategy_file_with_the_field_path(
     assert "replicas[0]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_launched_ranks_reuse_freed_memory_unless_the_user_tuned_malloc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

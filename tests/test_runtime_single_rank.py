@@ -123,7 +123,7 @@ def _kept_buffers(executor) -> list:
 
 @pytest.mark.parametrize("case", ["allreduce_groups", "ps_single", "sharded", "allreduce_hierarchical"])
 def test_dense_buckets_keep_their_flat_buffers_from_step_to_step(one_rank, case: str) -> None:
-    """A bucket allocated afresh every step faulted its pages in every step (docs/runtime.md)."""
+    """A bucket allocated afresh every step faults its pages in every step (docs/runtime.md)."""
     model = make_model("cnn")
     model, optimizer = distribute(model, make_optimizer("adam", model.parameters()), make_strategy(case, model, 1))
     batches = make_batches("cnn", steps=3, batch=6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_search_support import cluster, recommender_graph, transformer_graph
+from search_graphs import cluster, recommender_graph, transformer_graph
 
 from optimizer_service.search import SearchOptions
 from optimizer_service.search.assign import server_traffic

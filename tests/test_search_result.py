@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_search_support import cluster, one_variable_graph, recommender_graph, transformer_graph
+from search_graphs import cluster, one_variable_graph, recommender_graph, transformer_graph
 
 from optimizer_service.search import SearchCancelled, SearchOptions, SearchProgress, search
 from optimizer_service.search.guard import admissible
@@ -65,7 +65,7 @@ def test_every_builder_is_a_predicted_baseline_and_none_beats_the_answer(recomme
 
 def test_sparse_tables_make_parameter_servers_win_well_ahead_of_data_parallel(recommender_result) -> None:
     _, _, result = recommender_result
-    # 1.6x since principled-1.8 exposes every sparse pull (the runtime exchanges tables one at a time); 2.3x before
+    # about 1.6x: every sparse pull is exposed, as the runtime exchanges tables one at a time
     assert result.speedup_vs_data_parallel > 1.5
     best = result.candidates[0]
     sparse = {"table0.weight", "table1.weight", "table2.weight", "table3.weight"}

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from test_search_support import cluster, one_variable_graph, recommender_graph, transformer_graph
+from search_graphs import cluster, one_variable_graph, recommender_graph, transformer_graph
 
 from optimizer_service.search import SearchOptions, space_size
 from optimizer_service.search.assign import balanced_servers, set_allreduce, set_fusion
@@ -125,3 +125,11 @@ def test_compressed_and_relaxed_proposals_appear_only_when_allowed() -> None:
     assert (loose.batch.consistency != ConsistencyKind.BSP).sum() >= 2
     for i in range(len(loose.batch)):
         to_strategy(loose_space.context, loose.batch, i).validate_for(graph, resources)
+
+
+def test_the_search_graph_helpers_build_the_intended_documents() -> None:
+    transformer = transformer_graph(layers=2)
+    assert len(transformer.variables) == 1 + 2 * 10
+    recommender = recommender_graph()
+    assert [v.sparse for v in recommender.variables][:4] == [True] * 4
+    assert cluster(3, 2).num_devices == 6

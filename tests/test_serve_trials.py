@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import make_cpu_cluster, make_mlp_graph
-from test_client_helpers import free_port
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH
 
 import stratagem
 from optimizer_service.cli.serve import trials_note, with_embedded_trials
 from optimizer_service.jobs.trials import make_trial_executor
 from optimizer_service.settings import Settings
+from stratagem.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

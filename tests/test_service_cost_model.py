@@ -3,44 +3,20 @@
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from service_helpers import MeanRatioTrainer
 from sqlalchemy import select
 
 from models import CostModelVersion
 from optimizer_service.core import cost_model as core
-from optimizer_service.core.cost_model import TrainedCostModel, TrialSample, promotion
+from optimizer_service.core.cost_model import promotion
 from optimizer_service.db import make_engine, make_session_factory
 from stratagem.builders import AllReduce, DataParallel
 from stratagem.ir import ResourceSpec
-
-pytest_plugins = ["service_fixtures"]
-
-
-class MeanRatioTrainer:
-    """A test trainer honouring the protocol: the mean log(measured / predicted), as a JSON document."""
-
-    def __init__(self) -> None:
-        self.seen: list[TrialSample] = []
-        self.cross_validated: dict[str, dict[str, float]] = {}
-        """Scores to report as the trainer's cross-validation (simulator and corrected), if any."""
-
-    def train(self, samples: Sequence[TrialSample]) -> TrainedCostModel:
-        self.seen = list(samples)
-        ratios = [
-            math.log(s.measured_step_time_s / s.predicted_step_time_s) for s in samples if s.predicted_step_time_s
-        ]
-        bias = sum(ratios) / len(ratios) if ratios else 0.0
-        return TrainedCostModel(
-            model_json=json.dumps({"kind": "mean-log-ratio", "bias": bias}),
-            n_train=len(samples),
-            version=f"mean-{len(samples)}",
-            metrics={"mape": 0.1, "groups": len({s.group for s in samples}), **self.cross_validated},
-        )
 
 
 def _record_trials(client: TestClient, times: list[float], *, resources: ResourceSpec | None = None) -> None:

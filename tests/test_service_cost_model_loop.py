@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from service_helpers import optimize_body
 from sqlalchemy import select
-from test_service_helpers import optimize_body
 
 import simulator
 from models import CostModelVersion
@@ -33,8 +33,6 @@ from stratagem.builders import AllReduce, DataParallel, all_builders
 from stratagem.ir import ModelGraph, PredictedPerformance, ResourceSpec, Strategy
 from trial_runner import FakeBackend, TrialSpec
 from trial_runner.result import Outcome
-
-pytest_plugins = ["service_fixtures"]
 
 SLOWDOWN = 3.0
 """What every fake trial measures, relative to the simulator."""

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 
 from stratagem.ir import ModelGraph, ResourceSpec
-
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-
-pytest_plugins = ["service_fixtures"]
 
 AUTODIST_YAML = """
 nodes:

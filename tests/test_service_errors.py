@@ -11,8 +11,6 @@ from fastapi.testclient import TestClient
 
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
 
-pytest_plugins = ["service_fixtures"]
-
 
 def test_a_declared_content_length_over_the_limit_is_413(make_client) -> None:
     client: TestClient = make_client(workers=0, max_body_bytes=1000)

@@ -8,12 +8,10 @@ from typing import Any
 import pytest
 from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
-from test_service_helpers import QUICK_SEARCH, optimize_body, slow_search, wait_for
+from service_helpers import QUICK_SEARCH, optimize_body, slow_search, wait_for
 
 from stratagem.client import render_progress
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
-
-pytest_plugins = ["service_fixtures"]
 
 
 def test_a_job_runs_to_a_valid_best_strategy(make_client) -> None:

@@ -6,8 +6,6 @@ from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-pytest_plugins = ["service_fixtures"]
-
 
 def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     response = client.get("/metrics")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from conftest import make_mlp_graph, make_t4_cluster
 from served import Served
-from test_service_helpers import QUICK_SEARCH
+from service_helpers import QUICK_SEARCH
 
 pytest_plugins = ["service_fixtures"]
 

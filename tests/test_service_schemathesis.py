@@ -17,7 +17,7 @@ schemathesis = pytest.importorskip("schemathesis")
 hypothesis = pytest.importorskip("hypothesis")
 
 from schemathesis.checks import not_a_server_error  # noqa: E402
-from test_service_cost_model import MeanRatioTrainer  # noqa: E402
+from service_helpers import MeanRatioTrainer  # noqa: E402
 
 from optimizer_service.app import create_app  # noqa: E402
 from optimizer_service.settings import Settings  # noqa: E402

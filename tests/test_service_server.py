@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,19 +15,14 @@ from conftest import make_mlp_graph, make_t4_cluster
 
 import stratagem
 from stratagem.errors import NotFoundError
+from stratagem.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_the_served_app_answers_the_sdk_and_stops_cleanly(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": f"sqlite:///{tmp_path / 'served.db'}",

@@ -8,8 +8,6 @@ from fastapi.testclient import TestClient
 from stratagem.builders import PS
 from stratagem.ir import ShardedSynchronizer, Strategy
 
-pytest_plugins = ["service_fixtures"]
-
 
 def _store(client: TestClient, strategy: Strategy) -> None:
     graph, resources = make_mlp_graph(), make_t4_cluster(2)

@@ -7,15 +7,13 @@ from typing import Any
 import pytest
 from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
-from test_service_helpers import optimize_body, service_settings
+from service_helpers import optimize_body, service_settings
 
 from optimizer_service.app import create_app
 from optimizer_service.jobs.trials import TrialRunnerExecutor, workload_for
 from stratagem.builders import AllReduce, DataParallel
 from stratagem.ir import Strategy
 from trial_runner import FakeBackend, Outcome, ReplayWorkload, TrialSpec, ZooWorkload
-
-pytest_plugins = ["service_fixtures"]
 
 
 def _upload(client: TestClient, graph: Any, resources: Any) -> tuple[str, str]:

@@ -10,14 +10,12 @@ from typing import Any
 import pytest
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from service_helpers import optimize_body, service_settings, slow_search, wait_for
 from sqlalchemy import select, update
-from test_service_helpers import optimize_body, service_settings, slow_search, wait_for
 
 from models import Job, JobStatus, utcnow
 from optimizer_service.app import create_app
 from optimizer_service.db import make_engine, make_session_factory
-
-pytest_plugins = ["service_fixtures"]
 
 
 def _age_heartbeat(database_url: str, job_id: str, minutes: int = 10) -> None:

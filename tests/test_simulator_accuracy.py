@@ -1,4 +1,4 @@
-"""Simulator accuracy on CPU ranks: the scoring and record machinery of `benchmarks/simulator_accuracy.py`
+"""Simulator accuracy on CPU ranks: the scoring and record machinery of the accuracy benchmark
 (on synthetic records, no timing), how calibrated figures become a device kind, and the CPU figures'
 effect on predictions (convolution and optimizer efficiency, compute/communication overlap)."""
 
@@ -7,15 +7,26 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
-import math
 
 import numpy as np
 import pytest
-from conftest import load_benchmark, make_embedding_graph, make_mlp_graph
+from conftest import make_embedding_graph, make_mlp_graph
 
+from benchmarks.lib.records import Measured, Trial, read_records, record_line
+from benchmarks.lib.scoring import (
+    accuracy_report,
+    discordant_pairs,
+    load_adjusted,
+    load_adjusted_report,
+    noise_report,
+    predict,
+    resolved_pairs,
+    sign_test_p,
+    split_half_tau,
+)
 from simulator import compile_context, encode, simulate, simulate_batch
-from simulator.context import ADAPTIVE_SPARSE_STEP_COALESCES, COALESCE_PROBE_ROW_BYTES, SPARSE_STEP_COALESCES
 from simulator.ps import SPARSE_CHANGED_ROWS_COALESCES
+from simulator.variables import ADAPTIVE_SPARSE_STEP_COALESCES, COALESCE_PROBE_ROW_BYTES, SPARSE_STEP_COALESCES
 from stratagem.builders import PS, AllReduce, PartitionedPS
 from stratagem.calibrate.figures import (
     DEVICE_KIND,
@@ -29,11 +40,6 @@ from stratagem.calibrate.figures import (
     size_law,
 )
 from stratagem.ir import DeviceSpec, Layer, Link, ModelGraph, Node, ResourceSpec, Strategy, Variable
-
-
-@pytest.fixture(scope="module")
-def accuracy():
-    return load_benchmark("simulator_accuracy")
 
 
 def cpu_spec(**device: float | None) -> ResourceSpec:
@@ -61,32 +67,21 @@ def cpu_spec(**device: float | None) -> ResourceSpec:
 # -- metrics and records --------------------------------------------------------------------------------
 
 
-def test_mape_and_kendall_tau_match_hand_computed_values(accuracy):
-    assert accuracy.mape([1.0, 2.0], [1.1, 1.8]) == pytest.approx(0.1)
-    assert accuracy.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert accuracy.kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    # one swapped pair of six: (5 - 1) / 6
-    assert accuracy.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
-    # tau-b with a tie in the second ranking: 2 concordant, 0 discordant, 1 tie -> 2 / sqrt(3 * 2)
-    assert accuracy.kendall_tau([1, 2, 3], [1, 2, 2]) == pytest.approx(2 / math.sqrt(6))
-    assert math.isnan(accuracy.kendall_tau([1, 2, 3], [5, 5, 5]))
-
-
-def test_records_round_trip_into_pairs_with_rounds_and_failures(accuracy, tmp_path):
+def test_records_round_trip_into_pairs_with_rounds_and_failures(tmp_path):
     graph, resources = make_mlp_graph(), cpu_spec()
     strategies = [AllReduce().build(graph, resources), PS().build(graph, resources)]
     lines = []
     for round_medians in ((0.10, 0.30), (0.12, 0.34), (0.11, None)):
         for strategy, median in zip(strategies, round_medians, strict=True):
             result = {"outcome": "ok", "median_s": median} if median else {"outcome": "hang", "median_s": None}
-            lines.append(accuracy.record_line(graph, resources, strategy, result))
+            lines.append(record_line(graph, resources, strategy, result))
     path = tmp_path / "records.jsonl"
     path.write_text("\n".join(lines) + "\n")
     first = json.loads(lines[0])
     assert set(first) == {"graph", "resources", "strategy", "result"}
     assert ResourceSpec.parse(first["resources"]).id == resources.id
 
-    pairs = {p.name: p for p in accuracy.read_records(path)}
+    pairs = {p.name: p for p in read_records(path)}
     assert set(pairs) == {"AllReduce", "PS"}
     assert [t.median_s for t in pairs["AllReduce"].trials] == [0.10, 0.12, 0.11]
     assert pairs["AllReduce"].measured == pytest.approx(0.11)
@@ -94,39 +89,37 @@ def test_records_round_trip_into_pairs_with_rounds_and_failures(accuracy, tmp_pa
     assert pairs["PS"].spread == pytest.approx(0.04 / 0.32)
     assert all(t.resources.id == resources.id for p in pairs.values() for t in p.trials)
 
-    accuracy.predict(list(pairs.values()))
+    predict(list(pairs.values()))
     expected = simulate(graph, resources, strategies)
     assert pairs["AllReduce"].predicted == pytest.approx(expected[0].step_time_s)
     assert pairs["PS"].trials[2].predicted_s == pytest.approx(expected[1].step_time_s)
-    report = accuracy.accuracy_report(list(pairs.values()))
+    report = accuracy_report(list(pairs.values()))
     assert report["overall"]["n"] == 2 and report["models"]["mlp"]["n"] == 2
     errors = [abs(p.predicted - p.measured) / p.measured for p in pairs.values()]
     assert report["overall"]["mape"] == pytest.approx(sum(errors) / 2, abs=1e-4)
 
 
 @pytest.mark.parametrize("suffix, compress", [(".xz", lzma.compress), (".gz", gzip.compress)])
-def test_compressed_records_read_as_the_plain_file(accuracy, tmp_path, suffix, compress):
+def test_compressed_records_read_as_the_plain_file(tmp_path, suffix, compress):
     graph, resources = make_mlp_graph(), cpu_spec()
     strategy = AllReduce().build(graph, resources)
-    text = "".join(
-        accuracy.record_line(graph, resources, strategy, {"outcome": "ok", "median_s": m}) + "\n" for m in (0.1, 0.2)
-    )
+    text = "".join(record_line(graph, resources, strategy, {"outcome": "ok", "median_s": m}) + "\n" for m in (0.1, 0.2))
     plain, packed = tmp_path / "records.jsonl", tmp_path / f"records.jsonl{suffix}"
     plain.write_text(text)
     packed.write_bytes(compress(text.encode()))
 
     assert packed.stat().st_size < plain.stat().st_size
-    [expected], [got] = accuracy.read_records(plain), accuracy.read_records(packed)
+    [expected], [got] = read_records(plain), read_records(packed)
     assert [t.median_s for t in got.trials] == [t.median_s for t in expected.trials] == [0.1, 0.2]
     assert got.graph.id == expected.graph.id and got.name == expected.name == "AllReduce"
 
 
-def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
+def test_report_scores_ranking_within_each_model_and_pooled():
     graph = make_mlp_graph()
 
     def pair(model: str, measured: float, predicted: float):
-        trials = [accuracy.Trial(cpu_spec(), None, measured, predicted_s=predicted) for _ in range(2)]
-        return accuracy.Measured(model, f"{model}-{measured}", graph, trials)
+        trials = [Trial(cpu_spec(), None, measured, predicted_s=predicted) for _ in range(2)]
+        return Measured(model, f"{model}-{measured}", graph, trials)
 
     # model a: ranked right, 10% off; model b: ranked backwards, exact on average
     pairs = [
@@ -136,63 +129,61 @@ def test_report_scores_ranking_within_each_model_and_pooled(accuracy):
         pair("b", 10.0, 12.0),
         pair("b", 12.0, 10.0),
     ]
-    report = accuracy.accuracy_report(pairs)
+    report = accuracy_report(pairs)
     assert report["models"]["a"] == {"n": 3, "mape": pytest.approx(0.1), "kendall_tau": pytest.approx(1.0)}
     assert report["models"]["b"]["kendall_tau"] == pytest.approx(-1.0)
     assert report["overall"]["kendall_tau_within"] == pytest.approx(0.0)
     assert report["overall"]["kendall_tau"] > 0.5  # pooled: the models' scales dominate
     assert report["overall"]["meets_targets"] is False
-    assert accuracy.noise_report(pairs)["median_round_spread"] == 0.0
+    assert noise_report(pairs)["median_round_spread"] == 0.0
 
 
-def test_split_half_tau_ranks_the_even_rounds_against_the_odd_ones(accuracy):
+def test_split_half_tau_ranks_the_even_rounds_against_the_odd_ones():
     graph = make_mlp_graph()
 
     def pair(name: str, rounds: list[float]):
-        return accuracy.Measured("m", name, graph, [accuracy.Trial(cpu_spec(), None, t) for t in rounds])
+        return Measured("m", name, graph, [Trial(cpu_spec(), None, t) for t in rounds])
 
     # even rounds (1st, 3rd) rank x < y < z; odd rounds (2nd, 4th) rank y < x < z
     members = [pair("x", [1.0, 2.0, 1.0, 2.0]), pair("y", [1.5, 1.0, 1.5, 1.0]), pair("z", [3.0, 3.0, 3.0, 3.0])]
-    assert accuracy.split_half_tau(members) == pytest.approx(1 / 3)
-    assert accuracy.split_half_tau([pair("x", [1.0]), pair("y", [2.0])]) is None  # one round: nothing to split
-    assert accuracy.noise_report(members)["kendall_tau_split_half_within"] == pytest.approx(1 / 3, abs=1e-4)
+    assert split_half_tau(members) == pytest.approx(1 / 3)
+    assert split_half_tau([pair("x", [1.0]), pair("y", [2.0])]) is None  # one round: nothing to split
+    assert noise_report(members)["kendall_tau_split_half_within"] == pytest.approx(1 / 3, abs=1e-4)
 
 
-def test_load_adjustment_divides_out_what_moved_a_whole_block(accuracy):
+def test_load_adjustment_divides_out_what_moved_a_whole_block():
     graph = make_mlp_graph()
     blocks = [cpu_spec(launch_overhead_s=20e-6 * (i + 1)) for i in range(4)]
     assert len({b.id for b in blocks}) == 4
     load = [1.0, 2.0, 1.0, 4.0]  # the machine's drift: every strategy in block 2 and 4 ran slower alike
 
     def pair(name: str, base: float, jitter: list[float]):
-        trials = [
-            accuracy.Trial(spec, None, base * factor * j) for spec, factor, j in zip(blocks, load, jitter, strict=True)
-        ]
-        return accuracy.Measured("m", name, graph, trials)
+        trials = [Trial(spec, None, base * factor * j) for spec, factor, j in zip(blocks, load, jitter, strict=True)]
+        return Measured("m", name, graph, trials)
 
     members = [
         pair("x", 1.0, [1.0, 1.0, 1.0, 1.0]),
         pair("y", 1.5, [1.0, 1.0, 1.0, 1.0]),
         pair("z", 3.0, [1.0, 1.0, 1.0, 1.0]),
     ]
-    adjusted = accuracy.load_adjusted(members)
+    adjusted = load_adjusted(members)
     for before, after, base in zip(members, adjusted, (1.0, 1.5, 3.0), strict=True):
         times = [t.median_s for t in after.trials]
         assert max(times) == pytest.approx(min(times))  # the drift is gone ...
         assert after.measured == pytest.approx(base * 1.5)  # ... at the job's median load (1.5)
         assert after.spread == pytest.approx(0.0, abs=1e-9) and before.spread > 1
-    report = accuracy.load_adjusted_report(members)
+    report = load_adjusted_report(members)
     assert report["noise"]["median_round_spread"] == pytest.approx(0.0, abs=1e-4)
-    one_block = [accuracy.Measured("m", "x", graph, [accuracy.Trial(blocks[0], None, 1.0)])]
-    assert accuracy.load_adjusted(one_block)[0].trials[0].median_s == 1.0  # one block: nothing to divide
+    one_block = [Measured("m", "x", graph, [Trial(blocks[0], None, 1.0)])]
+    assert load_adjusted(one_block)[0].trials[0].median_s == 1.0  # one block: nothing to divide
 
 
-def test_discordant_pairs_tell_systematic_misses_from_coin_flips(accuracy):
+def test_discordant_pairs_tell_systematic_misses_from_coin_flips():
     graph = make_mlp_graph()
 
     def pair(name: str, rounds: list[float], predicted: float) -> object:
-        trials = [accuracy.Trial(cpu_spec(), None, t, predicted_s=predicted) for t in rounds]
-        return accuracy.Measured("m", name, graph, trials)
+        trials = [Trial(cpu_spec(), None, t, predicted_s=predicted) for t in rounds]
+        return Measured("m", name, graph, trials)
 
     # x beats y in 4 of 4 rounds and z in 2 of 4; the prediction puts x last
     members = [
@@ -200,19 +191,19 @@ def test_discordant_pairs_tell_systematic_misses_from_coin_flips(accuracy):
         pair("y", [2.0, 2.0, 2.0, 2.0], 2.0),
         pair("z", [0.9, 1.1, 0.95, 1.15], 1.0),
     ]
-    found = {(d["faster"], d["slower"]): d for d in accuracy.discordant_pairs(members)}
+    found = {(d["faster"], d["slower"]): d for d in discordant_pairs(members)}
     assert set(found) == {("x", "y"), ("x", "z")}  # z's median is 1.025, so x is measured faster than both
     assert found[("x", "y")]["rounds_agreeing"] == 1.0 and found[("x", "y")]["systematic"]
     assert found[("x", "z")]["rounds_agreeing"] == 0.5 and not found[("x", "z")]["systematic"]
 
 
-def test_sign_test_matches_the_binomial_tails(accuracy):
-    assert accuracy.sign_test_p(8, 8) == pytest.approx(2 / 256)  # every round agreeing: p = 0.0078
-    assert accuracy.sign_test_p(1, 8) == pytest.approx(2 * 9 / 256)  # 7 of 8: p = 0.07, not resolved at 0.05
-    assert accuracy.sign_test_p(4, 8) == 1.0 and accuracy.sign_test_p(0, 0) == 1.0
+def test_sign_test_matches_the_binomial_tails():
+    assert sign_test_p(8, 8) == pytest.approx(2 / 256)  # every round agreeing: p = 0.0078
+    assert sign_test_p(1, 8) == pytest.approx(2 * 9 / 256)  # 7 of 8: p = 0.07, not resolved at 0.05
+    assert sign_test_p(4, 8) == 1.0 and sign_test_p(0, 0) == 1.0
 
 
-def test_resolved_pairs_score_only_the_order_the_rounds_establish(accuracy):
+def test_resolved_pairs_score_only_the_order_the_rounds_establish():
     rounds = {
         "m": {
             "fast": ([1.0] * 8, [1.5] * 8),
@@ -224,7 +215,7 @@ def test_resolved_pairs_score_only_the_order_the_rounds_establish(accuracy):
     }
     # resolved: fast-slow, fast-tied, slow-miss, tied-miss, tied-coin (coin faster in 7 of 7) right;
     # fast-miss wrong; slow-tied priced equal
-    report = accuracy.resolved_pairs(rounds)
+    report = resolved_pairs(rounds)
     assert report["models"]["m"] == {
         "pairs": 10,
         "resolved": 7,
@@ -234,7 +225,7 @@ def test_resolved_pairs_score_only_the_order_the_rounds_establish(accuracy):
     }
     assert report["overall"]["resolved"] == 7 and report["alpha"] == 0.05
     flat = ([1.0] * 8, [1.0] * 8)
-    assert accuracy.resolved_pairs({"m": {"a": flat, "b": flat}})["overall"]["kendall_tau_resolved"] is None
+    assert resolved_pairs({"m": {"a": flat, "b": flat}})["overall"]["kendall_tau_resolved"] is None
 
 
 # -- calibration figures ----------------------------------------------------------------------------------
@@ -901,32 +892,3 @@ def test_sparse_gradients_are_coalesced_at_the_coalesce_efficiency():
         simulate(sgd, spec, [AllReduce().build(sgd, spec)])[0].breakdown["optimizer_update"] for spec in (slow, fast)
     ]
     assert update[0] - update[1] == pytest.approx(extra_per_pass, rel=1e-6)
-
-
-def test_before_1_11_prices_a_spec_as_earlier_versions_read_it(accuracy):
-    from stratagem.calibrate import spec_from_figures
-
-    figures = {
-        "ranks": 2,
-        "threads": 1,
-        "allreduce_bytes": [4, 4096, 1 << 18, 1 << 21, 1 << 23],
-        "allreduce_seconds": [1e-3, 1e-3, 1.2e-3, 3e-3, 1.2e-2],
-        "spare_cores": 0,
-        "matmul_flops": 5e10,
-        "bf16_flops": 1e10,
-        "conv_flops": 3e10,
-        "copy_bandwidth": 1e10,
-        "elementwise_rate": 5e9,
-        "norm_rate": 3e9,
-        "layer_overhead_s": 1e-5,
-        "optimizer_rate": 3e9,
-        "overlap": 0.0,
-        "half_reduce_efficiency": 0.5,
-    }
-    new = spec_from_figures({**figures, "stream_rate": 9e9, "half_wire_efficiency": 0.93})
-    assert new.device_spec("CPU").stream_efficiency == pytest.approx(0.9)
-    old = accuracy.before_1_11(new).device_spec("CPU")
-    assert old.stream_efficiency is None and old.half_reduce_efficiency == pytest.approx(0.93)
-    # a spec calibrated before 1.11 has no bare-wire figure: its own half_reduce_efficiency is already that
-    earlier = spec_from_figures(figures)
-    assert accuracy.before_1_11(earlier) is earlier

@@ -192,6 +192,7 @@ def bucket_paths(rank: int, world: int, payload: dict) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_the_probes_time_the_runtimes_own_buckets():
     mean = (1 + 2) / 2
     for result in run_ranks("test_simulator_calibration:bucket_paths", 2, timeout_s=120):

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from optimizer_service.dashboard.knobs import ASP_STALENESS, Knobs
-from simulator import BREAKDOWN_KEYS
+from simulator import BREAKDOWN_KEYS, metrics
 
 Figure = dict[str, Any]
 
@@ -138,7 +138,7 @@ def step_time_over_time(times: Sequence[str], step_times: Sequence[float], label
 
 def mape(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
     pairs = [(p, m) for p, m in zip(predicted, measured, strict=True) if m > 0]
-    return sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else None
+    return metrics.mape(measured=[m for _, m in pairs], predicted=[p for p, _ in pairs]) if pairs else None
 
 
 def predicted_vs_measured_scatter(

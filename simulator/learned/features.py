@@ -34,7 +34,7 @@ _COMPONENT_RULES: tuple[tuple[str, frozenset[str]], ...] = (
 )
 """The first rule sharing a word with the key wins, so the order resolves overlaps (`pipeline_bubble` is a
 bubble, `reduce_scatter` is sharded). The simulator's keys today: compute, tensor_parallel,
-pipeline_bubble, pipeline_p2p, allreduce, sharded, ps, optimizer_update."""
+pipeline_bubble, pipeline_p2p, allreduce, sharded, ps, optimizer_update, context_parallel (`other`)."""
 
 
 def breakdown_component(key: str) -> str:

@@ -9,16 +9,15 @@ that has seen a job's other strategies would look better than it will on a new j
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from scipy.stats import kendalltau
 from sklearn.model_selection import GroupKFold
 
 from simulator.learned.features import FeatureMatrix
+from simulator.metrics import kendall_tau_within_groups, mape, mean_abs_log_error, top1_regret
 from stratagem.errors import InvalidDocumentError, Problem
 
 
@@ -45,50 +44,12 @@ class Scores:
         return asdict(self)
 
 
-def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
-    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
-    return float(np.mean(np.abs(predicted - measured) / measured)) if measured.size else math.nan
-
-
-def mean_abs_log_error(measured: np.ndarray, predicted: np.ndarray) -> float:
-    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
-    return float(np.mean(np.abs(np.log(predicted / measured)))) if measured.size else math.nan
-
-
-def _by_group(groups: Sequence[str]) -> dict[str, list[int]]:
-    members: dict[str, list[int]] = defaultdict(list)
-    for index, group in enumerate(groups):
-        members[group].append(index)
-    return members
-
-
-def kendall_tau_within_groups(measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> float:
-    """Jobs with one trial, or where either side is constant, have no order to compare and are skipped."""
-    taus = []
-    for rows in _by_group(groups).values():
-        if len(rows) < 2:
-            continue
-        tau = kendalltau(np.asarray(measured)[rows], np.asarray(predicted)[rows]).statistic
-        if not math.isnan(tau):
-            taus.append(float(tau))
-    return float(np.mean(taus)) if taus else math.nan
-
-
-def top1_regret(measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> float:
-    regrets = []
-    measured, predicted = np.asarray(measured, float), np.asarray(predicted, float)
-    for rows in _by_group(groups).values():
-        chosen = rows[int(np.argmin(predicted[rows]))]
-        regrets.append(measured[chosen] / measured[rows].min() - 1.0)
-    return float(np.mean(regrets)) if regrets else math.nan
-
-
-def score(measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> Scores:
+def score(*, measured: np.ndarray, predicted: np.ndarray, groups: Sequence[str]) -> Scores:
     return Scores(
-        mape=mape(measured, predicted),
-        log_error=mean_abs_log_error(measured, predicted),
-        kendall_tau=kendall_tau_within_groups(measured, predicted, groups),
-        top1_regret=top1_regret(measured, predicted, groups),
+        mape=mape(measured=measured, predicted=predicted),
+        log_error=mean_abs_log_error(measured=measured, predicted=predicted),
+        kendall_tau=kendall_tau_within_groups(measured=measured, predicted=predicted, groups=groups),
+        top1_regret=top1_regret(measured=measured, predicted=predicted, groups=groups),
         n=len(groups),
         n_groups=len(set(groups)),
     )
@@ -121,8 +82,8 @@ def cross_validate(make_model: Callable[[], Predictor], data: FeatureMatrix, *, 
     splits = min(n_splits, n_groups)
     predicted = out_of_fold(make_model, data, n_splits=splits)
     return CrossValidation(
-        simulator=score(data.measured_s, data.simulated_s, data.groups),
-        corrected=score(data.measured_s, predicted, data.groups),
+        simulator=score(measured=data.measured_s, predicted=data.simulated_s, groups=data.groups),
+        corrected=score(measured=data.measured_s, predicted=predicted, groups=data.groups),
         n_splits=splits,
     )
 

@@ -17,7 +17,9 @@ GIGA = 1e9
 class DeviceSpec(Strict):
     name: str
     peak_flops: dict[str, float]
-    """Peak FLOP/s per dtype name (`float32`, `float16`, `bfloat16`)."""
+    """Peak FLOP/s per dtype name: `float32` (IEEE fp32, what PyTorch's matmuls run at by default),
+    `tf32` (TF32 tensor cores, where the device has them), `float16`, `bfloat16` and `float8` (fp8 tensor
+    cores, where the device has them)."""
     memory_bytes: float = Field(gt=0)
     memory_bandwidth: float = Field(gt=0)
     """Bytes per second between the device's memory and its cores."""
@@ -127,9 +129,19 @@ class DeviceSpec(Strict):
 
 
 def _gpu(
-    name: str, fp32: float, fp16: float, memory_gb: float, bandwidth_gbs: float, tf32: float | None = None
+    name: str,
+    fp32: float,
+    fp16: float,
+    memory_gb: float,
+    bandwidth_gbs: float,
+    tf32: float | None = None,
+    fp8: float | None = None,
 ) -> DeviceSpec:
-    flops = {"float32": (tf32 or fp32) * TERA, "float16": fp16 * TERA, "bfloat16": fp16 * TERA}
+    flops = {"float32": fp32 * TERA, "float16": fp16 * TERA, "bfloat16": fp16 * TERA}
+    if tf32 is not None:
+        flops["tf32"] = tf32 * TERA
+    if fp8 is not None:
+        flops["float8"] = fp8 * TERA
     if name == "T4" or name.startswith("V100"):
         flops["bfloat16"] = fp32 * TERA
     return DeviceSpec(name=name, peak_flops=flops, memory_bytes=memory_gb * GIGA, memory_bandwidth=bandwidth_gbs * GIGA)
@@ -143,8 +155,8 @@ CATALOG: dict[str, DeviceSpec] = {
         _gpu("V100-16GB", 15.7, 125, 16, 900),
         _gpu("A100-40GB", 19.5, 312, 40, 1555, tf32=156),
         _gpu("A100-80GB", 19.5, 312, 80, 2039, tf32=156),
-        _gpu("H100", 67, 989, 80, 3350, tf32=494),
-        _gpu("H200", 67, 989, 141, 4800, tf32=494),
+        _gpu("H100", 67, 989, 80, 3350, tf32=494, fp8=1979),
+        _gpu("H200", 67, 989, 141, 4800, tf32=494, fp8=1979),
         DeviceSpec(
             name="CPU",
             peak_flops={"float32": 0.5 * TERA, "float16": 0.1 * TERA, "bfloat16": 0.25 * TERA},

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -102,8 +102,10 @@ class Document(Strict):
         return content_hash(self.id_content())
 
     def id_content(self) -> dict[str, Any]:
-        """What the content id covers: every field but the excluded ones, defaults left out."""
-        return self.model_dump(mode="json", exclude=set(self._id_excluded), exclude_defaults=True)
+        """What the content id covers: every field but the excluded ones, defaults left out, except the
+        tag of a union member (a synchronizer's `kind`), which says what its other fields mean."""
+        content = self.model_dump(mode="json", exclude=set(self._id_excluded), exclude_defaults=True)
+        return _with_tags(self, content)
 
     def replace(self, **changes: Any) -> Self:
         """A validated copy with some fields changed (and a fresh id)."""
@@ -152,6 +154,24 @@ class Document(Strict):
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
+
+
+def _with_tags(value: Any, content: Any) -> Any:
+    """`content`, a defaults-excluded dump of `value`, with each union member's tag put back: a
+    sharded synchronizer at its defaults and an all-reduce one at theirs would otherwise both dump as
+    `{}` and share an id."""
+    if isinstance(value, BaseModel) and isinstance(content, dict):
+        for name, item in content.items():
+            content[name] = _with_tags(getattr(value, name), item)
+        for name, field in type(value).model_fields.items():
+            tag = get_args(field.annotation)
+            if get_origin(field.annotation) is Literal and len(tag) == 1:
+                content.setdefault(name, tag[0])
+    elif isinstance(value, list | tuple) and isinstance(content, list):
+        return [_with_tags(v, c) for v, c in zip(value, content, strict=True)]
+    elif isinstance(value, dict) and isinstance(content, dict):
+        return {key: _with_tags(value[key], item) for key, item in content.items()}
+    return content
 
 
 def _document_kinds() -> list[type[Document]]:

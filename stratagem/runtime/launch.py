@@ -51,9 +51,9 @@ def _env_int(name: str, default: int) -> int:
         raise UnsupportedStrategyError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

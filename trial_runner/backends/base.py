@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Protocol, runtime_checkable
 
+from stratagem.runtime.launch import free_port as free_port
 from trial_runner.result import TrialResult
 from trial_runner.spec import TrialSpec
 
@@ -16,10 +16,3 @@ class TrialBackend(Protocol):
     def run(self, spec: TrialSpec) -> TrialResult:
         """Run the trial to its end and return the result; failures are outcomes, never exceptions."""
         ...
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now, for rank 0's rendezvous store."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])

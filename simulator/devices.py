@@ -1,0 +1,259 @@
+"""What the simulator knows about the machines, as arrays: devices `d` (`resources.all_devices`, node by
+node), nodes `j`, their links, and device kinds `k` with the figures the roofline and memory model read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator import collectives
+from simulator.precision import Peaks, peaks
+from stratagem.errors import InvalidResourceSpecError, Problem
+from stratagem.ir import DeviceSpec, Node, ResourceSpec
+
+
+@dataclass(frozen=True)
+class DeviceKinds:
+    """Per device kind k: the figures the roofline and memory model read (all from the resource spec)."""
+
+    specs: list[DeviceSpec]
+    peak_flops: np.ndarray
+    """FLOP/s at the graph's dtype."""
+    memory_bandwidth: np.ndarray
+    matmul_efficiency: np.ndarray
+    elementwise_efficiency: np.ndarray
+    launch_overhead_s: np.ndarray
+    memory_bytes: np.ndarray
+    conv_efficiency: np.ndarray
+    """Convolutions' fraction of peak (the spec's `conv_efficiency`, else `matmul_efficiency`)."""
+    norm_efficiency: np.ndarray
+    """Normalizations' fraction of memory bandwidth (the spec's `norm_efficiency`, else `elementwise_efficiency`)."""
+    optimizer_efficiency: np.ndarray
+    """The optimizer update's fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    stream_efficiency: np.ndarray
+    """Plain streaming passes' fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    cast_efficiency: np.ndarray
+    """Dtype conversions' fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    select_efficiency: np.ndarray
+    """Top-k selection's fraction of memory bandwidth, per pass over its input (else `elementwise_efficiency`)."""
+    full_select_efficiency: np.ndarray
+    """The same where the runtime selects in one full `topk` (else `select_efficiency`)."""
+    lowrank_efficiency: np.ndarray
+    """PowerSGD's passes' fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    coalesce_efficiency: np.ndarray
+    """Coalescing a sparse gradient's fraction of memory bandwidth (else `elementwise_efficiency`)."""
+    scatter_efficiency: np.ndarray
+    """Reduce-scatter's and all-gather's fraction of the link bandwidth all-reduce reaches (else 1)."""
+    gather_efficiency: np.ndarray
+    """An all-gather into one tensor per rank (sparse rows, top-k): its fraction of the link bandwidth (else 1)."""
+    half_reduce_efficiency: np.ndarray
+    """A half-precision all-reduce's speed per byte relative to fp32 (else 1)."""
+    optimizer_tensor_s: np.ndarray
+    """Seconds an update pays per tensor stepped, beyond its bytes (else 0)."""
+    reduce_efficiency: np.ndarray
+    """A reduce to one rank (a PS push): its speed per byte relative to the link's all-reduce bandwidth (else 1)."""
+    broadcast_efficiency: np.ndarray
+    """A broadcast from one rank (a PS pull): the same (else 1)."""
+    lowrank_round_s: np.ndarray
+    """A PowerSGD bucket's two dependent all-reduces beyond their bytes, seconds (else 0: two link latencies)."""
+    comm_overlap: np.ndarray
+    """Share of communication time that can hide behind compute on this kind (1: all of it)."""
+    comm_latency_contention: np.ndarray
+    """Latencies a collective running during compute takes from it beyond that share (0 on GPUs)."""
+    peaks: Peaks
+    """Matmul, convolution and attention peaks per precision (`simulator.precision`)."""
+
+
+@dataclass(frozen=True)
+class ServerPrice:
+    """Per device d as a parameter server: what a byte or a round trip costs there (see `simulator.ps`)."""
+
+    inv_nic: np.ndarray
+    """Seconds per byte through its node's NIC."""
+    inv_intra: np.ndarray
+    """Seconds per byte over its node's intra-node link (pushes from its own node's workers)."""
+    inv_rate: np.ndarray
+    """Seconds per byte the optimizer update streams through its memory."""
+    inv_coalesce: np.ndarray
+    """Seconds per byte of coalescing sparse rows there (the pushes it receives, summed into one)."""
+    tensor_s: np.ndarray
+    """Seconds its update pays per tensor (a shard of a PS variable) beyond the bytes."""
+    push_scale: np.ndarray
+    """[M] per node, not per device: time per pushed byte through the node relative to its links'
+    all-reduce bandwidth (1 / `reduce_efficiency` of its slowest kind; nodes are of one kind)."""
+    pull_scale: np.ndarray
+    """[M] the same per pulled byte (1 / `broadcast_efficiency`)."""
+    latency: np.ndarray
+    """Seconds of latency per shard round trip (push, then pull): 2α."""
+
+
+@dataclass(frozen=True)
+class DeviceArrays:
+    """Per device d, node j and kind k."""
+
+    devices: list[str]
+    device_index: dict[str, int]
+    compute_device_indices: np.ndarray
+    """Indices of `resources.compute_devices`: where a default candidate places its replicas."""
+    device_node: np.ndarray
+    device_kind: np.ndarray
+    device_is_gpu: np.ndarray
+    node_starts: np.ndarray
+    """[M] first device index of each node (devices are listed node by node)."""
+    node_addresses: list[str]
+    nic_bandwidth: np.ndarray
+    """[M] bytes/s each node's NIC reaches (line rate x link efficiency)."""
+    nic_latency: np.ndarray
+    intra_bandwidth: np.ndarray
+    intra_latency: np.ndarray
+    nic_gbps: np.ndarray
+    server_price: ServerPrice
+    kinds: DeviceKinds
+    kind_slowness: np.ndarray
+    """[K] rank of each kind by the time it needs for the graph's compute (higher = slower)."""
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_addresses)
+
+    def per_node(self, per_device: np.ndarray) -> np.ndarray:
+        """[N, D] -> [N, M]: sum each node's devices (no BLAS: it would spawn threads for tiny products)."""
+        return np.add.reduceat(per_device, self.node_starts, axis=1)
+
+
+def kinds_of(resources: ResourceSpec, dtype: str, *, sparse: bool) -> tuple[DeviceKinds, np.ndarray]:
+    """The device kinds of the cluster's devices, and each device's kind index."""
+    kind_names, device_kind = _device_kinds(resources, resources.all_devices)
+    return _kinds_table(resources, kind_names, dtype, sparse=sparse), device_kind
+
+
+def device_arrays(
+    resources: ResourceSpec, kinds: DeviceKinds, device_kind: np.ndarray, *, total_flops: float
+) -> DeviceArrays:
+    """`total_flops` (the graph's forward and backward) ranks the kinds by how long they compute."""
+    devices = resources.all_devices
+    node_of = {node.address: j for j, node in enumerate(resources.nodes)}
+    compute = set(resources.compute_devices)
+    device_node = np.array([node_of[d.rsplit(":", 2)[0]] for d in devices], dtype=np.intp)
+    links = _link_arrays(resources)
+    rate = kinds.memory_bandwidth[device_kind] * kinds.optimizer_efficiency[device_kind]
+    server_price = ServerPrice(
+        inv_nic=1.0 / links["nic_bandwidth"][device_node],
+        inv_intra=1.0 / links["intra_bandwidth"][device_node],
+        inv_rate=1.0 / rate,
+        inv_coalesce=1.0 / (kinds.memory_bandwidth[device_kind] * kinds.coalesce_efficiency[device_kind]),
+        latency=np.asarray(collectives.ps_push_pull(links["nic_latency"][device_node])),
+        tensor_s=kinds.optimizer_tensor_s[device_kind],
+        push_scale=_node_max(device_node, 1.0 / kinds.reduce_efficiency[device_kind], len(resources.nodes)),
+        pull_scale=_node_max(device_node, 1.0 / kinds.broadcast_efficiency[device_kind], len(resources.nodes)),
+    )
+    flops_time = total_flops / (kinds.peak_flops * kinds.matmul_efficiency)
+    return DeviceArrays(
+        devices=devices,
+        device_index={d: i for i, d in enumerate(devices)},
+        compute_device_indices=np.array([i for i, d in enumerate(devices) if d in compute], dtype=np.intp),
+        device_node=device_node,
+        device_kind=device_kind,
+        device_is_gpu=np.array([":GPU:" in d for d in devices]),
+        node_starts=np.searchsorted(device_node, np.arange(len(resources.nodes))),
+        node_addresses=[node.address for node in resources.nodes],
+        server_price=server_price,
+        kinds=kinds,
+        kind_slowness=np.argsort(np.argsort(flops_time, kind="stable"), kind="stable"),
+        **links,
+    )
+
+
+def _device_kind_name(resources: ResourceSpec, node: Node, device: str) -> str:
+    """A CPU-only node may name a kind of its own in `devices` (as calibration writes); else CPU."""
+    if ":GPU:" in device:
+        return node.device
+    if not node.gpus and node.device in resources.devices:
+        return node.device
+    return "CPU"
+
+
+def _tensor_seconds(spec: DeviceSpec, sparse: bool) -> float:
+    if sparse and spec.optimizer_loop_tensor_s is not None:
+        return spec.optimizer_loop_tensor_s
+    return spec.optimizer_tensor_s or 0.0
+
+
+def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str], np.ndarray]:
+    names: list[str] = []
+    kind = np.zeros(len(devices), dtype=np.intp)
+    for i, device in enumerate(devices):
+        name = _device_kind_name(resources, resources.node_of(device), device)
+        if name not in names:
+            names.append(name)
+        kind[i] = names.index(name)
+    return names, kind
+
+
+def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, sparse: bool = False) -> DeviceKinds:
+    """The kinds' figures as arrays. A graph with a sparse gradient updates every tensor through the
+    optimizer's per-tensor loop (PyTorch's multi-tensor optimizers fall back to it for a parameter group
+    holding a sparse gradient), so its per-tensor cost is the kind's loop figure where one was measured."""
+    specs = []
+    for i, name in enumerate(names):
+        try:
+            specs.append(resources.device_spec(name))
+        except KeyError:
+            raise InvalidResourceSpecError(
+                [Problem(f"devices.{name}", f"unknown device kind {name!r} (kind {i})")]
+            ) from None
+    return DeviceKinds(
+        specs=specs,
+        peak_flops=np.array([s.flops_for(dtype) for s in specs]),
+        memory_bandwidth=np.array([s.memory_bandwidth for s in specs]),
+        matmul_efficiency=np.array([s.matmul_efficiency for s in specs]),
+        elementwise_efficiency=np.array([s.elementwise_efficiency for s in specs]),
+        launch_overhead_s=np.array([s.launch_overhead_s for s in specs]),
+        memory_bytes=np.array([s.memory_bytes for s in specs]),
+        conv_efficiency=np.array([s.conv_efficiency or s.matmul_efficiency for s in specs]),
+        norm_efficiency=np.array([s.norm_efficiency or s.elementwise_efficiency for s in specs]),
+        optimizer_efficiency=np.array([s.optimizer_efficiency or s.elementwise_efficiency for s in specs]),
+        stream_efficiency=np.array([s.stream_efficiency or s.elementwise_efficiency for s in specs]),
+        cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
+        select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
+        full_select_efficiency=np.array(
+            [s.full_select_efficiency or s.select_efficiency or s.elementwise_efficiency for s in specs]
+        ),
+        lowrank_efficiency=np.array([s.lowrank_efficiency or s.elementwise_efficiency for s in specs]),
+        coalesce_efficiency=np.array([s.coalesce_efficiency or s.elementwise_efficiency for s in specs]),
+        scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
+        gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
+        half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
+        optimizer_tensor_s=np.array([_tensor_seconds(s, sparse) for s in specs]),
+        reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
+        broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
+        lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),
+        comm_overlap=np.array([s.comm_overlap for s in specs]),
+        comm_latency_contention=np.array([s.comm_latency_contention for s in specs]),
+        peaks=peaks(specs, dtype),
+    )
+
+
+def _node_max(device_node: np.ndarray, values: np.ndarray, nodes: int) -> np.ndarray:
+    """[M] the largest of each node's per-device `values`."""
+    out = np.zeros(nodes)
+    np.maximum.at(out, device_node, values)
+    return out
+
+
+def _link_arrays(resources: ResourceSpec) -> dict[str, np.ndarray]:
+    nics = [resources.nic(node) for node in resources.nodes]
+    intra = [resources.intra_link(node) for node in resources.nodes]
+    return {
+        "nic_bandwidth": np.array([link.bytes_per_s for link in nics]),
+        "nic_latency": np.array([link.latency_s for link in nics]),
+        "nic_gbps": np.array([link.bandwidth_gbps for link in nics]),
+        "intra_bandwidth": np.array([link.bytes_per_s for link in intra]),
+        "intra_latency": np.array([link.latency_s for link in intra]),
+    }
