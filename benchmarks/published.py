@@ -1,11 +1,11 @@
 """The simulator against published GPU measurements: every row re-predicted through the public API, as JSON.
 
-    python benchmarks/published.py [--csv PATH] [--cache DIR | --no-cache] [--source NAME ...]
+    python -m benchmarks.published [--csv PATH] [--cache DIR | --no-cache] [--source NAME ...]
                                    [--export-trials rows.jsonl] [--no-learned] [-o result.json]
 
 For each row of `shared/published/gpu_measurements.csv` (its README says where every number comes from):
 the architecture is captured on the meta device (`stratagem.capture_hf_config`, or the zoo's ResNet-50
-v1.5), the cluster and `stratagem.Layout` are built from the row (`benchmarks/published_rows.py`), and
+v1.5), the cluster and `stratagem.Layout` are built from the row (`benchmarks/lib/published_rows.py`), and
 `stratagem.predict` prices it. Printed per row (predicted and measured step time, ratio, the breakdown's
 main components, memory, capture time), per source and overall: MAPE of the step time, scaling error
 over series of one model on growing GPU counts, Kendall tau within one model on one cluster, and
@@ -18,22 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-
 import stratagem
-from benchmarks import published_rows as rows_
-from benchmarks.published_capture import Captured, GraphCache, default_cache_dir, describe
-from benchmarks.published_learned import Priced, leave_one_source_out
-from benchmarks.published_rows import Row
-from benchmarks.published_scoring import kendall_tau_by_group, mape, max_abs_scaling_error, scaling_errors
-from benchmarks.published_trials import Exportable, export_trials
+from benchmarks.lib import published_rows as rows_
+from benchmarks.lib.published_capture import Captured, GraphCache, default_cache_dir, describe
+from benchmarks.lib.published_learned import Priced, leave_one_source_out
+from benchmarks.lib.published_rows import Row
+from benchmarks.lib.published_scoring import kendall_tau_by_group, mape, max_abs_scaling_error, scaling_errors
+from benchmarks.lib.published_trials import Exportable, export_trials
 from stratagem import Layout, Prediction, ResourceSpec
 
 ROOT = Path(__file__).resolve().parents[1]

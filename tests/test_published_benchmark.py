@@ -4,36 +4,23 @@ scores on hand-worked numbers, the accounting of misses, and the rows as trials 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import load_benchmark
 
 import stratagem
+from benchmarks import published
+from benchmarks.lib import published_capture, published_rows, published_scoring
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "published_rows.csv"
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    return load_benchmark("published")
-
-
-@pytest.fixture(scope="module")
-def parts(bench: ModuleType) -> dict[str, ModuleType]:
-    """The benchmark's helper modules (importable once the benchmark has put the repository on the path)."""
-    names = ("rows", "scoring", "capture", "trials", "learned")
-    return {name: importlib.import_module(f"benchmarks.published_{name}") for name in names}
-
-
-@pytest.fixture(scope="module")
-def rows(parts: dict[str, ModuleType]) -> dict[str, Any]:
-    return {row.id: row for row in parts["rows"].read_rows(FIXTURE)}
+def rows() -> dict[str, Any]:
+    return {row.id: row for row in published_rows.read_rows(FIXTURE)}
 
 
 # --- rows to layouts, clusters and models -------------------------------------------------------
@@ -56,64 +43,62 @@ def test_rows_are_read_with_ids_per_source_and_the_derived_step_time(rows) -> No
     assert rows["dlperf_ngc_pytorch_resnet50:1"].measured_memory_bytes is None
 
 
-def test_megatron_interleaving_and_amp_fp16_become_the_layout(parts, rows) -> None:
-    layout = parts["rows"].layout(rows["megatron_sc21_table1:1"])
+def test_megatron_interleaving_and_amp_fp16_become_the_layout(rows) -> None:
+    layout = published_rows.layout(rows["megatron_sc21_table1:1"])
     assert (layout.data, layout.tensor, layout.pipeline, layout.context) == (32, 8, 4, 1)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (2, 28, 1792)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 3)
     assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "amp-fp16", False)
 
 
-def test_bloom_is_zero_1_in_amp_bf16_on_twelve_uneven_stages(parts, rows) -> None:
+def test_bloom_is_zero_1_in_amp_bf16_on_twelve_uneven_stages(rows) -> None:
     row = rows["bigscience_bloom176b:1"]
-    layout = parts["rows"].layout(row)
+    layout = published_rows.layout(row)
     assert (layout.data, layout.tensor, layout.pipeline, layout.micro_batches) == (8, 4, 12, 128)
     assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "amp-bf16", "full", "1f1b")
-    config = parts["rows"].model_spec(row).config
+    config = published_rows.model_spec(row).config
     assert config["model_type"] == "bloom" and config["n_layer"] == 70 and config["vocab_size"] == 250880
 
 
-def test_torchtitan_local_batch_splits_into_pipeline_micro_batches_and_tp_always_splits_the_sequence(
-    parts, rows
-) -> None:
+def test_torchtitan_local_batch_splits_into_pipeline_micro_batches_and_tp_always_splits_the_sequence(rows) -> None:
     row = rows["torchtitan_benchmarks:2"]
-    layout = parts["rows"].layout(row)
+    layout = published_rows.layout(row)
     assert (layout.data, layout.tensor, layout.pipeline) == (8, 8, 8)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (4, 8, 256)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 2)
     assert layout.sequence_parallel and layout.zero == 3 and layout.precision == "fp8"
-    spec = parts["rows"].model_spec(row)
+    spec = published_rows.model_spec(row)
     assert spec.batch == 4 and spec.seq == 8192
     assert spec.config["num_key_value_heads"] == 8 and spec.config["rope_scaling"]["rope_type"] == "llama3"
 
 
-def test_clusters_take_the_rows_gpus_nodes_and_links(parts, rows) -> None:
-    sixteen = parts["rows"].cluster(rows["dlperf_ngc_pytorch_resnet50:2"])
+def test_clusters_take_the_rows_gpus_nodes_and_links(rows) -> None:
+    sixteen = published_rows.cluster(rows["dlperf_ngc_pytorch_resnet50:2"])
     assert [len(node.gpus) for node in sixteen.nodes] == [8, 8]
     assert {node.device for node in sixteen.nodes} == {"V100-16GB"}
     assert sixteen.network.bandwidth_gbps == 100 and sixteen.network.kind == "infiniband"
     assert sixteen.intra_link(sixteen.nodes[0]).kind == "nvlink"  # NVLink2, not the CPU link
-    one = parts["rows"].cluster(rows["dlperf_ngc_pytorch_resnet50:1"])
+    one = published_rows.cluster(rows["dlperf_ngc_pytorch_resnet50:1"])
     assert one.num_devices == 1 and len(one.nodes) == 1
-    dgx2 = parts["rows"].cluster(rows["deepspeed_autotuning_hf:1"])
+    dgx2 = published_rows.cluster(rows["deepspeed_autotuning_hf:1"])
     assert len(dgx2.nodes) == 1 and dgx2.num_devices == 16
     assert dgx2.device_spec("V100").memory_bytes == 32e9
 
 
-def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(parts, rows) -> None:
+def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(rows) -> None:
     row = rows["torchtitan_benchmarks:1"]
-    spec = parts["rows"].cluster(row)
+    spec = published_rows.cluster(row)
     device = spec.device_spec("H100")
     assert device.memory_bytes == 96e9 and device.memory_bandwidth == 2.4e12
     assert device.peak_flops["float8"] == 1979e12
     assert spec.intra_link(spec.nodes[0]).bandwidth_gbps == 3600
-    entries = parts["rows"].proposed_catalog_entries(list(rows.values()))
+    entries = published_rows.proposed_catalog_entries(list(rows.values()))
     assert [entry["spec"]["name"] for entry in entries] == ["H100-SXM-96GB-HBM2e"]
 
 
-def test_what_the_ir_cannot_state_is_named(parts, rows) -> None:
-    misses = parts["rows"].expressibility_misses
-    assert misses(rows["torchtitan_benchmarks:1"]) == [parts["rows"].UNEXPRESSED[0][1]]
+def test_what_the_ir_cannot_state_is_named(rows) -> None:
+    misses = published_rows.expressibility_misses
+    assert misses(rows["torchtitan_benchmarks:1"]) == [published_rows.UNEXPRESSED[0][1]]
     assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == [
         "torch.compile",
         "async tensor parallelism",
@@ -121,11 +106,11 @@ def test_what_the_ir_cannot_state_is_named(parts, rows) -> None:
     assert misses(rows["megatron_sc21_table1:1"]) == []
 
 
-def test_glue_rows_capture_the_classification_head_with_the_rows_shape(parts, rows) -> None:
+def test_glue_rows_capture_the_classification_head_with_the_rows_shape(rows) -> None:
     row = rows["deepspeed_autotuning_hf:1"]
-    spec = parts["rows"].model_spec(row)
+    spec = published_rows.model_spec(row)
     assert spec.config["architectures"] == ["DistilBertForSequenceClassification"]
-    graph = parts["capture"].capture(spec)
+    graph = published_capture.capture(spec)
     arch = graph.architecture
     assert (arch.layers, arch.hidden, arch.heads, arch.ffn, arch.seq, arch.vocab) == (6, 768, 12, 3072, 128, 30522)
     assert graph.batch_size == 256 and not arch.causal
@@ -138,8 +123,8 @@ def test_glue_rows_capture_the_classification_head_with_the_rows_shape(parts, ro
     assert graph.total_flops < 0.75 * masked.total_flops
 
 
-def test_resnet50_from_the_zoo_is_v1_5_with_torchvisions_parameter_count(parts, rows) -> None:
-    spec = parts["rows"].model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
+def test_resnet50_from_the_zoo_is_v1_5_with_torchvisions_parameter_count(rows) -> None:
+    spec = published_rows.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
     module, _ = stratagem.zoo.build(spec.config["zoo"], spec.config["size"], device="meta")
     first = module.stages[1][0]
     assert first.conv1.stride == (1, 1) and first.conv2.stride == (2, 2)  # v1.5: the stride on the 3x3
@@ -147,10 +132,10 @@ def test_resnet50_from_the_zoo_is_v1_5_with_torchvisions_parameter_count(parts, 
     assert spec.optimizer == "momentum" and spec.batch == 128
 
 
-def test_graphs_are_cached_on_disk_and_read_back(parts, rows, tmp_path: Path) -> None:
-    spec = parts["rows"].model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
-    first = parts["capture"].GraphCache(tmp_path).get(spec)
-    again = parts["capture"].GraphCache(tmp_path).get(spec)
+def test_graphs_are_cached_on_disk_and_read_back(rows, tmp_path: Path) -> None:
+    spec = published_rows.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
+    first = published_capture.GraphCache(tmp_path).get(spec)
+    again = published_capture.GraphCache(tmp_path).get(spec)
     assert not first.cached and again.cached
     assert again.graph.id == first.graph.id and again.capture_s == pytest.approx(first.capture_s, abs=1e-3)
     assert len(list(tmp_path.glob("*.json"))) == 2  # the graph and its capture time
@@ -159,8 +144,8 @@ def test_graphs_are_cached_on_disk_and_read_back(parts, rows, tmp_path: Path) ->
 # --- scores -------------------------------------------------------------------------------------
 
 
-def test_mape_tau_and_scaling_on_hand_worked_numbers(parts) -> None:
-    s = parts["scoring"]
+def test_mape_tau_and_scaling_on_hand_worked_numbers() -> None:
+    s = published_scoring
     assert s.mape(measured=[1.0, 2.0], predicted=[1.1, 1.6]) == pytest.approx(0.15)
     assert math.isnan(s.mape(measured=[], predicted=[]))
     # 5 concordant pairs, 1 discordant: (5 - 1) / 6.
@@ -180,15 +165,15 @@ def test_mape_tau_and_scaling_on_hand_worked_numbers(parts) -> None:
         s.mape([1.0], [1.0])  # keyword-only
 
 
-def test_misses_are_counted_by_reason_and_never_scored(bench, rows) -> None:
-    priced = bench.RowResult(rows["dlperf_ngc_pytorch_resnet50:1"])
+def test_misses_are_counted_by_reason_and_never_scored(rows) -> None:
+    priced = published.RowResult(rows["dlperf_ngc_pytorch_resnet50:1"])
     priced.prediction = _prediction(step=0.5)
-    refused = bench.RowResult(rows["dlperf_ngc_pytorch_resnet50:2"], misses=["simulator: refused"])
-    unexpressed = bench.RowResult(
+    refused = published.RowResult(rows["dlperf_ngc_pytorch_resnet50:2"], misses=["simulator: refused"])
+    unexpressed = published.RowResult(
         rows["torchtitan_benchmarks:1"], misses=["torch.compile: x"], unexpressed=["torch.compile: x"]
     )
     unexpressed.prediction = _prediction(step=1.0)
-    out = bench.summary([priced, refused, unexpressed], capture_wall_s=0.0)
+    out = published.summary([priced, refused, unexpressed], capture_wall_s=0.0)
     assert out["overall"]["scored"] == 1 and out["overall"]["missed"] == 2
     assert out["overall"]["mape"] == pytest.approx(abs(0.5 - 0.3485) / 0.3485, abs=1e-4)
     assert out["misses_by_reason"] == {"simulator: refused": 1, "torch.compile: x": 1}
@@ -216,17 +201,17 @@ def _prediction(*, step: float) -> Any:
 # --- the whole benchmark, and its rows as trials -------------------------------------------------
 
 
-def _run(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
+def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
     argv = ["--csv", str(FIXTURE), "--cache", str(tmp_path / "cache"), *extra]
-    assert bench.main(argv) == 0
+    assert published.main(argv) == 0
     return json.loads(capsys.readouterr().out)
 
 
 SMALL_SOURCES = ("--source", "dlperf_ngc_pytorch_resnet50", "--source", "deepspeed_autotuning_hf")
 
 
-def test_every_row_is_scored_or_listed_as_a_miss_with_its_reasons(bench, tmp_path, capsys) -> None:
-    out = _run(bench, tmp_path, capsys, *SMALL_SOURCES, "--no-learned")
+def test_every_row_is_scored_or_listed_as_a_miss_with_its_reasons(tmp_path, capsys) -> None:
+    out = _run(tmp_path, capsys, *SMALL_SOURCES, "--no-learned")
     assert [r["id"] for r in out["rows"]] == [
         "dlperf_ngc_pytorch_resnet50:1",
         "dlperf_ngc_pytorch_resnet50:2",
@@ -245,16 +230,14 @@ def test_every_row_is_scored_or_listed_as_a_miss_with_its_reasons(bench, tmp_pat
     assert overall["rows"] == 4 and overall["scored"] + overall["missed"] == 4
 
 
-def test_the_csv_must_exist(bench, tmp_path) -> None:
+def test_the_csv_must_exist(tmp_path) -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--csv", str(tmp_path / "missing.csv")])
+        published.main(["--csv", str(tmp_path / "missing.csv")])
 
 
 @pytest.mark.slow
-def test_all_fixture_rows_including_a_1024_gpu_megatron_run_and_the_405b_run_get_through(
-    bench, tmp_path, capsys
-) -> None:
-    out = _run(bench, tmp_path, capsys)
+def test_all_fixture_rows_including_a_1024_gpu_megatron_run_and_the_405b_run_get_through(tmp_path, capsys) -> None:
+    out = _run(tmp_path, capsys)
     assert out["summary"]["overall"]["rows"] == 8
     mapping = [r for r in out["rows"] if any(m.startswith("mapping:") for m in r["miss_reasons"])]
     assert mapping == []
@@ -265,13 +248,13 @@ def test_all_fixture_rows_including_a_1024_gpu_megatron_run_and_the_405b_run_get
 
 
 @pytest.mark.slow
-def test_exported_rows_import_into_a_service_once_and_a_second_import_adds_nothing(bench, tmp_path, capsys) -> None:
-    from test_client_helpers import served
+def test_exported_rows_import_into_a_service_once_and_a_second_import_adds_nothing(tmp_path, capsys) -> None:
+    from service_helpers import served
 
     from stratagem.cli import main as cli
 
     path = tmp_path / "rows.jsonl"
-    out = _run(bench, tmp_path, capsys, *SMALL_SOURCES, "--no-learned", "--export-trials", str(path))
+    out = _run(tmp_path, capsys, *SMALL_SOURCES, "--no-learned", "--export-trials", str(path))
     written = out["export"]["lines"]["trial"]
     assert written == 4 and out["export"]["left_out"] == []
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -292,10 +275,10 @@ def test_exported_rows_import_into_a_service_once_and_a_second_import_adds_nothi
     assert measured == sorted([0.3485, 0.3582, 0.7935, 0.3217])
 
 
-def test_rows_the_ir_cannot_state_are_left_out_of_the_export_with_their_reason(bench, rows, tmp_path) -> None:
+def test_rows_the_ir_cannot_state_are_left_out_of_the_export_with_their_reason(rows, tmp_path) -> None:
     reasons = ["torch.compile: the IR has no compile knob"]
-    compiled = bench.RowResult(rows["torchtitan_benchmarks:1"], misses=reasons, unexpressed=reasons)
-    report = bench.write_trials([compiled], tmp_path / "rows.jsonl", csv_name="rows.csv", version="v")
+    compiled = published.RowResult(rows["torchtitan_benchmarks:1"], misses=reasons, unexpressed=reasons)
+    report = published.write_trials([compiled], tmp_path / "rows.jsonl", csv_name="rows.csv", version="v")
     assert report["lines"]["trial"] == 0
     assert report["left_out"] == [{"id": "torchtitan_benchmarks:1", "reasons": reasons}]
     header = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])

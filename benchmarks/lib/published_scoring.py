@@ -1,7 +1,7 @@
-"""How close predicted step times are to measured ones: MAPE, Kendall tau within a group, scaling error.
+"""What the published benchmark scores beyond `simulator.metrics`: tau per group, and scaling error.
 
-Every function takes keyword arguments only, so measured and predicted cannot be swapped by accident.
-Values are fractions (0.1 = 10%); an empty or undefined score is NaN.
+MAPE and Kendall's tau-b are `simulator.metrics`' (keyword-only `measured=` and `predicted=`, as every
+function here). Values are fractions (0.1 = 10%); an empty or undefined score is NaN.
 """
 
 from __future__ import annotations
@@ -11,43 +11,23 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from simulator.metrics import kendall_tau, kendall_tau_within_groups, mape
 
-def mape(*, measured: Sequence[float], predicted: Sequence[float]) -> float:
-    """Mean of |predicted - measured| / measured."""
-    _same_length(measured, predicted)
-    if not measured:
-        return math.nan
-    return sum(abs(p - m) / m for m, p in zip(measured, predicted, strict=True)) / len(measured)
-
-
-def kendall_tau(*, measured: Sequence[float], predicted: Sequence[float]) -> float:
-    """Kendall's tau-b between the two orders (ties counted as neither concordant nor discordant, and
-    normalised by the untied pairs on each side); NaN with fewer than two rows or a constant side."""
-    _same_length(measured, predicted)
-    n = len(measured)
-    concordant = discordant = tied_m = tied_p = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dm = _sign(measured[i] - measured[j])
-            dp = _sign(predicted[i] - predicted[j])
-            if dm == 0 and dp == 0:
-                continue
-            if dm == 0:
-                tied_m += 1
-            elif dp == 0:
-                tied_p += 1
-            elif dm == dp:
-                concordant += 1
-            else:
-                discordant += 1
-    denominator = math.sqrt((concordant + discordant + tied_m) * (concordant + discordant + tied_p))
-    return (concordant - discordant) / denominator if denominator > 0 else math.nan
+__all__ = [
+    "kendall_tau",
+    "kendall_tau_by_group",
+    "kendall_tau_within_groups",
+    "mape",
+    "max_abs_scaling_error",
+    "scaling_errors",
+]
 
 
 def kendall_tau_by_group(
     *, measured: Sequence[float], predicted: Sequence[float], groups: Sequence[str]
 ) -> dict[str, float]:
-    """Tau within each group of at least two rows whose tau is defined."""
+    """Tau within each group of at least two rows whose tau is defined (their mean is
+    `kendall_tau_within_groups`)."""
     _same_length(measured, predicted, groups)
     out = {}
     for group, rows in _members(groups).items():
@@ -57,12 +37,6 @@ def kendall_tau_by_group(
         if not math.isnan(tau):
             out[group] = tau
     return out
-
-
-def mean_kendall_tau(*, measured: Sequence[float], predicted: Sequence[float], groups: Sequence[str]) -> float:
-    """Mean of `kendall_tau_by_group` (NaN where no group has an order to compare)."""
-    taus = kendall_tau_by_group(measured=measured, predicted=predicted, groups=groups)
-    return sum(taus.values()) / len(taus) if taus else math.nan
 
 
 def scaling_errors(
@@ -100,10 +74,6 @@ def scaling_errors(
 def max_abs_scaling_error(errors: dict[str, list[dict[str, Any]]]) -> float:
     values = [abs(point["error"]) for points in errors.values() for point in points]
     return max(values) if values else math.nan
-
-
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
 
 
 def _members(groups: Sequence[str]) -> dict[str, list[int]]:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.published_rows import Row, cluster_key
-from benchmarks.published_scoring import mape, mean_kendall_tau
+from benchmarks.lib.published_rows import Row, cluster_key
+from simulator.metrics import kendall_tau_within_groups, mape
 from stratagem import ModelGraph, Prediction, ResourceSpec
 
 
@@ -99,7 +99,7 @@ def leave_one_source_out(priced: Sequence[Priced], *, random_state: int = 0) -> 
 def _scores(measured: list[float], predicted: list[float], groups: list[str]) -> dict[str, float | None]:
     return {
         "mape": _finite(mape(measured=measured, predicted=predicted)),
-        "kendall_tau": _finite(mean_kendall_tau(measured=measured, predicted=predicted, groups=groups)),
+        "kendall_tau": _finite(kendall_tau_within_groups(measured=measured, predicted=predicted, groups=groups)),
     }
 
 

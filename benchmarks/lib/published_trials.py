@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from benchmarks.published_rows import Row, samples_per_s
+from benchmarks.lib.published_rows import Row, samples_per_s
 from stratagem import Layout, ModelGraph, Prediction, ResourceSpec, Strategy
 
 FORMAT = "stratagem-trials"
