@@ -41,6 +41,7 @@ _LAZY = {
     "Prediction": "stratagem.prediction",
     "predict": "stratagem.prediction",
     "capture_hf_config": "stratagem.hf",
+    "trial": "stratagem.trials",
 }
 _SUBPACKAGES = ("builders", "zoo")
 """Subpackages `stratagem.<name>` reaches without importing them first."""
@@ -74,6 +75,7 @@ __all__ = [
     "launch",
     "optimize",
     "predict",
+    "trial",
 ]
 
 

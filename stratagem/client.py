@@ -11,6 +11,7 @@ the tests run the SDK against the real app in-process.
 
 from __future__ import annotations
 
+import base64
 import math
 import sys
 import time
@@ -235,8 +236,18 @@ class Client:
     # --- documents -----------------------------------------------------------------------------
 
     def upload_graph(self, graph: ModelGraph) -> str:
-        body = _document("graph", graph, ModelGraph)
+        """Store the graph; the operator trace held beside it (`graph.trace`, from capture) goes with it."""
+        body: dict[str, Any] = _document("graph", graph, ModelGraph)
+        if graph.trace is not None:
+            body = {"graph": body, "trace": base64.b64encode(graph.trace.to_bytes()).decode("ascii")}
         return str(_field(self._post_json("/v1/graphs", body), "id", "POST /v1/graphs"))
+
+    def graph_trace(self, graph_id: str) -> Any:
+        """The operator trace stored beside a graph (a `stratagem.tracing.OperatorTrace`)."""
+        from stratagem.tracing.optrace import OperatorTrace
+
+        response = self._request("GET", f"/v1/graphs/{_segment('graph_id', graph_id)}/trace")
+        return OperatorTrace.from_bytes(response.content)
 
     def upload_resources(self, resources: ResourceSpec) -> str:
         body = _document("resources", resources, ResourceSpec)

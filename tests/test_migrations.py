@@ -14,7 +14,16 @@ from sqlalchemy import Engine, create_engine, inspect
 import migrations
 import models
 
-TABLES = {"graphs", "resource_specs", "strategies", "jobs", "job_candidates", "trials", "cost_model_versions"}
+TABLES = {
+    "graphs",
+    "resource_specs",
+    "strategies",
+    "jobs",
+    "job_candidates",
+    "trials",
+    "cost_model_versions",
+    "operator_traces",
+}
 
 
 def _pending_diff(engine: Engine) -> list[object]:

@@ -20,8 +20,6 @@ from stratagem.builders import DataParallel
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 from stratagem.ir.document import content_hash
 
-pytest_plugins = ["service_fixtures"]
-
 NOW = datetime(2026, 11, 1, tzinfo=UTC)
 
 

@@ -17,7 +17,6 @@ from stratagem.builders import AllReduce, PartitionedPS
 from stratagem.ir import CATALOG, AllReduceSynchronizer, Node, Partition, PSSynchronizer, ResourceSpec, VariableConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PRICED_LATER = "priced when the simulator carries the LLM dimensions (precision, selective recomputation, ZeRO 1/3)"
 
 
 def test_one_layout_gives_one_prediction_and_a_list_gives_a_list_in_order() -> None:
@@ -110,7 +109,6 @@ def test_importing_the_library_and_its_predict_module_does_not_load_the_simulato
 # --- laws of the new knobs: pinned now, priced when the simulator carries them ---------------------
 
 
-@pytest.mark.xfail(strict=True, reason=PRICED_LATER)
 def test_bf16_compute_is_faster_than_fp32_and_its_mfu_is_over_the_bf16_peak() -> None:
     graph, cluster = llama_graph(batch=8, seq=256), gpu_cluster(1, 8)
     fp32, bf16 = predict(graph, cluster, [Layout(), Layout(precision="amp-bf16")])
@@ -119,7 +117,6 @@ def test_bf16_compute_is_faster_than_fp32_and_its_mfu_is_over_the_bf16_peak() ->
     assert bf16.mfu == pytest.approx(bf16.model_flops_per_step / bf16.step_time_s / peak)
 
 
-@pytest.mark.xfail(strict=True, reason=PRICED_LATER)
 def test_selective_recomputation_costs_less_than_full_and_more_than_none() -> None:
     graph, cluster = llama_graph(batch=8, seq=256), gpu_cluster(1, 8)
     none, selective, full = predict(
@@ -129,7 +126,6 @@ def test_selective_recomputation_costs_less_than_full_and_more_than_none() -> No
     assert none.memory_per_device_bytes > selective.memory_per_device_bytes > full.memory_per_device_bytes
 
 
-@pytest.mark.xfail(strict=True, reason=PRICED_LATER)
 def test_each_zero_level_holds_less_memory_than_the_one_below() -> None:
     graph, cluster = llama_graph(), gpu_cluster(1, 8)
     memory = [p.memory_per_device_bytes for p in predict(graph, cluster, [Layout(zero=z) for z in (0, 1, 2, 3)])]

@@ -45,6 +45,7 @@ PUBLIC = {
     "launch",
     "optimize",
     "predict",
+    "trial",
 }
 LAZY_FACADES = {"stratagem/prediction.py": ["simulator"]}
 """The one documented exception (docs/layouts.md, "Architecture"): `stratagem.predict` imports the
@@ -58,7 +59,7 @@ def test_all_is_pinned() -> None:
 def test_every_public_name_resolves_to_the_thing_it_names() -> None:
     for name in stratagem.__all__:
         assert getattr(stratagem, name) is not None
-    for name in ("capture", "capture_hf_config", "distribute", "launch", "optimize", "predict"):
+    for name in ("capture", "capture_hf_config", "distribute", "launch", "optimize", "predict", "trial"):
         assert inspect.isfunction(getattr(stratagem, name)), name
     assert issubclass(stratagem.InvalidGraphError, stratagem.StratagemError)
     assert issubclass(stratagem.NotFoundError, stratagem.ServiceError)

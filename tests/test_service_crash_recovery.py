@@ -16,8 +16,6 @@ import pytest
 from conftest import make_cpu_cluster, make_mlp_graph
 from served import Served, processes_with
 
-pytest_plugins = ["service_fixtures"]
-
 BUDGET = 3
 
 

@@ -15,8 +15,6 @@ import pytest
 from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 
-pytest_plugins = ["service_fixtures"]
-
 
 def _graph(**changes: Any) -> dict[str, Any]:
     data = make_mlp_graph().model_dump(mode="json", exclude={"id"})

@@ -17,8 +17,6 @@ import httpx
 import pytest
 from served import Served
 
-pytest_plugins = ["service_fixtures"]
-
 LAYERS = 200_000
 STALL_S = 1.0
 """Far above a healthy answer (milliseconds) and far below the seconds the validation takes."""

@@ -15,8 +15,6 @@ from stratagem import Layout
 from stratagem.builders import PS, AllReduce
 from stratagem.ir import AllReduceSynchronizer, Partition, PSSynchronizer, Strategy, VariableConfig
 
-pytest_plugins = ["service_fixtures"]
-
 
 def _documents() -> dict[str, object]:
     return {"graph": gpt_graph().model_dump(mode="json"), "resources": gpu_cluster(2, 8).model_dump(mode="json")}

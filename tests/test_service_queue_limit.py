@@ -11,8 +11,6 @@ from conftest import make_mlp_graph, make_t4_cluster
 from served import Served
 from service_helpers import QUICK_SEARCH
 
-pytest_plugins = ["service_fixtures"]
-
 LIMIT = 10
 SUBMISSIONS = 40
 

@@ -1,4 +1,9 @@
-"""A synthetic module that replays a ModelGraph: same variables, same per-layer work, no user code.
+"""A synthetic module that replays a ModelGraph: same variables, same work, no user code.
+
+When the graph carries its operator trace (`graph.trace`, attached by capture or by the workload that
+brought it), the module runs the trace's ops (`trial_runner.replay_trace`): the model's own kernels
+on the recorded shapes, so the step costs what the real one costs. Without a trace it burns each
+layer's recorded totals, as described below.
 
 Parameters are registered in nested modules along their dotted names, so `named_parameters()` gives
 back exactly the graph's variable names and a strategy written for the graph applies unchanged.
@@ -22,6 +27,7 @@ from torch import nn
 
 from stratagem.errors import InvalidGraphError, Problem
 from stratagem.ir import ModelGraph, Variable
+from trial_runner.replay_trace import TraceReplay, register_buffers
 
 HIDDEN_WIDTH = 16
 MATMUL_EDGE = 1024
@@ -69,8 +75,26 @@ class ReplayModel(nn.Module):
         self.sparse_variables: list[Variable] = [v for v in graph.variables if v.sparse]
         self._homes = {variable.name: _attach(self, variable, index) for index, variable in enumerate(graph.variables)}
         self._plan = _plan(graph, self.sparse_variables)
+        self._trace: TraceReplay | None = None
+        if graph.trace is not None:
+            self._trace = TraceReplay(graph.trace, {v.name: list(v.shape) for v in graph.variables})
+            register_buffers(self, self._trace)
 
-    def forward(self, x: torch.Tensor, *indices: torch.Tensor) -> torch.Tensor:
+    @property
+    def replays_trace(self) -> bool:
+        return self._trace is not None
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Ops of the trace that ran as FLOP burns, with why (empty without a trace)."""
+        return self._trace.notes if self._trace is not None else {}
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self._trace is not None:
+            return self._trace.run(self._parameter, self.get_buffer, inputs)
+        return self._burn(*inputs)
+
+    def _burn(self, x: torch.Tensor, *indices: torch.Tensor) -> torch.Tensor:
         scale = x.shape[0] / self.graph_batch_size
         hidden = x.detach().float().requires_grad_(True)
         for layer in self._plan:
@@ -108,7 +132,10 @@ class ReplayModel(nn.Module):
 
 
 def replay_batch_maker(graph: ModelGraph) -> Any:
-    """`make_batch(batch_size)` for a ReplayModel: a small dense input and each sparse lookup's rows."""
+    """`make_batch(batch_size)` for a ReplayModel: the trace's inputs, or a small dense input and each
+    sparse lookup's rows."""
+    if graph.trace is not None:
+        return TraceReplay(graph.trace, {v.name: list(v.shape) for v in graph.variables}).make_batch
     sparse = [v for v in graph.variables if v.sparse]
 
     def make_batch(batch_size: int) -> tuple[torch.Tensor, ...]:
@@ -123,6 +150,9 @@ def replay_batch_maker(graph: ModelGraph) -> Any:
 
 
 def replay_loss(output: torch.Tensor) -> torch.Tensor:
+    """A trace replay returns the step's own loss (a scalar); the burn's hidden state is reduced to one."""
+    if output.dim() == 0:
+        return output
     return output.square().mean()
 
 

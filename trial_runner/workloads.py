@@ -13,10 +13,11 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stratagem.ir import ModelGraph
 from stratagem.ir.graph import OptimizerKind
+from stratagem.tracing.optrace import OperatorTrace
 
 ZOO_ALLOW_LIST: dict[str, str] = {
     "resnet50": "stratagem.zoo:resnet50",
@@ -71,11 +72,24 @@ class ZooWorkload(_Spec):
 class ReplayWorkload(_Spec):
     kind: Literal["replay"] = "replay"
     graph: ModelGraph
+    trace: OperatorTrace | None = None
+    """The graph's operator trace (the one `graph.trace_id` names): the replay runs its ops. Without
+    it the replay burns each layer's recorded work. Defaults to the trace held beside the graph."""
 
     def __init__(self, graph: ModelGraph | None = None, /, **data: Any) -> None:
         if graph is not None:
             data["graph"] = graph
+            if "trace" not in data and graph.trace is not None:
+                data["trace"] = graph.trace
         super().__init__(**data)
+
+    @model_validator(mode="after")
+    def _attach(self) -> ReplayWorkload:
+        if self.trace is not None:
+            if self.trace.id != self.graph.trace_id:
+                raise ValueError(f"trace: has id {self.trace.id}, but graph.trace_id is {self.graph.trace_id}")
+            self.graph.attach_trace(self.trace)
+        return self
 
     @property
     def batch_size(self) -> int:
@@ -117,8 +131,9 @@ class FaultWorkload(_Spec):
         return f"fault:{self.fault}:{self.inner.label}"
 
 
-def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
-    """The allow-listed zoo model whose parameters are exactly the graph's variables, else a replay of it.
+def workload_for_graph(graph: ModelGraph, *, trace: OperatorTrace | None = None) -> ZooWorkload | ReplayWorkload:
+    """The allow-listed zoo model whose parameters are exactly the graph's variables, else a replay of it,
+    of its operator trace when there is one (`trace`, else the one held beside the graph).
 
     The match is decided from the graph's own shapes: each candidate model is built on the meta device
     (nothing allocated) and its parameters' names and shapes compared with the graph's variables.
@@ -128,7 +143,7 @@ def workload_for_graph(graph: ModelGraph) -> ZooWorkload | ReplayWorkload:
     for name, size in _zoo_candidates(graph):
         if _zoo_signature(name, size) == wanted:
             return ZooWorkload(name, size=size, batch_size=graph.batch_size, optimizer=graph.optimizer.kind)
-    return ReplayWorkload(graph)
+    return ReplayWorkload(graph, trace=trace) if trace is not None else ReplayWorkload(graph)
 
 
 Signature = tuple[tuple[str, tuple[int, ...]], ...]

@@ -1,4 +1,5 @@
-"""Storing and reading the content-addressed documents: graphs, resource specs, strategies.
+"""Storing and reading the content-addressed documents: graphs, resource specs, strategies, and the
+operator traces stored beside graphs.
 
 Inserts are `INSERT ... ON CONFLICT DO NOTHING` on the content id, so two requests uploading the
 same document at once both succeed and agree on one row; `created` tells which one made it.
@@ -12,9 +13,10 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from models import GraphRow, ResourceSpecRow, StrategyRow, utcnow
+from models import GraphRow, OperatorTraceRow, ResourceSpecRow, StrategyRow, utcnow
 from optimizer_service.core.errors import not_found
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from stratagem.tracing.optrace import OperatorTrace
 
 Row = TypeVar("Row", GraphRow, ResourceSpecRow, StrategyRow)
 
@@ -107,3 +109,36 @@ def _get(session: Session, table: type[Row], ident: str, what: str, *, loc: list
     if row is None:
         raise not_found(what, ident, loc=loc)
     return row
+
+
+def store_trace(session: Session, trace: OperatorTrace, data: bytes) -> tuple[OperatorTraceRow, bool]:
+    """The trace's row, `data` being its gzip-compressed JSON, inserted unless this content is stored already."""
+    values = {
+        "id": trace.id,
+        "graph_name": column_text(trace.graph_name, 200),
+        "ops": trace.num_ops,
+        "compressed_bytes": len(data),
+        "data": data,
+        "created_at": utcnow(),
+    }
+    created = insert_if_absent(session, OperatorTraceRow, values)
+    row = session.get(OperatorTraceRow, str(trace.id))
+    if row is None:
+        raise not_found("operator trace", trace.id)
+    return row, created
+
+
+def get_trace_row(session: Session, trace_id: str, *, loc: list[str | int] | None = None) -> OperatorTraceRow:
+    row = session.get(OperatorTraceRow, trace_id)
+    if row is None:
+        raise not_found("operator trace", trace_id, loc=loc)
+    return row
+
+
+def load_trace(session: Session, graph: ModelGraph) -> OperatorTrace | None:
+    """The operator trace a graph names, when it is stored; None for a graph without one (its trials
+    replay the graph's per-layer totals instead)."""
+    if graph.trace_id is None:
+        return None
+    row = session.get(OperatorTraceRow, graph.trace_id)
+    return OperatorTrace.from_bytes(row.data) if row is not None else None

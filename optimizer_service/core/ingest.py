@@ -30,8 +30,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from optimizer_service.core import jobs as core_jobs
 from optimizer_service.core import trials as core_trials
-from optimizer_service.core.documents import store_graph, store_resources
+from optimizer_service.core.documents import store_graph, store_resources, store_trace
 from optimizer_service.core.errors import path_parts, validation_problems
+from optimizer_service.core.graph_upload import UploadRejected, parse_upload
 from optimizer_service.core.inputs import OptimizeInput, TrialInput
 from optimizer_service.settings import Settings
 from stratagem import errors as stratagem_errors
@@ -78,6 +79,11 @@ def perform(
 
 def validate(kind: Kind, body: bytes, content_type: str | None) -> Any:
     data = parse_json(body, content_type)
+    if kind == "graph":
+        try:
+            return parse_upload(data)
+        except UploadRejected as rejected:
+            raise BodyRejected(rejected.problems) from None
     try:
         return MODELS[kind].model_validate(data)
     except ValidationError as error:
@@ -115,9 +121,11 @@ def _is_json(content_type: str) -> bool:
 
 def _act(kind: Kind, request: Any, session: Session, settings: Settings) -> dict[str, Any]:
     if kind == "graph":
-        row, created = store_graph(session, request)
+        row, created = store_graph(session, request.graph)
+        if request.trace is not None:
+            store_trace(session, request.trace, request.trace.to_bytes())
         session.commit()
-        return {**_row(row, created), **graph_counts(request)}
+        return {**_row(row, created), **graph_counts(request.graph)}
     if kind == "resources":
         row, created = store_resources(session, request)
         session.commit()

@@ -1,9 +1,12 @@
-"""`stratagem capture MODULE:BUILDER --batch N [--size S] [--set k=v ...] [-o graph.json]`, or
+"""`stratagem capture MODULE:BUILDER --batch N [--size S] [--set k=v ...] [-o graph.json]
+[--trace graph.trace.json.gz] [--chakra graph.et]`, or
 `stratagem capture --hf-config config.json --batch 1 --seq 4096 -o llama.json`.
 
 The builder is called on the meta device (nothing allocated, so full-size models are cheap) and
 must return `(module, make_batch)`, like the builders in `stratagem.zoo`; a Hugging Face config is
-built on the meta device by `stratagem.capture_hf_config` (no weights, no network).
+built on the meta device by `stratagem.capture_hf_config` (no weights, no network). `--trace` saves
+the step's operator trace beside the graph (which then names it by `trace_id`); `--chakra` exports the
+same trace as an MLCommons Chakra execution trace.
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--hf-config", type=Path, default=None, help="a Hugging Face config.json to build and capture instead"
     )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="also write the operator trace (gzip-compressed JSON when the name ends in .gz); the graph names it",
+    )
+    parser.add_argument(
+        "--chakra", type=Path, default=None, help="also write the operator trace as a Chakra execution trace (.et)"
+    )
     parser.add_argument("--seq", type=int, default=None, help="sequence length (with --hf-config)")
     add_builder_arguments(parser)
     parser.add_argument("--name", default=None, help="graph name (default: the zoo name or model class)")
@@ -51,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if args.batch <= 0:
         raise CaptureError(f"--batch: must be a positive integer, got {args.batch}")
     check_output(args.output, "--output")
+    trace_path: Path | None = getattr(args, "trace", None)
+    chakra_path: Path | None = getattr(args, "chakra", None)
+    check_output(trace_path, "--trace")
+    check_output(chakra_path, "--chakra")
     if (args.builder is None) == (args.hf_config is None):
         raise CaptureError("give a builder (MODULE:FUNCTION or a zoo name) or --hf-config, not both and not neither")
     if args.hf_config is not None:
@@ -64,7 +80,15 @@ def run(args: argparse.Namespace) -> int:
             kwargs["size"] = args.size
         module, make_batch = build_on_meta(builder, kwargs)
         batch = make_example(make_batch, args.batch)
-        graph = capture(module, batch, batch_size=args.batch, optimizer=optimizer_kind(args), name=args.name)
+        graph = capture(
+            module,
+            batch,
+            batch_size=args.batch,
+            optimizer=optimizer_kind(args),
+            name=args.name,
+            trace=trace_path is not None or chakra_path is not None,
+        )
+    graph = write_trace(graph, trace_path=trace_path, chakra_path=chakra_path)
     if args.output is None:
         sys.stdout.write(graph.to_json() + "\n")
         print(graph.summary(), file=sys.stderr)
@@ -72,6 +96,29 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.output, graph.to_json() + "\n", "--output")
         print(f"{graph.summary()} -> {args.output}")
     return 0
+
+
+def write_trace(graph: Any, *, trace_path: Path | None, chakra_path: Path | None) -> Any:
+    """Write the trace where asked; the graph names its trace only when `--trace` keeps it."""
+    from stratagem.tracing.chakra import write_chakra
+
+    trace = graph.trace
+    if trace is None:
+        return graph
+    if chakra_path is not None:
+        try:
+            nodes = write_chakra(trace, chakra_path)
+        except OSError as error:
+            raise CaptureError(f"--chakra: {chakra_path}: cannot write it: {error.strerror or error}") from None
+        print(f"{nodes} Chakra nodes -> {chakra_path}", file=sys.stderr)
+    if trace_path is None:
+        return graph.replace(trace_id=None)
+    try:
+        trace.save(trace_path)
+    except OSError as error:
+        raise CaptureError(f"--trace: {trace_path}: cannot write it: {error.strerror or error}") from None
+    print(f"{trace.summary()} -> {trace_path}", file=sys.stderr)
+    return graph
 
 
 def capture_hf(args: argparse.Namespace) -> Any:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from stratagem.errors import InvalidGraphError, Problem
 from stratagem.ir.document import Document, Strict, as_value_error
@@ -32,6 +32,9 @@ from stratagem.ir.limits import (
     Name,
     OptionalName,
 )
+
+if TYPE_CHECKING:
+    from stratagem.tracing.optrace import OperatorTrace
 
 
 class LayerKind(StrEnum):
@@ -166,9 +169,29 @@ class ModelGraph(Document):
     variables: list[Variable] = Field(max_length=MAX_VARIABLES)
     architecture: Architecture | None = None
     """The transformer's shape, where known; None for other models and hand-built graphs."""
+    trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """Content id of the step's operator trace (`stratagem.tracing.OperatorTrace`), stored beside the
+    graph; None when capture recorded none. A trial replays the trace when the service holds it."""
     provenance: BoundedJSON = Field(default_factory=dict)
     """Where the graph came from (capture, zoo model and config, torch version); not part of the id. A record
     only: it never configures what a trial builds."""
+
+    _trace: Any = PrivateAttr(default=None)
+
+    @property
+    def trace(self) -> OperatorTrace | None:
+        """The operator trace held beside this graph in memory (capture attaches it; JSON carries only its id)."""
+        return self._trace
+
+    def attach_trace(self, trace: OperatorTrace) -> Self:
+        """Keep `trace` beside the graph, so uploads and replays find it; it must be the one `trace_id` names.
+        Parsing, `replace` and `load` give a graph without it (JSON carries the id only)."""
+        if trace.id != self.trace_id:
+            raise InvalidGraphError(
+                [Problem("trace_id", f"is {self.trace_id!r}, but the trace given has id {trace.id!r}")]
+            )
+        self._trace = trace
+        return self
 
     @model_validator(mode="after")
     def _check_references(self) -> Self:

@@ -90,6 +90,7 @@ def build_graph(
     batch_size: int,
     optimizer: str,
     provenance: dict[str, Any],
+    trace_id: str | None = None,
 ) -> ModelGraph:
     dtype = dominant_dtype(model)
     try:
@@ -100,6 +101,7 @@ def build_graph(
             optimizer=OptimizerSpec.of(optimizer, dtype.itemsize),
             layers=[to_layer(r) for r in recorder.layers],
             variables=to_variables(model, recorder),
+            trace_id=trace_id,
             provenance=provenance,
         )
     except ValidationError as error:

@@ -4,6 +4,9 @@
 - a TorchDispatchMode sees every aten op forward and backward: FLOPs, bytes, reads, lookups;
 - a TorchFunctionMode tags the autograd nodes each forward call creates with the running layer;
 - saved-tensor hooks see what autograd keeps for backward (the activations).
+
+With a TraceRecorder, the dispatch mode also writes every forward and backward op into the operator
+trace (`trace_recorder.record_optimizer_step` adds the update's afterwards).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from stratagem.tracing.flops import EMBEDDING_OPS, op_category, op_flops
 from stratagem.tracing.recorder import LayerRecord, Phase, Recorder, tensors_in
+from stratagem.tracing.trace_recorder import TraceRecorder
 
 _NO_TRAFFIC = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"})
 
@@ -28,22 +32,31 @@ _NO_TRAFFIC = frozenset({"_unsafe_view", "empty", "empty_strided", "new_empty", 
 class OpRecorder(TorchDispatchMode):
     """Counts each aten op against the running layer (forward) or the node's layer (backward)."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, trace: TraceRecorder | None = None) -> None:
         super().__init__()
         self.recorder = recorder
+        self.trace = trace
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not isinstance(func, torch._ops.OpOverload) or func.namespace == "prim":
             return out
-        if self.recorder.phase is Phase.forward:
-            self._forward_op(func, args, kwargs, out)
+        phase = self.recorder.phase
+        flops = op_flops(func, args, kwargs, out)
+        if phase is Phase.forward:
+            layer = self._forward_op(func, args, kwargs, out, flops).name
         else:
-            self.recorder.layer_for_backward().bwd_flops += op_flops(func, args, kwargs, out)
+            record = self.recorder.layer_for_backward()
+            record.bwd_flops += flops
+            layer = record.name
+        if self.trace is not None:
+            self.trace.record(phase.value, func, args, kwargs, out, layer=layer, flops=flops)
         return out
 
-    def _forward_op(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    def _forward_op(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, flops: float
+    ) -> LayerRecord:
         recorder = self.recorder
         layer = recorder.current_layer()
         inputs = tensors_in((args, kwargs))
@@ -51,13 +64,14 @@ class OpRecorder(TorchDispatchMode):
         for tensor in inputs:
             recorder.read(layer, tensor)
         recorder.produced(layer, outputs)
-        layer.fwd_flops += op_flops(func, args, kwargs, out)
+        layer.fwd_flops += flops
         name = func._overloadpacket.__name__
         if name in EMBEDDING_OPS:
             self._count_lookups(layer, args)
         if outputs and not func.is_view and name not in _NO_TRAFFIC:
             layer.bytes_moved += _traffic(name, args, inputs, outputs)
             layer.categories.add(op_category(name))
+        return layer
 
     def _count_lookups(self, layer: LayerRecord, args: tuple[Any, ...]) -> None:
         """Embedding ops take (weight, indices, ...): every index is one row looked up this step."""
@@ -107,8 +121,8 @@ class NodeTagger(TorchFunctionMode):
 
 
 @contextmanager
-def recording(recorder: Recorder) -> Iterator[None]:
-    """All interception points on, for the duration of one forward and backward."""
+def recording(recorder: Recorder, trace: TraceRecorder | None = None) -> Iterator[None]:
+    """All interception points on, for the duration of one forward and backward (and optimizer step)."""
 
     def pre_hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         recorder.enter_module(module, args)
@@ -118,13 +132,15 @@ def recording(recorder: Recorder) -> Iterator[None]:
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         recorder.saved_for_backward(tensor)
+        if trace is not None and recorder.phase is Phase.forward:
+            trace.mark_saved(tensor)
         return tensor
 
     with ExitStack() as stack:
         stack.callback(register_module_forward_pre_hook(pre_hook).remove)
         stack.callback(register_module_forward_hook(post_hook).remove)
         stack.enter_context(saved_tensors_hooks(pack, _unpack))
-        stack.enter_context(OpRecorder(recorder))
+        stack.enter_context(OpRecorder(recorder, trace))
         stack.enter_context(NodeTagger(recorder))
         yield
 
