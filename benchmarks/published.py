@@ -5,7 +5,7 @@
 
 For each row of `shared/published/gpu_measurements.csv` (its README says where every number comes from):
 the architecture is captured on the meta device (`stratagem.capture_hf_config`, or the zoo's ResNet-50
-v1.5), the cluster and `stratagem.Layout` are built from the row (`benchmarks/lib/published_rows.py`), and
+v1.5), the cluster and `stratagem.Layout` are built from the row (`benchmarks/lib/published_layouts.py`), and
 `stratagem.predict` prices it. Printed per row (predicted and measured step time, ratio, the breakdown's
 main components, memory, capture time), per source and overall: MAPE of the step time, scaling error
 over series of one model on growing GPU counts, Kendall tau within one model on one cluster, and
@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import stratagem
+from benchmarks.lib import published_layouts as setup
 from benchmarks.lib import published_rows as rows_
 from benchmarks.lib.published_capture import Captured, GraphCache, default_cache_dir, describe
 from benchmarks.lib.published_learned import Priced, leave_one_source_out
+from benchmarks.lib.published_models import model_spec
 from benchmarks.lib.published_rows import Row
 from benchmarks.lib.published_scoring import kendall_tau_by_group, mape, max_abs_scaling_error, scaling_errors
 from benchmarks.lib.published_trials import Exportable, export_trials
@@ -62,12 +64,12 @@ class RowResult:
 
 def run_row(row: Row, cache: GraphCache) -> RowResult:
     result = RowResult(row)
-    result.unexpressed = rows_.expressibility_misses(row)
+    result.unexpressed = setup.expressibility_misses(row)
     result.misses += result.unexpressed
     try:
-        result.resources = rows_.cluster(row)
-        result.layout = rows_.layout(row)
-        result.captured = cache.get(rows_.model_spec(row))
+        result.resources = setup.cluster(row)
+        result.layout = setup.layout(row)
+        result.captured = cache.get(model_spec(row))
     except (ValueError, stratagem.StratagemError) as error:
         result.misses.append(f"mapping: {error}")
         return result
@@ -186,7 +188,7 @@ def summary(results: list[RowResult], capture_wall_s: float) -> dict[str, Any]:
             "slowest": dict(sorted(captures.items(), key=lambda kv: -(kv[1]["capture_s"] or 0.0))[:5]),
             "this_run_wall_s": _round(capture_wall_s),
         },
-        "proposed_catalog_entries": rows_.proposed_catalog_entries([r.row for r in results]),
+        "proposed_catalog_entries": setup.proposed_catalog_entries([r.row for r in results]),
     }
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import stratagem
 from benchmarks import published
-from benchmarks.lib import published_capture, published_rows, published_scoring
+from benchmarks.lib import published_capture, published_layouts, published_models, published_rows, published_scoring
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "published_rows.csv"
 
@@ -44,7 +44,7 @@ def test_rows_are_read_with_ids_per_source_and_the_derived_step_time(rows) -> No
 
 
 def test_megatron_interleaving_and_amp_fp16_become_the_layout(rows) -> None:
-    layout = published_rows.layout(rows["megatron_sc21_table1:1"])
+    layout = published_layouts.layout(rows["megatron_sc21_table1:1"])
     assert (layout.data, layout.tensor, layout.pipeline, layout.context) == (32, 8, 4, 1)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (2, 28, 1792)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 3)
@@ -53,52 +53,52 @@ def test_megatron_interleaving_and_amp_fp16_become_the_layout(rows) -> None:
 
 def test_bloom_is_zero_1_in_amp_bf16_on_twelve_uneven_stages(rows) -> None:
     row = rows["bigscience_bloom176b:1"]
-    layout = published_rows.layout(row)
+    layout = published_layouts.layout(row)
     assert (layout.data, layout.tensor, layout.pipeline, layout.micro_batches) == (8, 4, 12, 128)
     assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "amp-bf16", "full", "1f1b")
-    config = published_rows.model_spec(row).config
+    config = published_models.model_spec(row).config
     assert config["model_type"] == "bloom" and config["n_layer"] == 70 and config["vocab_size"] == 250880
 
 
 def test_torchtitan_local_batch_splits_into_pipeline_micro_batches_and_tp_always_splits_the_sequence(rows) -> None:
     row = rows["torchtitan_benchmarks:2"]
-    layout = published_rows.layout(row)
+    layout = published_layouts.layout(row)
     assert (layout.data, layout.tensor, layout.pipeline) == (8, 8, 8)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (4, 8, 256)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 2)
     assert layout.sequence_parallel and layout.zero == 3 and layout.precision == "fp8"
-    spec = published_rows.model_spec(row)
+    spec = published_models.model_spec(row)
     assert spec.batch == 4 and spec.seq == 8192
     assert spec.config["num_key_value_heads"] == 8 and spec.config["rope_scaling"]["rope_type"] == "llama3"
 
 
 def test_clusters_take_the_rows_gpus_nodes_and_links(rows) -> None:
-    sixteen = published_rows.cluster(rows["dlperf_ngc_pytorch_resnet50:2"])
+    sixteen = published_layouts.cluster(rows["dlperf_ngc_pytorch_resnet50:2"])
     assert [len(node.gpus) for node in sixteen.nodes] == [8, 8]
     assert {node.device for node in sixteen.nodes} == {"V100-16GB"}
     assert sixteen.network.bandwidth_gbps == 100 and sixteen.network.kind == "infiniband"
     assert sixteen.intra_link(sixteen.nodes[0]).kind == "nvlink"  # NVLink2, not the CPU link
-    one = published_rows.cluster(rows["dlperf_ngc_pytorch_resnet50:1"])
+    one = published_layouts.cluster(rows["dlperf_ngc_pytorch_resnet50:1"])
     assert one.num_devices == 1 and len(one.nodes) == 1
-    dgx2 = published_rows.cluster(rows["deepspeed_autotuning_hf:1"])
+    dgx2 = published_layouts.cluster(rows["deepspeed_autotuning_hf:1"])
     assert len(dgx2.nodes) == 1 and dgx2.num_devices == 16
     assert dgx2.device_spec("V100").memory_bytes == 32e9
 
 
 def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(rows) -> None:
     row = rows["torchtitan_benchmarks:1"]
-    spec = published_rows.cluster(row)
+    spec = published_layouts.cluster(row)
     device = spec.device_spec("H100")
     assert device.memory_bytes == 96e9 and device.memory_bandwidth == 2.4e12
     assert device.peak_flops["float8"] == 1979e12
     assert spec.intra_link(spec.nodes[0]).bandwidth_gbps == 3600
-    entries = published_rows.proposed_catalog_entries(list(rows.values()))
+    entries = published_layouts.proposed_catalog_entries(list(rows.values()))
     assert [entry["spec"]["name"] for entry in entries] == ["H100-SXM-96GB-HBM2e"]
 
 
 def test_what_the_ir_cannot_state_is_named(rows) -> None:
-    misses = published_rows.expressibility_misses
-    assert misses(rows["torchtitan_benchmarks:1"]) == [published_rows.UNEXPRESSED[0][1]]
+    misses = published_layouts.expressibility_misses
+    assert misses(rows["torchtitan_benchmarks:1"]) == [published_layouts.UNEXPRESSED[0][1]]
     assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == [
         "torch.compile",
         "async tensor parallelism",
@@ -108,7 +108,7 @@ def test_what_the_ir_cannot_state_is_named(rows) -> None:
 
 def test_glue_rows_capture_the_classification_head_with_the_rows_shape(rows) -> None:
     row = rows["deepspeed_autotuning_hf:1"]
-    spec = published_rows.model_spec(row)
+    spec = published_models.model_spec(row)
     assert spec.config["architectures"] == ["DistilBertForSequenceClassification"]
     graph = published_capture.capture(spec)
     arch = graph.architecture
@@ -124,7 +124,7 @@ def test_glue_rows_capture_the_classification_head_with_the_rows_shape(rows) -> 
 
 
 def test_resnet50_from_the_zoo_is_v1_5_with_torchvisions_parameter_count(rows) -> None:
-    spec = published_rows.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
+    spec = published_models.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
     module, _ = stratagem.zoo.build(spec.config["zoo"], spec.config["size"], device="meta")
     first = module.stages[1][0]
     assert first.conv1.stride == (1, 1) and first.conv2.stride == (2, 2)  # v1.5: the stride on the 3x3
@@ -133,7 +133,7 @@ def test_resnet50_from_the_zoo_is_v1_5_with_torchvisions_parameter_count(rows) -
 
 
 def test_graphs_are_cached_on_disk_and_read_back(rows, tmp_path: Path) -> None:
-    spec = published_rows.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
+    spec = published_models.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
     first = published_capture.GraphCache(tmp_path).get(spec)
     again = published_capture.GraphCache(tmp_path).get(spec)
     assert not first.cached and again.cached

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import stratagem
-from benchmarks.lib.published_rows import ModelSpec
+from benchmarks.lib.published_models import ModelSpec
 from stratagem import ModelGraph
 
 CAPTURE_CODE = ("tracing", "hf.py", "architecture.py", "zoo")
