@@ -283,3 +283,31 @@ def test_rows_the_ir_cannot_state_are_left_out_of_the_export_with_their_reason(r
     assert report["left_out"] == [{"id": "torchtitan_benchmarks:1", "reasons": reasons}]
     header = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
     assert header["kind"] == "header" and header["source"] == "published:rows.csv"
+
+
+def test_a_pipeline_cuts_blocks_unevenly_as_torchtitan_does_and_megatron_refuses_it() -> None:
+    graph = stratagem.capture_hf_config(
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 10,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 128,
+        },
+        batch=1,
+        seq=32,
+    )
+    cluster = stratagem.ResourceSpec.parse({"nodes": [{"address": "n0", "gpus": [0, 1, 2, 3], "device": "H100"}]})
+    layout = stratagem.Layout(pipeline=4, global_batch=4)
+    strategy = layout.build(graph, cluster)
+    blocks = [
+        sum(".layers." in name and name.endswith("input_layernorm") for name in stage)
+        for stage in strategy.pipeline.stages
+    ]
+    assert sum(blocks) == 10 and len(blocks) == 4 and min(blocks) >= 1
+    with pytest.raises(stratagem.UnsupportedStrategyError, match=r"layers\(10\) is not a multiple of pipeline\(4\)"):
+        layout.to_megatron(layers=10)
+    with pytest.raises(stratagem.InvalidLayoutError, match="every chunk needs a block"):
+        stratagem.Layout(pipeline=4, virtual_stages=3, schedule="interleaved-1f1b").build(graph, cluster)
