@@ -2,11 +2,14 @@
 
 `capture_hf_config(config, batch=1, seq=4096)` takes a config dict, a path to `config.json`, or a
 `transformers` config object, builds the model with `transformers` (its language-model head where it
-has one, so the step includes the loss), and records one training step on `batch × seq` token ids as
+has one, so the step includes the loss; the sequence-classification head where `architectures` names
+one, as a GLUE fine-tune trains), and records one training step on `batch × seq` token ids as
 a ModelGraph whose `architecture` is the config's shape. Parameters are fp32 whatever the config's
 `torch_dtype` says: the layout's precision decides the numerics. Attention runs as SDPA (`attn_implementation
 ="sdpa"`), whose kernels capture counts with the textbook FLOPs where torch's counter has no formula
 (`stratagem.tracing.flops`), so attention is never free; flash attention does the same arithmetic.
+Architectures transformers has no SDPA path for (BLOOM's ALiBi, DeBERTa-v2's disentangled attention)
+run their own eager attention, as they train; `provenance.attn_implementation` says which ran.
 """
 
 from __future__ import annotations
@@ -42,16 +45,18 @@ def capture_hf_config(
     from stratagem.tracing import capture
 
     hf_config = load_config(config)
-    model, causal = _build(hf_config)
+    model, causal, classifier = _build(hf_config)
     positions = getattr(hf_config, "max_position_embeddings", None)
     if isinstance(positions, int) and seq > positions:
         raise CaptureError(f"seq: {seq} is longer than the model's max_position_embeddings({positions})")
     with torch.device("meta"):
         ids = torch.zeros(batch, seq, dtype=torch.long)
-    inputs = {"input_ids": ids, "labels": ids}
+        labels = torch.zeros(batch, dtype=torch.long) if classifier else ids
+    inputs = {"input_ids": ids, "labels": labels}
     graph = capture(model, inputs, batch_size=batch, optimizer=optimizer, loss_fn=_loss, name=name or _name(hf_config))
     graph.architecture = hf_architecture(hf_config, seq=seq, causal=causal)
     graph.provenance["hf_config"] = json.loads(hf_config.to_json_string(use_diff=True))
+    graph.provenance["attn_implementation"] = model.config._attn_implementation
     return graph
 
 
@@ -97,31 +102,43 @@ def _from_dict(data: Any, *, where: str) -> Any:
         raise CaptureError(f"{where}: model_type {model_type!r} is not a transformers architecture ({error})") from None
 
 
-def _build(config: Any) -> tuple[Any, bool]:
-    """The model with its training head on meta, and whether it is causal: the head `architectures` names,
-    else a masked LM for an encoder (a config with a masked-LM head that is not marked `is_decoder`),
-    else a causal LM."""
+def _build(config: Any) -> tuple[Any, bool, bool]:
+    """The model with its training head on meta, whether it is causal and whether its head classifies
+    whole sequences: the head `architectures` names (a `...ForSequenceClassification` too), else a
+    masked LM for an encoder (a config with a masked-LM head that is not marked `is_decoder`), else a
+    causal LM. Attention is SDPA where transformers has it for the architecture, else its eager code."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     heads = [(AutoModelForCausalLM, True), (AutoModelForMaskedLM, False)]
     named = " ".join(getattr(config, "architectures", None) or [])
     encoder = type(config) in AutoModelForMaskedLM._model_mapping and not getattr(config, "is_decoder", False)
     if "ForMaskedLM" in named or ("ForCausalLM" not in named and encoder):
         heads.reverse()
+    if "ForSequenceClassification" in named:
+        heads.insert(0, (AutoModelForSequenceClassification, bool(getattr(config, "is_decoder", False))))
     errors = []
     for auto, causal in heads:
         if type(config) not in auto._model_mapping:
             continue
         try:
-            with torch.device("meta"):
-                model = auto.from_config(config, attn_implementation="sdpa").float()
+            model = _on_meta(auto, config, torch)
         except (ValueError, TypeError, RuntimeError) as error:
             errors.append(f"{auto.__name__}: {error}")
             continue
-        return model, causal
+        return model, causal, auto is AutoModelForSequenceClassification
     reason = "; ".join(errors) or "it has no causal or masked language-model head in transformers"
     raise CaptureError(f"cannot build {type(config).__name__} for training: {reason}")
+
+
+def _on_meta(auto: Any, config: Any, torch: Any) -> Any:
+    with torch.device("meta"):
+        try:
+            return auto.from_config(config, attn_implementation="sdpa").float()
+        except ValueError as error:
+            if "scaled_dot_product_attention" not in str(error):
+                raise
+            return auto.from_config(config, attn_implementation="eager").float()
 
 
 def _loss(output: Any) -> Any:

@@ -118,12 +118,12 @@ def graph_problems(layout: Layout, resources: ResourceSpec, arch: Architecture |
         problems.append(Problem("tensor", f"tensor({tensor}) does not divide heads({arch.heads})"))
     if arch.kv_heads is not None and arch.kv_heads % tensor:
         problems.append(Problem("tensor", f"tensor({tensor}) does not divide kv_heads({arch.kv_heads})"))
-    if arch.layers % chunks:
+    if arch.layers < chunks:
         problems.append(
             Problem(
                 "pipeline",
-                f"layers({arch.layers}) is not a multiple of pipeline({pipeline})*virtual_stages"
-                f"({layout.virtual_stages})={chunks}",
+                f"layers({arch.layers}) < pipeline({pipeline})*virtual_stages({layout.virtual_stages})={chunks}: "
+                "every chunk needs a block",
             )
         )
     if context > 1:

@@ -125,7 +125,7 @@ def test_zero_0_all_reduces_in_fusion_groups_and_zero_3_shards_in_the_shard_grou
         (
             Layout(pipeline=8),
             gpu_cluster(1, 8),
-            "pipeline: layers(4) is not a multiple of pipeline(8)*virtual_stages(1)=8",
+            "pipeline: layers(4) < pipeline(8)*virtual_stages(1)=8: every chunk needs a block",
         ),
         (
             Layout(tensor=4),

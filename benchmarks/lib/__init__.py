@@ -10,4 +10,6 @@
 - `interleaved`: every strategy of one job measured side by side by one pair of gloo ranks;
 - `gpu`: the one-GPU cases and their plain-PyTorch reference step;
 - `system`: process-level helpers (page faults, niceness).
+- `published_*`: `benchmarks/published.py`'s rows (model, cluster and layout of each published GPU run),
+  its graph cache, scores, learned correction and trial export.
 """

@@ -50,7 +50,7 @@ FLAGS = (
 
 def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str]:
     tensor, pipeline, context = layout.tensor or 1, layout.pipeline or 1, layout.context or 1
-    refuse(ENGINE, _refusals(layout, pipeline))
+    refuse(ENGINE, _refusals(layout, pipeline, layers))
     args = [
         "--tensor-model-parallel-size",
         str(tensor),
@@ -81,8 +81,14 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str
     return args
 
 
-def _refusals(layout: Layout, pipeline: int) -> list[str]:
+def _refusals(layout: Layout, pipeline: int, layers: int | None) -> list[str]:
     reasons = []
+    chunks = pipeline * layout.virtual_stages
+    if layers is not None and layers % chunks:
+        reasons.append(
+            f"layers({layers}) is not a multiple of pipeline({pipeline})*virtual_stages({layout.virtual_stages})"
+            f"={chunks}: Megatron gives every chunk the same number of layers"
+        )
     if layout.precision == "tf32":
         reasons.append(TF32_REASON)
     if layout.precision == "bf16":

@@ -59,7 +59,16 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
         parallelism["pipeline_parallel_microbatch_size"] = layout.micro_batch or 1
         default_chunks = 2 if parallelism["pipeline_parallel_schedule"].lower() in MULTI_STAGE else 1
         if layout.virtual_stages != default_chunks and layers is not None:
-            parallelism["pipeline_parallel_layers_per_stage"] = layers // (pipeline * layout.virtual_stages)
+            chunks = pipeline * layout.virtual_stages
+            if layers % chunks:
+                refuse(
+                    ENGINE,
+                    [
+                        f"layers({layers}) is not a multiple of pipeline({pipeline})*virtual_stages"
+                        f"({layout.virtual_stages})={chunks}: pipeline_parallel_layers_per_stage is one number"
+                    ],
+                )
+            parallelism["pipeline_parallel_layers_per_stage"] = layers // chunks
     parallelism["context_parallel_degree"] = context
     sections: dict[str, dict[str, Any]] = {"training": _training(layout, pipeline), "parallelism": parallelism}
     sections["activation_checkpoint"] = {"mode": AC_MODES[layout.recompute]}

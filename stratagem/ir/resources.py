@@ -56,6 +56,7 @@ class Link(Strict):
 DEFAULT_INTRA_NODE: dict[str, Link] = {
     "T4": Link(kind="pcie", bandwidth_gbps=128, latency_us=8, efficiency=0.8),
     "V100": Link(kind="nvlink", bandwidth_gbps=1200, latency_us=6, efficiency=0.8),
+    "V100-16GB": Link(kind="nvlink", bandwidth_gbps=1200, latency_us=6, efficiency=0.8),
     "A100-40GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=5, efficiency=0.8),
     "A100-80GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=5, efficiency=0.8),
     "H100": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=4, efficiency=0.8),

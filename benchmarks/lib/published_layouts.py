@@ -1,0 +1,208 @@
+"""The setting of each published row: its cluster (GPU kind, nodes and links; device overrides for parts
+the catalog lacks, each figure with its source), its `stratagem.Layout`, and what the IR cannot state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.lib.published_rows import Row
+from stratagem import Layout, ResourceSpec
+from stratagem.ir.catalog import lookup
+
+# --- the cluster ------------------------------------------------------------------------------
+
+GPU_KINDS = {
+    "A100-SXM4-80GB": "A100-80GB",
+    "V100-SXM2-16GB": "V100-16GB",
+    "V100 (16 in one node; memory unstated)": "V100",
+    "H100-SXM 96GB HBM2e (500W cap)": "H100",
+    "H200": "H200",
+}
+"""The row's GPU as a catalog kind. DeepSpeed's 16-V100 node is a DGX-2 (the source's notes): V100 SXM3
+32 GB on NVSwitch, the catalog's V100 (32 GB, 900 GB/s, NVLink2 at 150 GB/s per direction per GPU,
+which NVSwitch gives every pair). torchtitan's H100 is overridden below."""
+H100_96GB = "H100-SXM 96GB HBM2e (500W cap)"
+INFINIBAND_LATENCY_US = 5.0
+"""One RDMA hop between nodes: the project's worked example (docs/layouts.md); NCCL's own tuning model
+puts a network step at 2.7-14 us by protocol (NVIDIA/nccl src/graph/tuning.cc, hwLat for NET)."""
+
+
+def device_overrides(row: Row) -> dict[str, Any]:
+    """`ResourceSpec.devices` entries for parts the catalog lacks, keyed by the catalog kind they replace
+    (so the kind keeps its NVLink default and its feature code); each figure with its source."""
+    if row.gpu != H100_96GB:
+        return {}
+    base = lookup("H100")
+    assert base is not None
+    flops = dict(base.peak_flops)
+    # NVIDIA H100 SXM data sheet: 1,979 TFLOP/s dense FP8 (3,958 with sparsity); the catalog may lack it.
+    flops.setdefault("float8", 1979e12)
+    spec = base.model_copy(
+        update={
+            "name": "H100-SXM-96GB-HBM2e",
+            # pytorch/torchtitan docs/performance.md (Grand Teton): "96GB HBM2e with 2.4 TB/sec peak memory
+            # bandwidth", run at the default 500 W power limit (the 700 W SXM data sheet's peak FLOP/s is kept:
+            # no figure at 500 W is published).
+            "memory_bytes": 96e9,
+            "memory_bandwidth": 2.4e12,
+            "peak_flops": flops,
+        }
+    )
+    return {"H100": spec.model_dump(mode="json")}
+
+
+def proposed_catalog_entries(rows: list[Row]) -> list[dict[str, Any]]:
+    """The device overrides these rows needed, once each, as entries the catalog could take."""
+    seen: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        for kind, spec in device_overrides(row).items():
+            seen.setdefault(
+                spec["name"],
+                {
+                    "replaces_kind": kind,
+                    "row_gpu": row.gpu,
+                    "spec": spec,
+                    "sources": [
+                        "memory and bandwidth: pytorch/torchtitan docs/performance.md (96GB HBM2e, 2.4 TB/s, 500 W)",
+                        "float8 peak: NVIDIA H100 SXM data sheet (1,979 TFLOP/s dense)",
+                        "other peaks: the catalog's H100 (700 W SXM data sheet)",
+                    ],
+                },
+            )
+    return list(seen.values())
+
+
+def cluster(row: Row) -> ResourceSpec:
+    """The row's GPUs on nodes of `gpus_per_node` (the last node holds what is left), the catalog's
+    intra-node link for the kind, and the row's per-node injection bandwidth between nodes."""
+    kind = GPU_KINDS.get(row.gpu)
+    if kind is None:
+        raise ValueError(f"gpu: no catalog kind for {row.gpu!r}; known: {', '.join(GPU_KINDS)}")
+    nodes = []
+    left, index = row.n_gpus, 0
+    while left > 0:
+        count = min(row.gpus_per_node, left)
+        nodes.append({"address": f"node{index:04d}", "chief": index == 0, "gpus": list(range(count)), "device": kind})
+        left -= count
+        index += 1
+    spec: dict[str, Any] = {"name": f"{row.source}:{kind}x{row.n_gpus}", "nodes": nodes}
+    if len(nodes) > 1:
+        if row.inter_node_gbps is None:
+            raise ValueError(f"inter_node_gbps: {len(nodes)} nodes and no bandwidth between them")
+        spec["network"] = {
+            "kind": "infiniband",
+            "bandwidth_gbps": row.inter_node_gbps,
+            "latency_us": INFINIBAND_LATENCY_US,
+        }
+    overrides = device_overrides(row)
+    if overrides:
+        spec["devices"] = overrides
+    return ResourceSpec.parse(spec)
+
+
+# --- the layout -------------------------------------------------------------------------------
+
+PRECISIONS = (
+    ("bf16 + float8", "fp8"),
+    ("amp_fp16", "amp-fp16"),
+    ("fp16", "amp-fp16"),
+    ("bf16", "amp-bf16"),
+    ("fp32", "fp32"),
+)
+"""Source wording to `Layout.precision`, first prefix wins. Megatron's and DeepSpeed's `--fp16`/`fp16`
+and Hugging Face's AMP keep fp32 main weights (amp-fp16); BLOOM's BF16_Optimizer and torchtitan's FSDP2
+(`mixed_precision_param = "bfloat16"` over fp32 shards) likewise (amp-bf16); torchtitan's float8 linears
+beside bf16 are `fp8`."""
+TORCHTITAN_INTERLEAVED_CHUNKS = 2
+"""torchtitan's multi-stage schedules hold 2 stages per rank unless `pipeline_parallel_layers_per_stage`
+says otherwise (stratagem/interop/torchtitan.py, MULTI_STAGE)."""
+
+
+def precision(row: Row) -> str:
+    text = row.precision.strip().lower()
+    for prefix, name in PRECISIONS:
+        if text.startswith(prefix):
+            return name
+    raise ValueError(f"precision: no Layout precision for {row.precision!r}")
+
+
+def recompute(row: Row) -> str:
+    text = row.recompute.strip().lower()
+    for name in ("none", "selective", "full"):
+        if text.startswith(name):
+            return name
+    raise ValueError(f"recompute: no Layout recomputation for {row.recompute!r}")
+
+
+def schedule(row: Row) -> tuple[str, int]:
+    """(schedule, virtual stages): Megatron's `virtual_pipeline_chunks`, torchtitan's `pp_schedule`."""
+    if row.pp == 1:
+        return "1f1b", 1
+    named = str(row.other.get("pp_schedule", "")).lower()
+    chunks = int(row.other.get("virtual_pipeline_chunks", 1))
+    if named.startswith("interleaved"):
+        chunks = max(chunks, TORCHTITAN_INTERLEAVED_CHUNKS)
+    if named and named not in ("1f1b", "interleaved1f1b"):
+        raise ValueError(f"other_layout.pp_schedule: no Layout schedule for {named!r}")
+    return ("interleaved-1f1b", chunks) if chunks > 1 else ("1f1b", 1)
+
+
+def pipeline_micro_batch(row: Row) -> tuple[int, int]:
+    """(samples per micro-batch, micro-batches per replica per step). torchtitan's `local_batch_size` is a
+    replica's step, split into as many pipeline micro-batches as stages by default; Megatron's and
+    DeepSpeed's micro-batch is the micro-batch."""
+    if row.pp > 1 and str(row.other.get("pp_microbatches", "")).startswith("default"):
+        count = row.pp
+        if row.micro_batch % count:
+            raise ValueError(f"micro_batch: {row.micro_batch} does not split into {count} pipeline micro-batches")
+        return row.micro_batch // count, count
+    per_step = row.micro_batch * row.dp
+    if row.global_batch % per_step:
+        raise ValueError(f"global_batch({row.global_batch}) is not a multiple of micro_batch*dp({per_step})")
+    count = row.global_batch // per_step
+    stated = row.other.get("microbatches_per_pipeline")
+    if stated is not None and int(stated) != count:
+        raise ValueError(f"other_layout.microbatches_per_pipeline({stated}) != global_batch/(micro_batch*dp)({count})")
+    return row.micro_batch, count
+
+
+def layout(row: Row) -> Layout:
+    """The row's layout: every degree, ZeRO, the batch, schedule, recomputation, precision and sequence
+    parallelism (Megatron's explicit flag; torchtitan always splits norms along the sequence under TP)."""
+    context = int(row.other.get("cp", 1))
+    if row.dp * row.tp * row.pp * context != row.n_gpus:
+        raise ValueError(f"dp*tp*pp*cp = {row.dp * row.tp * row.pp * context} != n_gpus({row.n_gpus})")
+    sched, chunks = schedule(row)
+    micro, count = pipeline_micro_batch(row)
+    sequence_parallel = bool(row.other.get("seq_parallel", False))
+    if row.source == "torchtitan_benchmarks" and row.tp > 1:
+        sequence_parallel = True
+    return Layout(
+        data=row.dp,
+        tensor=row.tp,
+        pipeline=row.pp,
+        context=context,
+        micro_batch=micro,
+        micro_batches=count,
+        global_batch=row.global_batch,
+        schedule=sched,
+        virtual_stages=chunks,
+        zero=row.zero_stage,
+        recompute=recompute(row),
+        precision=precision(row),
+        sequence_parallel=sequence_parallel,
+    )
+
+
+UNEXPRESSED = (
+    ("compile", "torch.compile: the IR has no compile knob (fused kernels, fewer launches)"),
+    ("async_tp", "async tensor parallelism: the IR has no knob overlapping TP collectives with the matmuls"),
+    ("fsdp_float8_all_gather", "float8 all-gather: FSDP gathers fp8 weights; the IR has no knob for the gather dtype"),
+)
+"""`other_layout` flags that change the step time and that no Layout or Strategy field states."""
+
+
+def expressibility_misses(row: Row) -> list[str]:
+    """Why the project cannot state this row yet (empty when it can)."""
+    return [reason for key, reason in UNEXPRESSED if row.other.get(key) is True]

@@ -1,0 +1,313 @@
+"""`benchmarks/published.py` on eight published rows (tests/data/published_rows.csv, copied with their
+source columns from shared/published/gpu_measurements.csv): each row's model, cluster and layout, the
+scores on hand-worked numbers, the accounting of misses, and the rows as trials in a real service."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stratagem
+from benchmarks import published
+from benchmarks.lib import published_capture, published_layouts, published_models, published_rows, published_scoring
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "published_rows.csv"
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, Any]:
+    return {row.id: row for row in published_rows.read_rows(FIXTURE)}
+
+
+# --- rows to layouts, clusters and models -------------------------------------------------------
+
+
+def test_rows_are_read_with_ids_per_source_and_the_derived_step_time(rows) -> None:
+    assert list(rows) == [
+        "megatron_sc21_table1:1",
+        "bigscience_bloom176b:1",
+        "dlperf_ngc_pytorch_resnet50:1",
+        "dlperf_ngc_pytorch_resnet50:2",
+        "deepspeed_autotuning_hf:1",
+        "deepspeed_autotuning_hf:2",
+        "torchtitan_benchmarks:1",
+        "torchtitan_benchmarks:2",
+    ]
+    megatron = rows["megatron_sc21_table1:1"]
+    assert megatron.model == "megatron-gpt-76.1B" and megatron.measured_step_s == 16.06 and megatron.seq == 2048
+    assert rows["torchtitan_benchmarks:1"].measured_memory_bytes == pytest.approx(76.8 * 1024**3)
+    assert rows["dlperf_ngc_pytorch_resnet50:1"].measured_memory_bytes is None
+
+
+def test_megatron_interleaving_and_amp_fp16_become_the_layout(rows) -> None:
+    layout = published_layouts.layout(rows["megatron_sc21_table1:1"])
+    assert (layout.data, layout.tensor, layout.pipeline, layout.context) == (32, 8, 4, 1)
+    assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (2, 28, 1792)
+    assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 3)
+    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "amp-fp16", False)
+
+
+def test_bloom_is_zero_1_in_amp_bf16_on_twelve_uneven_stages(rows) -> None:
+    row = rows["bigscience_bloom176b:1"]
+    layout = published_layouts.layout(row)
+    assert (layout.data, layout.tensor, layout.pipeline, layout.micro_batches) == (8, 4, 12, 128)
+    assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "amp-bf16", "full", "1f1b")
+    config = published_models.model_spec(row).config
+    assert config["model_type"] == "bloom" and config["n_layer"] == 70 and config["vocab_size"] == 250880
+
+
+def test_torchtitan_local_batch_splits_into_pipeline_micro_batches_and_tp_always_splits_the_sequence(rows) -> None:
+    row = rows["torchtitan_benchmarks:2"]
+    layout = published_layouts.layout(row)
+    assert (layout.data, layout.tensor, layout.pipeline) == (8, 8, 8)
+    assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (4, 8, 256)
+    assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 2)
+    assert layout.sequence_parallel and layout.zero == 3 and layout.precision == "fp8"
+    spec = published_models.model_spec(row)
+    assert spec.batch == 4 and spec.seq == 8192
+    assert spec.config["num_key_value_heads"] == 8 and spec.config["rope_scaling"]["rope_type"] == "llama3"
+
+
+def test_clusters_take_the_rows_gpus_nodes_and_links(rows) -> None:
+    sixteen = published_layouts.cluster(rows["dlperf_ngc_pytorch_resnet50:2"])
+    assert [len(node.gpus) for node in sixteen.nodes] == [8, 8]
+    assert {node.device for node in sixteen.nodes} == {"V100-16GB"}
+    assert sixteen.network.bandwidth_gbps == 100 and sixteen.network.kind == "infiniband"
+    assert sixteen.intra_link(sixteen.nodes[0]).kind == "nvlink"  # NVLink2, not the CPU link
+    one = published_layouts.cluster(rows["dlperf_ngc_pytorch_resnet50:1"])
+    assert one.num_devices == 1 and len(one.nodes) == 1
+    dgx2 = published_layouts.cluster(rows["deepspeed_autotuning_hf:1"])
+    assert len(dgx2.nodes) == 1 and dgx2.num_devices == 16
+    assert dgx2.device_spec("V100").memory_bytes == 32e9
+
+
+def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(rows) -> None:
+    row = rows["torchtitan_benchmarks:1"]
+    spec = published_layouts.cluster(row)
+    device = spec.device_spec("H100")
+    assert device.memory_bytes == 96e9 and device.memory_bandwidth == 2.4e12
+    assert device.peak_flops["float8"] == 1979e12
+    assert spec.intra_link(spec.nodes[0]).bandwidth_gbps == 3600
+    entries = published_layouts.proposed_catalog_entries(list(rows.values()))
+    assert [entry["spec"]["name"] for entry in entries] == ["H100-SXM-96GB-HBM2e"]
+
+
+def test_what_the_ir_cannot_state_is_named(rows) -> None:
+    misses = published_layouts.expressibility_misses
+    assert misses(rows["torchtitan_benchmarks:1"]) == [published_layouts.UNEXPRESSED[0][1]]
+    assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == [
+        "torch.compile",
+        "async tensor parallelism",
+    ]
+    assert misses(rows["megatron_sc21_table1:1"]) == []
+
+
+def test_glue_rows_capture_the_classification_head_with_the_rows_shape(rows) -> None:
+    row = rows["deepspeed_autotuning_hf:1"]
+    spec = published_models.model_spec(row)
+    assert spec.config["architectures"] == ["DistilBertForSequenceClassification"]
+    graph = published_capture.capture(spec)
+    arch = graph.architecture
+    assert (arch.layers, arch.hidden, arch.heads, arch.ffn, arch.seq, arch.vocab) == (6, 768, 12, 3072, 128, 30522)
+    assert graph.batch_size == 256 and not arch.causal
+    masked = stratagem.capture_hf_config(
+        {k: v for k, v in spec.config.items() if k not in ("architectures", "num_labels", "problem_type")},
+        batch=256,
+        seq=128,
+    )
+    # The vocabulary projection of a masked-LM head is not what a GLUE fine-tune computes.
+    assert graph.total_flops < 0.75 * masked.total_flops
+
+
+def test_resnet50_from_the_zoo_is_v1_5_with_torchvisions_parameter_count(rows) -> None:
+    spec = published_models.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
+    module, _ = stratagem.zoo.build(spec.config["zoo"], spec.config["size"], device="meta")
+    first = module.stages[1][0]
+    assert first.conv1.stride == (1, 1) and first.conv2.stride == (2, 2)  # v1.5: the stride on the 3x3
+    assert sum(p.numel() for p in module.parameters()) == 25_557_032
+    assert spec.optimizer == "momentum" and spec.batch == 128
+
+
+def test_graphs_are_cached_on_disk_and_read_back(rows, tmp_path: Path) -> None:
+    spec = published_models.model_spec(rows["dlperf_ngc_pytorch_resnet50:1"])
+    first = published_capture.GraphCache(tmp_path).get(spec)
+    again = published_capture.GraphCache(tmp_path).get(spec)
+    assert not first.cached and again.cached
+    assert again.graph.id == first.graph.id and again.capture_s == pytest.approx(first.capture_s, abs=1e-3)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # the graph and its capture time
+
+
+# --- scores -------------------------------------------------------------------------------------
+
+
+def test_mape_tau_and_scaling_on_hand_worked_numbers() -> None:
+    s = published_scoring
+    assert s.mape(measured=[1.0, 2.0], predicted=[1.1, 1.6]) == pytest.approx(0.15)
+    assert math.isnan(s.mape(measured=[], predicted=[]))
+    # 5 concordant pairs, 1 discordant: (5 - 1) / 6.
+    assert s.kendall_tau(measured=[1, 2, 3, 4], predicted=[1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # A tie in measured: 2 concordant, 1 tied pair; tau-b = 2 / sqrt(3 * 2).
+    assert s.kendall_tau(measured=[1, 1, 2], predicted=[1, 2, 3]) == pytest.approx(2 / math.sqrt(6))
+    assert math.isnan(s.kendall_tau(measured=[1.0], predicted=[2.0]))
+    taus = s.kendall_tau_by_group(measured=[1, 2, 3, 5], predicted=[2, 1, 1, 9], groups=["a", "a", "b", "c"])
+    assert taus == {"a": -1.0}
+    errors = s.scaling_errors(
+        devices=[1, 4, 8, 2], measured=[1.0, 1.1, 1.2, 3.0], predicted=[2.0, 2.0, 2.6, 3.0], series=["x", "x", "x", "y"]
+    )
+    assert list(errors) == ["x"]
+    assert [p["error"] for p in errors["x"]] == pytest.approx([(2.0 / 2.0) / 1.1 - 1, (2.6 / 2.0) / 1.2 - 1])
+    assert s.max_abs_scaling_error(errors) == pytest.approx(max(abs(1 / 1.1 - 1), abs(1.3 / 1.2 - 1)))
+    with pytest.raises(TypeError):
+        s.mape([1.0], [1.0])  # keyword-only
+
+
+def test_misses_are_counted_by_reason_and_never_scored(rows) -> None:
+    priced = published.RowResult(rows["dlperf_ngc_pytorch_resnet50:1"])
+    priced.prediction = _prediction(step=0.5)
+    refused = published.RowResult(rows["dlperf_ngc_pytorch_resnet50:2"], misses=["simulator: refused"])
+    unexpressed = published.RowResult(
+        rows["torchtitan_benchmarks:1"], misses=["torch.compile: x"], unexpressed=["torch.compile: x"]
+    )
+    unexpressed.prediction = _prediction(step=1.0)
+    out = published.summary([priced, refused, unexpressed], capture_wall_s=0.0)
+    assert out["overall"]["scored"] == 1 and out["overall"]["missed"] == 2
+    assert out["overall"]["mape"] == pytest.approx(abs(0.5 - 0.3485) / 0.3485, abs=1e-4)
+    assert out["misses_by_reason"] == {"simulator: refused": 1, "torch.compile: x": 1}
+    assert [m["id"] for m in out["misses"]] == ["dlperf_ngc_pytorch_resnet50:2", "torchtitan_benchmarks:1"]
+    assert out["priced_but_unexpressed"]["ids"] == ["torchtitan_benchmarks:1"]
+    assert out["per_source"]["torchtitan_benchmarks"]["scored"] == 0
+
+
+def _prediction(*, step: float) -> Any:
+    return stratagem.Prediction(
+        label="test",
+        strategy_id="s",
+        devices=1,
+        global_batch=1,
+        step_time_s=step,
+        samples_per_s=1 / step,
+        model_flops_per_step=1.0,
+        memory_per_device_bytes=1.0,
+        memory_capacity_bytes=2.0,
+        feasible=True,
+        breakdown={"compute": step},
+    )
+
+
+# --- the whole benchmark, and its rows as trials -------------------------------------------------
+
+
+def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
+    argv = ["--csv", str(FIXTURE), "--cache", str(tmp_path / "cache"), *extra]
+    assert published.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+SMALL_SOURCES = ("--source", "dlperf_ngc_pytorch_resnet50", "--source", "deepspeed_autotuning_hf")
+
+
+def test_every_row_is_scored_or_listed_as_a_miss_with_its_reasons(tmp_path, capsys) -> None:
+    out = _run(tmp_path, capsys, *SMALL_SOURCES, "--no-learned")
+    assert [r["id"] for r in out["rows"]] == [
+        "dlperf_ngc_pytorch_resnet50:1",
+        "dlperf_ngc_pytorch_resnet50:2",
+        "deepspeed_autotuning_hf:1",
+        "deepspeed_autotuning_hf:2",
+    ]
+    misses = {m["id"]: m["reasons"] for m in out["summary"]["misses"]}
+    for row in out["rows"]:
+        assert row["scored"] != (row["id"] in misses)
+        assert row["scored"] == (row["predicted_step_s"] is not None and not row["miss_reasons"])
+        assert all(reason for reason in row["miss_reasons"])
+        assert row["capture"]["layers"] > 0 and row["capture"]["seconds"] > 0
+    counted = sum(out["summary"]["misses_by_reason"].values())
+    assert counted == sum(len(reasons) for reasons in misses.values())
+    overall = out["summary"]["overall"]
+    assert overall["rows"] == 4 and overall["scored"] + overall["missed"] == 4
+
+
+def test_the_csv_must_exist(tmp_path) -> None:
+    with pytest.raises(SystemExit):
+        published.main(["--csv", str(tmp_path / "missing.csv")])
+
+
+@pytest.mark.slow
+def test_all_fixture_rows_including_a_1024_gpu_megatron_run_and_the_405b_run_get_through(tmp_path, capsys) -> None:
+    out = _run(tmp_path, capsys)
+    assert out["summary"]["overall"]["rows"] == 8
+    mapping = [r for r in out["rows"] if any(m.startswith("mapping:") for m in r["miss_reasons"])]
+    assert mapping == []
+    by_id = {r["id"]: r for r in out["rows"]}
+    assert by_id["torchtitan_benchmarks:2"]["capture"]["parameters"] > 400e9
+    assert by_id["bigscience_bloom176b:1"]["capture"]["attn_implementation"] == "eager"
+    assert "leave_one_source_out" in out
+
+
+@pytest.mark.slow
+def test_exported_rows_import_into_a_service_once_and_a_second_import_adds_nothing(tmp_path, capsys) -> None:
+    from service_helpers import served
+
+    from stratagem.cli import main as cli
+
+    path = tmp_path / "rows.jsonl"
+    out = _run(tmp_path, capsys, *SMALL_SOURCES, "--no-learned", "--export-trials", str(path))
+    written = out["export"]["lines"]["trial"]
+    assert written == 4 and out["export"]["left_out"] == []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["kind"] == "header" and lines[0]["format"] == "stratagem-trials"
+    with served(f"sqlite:///{tmp_path / 'service.db'}") as url:
+        assert cli(["trials", "import", str(path), "--url", url]) == 0
+        assert f"imported {written} trial(s), skipped 0" in capsys.readouterr().err
+        assert cli(["trials", "import", str(path), "--url", url]) == 0
+        assert f"imported 0 trial(s), skipped {written} already present" in capsys.readouterr().err
+        with stratagem.Client(url) as client:
+            stored = client.trials(limit=100)
+    assert len(stored) == written
+    assert sorted(t["backend"] for t in stored) == sorted(
+        [line["backend"] for line in lines if line["kind"] == "trial"]
+    )
+    assert {t["backend"] for t in stored} == {"dlperf_ngc_pytorch_resnet50", "deepspeed_autotuning_hf"}
+    measured = sorted(t["median_s"] for t in stored)
+    assert measured == sorted([0.3485, 0.3582, 0.7935, 0.3217])
+
+
+def test_rows_the_ir_cannot_state_are_left_out_of_the_export_with_their_reason(rows, tmp_path) -> None:
+    reasons = ["torch.compile: the IR has no compile knob"]
+    compiled = published.RowResult(rows["torchtitan_benchmarks:1"], misses=reasons, unexpressed=reasons)
+    report = published.write_trials([compiled], tmp_path / "rows.jsonl", csv_name="rows.csv", version="v")
+    assert report["lines"]["trial"] == 0
+    assert report["left_out"] == [{"id": "torchtitan_benchmarks:1", "reasons": reasons}]
+    header = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
+    assert header["kind"] == "header" and header["source"] == "published:rows.csv"
+
+
+def test_a_pipeline_cuts_blocks_unevenly_as_torchtitan_does_and_megatron_refuses_it() -> None:
+    graph = stratagem.capture_hf_config(
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 10,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 128,
+        },
+        batch=1,
+        seq=32,
+    )
+    cluster = stratagem.ResourceSpec.parse({"nodes": [{"address": "n0", "gpus": [0, 1, 2, 3], "device": "H100"}]})
+    layout = stratagem.Layout(pipeline=4, global_batch=4)
+    strategy = layout.build(graph, cluster)
+    blocks = [
+        sum(".layers." in name and name.endswith("input_layernorm") for name in stage)
+        for stage in strategy.pipeline.stages
+    ]
+    assert sum(blocks) == 10 and len(blocks) == 4 and min(blocks) >= 1
+    with pytest.raises(stratagem.UnsupportedStrategyError, match=r"layers\(10\) is not a multiple of pipeline\(4\)"):
+        layout.to_megatron(layers=10)
+    with pytest.raises(stratagem.InvalidLayoutError, match="every chunk needs a block"):
+        stratagem.Layout(pipeline=4, virtual_stages=3, schedule="interleaved-1f1b").build(graph, cluster)
