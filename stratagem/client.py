@@ -308,11 +308,7 @@ class Client:
         operator trace (as `stratagem.capture` leaves it) is uploaded with it first, so the job's trials
         replay the model's own operators."""
         document = _document("graph", graph, ModelGraph)
-        given: dict[str, Any] = (
-            {"graph_id": self.upload_graph(graph)} if graph.trace is not None else {"graph": document}
-        )
         body: dict[str, Any] = {
-            **given,
             "resources": _resources_text(resources)
             if isinstance(resources, str)
             else _document("resources", resources, ResourceSpec),
@@ -325,6 +321,10 @@ class Client:
             body["device"] = device
         if current is not None:
             body["current"] = _current(current)
+        if graph.trace is not None:
+            body["graph_id"] = self.upload_graph(graph)
+        else:
+            body["graph"] = document
         created = _object(self._post_json("/v1/optimize", body), "POST /v1/optimize")
         return Job(self, str(_field(created, "id", "POST /v1/optimize")), created)
 
