@@ -11,8 +11,8 @@ below is one idea from the literature, instantiated over a few settings:
 - `sharded_large`: ZeRO for the big tensors, all-reduce for the rest (memory-bound models);
 - `by_position`: all-reduce where backward hides it, servers where it cannot;
 - `compressed_allreduce` / `relaxed_ps`: only when the caller allows compression / SSP and ASP;
-- `mesh_layouts`: Megatron-style — every tensor × pipeline layout of the space (`meshes.py`), with
-  fused all-reduce over the data-parallel group, and with ZeRO for the dense variables;
+- `mesh_layouts`: Megatron-style — every layout the space starts from (`meshes.py`), with fused
+  all-reduce over the data-parallel group, and with the dense variables at ZeRO stage 1, 2 and 3;
 - `autosync_samples`: AutoSync-style sampling, one random choice per (size, sparsity, position) class.
 """
 
@@ -31,6 +31,7 @@ from optimizer_service.search.assign import (
     set_mesh,
     set_ps,
     set_sharded,
+    set_zero,
     write_whole,
 )
 from optimizer_service.search.space import Space
@@ -39,6 +40,9 @@ from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Consis
 MB = 1024 * 1024
 FUSION_CAPS = (0.0, 1 * MB, 4 * MB, 16 * MB, 25 * MB, 64 * MB, 256 * MB, float("inf"))
 """Bucket caps tried: 0 is one collective per variable, inf one collective for everything."""
+ZERO_STAGES = (1, 2, 3)
+DEFAULT_ZERO_STAGE = 2
+"""The stage a sharded variable takes unless a proposal or move says otherwise (`CandidateBatch.allocate`)."""
 SMALL_BYTES = 256 * 1024
 LARGE_BYTES = 16 * MB
 
@@ -67,6 +71,7 @@ def structured_proposals(space: Space, max_shards: int) -> Proposals:
         *mesh_layouts(space),
     ]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
+    batch.precision[:] = space.precision
     labels = []
     for i, (label, write) in enumerate(writers):
         write(space, batch, np.array([i]))
@@ -153,27 +158,32 @@ def relaxed_ps(space: Space) -> list[tuple[str, RowWriter]]:
 
 
 def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
-    """Every layout other than plain data parallelism, with all-reduce fused in 25 MB buckets over the
-    data-parallel group, and with the dense variables ZeRO-sharded (for layouts short of memory)."""
+    """Every layout the space starts from other than plain data parallelism, with all-reduce fused in 25 MB
+    buckets over the data-parallel group, and with the dense variables ZeRO-sharded at stages 1, 2 and 3
+    (optimizer state; and gradients; and parameters, FSDP) for layouts short of memory."""
     out = []
     for index, mesh in enumerate(space.meshes):
-        if index == 0:
+        if index == 0 and not mesh.micro_batch_size:
             continue
         out.append((f"mesh_layout({mesh.label()}, allreduce)", mesh_row(index)))
-        out.append((f"mesh_layout({mesh.label()}, sharded)", mesh_row(index, sharded=True)))
+        for stage in ZERO_STAGES:
+            name = "sharded" if stage == DEFAULT_ZERO_STAGE else f"zero-{stage}"
+            out.append((f"mesh_layout({mesh.label()}, {name})", mesh_row(index, sharded=True, stage=stage)))
     return out
 
 
 # --- row writers -----------------------------------------------------------------------------------
 
 
-def mesh_row(index: int, *, sharded: bool = False) -> RowWriter:
+def mesh_row(index: int, *, sharded: bool = False, stage: int = 2) -> RowWriter:
     """Rows on layout `index` of the space, all-reduce fused in 25 MB buckets over the data-parallel group
-    (with `sharded`, the dense variables ZeRO-sharded instead)."""
+    (with `sharded`, the dense variables ZeRO-sharded at `stage` instead)."""
     variables = _sharded_row(1.0, 25 * MB) if sharded else _allreduce_row(25 * MB, Algorithm.AUTO)
 
     def write(space: Space, batch: CandidateBatch, rows: np.ndarray) -> None:
         variables(space, batch, rows)
+        if sharded:
+            set_zero(batch, rows, stage)
         set_mesh(space, batch, rows, index)
 
     return write
@@ -323,6 +333,7 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
     PS shards are dealt round-robin from a random server, biggest variables first.
     """
     batch = CandidateBatch.allocate(space.context, n, max_shards=max_shards)
+    batch.precision[:] = space.precision
     if n == 0:
         return Proposals(batch, [])
     classes = variable_classes(space)
@@ -355,10 +366,10 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
 
 def _sample_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator) -> None:
     """Half the samples on a random layout other than plain data parallelism (when there is one)."""
-    if len(space.meshes) == 1:
+    if space.first_meshes == 1:
         return
     moved = rows[rng.random(len(rows)) < 0.5]
-    set_mesh(space, batch, moved, rng.integers(1, len(space.meshes), size=len(moved)))
+    set_mesh(space, batch, moved, rng.integers(1, space.first_meshes, size=len(moved)))
 
 
 def _sample_compression(
