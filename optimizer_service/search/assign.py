@@ -72,7 +72,8 @@ def set_zero(batch: CandidateBatch, rows: Rows, stage: int, shard_group: int = 0
 
 
 def respect_mesh(space: Space, batch: CandidateBatch) -> None:
-    """Keep every row inside the space's rules. Under a global batch, a row that states no micro-batch size
+    """Keep every row inside the space's rules. For an engine, the dense variables synchronize as a
+    layout states (all all-reduced, or all sharded at one stage). Under a global batch, a row that states no micro-batch size
     takes the first layout (plain data parallelism where the batch allows). A precision the request does
     not allow (or fp8 with tensor splits where the runner refuses it) becomes the request's. Rows on a
     tensor, pipeline, context, micro-batched or recomputed layout synchronize their data-parallel groups
@@ -84,6 +85,8 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
         unstated = np.flatnonzero(batch.micro_batch_size == 0)
         if unstated.size:
             set_mesh(space, batch, unstated, 0)
+    if rules.runner == "engine":
+        _layout_synchronizers(space, batch)
     fp8_split = (batch.precision == Precision.FP8) & (batch.tensor > 1) & (not rules.fp8_tensor)
     refused = ~np.isin(batch.precision, rules.precisions) | fp8_split
     batch.precision[refused] = space.precision
@@ -105,6 +108,28 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
     hierarchical = batch.algorithm[meshed] == Algorithm.HIERARCHICAL
     batch.algorithm[meshed] = np.where(hierarchical, Algorithm.AUTO, batch.algorithm[meshed])
     batch.local_replication[meshed] = False
+
+
+def _layout_synchronizers(space: Space, batch: CandidateBatch) -> None:
+    """What an engine states: every dense variable all-reduced, or every one sharded at one ZeRO stage
+    (the row's most common); a row with any sharded dense variable shards them all."""
+    dense = ~space.context.var_sparse
+    if not dense.any():
+        return
+    sharded = batch.kind[:, dense] == SyncKind.SHARDED
+    mixed = np.flatnonzero(sharded.any(axis=1) & ~sharded.all(axis=1))
+    if mixed.size:
+        stages = np.where(sharded[mixed], batch.zero_stage[mixed][:, dense], 0)
+        counts = np.stack([(stages == k).sum(axis=1) for k in (1, 2, 3)], axis=1)
+        majority = 1 + np.argmax(counts, axis=1)
+        set_sharded(batch, mixed, dense)
+        batch.zero_stage[mixed] = majority[:, None]
+    others = np.flatnonzero(~sharded.any(axis=1) & (batch.kind[:, dense] != SyncKind.ALLREDUCE).any(axis=1))
+    if others.size:
+        set_allreduce(batch, others, dense)
+        rr, vv = _pairs(others, np.broadcast_to(dense, (len(others), len(dense))))
+        batch.group[rr, vv] = space.ready_rank[vv]
+    batch.local_replication[:] = False
 
 
 def set_sharded(batch: CandidateBatch, rows: Rows, mask: np.ndarray) -> None:

@@ -63,7 +63,7 @@ def difference(space: Space, batch: CandidateBatch, i: int) -> dict[str, Any] | 
         result.feasible, normalized_step(space.context, both, result.step_time, space.reference_samples), np.inf
     )
     mesh, zero = mesh_of_row(space, batch, i), zero_of_row(space, batch, i)
-    record: dict[str, Any] = {"neighbours": len(found)}
+    record: dict[str, Any] = {"layout": f"{mesh.label()}; {zero.words()}", "neighbours": len(found)}
     fit = _what_fits(space, batch, i, rows, found, result)
     sentences = []
     if fit is not None:
@@ -87,7 +87,7 @@ def difference(space: Space, batch: CandidateBatch, i: int) -> dict[str, Any] | 
         )
     if not sentences:
         return None
-    record["sentence"] = " ".join(sentences)
+    record["sentence"] = " ".join([f"Layout: {record['layout']}.", *sentences])
     return record
 
 
@@ -104,7 +104,7 @@ def _nearest_sentence(
 ) -> str:
     per = "per step" if same_step else "per sample"
     slower = nearest["slower"]
-    pace = f"predicted {slower:.0%} slower {per}" if slower >= 0.005 else "predicted about as fast (within 0.5%)"
+    pace = f"predicted {_slower(1.0 + slower)} {per}" if slower >= 0.005 else "predicted about as fast (within 0.5%)"
     change = f"{nearest['neighbour']} instead of {nearest['winner']}"
     if first:
         head = f"{_upper(dimension_words(nearest['dimension']))} made the difference: with {change}, the nearest alternative is {pace}"
@@ -136,7 +136,7 @@ def _what_fits(
         misses = [j for j, c in enumerate(found) if c.dimension == dimension and not bool(result.feasible[j + 1])]
         if not misses:
             continue
-        j = misses[0]
+        j = min(misses, key=lambda k: float(result.memory[k + 1]))
         mine = value_words(dimension, mesh, zero)
         other = _words(space, rows, j, found[j])
         need, have = float(result.memory[j + 1]), float(result.capacity[j + 1])
@@ -189,11 +189,14 @@ def _repair_sentence(
         if deltas[key] > NOTABLE * me.step_time_s
         else ""
     )
-    slower = fix.step_time_s / max(me.step_time_s, 1e-12) - 1.0
     return (
         f"{mine} {cost}lets micro-batches of {size} fit (with {other}, only micro-batches of {fixed} do){gain}; "
-        f"that alternative is predicted {slower:.0%} slower."
+        f"that alternative is predicted {_slower(fix.step_time_s / max(me.step_time_s, 1e-12))}."
     )
+
+
+def _slower(ratio: float) -> str:
+    return f"{ratio:.1f}× slower" if ratio >= 2 else f"{ratio - 1.0:.0%} slower"
 
 
 def _upper(text: str) -> str:

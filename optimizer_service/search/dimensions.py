@@ -173,7 +173,7 @@ def rules_for(
         runner=runner,
         devices=devices,
         per_node=per_node,
-        tensor=tuple(tensor_degrees(context, devices, per_node)),
+        tensor=tuple(tensor_degrees(context, devices, per_node, engine=engine)),
         context=contexts,
         starts=tuple(int(s) for s in starts),
         pipeline_tensor=pipeline_tensor,
@@ -190,18 +190,24 @@ def rules_for(
     )
 
 
-def tensor_degrees(context: SimContext, devices: int, per_node: int) -> list[int]:
-    """1, and each T > 1 that divides a node's devices, the attention and key/value heads, and whose
-    plan splits every layer the simulator splits at T."""
-    splits = candidate_splits(context.graph)
-    if not splits:
-        return [1]
+def tensor_degrees(context: SimContext, devices: int, per_node: int, *, engine: bool = False) -> list[int]:
+    """1, and each T > 1 that divides a node's devices and the attention and key/value heads, and that
+    the runner splits: stratagem's runtime only where its plan (`stratagem.tensor_plan`) splits every
+    layer the simulator splits at T; an engine (Megatron's and torchtitan's plans split every
+    transformer's attention by heads, grouped-query included) wherever the architecture is on record."""
     arch = architecture_of(context.graph)
     heads = [arch.heads, arch.kv_heads or arch.heads] if arch is not None else []
+    splits = candidate_splits(context.graph)
+    if not splits and not (engine and arch is not None):
+        return [1]
+
+    def splits_all(t: int) -> bool:
+        return (engine and arch is not None) or not uncovered(context, splits, t)
+
     return [
         t
         for t in divisors(per_node)
-        if devices % t == 0 and (t == 1 or (not uncovered(context, splits, t) and all(h % t == 0 for h in heads)))
+        if devices % t == 0 and (t == 1 or (splits_all(t) and all(h % t == 0 for h in heads)))
     ]
 
 

@@ -37,7 +37,7 @@ from optimizer_service.search.space import SearchOptions, Space, option_problems
 from simulator import SimContext, context_for, encode, to_strategy
 from stratagem.builders import all_builders
 from stratagem.errors import InvalidDocumentError, Problem, StratagemError
-from stratagem.ir import ModelGraph, ResourceSpec
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 SAMPLE_SHARE = 0.2
 """Share of the candidate budget left after the proposals that goes to AutoSync-style sampling."""
@@ -49,6 +49,11 @@ BATCH = 512
 ANSWER_MARGIN = 2.0
 """Safety factor on the timed decode: the top-K rows differ in size (a probe of the best row ran 2-3x
 faster than the answer's own decodes on a loaded machine), and each is also copied and annotated."""
+
+
+EXPLAIN_MARGIN = 1.5
+"""Safety factor on the timed explanation of the best row (`difference`): its neighbours are simulated
+again for each candidate, and candidates have about as many neighbours as the best."""
 
 
 class SearchCancelled(StratagemError):
@@ -173,9 +178,11 @@ def _reserve_for_answer(evaluator: Evaluator, space: Space, time_budget_s: float
         return
     started = time.perf_counter()
     to_strategy(space.context, archive.batch, 0).validate_for(space.context.graph, space.context.resources)
-    difference(space, archive.batch, 0)
     decode_s = time.perf_counter() - started
-    evaluator.time_budget_s = max(time_budget_s - ANSWER_MARGIN * decode_s * (top_k + 3), 1e-3)
+    difference(space, archive.batch, 0)
+    explain_s = time.perf_counter() - started - decode_s
+    reserve = ANSWER_MARGIN * decode_s * (top_k + 3) + EXPLAIN_MARGIN * explain_s * top_k
+    evaluator.time_budget_s = max(time_budget_s - reserve, 1e-3)
 
 
 def _check_arguments(
@@ -232,7 +239,7 @@ def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, 
         strategy = builder.build(graph, resources)
         if options.precision != strategy.precision or options.global_batch is not None:
             size = options.global_batch // devices if options.global_batch is not None else None
-            strategy = strategy.replace(precision=options.precision, micro_batch_size=size)
+            strategy = _restated(strategy, precision=options.precision, micro_batch_size=size)
         seconds.append(time.perf_counter() - started)
         if fits_batch:
             strategies.append(strategy)
@@ -241,6 +248,15 @@ def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, 
     return Baselines(
         names, strategies, batch.with_max_shards(max(batch.max_shards, space.max_shards)), build_seconds=seconds
     )
+
+
+def _restated(strategy: Strategy, *, precision: str, micro_batch_size: int | None) -> Strategy:
+    """The strategy at another precision and micro-batch size, with its content id re-derived. Both
+    values are checked (`space.option_problems`, a positive step share), so the copy skips re-validating
+    a large model's thousands of variable configs, three times the cost of the id."""
+    copy = strategy.model_copy(update={"precision": precision, "micro_batch_size": micro_batch_size, "id": None})
+    object.__setattr__(copy, "id", copy.compute_id())
+    return copy
 
 
 def _sample(space: Space, evaluator: Evaluator, rng: np.random.Generator, shards: int) -> None:

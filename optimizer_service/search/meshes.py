@@ -22,16 +22,19 @@ For G compute devices, N per node, under the legal values of `dimensions.Rules`:
 - recomputation: full where a layout's activations do not fit without it (it costs a forward per
   step); selective (only the attention cores: the largest activations for the least compute) wherever
   activations are tight — more than `TIGHT_SHARE` of the device — and, under a global batch, always;
+- schedule: 1F1B (GPipe where the micro-batches are fewer than the stages), and under a global batch
+  interleaved 1F1B with two chunks per rank too;
 - sequence parallelism with every tensor degree > 1 under a global batch (Megatron's and torchtitan's
   default with tensor parallelism); the descent tries the other value;
 - precision: the request's; the descent tries the others where `allow_precision` admits them.
-Context degrees, interleaved and zero-bubble schedules and the other micro-batch sizes are reached by
+Context degrees, the other interleavings, zero-bubble schedules and micro-batch sizes are reached by
 the descent from these, one dimension at a time. Memory is an estimate here, only for cutting and for
 offering recomputation; the simulator decides what fits.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +58,8 @@ __all__ = ["MAX_STAGES", "MeshChoice", "StageCuts", "mesh_choices", "mesh_notes"
 
 MICRO_FACTORS = (1, 2, 4, 8)
 """Micro-batches per stage tried with a pipeline: m = factor × P (the bubble is (P-1)/(m+P-1))."""
+CORE_VIRTUAL_STAGES = 2
+"""Chunks per rank of the interleaved layouts the search starts from (the descent tries the others)."""
 TIGHT_SHARE = 0.5
 """Activations are tight when a layout's estimated memory passes this share of the device: selective
 recomputation is then offered beside none."""
@@ -139,7 +144,8 @@ def mesh_choices(context: SimContext, rules: Rules | None = None, cuts: StageCut
 def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[MeshChoice]:
     """Under a global batch: every tensor × pipeline factorization whose data degree divides the batch,
     one sample per micro-batch (as many as the replica's step holds where the runtime cannot
-    accumulate), each legal recomputation, sequence parallel with tensor > 1."""
+    accumulate), 1F1B and interleaved 1F1B with two chunks per rank where legal (Megatron's and
+    torchtitan's usual pipelines), each legal recomputation, sequence parallel with tensor > 1."""
     assert rules.global_batch is not None
     out = []
     for tensor in rules.tensor:
@@ -152,9 +158,9 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
             per_replica = rules.global_batch // data
             size = 1 if pipeline > 1 or rules.accumulate else per_replica
             micro = per_replica // size
-            schedule, virtual = rules.schedules(pipeline, micro)[0]
-            stage = cuts.balanced(tensor, pipeline)
-            for mode in rules.recompute_modes(pipeline):
+            legal = rules.schedules(pipeline, micro)
+            schedules = [legal[0]] + [s for s in legal if s == (Schedule.INTERLEAVED, CORE_VIRTUAL_STAGES)]
+            for (schedule, virtual), mode in itertools.product(schedules, rules.recompute_modes(pipeline)):
                 out.append(
                     MeshChoice(
                         data=data,
@@ -163,7 +169,7 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
                         micro_batches=micro,
                         schedule=schedule,
                         virtual_stages=virtual,
-                        layer_stage=stage,
+                        layer_stage=cuts.balanced(tensor, pipeline * virtual),
                         split="compute" if pipeline > 1 else "",
                         recompute=mode == "full",
                         selective=mode == "selective",

@@ -125,7 +125,19 @@ MOVE_WEIGHTS = {
 }
 
 
+ENGINE_MOVES = ("merge_groups", "split_group", "change_algorithm", "change_mesh", "change_dimension")
+"""For an engine every dense variable synchronizes alike (`assign.respect_mesh`): per-variable moves would
+be undone, so only fusion buckets, algorithms and the layout move."""
+
+
 def available_moves(space: Space) -> dict[str, Move]:
+    moves = _moves(space)
+    if space.rules.runner == "engine":
+        return {name: move for name, move in moves.items() if name in ENGINE_MOVES}
+    return moves
+
+
+def _moves(space: Space) -> dict[str, Move]:
     moves: dict[str, Move] = {
         "switch_synchronizer": switch_synchronizer,
         "move_shard": move_shard,

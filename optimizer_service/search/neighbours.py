@@ -13,7 +13,7 @@ run falls back to 1F1B, stages are re-cut balanced by compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,13 +36,17 @@ class Zero:
     stage: int
     shard_group: int = 0
     mixed: bool = False
+    sharded: int = field(default=0, compare=False)
+    """Dense variables sharded (for the words of a mix)."""
+    dense: int = field(default=0, compare=False)
 
     def words(self) -> str:
         if self.stage == 0:
             return "all-reduced gradients"
         group = f" in groups of {self.shard_group}" if self.shard_group else ""
         name = "FSDP (ZeRO-3)" if self.stage == 3 else f"ZeRO-{self.stage}"
-        return f"{name}{group}" + (" for part of a per-variable mix" if self.mixed else "")
+        part = f" for {self.sharded} of {self.dense} dense variables" if self.mixed and self.dense else ""
+        return f"{name}{group}{part}"
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ def mesh_of_row(space: Space, batch: CandidateBatch, i: int) -> MeshChoice:
         pipeline=int(batch.pipeline[i]),
         micro_batches=int(batch.micro_batches[i]),
         schedule=Schedule(int(batch.schedule[i])),
-        layer_stage=tuple(int(s) for s in batch.layer_stage[i]) if int(batch.pipeline[i]) > 1 else (),
+        layer_stage=tuple(batch.layer_stage[i].tolist()) if int(batch.pipeline[i]) > 1 else (),
         recompute=bool(batch.recompute[i]),
         context=int(batch.context_parallel[i]),
         virtual_stages=int(batch.virtual_stages[i]),
@@ -80,7 +84,8 @@ def zero_of_row(space: Space, batch: CandidateBatch, i: int) -> Zero:
     if not sharded.any():
         return Zero(0)
     stage = int(np.bincount(batch.zero_stage[i][dense][sharded]).argmax())
-    return Zero(stage, int(batch.shard_group[i]), mixed=not bool(sharded.all()))
+    mixed = not bool(sharded.all())
+    return Zero(stage, int(batch.shard_group[i]), mixed, sharded=int(sharded.sum()), dense=len(sharded))
 
 
 DIMENSIONS = (
@@ -189,7 +194,7 @@ def zero_neighbours(space: Space, mesh: MeshChoice, zero: Zero) -> list[tuple[st
     out = [("zero", replace(zero, stage=stage)) for stage in (1, 2, 3) if stage != zero.stage]
     out.append(("zero", Zero(0)))
     if zero.mixed:
-        out.append(("zero", replace(zero, mixed=False)))
+        out.append(("zero", Zero(zero.stage, zero.shard_group)))
     out += [("shard group", replace(zero, shard_group=g)) for g in groups if g != zero.shard_group]
     return out
 

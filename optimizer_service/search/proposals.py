@@ -60,14 +60,15 @@ RowWriter = Callable[[Space, CandidateBatch, np.ndarray], None]
 
 def structured_proposals(space: Space, max_shards: int) -> Proposals:
     """Every structured family, one row per (family, setting)."""
+    servers = _servers_useful(space)
     writers = [
         *allreduce_fusion(space),
-        *balanced_ps(space),
-        *hybrid(space),
+        *(balanced_ps(space) if servers else []),
+        *(hybrid(space) if servers else []),
         *sharded_large(space),
-        *by_position(space),
+        *(by_position(space) if servers else []),
         *compressed_allreduce(space),
-        *relaxed_ps(space),
+        *(relaxed_ps(space) if servers else []),
         *mesh_layouts(space),
     ]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
@@ -78,6 +79,15 @@ def structured_proposals(space: Space, max_shards: int) -> Proposals:
         labels.append(label)
     respect_mesh(space, batch)
     return Proposals(batch, labels)
+
+
+def _servers_useful(space: Space) -> bool:
+    """Whether the families that put dense variables on parameter servers can: rows start on the first
+    layout, and where it is meshed (under a global batch, accumulated micro-batches) `respect_mesh` turns
+    every dense server variable into all-reduce — the rows would repeat `allreduce_fusion`'s."""
+    first = space.meshes[0]
+    meshed = first.tensor * first.pipeline * first.context > 1 or first.micro_batches > 1
+    return not meshed or bool(space.context.var_sparse.any())
 
 
 # --- families --------------------------------------------------------------------------------------

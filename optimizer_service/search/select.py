@@ -4,7 +4,8 @@ Distance between two candidates is a Hamming distance on what a person would cal
 per variable, its synchronizer kind, first server, shard count, algorithm and compressor, plus
 whether it shares a fusion group with its backward neighbour (so regrouping counts, relabelling
 does not); per candidate, the consistency and the layout (degrees, micro-batches, schedule, recomputation, sequence
-parallelism, precision, shard group); per sharded variable, its ZeRO stage. First each pick must put at least `min_distance` variables on a different synchronizer
+parallelism, precision, shard group), each weighing as much as the minimum distance, so a different
+layout is a different idea; per sharded variable, its ZeRO stage. First each pick must put at least `min_distance` variables on a different synchronizer
 than every earlier pick; if that leaves fewer than K, the signature distance alone decides; then the
 best remaining distinct candidates fill in.
 """
@@ -56,7 +57,9 @@ def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
         ],
         axis=1,
     )
-    return np.concatenate([p.astype(np.int64) for p in parts] + [per_candidate.astype(np.int64)], axis=1)
+    # a different layout is a different idea: its columns weigh as much as the minimum distance
+    layout = np.tile(per_candidate.astype(np.int64), (1, default_min_distance(space)))
+    return np.concatenate([p.astype(np.int64) for p in parts] + [layout], axis=1)
 
 
 def default_min_distance(space: Space) -> int:
