@@ -6,7 +6,8 @@ distinct layouts of the archive (layout and ZeRO setting; the variables' fine se
 not been expanded yet, simulates all their neighbours as one batch, and stops when the best layouts have
 all been expanded, or after its share of the budget. Practitioners tune the same way — start from a
 known layout, change one knob, keep what helps (NeMo's auto-configurator sweeps a grid around a
-heuristic start) — and a layout's neighbours are exactly what its explanation compares it with.
+heuristic start) — and a layout's neighbours are exactly what its explanation compares it with. Its
+rows are labelled as local search's are (`root + local search`); `evaluated_by_phase` counts them apart.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ PARENTS = 8
 """Layouts expanded per round."""
 SHARE = 0.4
 """Most of what is left of the budget (candidates or time) the descent may use."""
-DESCENT = " + descent"
 
 
 def descend(space: Space, evaluator: Evaluator, *, share: float = SHARE, parents: int = PARENTS) -> int:
@@ -43,9 +43,9 @@ def descend(space: Space, evaluator: Evaluator, *, share: float = SHARE, parents
         batches, labels = [], []
         for i in picked:
             rows, found = neighbour_rows(space, archive.batch, i)
-            root = str(archive.labels[i]).removesuffix(SUFFIX).removesuffix(DESCENT)
+            root = str(archive.labels[i]).removesuffix(SUFFIX)
             batches.append(rows)
-            labels += [root + DESCENT] * len(found)
+            labels += [root + SUFFIX] * len(found)
             expanded.add(layout_key(space, archive.batch, i))
         if batches:
             children = CandidateBatch.concat(*batches)
