@@ -44,7 +44,17 @@ PARTS = {
     "optimizer_update": "the optimizer update",
     "context_parallel": "ring-attention exchange",
 }
-FIT_ORDER = ("recompute", "zero", "shard group", "micro-batch", "pipeline", "tensor", "model split", "context")
+FIT_ORDER = (
+    "recompute",
+    "zero",
+    "shard group",
+    "micro-batch",
+    "pipeline",
+    "tensor",
+    "model split",
+    "context",
+    "context split",
+)
 """Dimensions checked, in this order, for the one that makes a candidate fit."""
 NOTABLE = 0.02
 """A part of the step that changes by less than this share of it is not worth naming."""

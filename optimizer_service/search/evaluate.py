@@ -146,6 +146,8 @@ class Evaluator:
 
         `force` evaluates every new row even past the candidate budget (the baselines always run).
         """
+        if len(batch) == 0:
+            return np.zeros(0, dtype=np.float64)
         hashes = self.row_hashes(batch)
         fresh = self._fresh_rows(hashes)
         if not force:

@@ -106,13 +106,16 @@ class MeshChoice:
         if self.context > 1:
             text += f"×context({self.context})"
         size = f" of {self.micro_batch_size}" if self.micro_batch_size else ""
+        count = f"{self.micro_batches} micro-batches{size}" if self.micro_batches > 1 else f"one micro-batch{size}"
         if self.pipeline > 1:
             schedule = SCHEDULE_NAMES[Schedule(self.schedule)]
             chunks = f" ({self.virtual_stages} chunks per rank)" if self.virtual_stages > 1 else ""
-            text += f", {self.micro_batches} micro-batches{size} {schedule}{chunks}"
+            text += f", {count} {schedule}{chunks}"
             text += f", stages by {self.split}" if self.split else ""
-        elif self.micro_batches > 1 or self.micro_batch_size:
-            text += f", {self.micro_batches} micro-batches{size} accumulated"
+        elif self.micro_batches > 1:
+            text += f", {count} accumulated"
+        elif self.micro_batch_size:
+            text += f", {count}"
         if self.sequence_parallel:
             text += ", sequence parallel"
         if self.recompute_mode != "none":

@@ -93,6 +93,7 @@ DIMENSIONS = (
     "pipeline",
     "context",
     "model split",
+    "context split",
     "micro-batch",
     "schedule",
     "recompute",
@@ -164,6 +165,8 @@ def layout_neighbours(space: Space, mesh: MeshChoice, only: str | None = None) -
         for other in _adjacent(list(rules.tensor), t):
             if (p * t) % other == 0:
                 out.append(("model split", _degrees(space, mesh, tensor=other, pipeline=p * t // other)))
+    if wanted("context split"):
+        out += [("context split", m) for m in _context_trades(space, mesh)]
     if wanted("micro-batch"):
         out += [("micro-batch", m) for m in _micro_neighbours(space, mesh)]
     if wanted("schedule"):
@@ -251,6 +254,25 @@ def _degrees(space: Space, mesh: MeshChoice, **degrees: int) -> MeshChoice | Non
     return complete(space, mesh, data=rest, tensor=t, pipeline=p, context=c)
 
 
+def _context_trades(space: Space, mesh: MeshChoice) -> list[MeshChoice | None]:
+    """The next context degree paid for by the tensor or pipeline degree, the data degree kept (with one
+    replica, the only way to split a long sequence further)."""
+    out = []
+    t, p, c = mesh.tensor, mesh.pipeline, mesh.context
+    for other in _adjacent(list(space.rules.context), c):
+        if other > c and other % c == 0:
+            factor = other // c
+            if t % factor == 0:
+                out.append(_degrees(space, mesh, context=other, tensor=t // factor))
+            if p % factor == 0:
+                out.append(_degrees(space, mesh, context=other, pipeline=p // factor))
+        elif other < c and c % other == 0:
+            factor = c // other
+            out.append(_degrees(space, mesh, context=other, tensor=t * factor))
+            out.append(_degrees(space, mesh, context=other, pipeline=p * factor))
+    return out
+
+
 def _micro(space: Space, mesh: MeshChoice) -> tuple[int, int] | None:
     """(micro-batch size, micro-batches) for the layout: under a global batch the size is kept where it
     divides the replica's step, else the largest divisor below it; without one the count is kept where
@@ -305,6 +327,7 @@ DIMENSION_WORDS = {
     "pipeline": "the pipeline depth",
     "context": "the context degree",
     "model split": "the tensor × pipeline split",
+    "context split": "the context degree (traded with tensor or pipeline)",
     "micro-batch": "the micro-batch size",
     "schedule": "the pipeline schedule",
     "recompute": "recomputation",
@@ -329,6 +352,8 @@ def value_words(dimension: str, mesh: MeshChoice, zero: Zero) -> str:
         return f"context {mesh.context} (data {mesh.data})"
     if dimension == "model split":
         return f"tensor {mesh.tensor} × pipeline {mesh.pipeline}"
+    if dimension == "context split":
+        return f"context {mesh.context} × tensor {mesh.tensor} × pipeline {mesh.pipeline}"
     if dimension == "micro-batch":
         if mesh.micro_batch_size:
             return f"micro-batches of {mesh.micro_batch_size} ({mesh.micro_batches} per step)"
