@@ -12,8 +12,6 @@ rows are labelled as local search's are (`root + local search`); `evaluated_by_p
 
 from __future__ import annotations
 
-import numpy as np
-
 from optimizer_service.search.assign import respect_mesh
 from optimizer_service.search.evaluate import Evaluator
 from optimizer_service.search.local_search import SUFFIX
@@ -50,7 +48,7 @@ def descend(space: Space, evaluator: Evaluator, *, share: float = SHARE, parents
         if batches:
             children = CandidateBatch.concat(*batches)
             respect_mesh(space, children)
-            _evaluate(evaluator, children, np.array(labels, dtype=object))
+            evaluator.evaluate_in_pieces(children, labels, "descent")
         rounds += 1
     return rounds
 
@@ -74,13 +72,3 @@ def _unexpanded(space: Space, batch: CandidateBatch, expanded: set[tuple], paren
             if len(out) == parents:
                 break
     return out
-
-
-def _evaluate(evaluator: Evaluator, batch: CandidateBatch, labels: np.ndarray) -> None:
-    """In pieces the clock allows."""
-    start = 0
-    while start < len(batch) and not evaluator.exhausted:
-        stop = start + evaluator.affordable(len(batch) - start)
-        rows = np.arange(start, min(stop, len(batch)))
-        evaluator.evaluate(batch.take(rows), labels[rows], "descent")
-        start = int(rows[-1]) + 1

@@ -149,7 +149,7 @@ def _search(
     evaluator.evaluate(baselines.batch, [f"builder:{name}" for name in baselines.names], "baselines", force=True)
     if space.num_variables and not evaluator.exhausted:
         proposals = structured_proposals(space, shards)
-        evaluator.evaluate(proposals.batch, proposals.labels, "proposals")
+        evaluator.evaluate_in_pieces(proposals.batch, proposals.labels, "proposals")
         _reserve_for_answer(evaluator, space, time_budget_s, top_k)
         descend(space, evaluator)
         _sample(space, evaluator, rng, shards)

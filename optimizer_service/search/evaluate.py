@@ -36,6 +36,8 @@ def normalized_step(
     return step_time * reference / (batch.data * step_samples(context, batch))
 
 
+FIRST_PIECE = 64
+"""Rows of the first piece `evaluate_in_pieces` takes, before it knows the pace."""
 _HASH_SEED = 0x5EED
 PER_MIX = 16
 """Most archived candidates with one synchronizer mix (the same kind for every variable) on one layout."""
@@ -169,6 +171,18 @@ class Evaluator:
         self._pace(0 if force else len(batch))
         self.report(phase)
         return scores
+
+    def evaluate_in_pieces(self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str) -> None:
+        """`evaluate` in pieces the clock allows (`affordable`; FIRST_PIECE rows before the pace is known),
+        so a large batch of rows that are slow to price (each new step size compiles its step's graph)
+        stops at the time budget."""
+        labels = np.asarray(labels, dtype=object)
+        start = 0
+        while start < len(batch) and not self.exhausted:
+            size = self.affordable(len(batch) - start) if self._seconds_per_row is not None else FIRST_PIECE
+            rows = np.arange(start, min(start + size, len(batch)))
+            self.evaluate(batch.take(rows), labels[rows], phase)
+            start = int(rows[-1]) + 1
 
     def _pace(self, rows: int) -> None:
         """Seconds per row, making and simulating included (time since the previous batch ended); forced

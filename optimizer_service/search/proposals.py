@@ -61,7 +61,10 @@ RowWriter = Callable[[Space, CandidateBatch, np.ndarray], None]
 def structured_proposals(space: Space, max_shards: int) -> Proposals:
     """Every structured family, one row per (family, setting)."""
     servers = _servers_useful(space)
+    layouts = mesh_layouts(space)
+    first = layouts if space.rules.global_batch is not None else []
     writers = [
+        *first,
         *allreduce_fusion(space),
         *(balanced_ps(space) if servers else []),
         *(hybrid(space) if servers else []),
@@ -69,7 +72,7 @@ def structured_proposals(space: Space, max_shards: int) -> Proposals:
         *(by_position(space) if servers else []),
         *compressed_allreduce(space),
         *(relaxed_ps(space) if servers else []),
-        *mesh_layouts(space),
+        *([] if first else layouts),
     ]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
     batch.precision[:] = space.precision
@@ -172,7 +175,8 @@ def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
     buckets over the data-parallel group, and with the dense variables ZeRO-sharded at stages 1, 2 and 3
     (optimizer state; and gradients; and parameters, FSDP) for layouts short of memory."""
     out = []
-    for index, mesh in enumerate(space.meshes):
+    for index in _layout_order(space):
+        mesh = space.meshes[index]
         if index == 0 and not mesh.micro_batch_size:
             continue
         out.append((f"mesh_layout({mesh.label()}, allreduce)", mesh_row(index)))
@@ -180,6 +184,18 @@ def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
             name = "sharded" if stage == DEFAULT_ZERO_STAGE else f"zero-{stage}"
             out.append((f"mesh_layout({mesh.label()}, {name})", mesh_row(index, sharded=True, stage=stage)))
     return out
+
+
+def _layout_order(space: Space) -> list[int]:
+    """The order layouts are proposed in. Under a global batch they come before every other family, and
+    the widest tensor degree first (Megatron's recipe: tensor parallelism fills a node, then pipeline
+    stages are added), so a large cluster whose step graphs are slow to compile prices the usual
+    layouts before its time budget runs out."""
+    indices = list(range(len(space.meshes)))
+    if space.rules.global_batch is None:
+        return indices
+    meshes = space.meshes
+    return [0, *sorted(indices[1:], key=lambda i: (-meshes[i].tensor, meshes[i].pipeline, i))]
 
 
 # --- row writers -----------------------------------------------------------------------------------
