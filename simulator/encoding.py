@@ -29,6 +29,7 @@ Per candidate, shape [N]:
 | `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
 | `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
+| `micro_batch_size` | int32 | samples per micro-batch (`Strategy.micro_batch_size`): the row is priced on the graph scaled to `micro_batch_size × micro_batches` samples per replica step (`simulator.step_graph`); 0 = the graph's batch is the replica's step |
 
 Per candidate and device, shape [N, D]: `replicas` (bool) — the devices that run the model. Ranks are
 assigned in device-table order (node by node), tensor innermost, then context, then pipeline, then
@@ -137,6 +138,7 @@ PER_CANDIDATE: dict[str, Any] = {
     "precision": np.int8,
     "sequence_parallel": np.bool_,
     "shard_group": np.int32,
+    "micro_batch_size": np.int32,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -183,6 +185,7 @@ class CandidateBatch:
     sequence_parallel: np.ndarray
     shard_group: np.ndarray
     zero_stage: np.ndarray
+    micro_batch_size: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -226,6 +229,7 @@ class CandidateBatch:
             sequence_parallel=np.zeros(n, np.bool_),
             shard_group=np.zeros(n, np.int32),
             zero_stage=np.full((n, V), 2, np.int8),
+            micro_batch_size=np.zeros(n, np.int32),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -347,6 +351,9 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
         "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
     )
     problems += _first_bad("sequence_parallel", b.sequence_parallel & (b.tensor < 2), "needs tensor > 1")
+    problems += _first_bad(
+        "micro_batch_size", (b.micro_batch_size < 0) | (b.micro_batch_size >= 1 << 20), "must be in [0, 2^20)"
+    )
     problems += _first_bad("tensor", b.tensor >= 1 << 12, "must be < 4096")
     problems += _first_bad("context_parallel", b.context_parallel >= 1 << 12, "must be < 4096")
     group = b.shard_group

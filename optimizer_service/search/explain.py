@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer_service.search.difference import difference
 from optimizer_service.search.space import Space
 from simulator import Prediction
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, ConsistencyKind, Schedule, SyncKind
@@ -64,6 +65,7 @@ def composition(space: Space, batch: CandidateBatch, i: int) -> dict[str, Any]:
         }
     out["consistency"] = _consistency(batch, i)
     out["mesh"] = _mesh(batch, i)
+    out["difference"] = difference(space, batch, i)
     return out
 
 
@@ -77,6 +79,7 @@ def _mesh(batch: CandidateBatch, i: int) -> dict[str, Any]:
         "micro_batches": int(batch.micro_batches[i]),
         "schedule": "gpipe" if int(batch.schedule[i]) == Schedule.GPIPE else "1f1b",
         "recompute": bool(batch.recompute[i]),
+        "micro_batch_size": int(batch.micro_batch_size[i]),
         **({"layers_per_stage": [int(n) for n in stages]} if stages is not None else {}),
     }
 
@@ -151,7 +154,10 @@ def why(
     if builder_name is not None:
         sentences.append(f"The pre-built {builder_name} strategy, unchanged.")
     same_batch = (
-        "mesh" not in mix or not describe_mesh(mix["mesh"]) or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+        "mesh" not in mix
+        or not describe_mesh(mix["mesh"])
+        or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+        or bool(mix["mesh"].get("micro_batch_size"))
     )
     if data_parallel is not None and data_parallel.feasible and same_batch:
         sentences.append(
@@ -173,6 +179,8 @@ def why(
             f"({pred.samples_per_s:.1f} samples/s)."
         )
     sentences.append(f"It puts {describe(mix)}.")
+    if mix.get("difference"):
+        sentences.append(mix["difference"]["sentence"])
     if data_parallel is not None and data_parallel.feasible:
         change = _biggest_change(prediction, data_parallel)
         if change:
