@@ -60,3 +60,16 @@ def test_the_job_hands_precision_global_batch_and_runner_to_the_search() -> None
     for strategy in outcome.candidates:
         assert strategy.precision == "amp-bf16"
         assert strategy.effective_mesh.data * strategy.micro_batch_size * strategy.micro_batches == 32
+
+
+def test_an_engine_runner_job_runs_no_trials_and_says_why(make_client) -> None:
+    from service_helpers import fake_executor, optimize_body
+
+    ran: list[str] = []
+    client = make_client(trials=fake_executor(lambda spec: ran.append(str(spec.strategy.id)) or 0.01))
+    body = optimize_body(max_trials=2)
+    body["search"] = {**body["search"], "runner": "engine"}
+    job = client.post("/v1/optimize", params={"wait": True, "timeout": 60}, json=body).json()
+    assert job["status"] == "succeeded", job
+    assert not ran
+    assert any("runner 'engine'" in note for note in job["progress"]["notes"])
