@@ -20,7 +20,8 @@ browser:
 demo: $(STAMP)
 	$(PY) -m examples.demo
 
-test: $(STAMP) browser
+# CI runs `make test`, so lint (format, style and types) gates it.
+test: $(STAMP) lint browser
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -29,6 +30,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy stratagem simulator trial_runner optimizer_service
 
 schemas: $(STAMP)
 	$(PY) -m stratagem.ir.schemas docs/schemas
@@ -37,4 +39,4 @@ bench: $(STAMP)
 	for b in benchmarks/[a-z]*.py; do n=$$(basename $$b .py); echo "== $$n"; $(PY) -m benchmarks.$$n || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

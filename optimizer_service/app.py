@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from enum import Enum
+from typing import Literal
 
 import anyio
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 import migrations
 import stratagem
@@ -44,8 +47,15 @@ DESCRIPTION = """Finds the fastest distributed-training strategy for a model on 
 POST a ModelGraph and a ResourceSpec to `/v1/optimize`, follow the job at `/v1/jobs/{id}`, and fetch
 the answer, a Strategy document, from `/v1/jobs/{id}/best`."""
 
-_UNSET = object()
-REQUEST_BODIES = [ModelGraph, ResourceSpec, OptimizeRequest, TrialCreate, PredictRequest]
+
+class _Unset(Enum):
+    """A default that tells "not given" apart from None (None means no trials)."""
+
+    UNSET = "unset"
+
+
+_UNSET = _Unset.UNSET
+REQUEST_BODIES: list[type[BaseModel]] = [ModelGraph, ResourceSpec, OptimizeRequest, TrialCreate, PredictRequest]
 """Bodies the routes read off the event loop (`api/bodies.py`); listed so the OpenAPI document shows them."""
 ROUTERS = (
     routes.graphs,
@@ -63,7 +73,7 @@ def create_app(
     settings: Settings | None = None,
     *,
     search: SearchFn | None = None,
-    trials: TrialExecutor | object | None = _UNSET,
+    trials: TrialExecutor | Literal[_Unset.UNSET] | None = _UNSET,
     cost_model_trainer: CostModelTrainer | None = None,
     pipeline: Pipeline | None = None,
 ) -> FastAPI:
@@ -96,6 +106,7 @@ def create_app(
     for module in ROUTERS:
         app.include_router(module.router)
     app.include_router(dashboard.router)
+    # FastAPI's documented way to extend the schema is to replace the method on the instance.
     app.openapi = lambda: openapi_with_bodies(app, REQUEST_BODIES)  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=state.metrics)  # outermost: ids and the catch-all
@@ -103,7 +114,10 @@ def create_app(
 
 
 def _start(
-    state: ServiceState, search: SearchFn | None, trials: TrialExecutor | object | None, pipeline: Pipeline | None
+    state: ServiceState,
+    search: SearchFn | None,
+    trials: TrialExecutor | Literal[_Unset.UNSET] | None,
+    pipeline: Pipeline | None,
 ) -> None:
     settings = state.settings
     engine = make_engine(settings.database_url)
@@ -120,7 +134,7 @@ def _start(
             settings,
             pipeline=pipeline,
             search=search,
-            trials=executor,  # type: ignore[arg-type]
+            trials=executor,
             cost_model_trainer=state.cost_model_trainer,
         )
         state.workers.start()

@@ -110,7 +110,8 @@ def _build(config: Any) -> tuple[Any, bool, bool]:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    heads = [(AutoModelForCausalLM, True), (AutoModelForMaskedLM, False)]
+    # Any: transformers types `_model_mapping` as None on the base class the auto classes' types join to.
+    heads: list[tuple[Any, bool]] = [(AutoModelForCausalLM, True), (AutoModelForMaskedLM, False)]
     named = " ".join(getattr(config, "architectures", None) or [])
     encoder = type(config) in AutoModelForMaskedLM._model_mapping and not getattr(config, "is_decoder", False)
     if "ForMaskedLM" in named or ("ForCausalLM" not in named and encoder):

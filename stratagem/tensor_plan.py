@@ -175,7 +175,8 @@ class _Planner:
             weight = self.linear(r)
             if r in used or weight is None:
                 continue
-            found = self._sources(r, weight.shape[1])
+            width = weight.shape[1]
+            found = self._sources(r, width)
             if found is None:
                 continue
             sources, between = found
@@ -184,17 +185,12 @@ class _Planner:
             if any(c not in between and c != r for i in sources | between for c in self.consumers[i]):
                 continue
             for s in sorted(sources):
-                out.append(
-                    Split(
-                        TensorParallelLayer(name=_module_of(self.layers[s]), style="colwise"),
-                        self.linear(s).shape[0],
-                        (s,),
-                    )
-                )  # type: ignore[union-attr]
+                # `_sources` admits only Linears whose output width is this one's input width.
+                out.append(Split(TensorParallelLayer(name=_module_of(self.layers[s]), style="colwise"), width, (s,)))
             out.append(
                 Split(
                     TensorParallelLayer(name=_module_of(self.layers[r]), style="rowwise"),
-                    weight.shape[1],
+                    width,
                     (r, *sorted(between)),
                 )
             )

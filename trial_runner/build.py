@@ -183,7 +183,7 @@ def make_optimizer(kind: str, model: nn.Module, *, lr: float = 1e-3) -> torch.op
     if sparse and kind in SPARSE_ADAM_KINDS:
         sparse_ids = {id(p) for p in sparse.values()}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in sparse_ids]
-        parts = [torch.optim.SparseAdam(list(sparse.values()), lr=lr)]
+        parts: list[torch.optim.Optimizer] = [torch.optim.SparseAdam(list(sparse.values()), lr=lr)]
         if dense:
             parts.append(_dense_optimizer(kind, dense, lr=lr))
         return MultiOptimizer(parts)
@@ -206,16 +206,16 @@ def _dense_optimizer(kind: str, params: list[nn.Parameter], *, lr: float) -> tor
     raise InvalidDocumentError([Problem("workload.optimizer", f"unknown optimizer {kind!r}")], document="workload")
 
 
-def sparse_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+def sparse_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """Trainable weights of embeddings built with sparse=True (their gradients are sparse), by name."""
-    found: dict[str, nn.Parameter] = {}
+    found: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.sparse and module.weight.requires_grad:
             found[f"{name}.weight" if name else "weight"] = module.weight
     return found
 
 
-def _check_sparse_capable(kind: str, sparse: dict[str, nn.Parameter]) -> None:
+def _check_sparse_capable(kind: str, sparse: dict[str, torch.Tensor]) -> None:
     """Refuse up front what torch would refuse at the first step, naming the variable and the way out."""
     if not sparse or kind in SPARSE_CAPABLE or kind in SPARSE_ADAM_KINDS:
         return

@@ -173,8 +173,9 @@ def _attach(root: nn.Module, variable: Variable, index: int) -> tuple[nn.Module,
         if part in module._parameters:
             problem = f"{part!r} is already a parameter, so it cannot also hold sub-modules"
         elif part not in module._modules and depth == len(path) - 1 and _is_embedding(variable, leaf):
-            module._modules[part] = _embedding(variable)
-            return module._modules[part], leaf  # type: ignore[return-value]
+            embedding = _embedding(variable)
+            module._modules[part] = embedding
+            return embedding, leaf
         else:
             module = module._modules.setdefault(part, nn.Module())  # type: ignore[assignment]
     if problem is None and (leaf in module._modules or leaf in module._parameters):

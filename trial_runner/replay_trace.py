@@ -16,7 +16,7 @@ reading it accepts (`trial_runner.replay_inputs`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,7 @@ class TraceProgram:
 
     def run(self, env: list[Any]) -> Any:
         """Execute every step on `env` (tensor number -> tensor), which it fills and empties as it goes."""
+        args: Sequence[Any]
         for step in self.steps:
             if step.templated:
                 args = [_build(a, env) for a in step.args]
@@ -199,7 +200,7 @@ class TraceProgram:
             except (NotImplementedError, RuntimeError, IndexError) as error:
                 result = self._recover(step, error, env)
             out = step.out
-            if type(out) is int:
+            if isinstance(out, int):
                 env[out] = result
             elif out is not None:
                 for slot, value in zip(out, result, strict=False):

@@ -15,7 +15,7 @@ with the same three operations, so deadline, stall and failure rules are written
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,7 +55,7 @@ class Supervisor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
-    def watch(self, handles: list[RankHandle], *, started: float | None = None) -> list[RankReport]:
+    def watch(self, handles: Sequence[RankHandle], *, started: float | None = None) -> list[RankReport]:
         """Block until the trial ends; return one report per rank, killed ranks included."""
         start = self.clock() if started is None else started
         watches = {h.rank: _Watch(changed_at=start) for h in handles}
@@ -89,7 +89,8 @@ class Supervisor:
                     )
                 break
             self.sleep(self.poll_interval_s)
-        return [watches[h.rank].report for h in sorted(handles, key=lambda h: h.rank)]  # type: ignore[misc]
+        reports = {rank: w.report for rank, w in watches.items() if w.report is not None}  # every rank, by now
+        return [reports[h.rank] for h in sorted(handles, key=lambda h: h.rank)]
 
     def _observe(self, watch: _Watch, progress: Progress | None, now: float) -> None:
         """The stall clock restarts whenever a rank moves on; its own step times are the yardstick."""

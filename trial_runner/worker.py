@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, UnsupportedStrategyError
-from stratagem.runtime import distribute, replica_device
+from stratagem.runtime import SyncStats, distribute, replica_device
 from trial_runner.build import BuiltWorkload, batch_for, build_workload, make_optimizer, prime_optimizer_state
 from trial_runner.lifeline import die_with_parent
 from trial_runner.measure import current_memory_bytes, peak_memory_bytes, reset_peak_memory
@@ -81,7 +81,7 @@ def _init_process_group(spec: TrialSpec, rank: int, device: torch.device, addres
 def _train(
     spec: TrialSpec, rank: int, device: torch.device, report: RankReport, advance: Callable[[str, int], None]
 ) -> None:
-    advance("build")
+    advance("build", 0)
     reset_peak_memory(device)
     report.baseline_memory_bytes = current_memory_bytes(device)
     built = build_workload(spec.workload, seed=spec.seed, rank=rank)
@@ -90,7 +90,7 @@ def _train(
     optimizer = make_optimizer(built.optimizer_kind, built.model)
     if spec.prime_optimizer:
         report.optimizer_primed = prime_optimizer_state(built, optimizer, spec.strategy, seed=spec.seed, device=device)
-    advance("distribute")
+    advance("distribute", 0)
     model, optimizer = distribute(built.model, optimizer, spec.strategy, rank=rank)
     dist.barrier()
     for step in range(spec.warmup + spec.steps):
@@ -128,14 +128,14 @@ def _train_step(
     return time.perf_counter() - start
 
 
-def _record_sync(report: RankReport, stats: object) -> None:
+def _record_sync(report: RankReport, stats: SyncStats | None) -> None:
     """Keep the runtime's own account of the step: time blocked per synchronizer kind, bytes sent."""
     if stats is None:
         return
-    report.sync_wait_times_s.append(float(stats.sync_wait_s))  # type: ignore[attr-defined]
-    for kind, seconds in stats.wait_s.items():  # type: ignore[attr-defined]
+    report.sync_wait_times_s.append(float(stats.sync_wait_s))
+    for kind, seconds in stats.wait_s.items():
         report.wait_by_kind_s[kind] = report.wait_by_kind_s.get(kind, 0.0) + float(seconds)
-    report.wire_bytes = {kind: int(n) for kind, n in stats.wire_bytes.items()}  # type: ignore[attr-defined]
+    report.wire_bytes = {kind: int(n) for kind, n in stats.wire_bytes.items()}
 
 
 def _average_waits(report: RankReport) -> None:

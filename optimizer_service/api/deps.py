@@ -17,7 +17,7 @@ _bearer = HTTPBearer(auto_error=False, description="The service's API key, when 
 
 
 def get_state(request: Request) -> ServiceState:
-    return request.app.state.stratagem  # type: ignore[no-any-return]
+    return request.app.state.stratagem
 
 
 StateDep = Annotated[ServiceState, Depends(get_state)]

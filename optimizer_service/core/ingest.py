@@ -123,15 +123,15 @@ def _is_json(content_type: str) -> bool:
 
 def _act(kind: Kind, request: Any, session: Session, settings: Settings) -> dict[str, Any]:
     if kind == "graph":
-        row, created = store_graph(session, request.graph)
+        graph_row, created = store_graph(session, request.graph)
         if request.trace is not None:
             store_trace(session, request.trace, request.trace.to_bytes())
         session.commit()
-        return {**_row(row, created), **graph_counts(request.graph)}
+        return {**_row(graph_row, created), **graph_counts(request.graph)}
     if kind == "resources":
-        row, created = store_resources(session, request)
+        resource_row, created = store_resources(session, request)
         session.commit()
-        return {**_row(row, created), "num_nodes": len(request.nodes), "num_devices": request.num_devices}
+        return {**_row(resource_row, created), "num_nodes": len(request.nodes), "num_devices": request.num_devices}
     if kind == "optimize":
         job = core_jobs.submit_job(session, request, settings)
         return {"id": str(job.id), "status": job.status.value}

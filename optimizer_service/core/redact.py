@@ -57,7 +57,7 @@ def install_log_masking() -> None:
         previous = logging.getLogRecordFactory()
 
         def factory(*args: object, **kwargs: object) -> logging.LogRecord:
-            record = previous(*args, **kwargs)  # type: ignore[arg-type]
+            record = previous(*args, **kwargs)
             if type(record) is logging.LogRecord:
                 record.__class__ = _MaskedRecord
             return record

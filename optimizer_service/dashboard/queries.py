@@ -10,9 +10,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVarTuple
 
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import Select, SQLColumnExpression, func, select
 from sqlalchemy.orm import Session, defer
 
 from models import CostModelVersion, GraphRow, Job, JobCandidate, ResourceSpecRow, StrategyRow, Trial
@@ -119,7 +119,7 @@ def _measured_by_job(session: Session, job_ids: list[uuid.UUID]) -> tuple[dict[u
         .group_by(Trial.job_id)
     )
     counts = session.execute(select(Trial.job_id, func.count()).where(Trial.job_id.in_(job_ids)).group_by(Trial.job_id))
-    return {job_id: float(t) for job_id, t in fastest if job_id is not None}, {
+    return {job_id: float(t) for job_id, t in fastest if job_id is not None and t is not None}, {
         job_id: int(n) for job_id, n in counts if job_id is not None
     }
 
@@ -188,7 +188,10 @@ def jobs_ranking(session: Session, strategy_id: str, *, limit: int = 50) -> list
 # --- trials --------------------------------------------------------------------------------------
 
 
-def _filtered(query: Select[Any], where: TrialFilter) -> Select[Any]:
+_Columns = TypeVarTuple("_Columns")
+
+
+def _filtered(query: Select[*_Columns], where: TrialFilter) -> Select[*_Columns]:
     if where.job_id is not None:
         query = query.where(Trial.job_id == where.job_id)
     if where.graph_id is not None:
@@ -198,9 +201,9 @@ def _filtered(query: Select[Any], where: TrialFilter) -> Select[Any]:
     return query
 
 
-def _sort_key(sort: TrialSort) -> ColumnElement[Any]:
+def _sort_key(sort: TrialSort) -> SQLColumnExpression[Any]:
     error = func.abs(Trial.predicted_step_time_s - Trial.median_s) / Trial.median_s
-    columns: dict[str, ColumnElement[Any]] = {
+    columns: dict[str, SQLColumnExpression[Any]] = {
         "created": Trial.created_at,
         "outcome": Trial.outcome,
         "measured": Trial.median_s,
@@ -253,7 +256,12 @@ def measured_in_time_order(session: Session, where: TrialFilter, *, limit: int) 
     )
     query = _filtered(select(*columns), where).where(Trial.outcome == "ok", Trial.median_s.is_not(None))
     rows = session.execute(query.order_by(Trial.created_at.desc(), Trial.id).limit(limit))
-    return sorted((MeasuredTrial(*row) for row in rows), key=lambda t: t.created_at)
+    trials = [
+        MeasuredTrial(id_, strategy_id, graph_id, backend, median_s, predicted, created_at)
+        for id_, strategy_id, graph_id, backend, median_s, predicted, created_at in rows
+        if median_s is not None
+    ]
+    return sorted(trials, key=lambda t: t.created_at)
 
 
 def strategies_by_id(session: Session, ids: set[str]) -> dict[str, StrategyRow]:

@@ -45,25 +45,27 @@ def correct_candidates(
 
     Candidates the simulator refuses now (or predicts infeasible) keep the simulator's prediction and get no interval.
     """
-    eligible = [c for c in candidates if _correctable(c.strategy)]
-    queries = _queries(graph, resources, [c.strategy for c in eligible])
+    eligible = [(c, raw) for c in candidates if (raw := _correctable_step_time(c.strategy)) is not None]
+    queries = _queries(graph, resources, [c.strategy for c, _ in eligible])
     if not queries:
         return {}
-    by_id = {str(c.strategy.id): c for c in eligible}
+    by_id = {str(c.strategy.id): (c, raw) for c, raw in eligible}
     intervals: dict[str, Interval] = {}
     for planned in candidates_from_model(cost_model.model, queries):
         simulated = queries[planned.id].simulated_step_time_s
         factors = (planned.low / simulated, planned.mid / simulated, planned.high / simulated)
-        candidate = by_id[planned.id]
-        raw = candidate.strategy.predicted.step_time_s  # type: ignore[union-attr]
+        candidate, raw = by_id[planned.id]
         candidate.strategy = _corrected(candidate.strategy, factors, cost_model.version)
         intervals[planned.id] = (raw * factors[0], raw * factors[1], raw * factors[2])
     return intervals
 
 
-def _correctable(strategy: Strategy) -> bool:
+def _correctable_step_time(strategy: Strategy) -> float | None:
+    """The predicted step time a correction scales: only a feasible prediction of a positive time has one."""
     predicted = strategy.predicted
-    return predicted is not None and predicted.feasible and predicted.step_time_s > 0
+    if predicted is None or not predicted.feasible or not predicted.step_time_s > 0:
+        return None
+    return predicted.step_time_s
 
 
 def _queries(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> dict[str, TrainingRecord]:

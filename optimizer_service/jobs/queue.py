@@ -15,9 +15,9 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, Update, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import Job, JobCandidate, JobPhase, JobStatus, Trial, utcnow
@@ -72,7 +72,8 @@ def _claim_conditional(session: Session, worker_id: str) -> Claim | None:
         if job_id is None:
             return None
         now = utcnow()
-        claimed = session.execute(
+        claimed = _updated(
+            session,
             update(Job)
             .where(Job.id == job_id, Job.status == JobStatus.queued)
             .values(
@@ -82,9 +83,9 @@ def _claim_conditional(session: Session, worker_id: str) -> Claim | None:
                 started_at=now,
                 heartbeat_at=now,
                 attempts=Job.attempts + 1,
-            )
+            ),
         )
-        if claimed.rowcount == 1:  # type: ignore[attr-defined]
+        if claimed == 1:
             attempts = session.scalar(select(Job.attempts).where(Job.id == job_id))
             return Claim(job_id, int(attempts or 1))
     return None
@@ -108,12 +109,13 @@ def heartbeat(factory: Factory, job_ids: list[uuid.UUID], worker_id: str) -> Non
 def write_progress(factory: Factory, job_id: uuid.UUID, worker_id: str, progress: Progress) -> bool | None:
     """Persist progress (and a heartbeat); returns whether cancellation was requested, None if no longer ours."""
     with factory.begin() as session:
-        written = session.execute(
+        written = _updated(
+            session,
             update(Job)
             .where(_owned(job_id, worker_id))
-            .values(progress=json_safe(progress.to_json()), phase=progress.phase, heartbeat_at=utcnow())
+            .values(progress=json_safe(progress.to_json()), phase=progress.phase, heartbeat_at=utcnow()),
         )
-        if written.rowcount != 1:  # type: ignore[attr-defined]
+        if written != 1:
             return None
         return bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
 
@@ -134,8 +136,8 @@ def record_trial(
     The confirming write (a heartbeat) locks the job's row first, so a worker presumed dead whose job
     went to another cannot add trials beside the new owner's: a job never holds more than its budget."""
     with factory.begin() as session:
-        owned = session.execute(update(Job).where(_owned(job_id, worker_id)).values(heartbeat_at=utcnow()))
-        if owned.rowcount != 1:  # type: ignore[attr-defined]
+        owned = _updated(session, update(Job).where(_owned(job_id, worker_id)).values(heartbeat_at=utcnow()))
+        if owned != 1:
             return False
         insert_trial(session, job_id, graph_id, resource_id, record)
         return True
@@ -224,8 +226,7 @@ def finish_unsuccessfully(
     else:
         values |= {"finished_at": utcnow(), "phase": progress.phase}
     with factory.begin() as session:
-        written = session.execute(update(Job).where(_owned(job_id, worker_id)).values(**values))
-        return written.rowcount == 1  # type: ignore[attr-defined]
+        return _updated(session, update(Job).where(_owned(job_id, worker_id)).values(**values)) == 1
 
 
 def recover_stale(factory: Factory, *, stale_after_s: float, max_attempts: int) -> dict[str, int]:
@@ -250,3 +251,9 @@ def recover_stale(factory: Factory, *, stale_after_s: float, max_attempts: int) 
                 counts["failed"] += 1
             log.warning("stale job %s: %s -> %s", job.id, lost, job.status.value)
     return counts
+
+
+def _updated(session: Session, statement: Update) -> int:
+    """The rows an UPDATE matched: `Session.execute` is typed to return a `Result`, but for DML it returns
+    a `CursorResult`, which carries the count."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount

@@ -176,18 +176,19 @@ class _OwnedTrials:
         return describe(graph) if callable(describe) else None
 
     def run(self, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> TrialRecord:
-        return self._inner.run(graph, resources, strategy, owner=self._owner)  # type: ignore[no-any-return]
+        return self._inner.run(graph, resources, strategy, owner=self._owner)
 
 
 def _owned_trials(trials: TrialExecutor | None, job_id: uuid.UUID, *, resumed: bool) -> TrialExecutor | None:
     """Trials owned by the job, when the executor can name owners; a resumed job first kills what an
     earlier attempt's crashed service left running (Ray actors; local ranks die with their service)."""
-    if trials is None or not callable(getattr(trials, "reap", None)):
+    reap = getattr(trials, "reap", None)
+    if trials is None or not callable(reap):
         return trials
     owner = str(job_id)
     if resumed:
         try:
-            killed = trials.reap(owner)  # type: ignore[attr-defined]
+            killed = reap(owner)
         except Exception:  # the cluster is unreachable: the job's own trials will say so
             log.exception("job %s: could not look for an earlier attempt's trial workers", job_id)
         else:

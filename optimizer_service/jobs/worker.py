@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 
 from optimizer_service.core.cost_model import CostModelTrainer, InUseCostModel, retrain_if_due
 from optimizer_service.jobs import queue
@@ -97,8 +98,8 @@ class WorkerPool:
         with self._lock:
             return list(self._running)
 
-    def _spawn(self, target: object, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 

@@ -11,6 +11,7 @@ without bookkeeping, stay in [0, V), and groups made by different proposals neve
 from __future__ import annotations
 
 import heapq
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from optimizer_service.search.space import Space
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Precision, SyncKind
 
 Rows = np.ndarray
+_Scalar = TypeVar("_Scalar", bound=float)
 """Row indices into a batch (int array)."""
 
 
@@ -316,7 +318,7 @@ def _pairs(rows: Rows, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[r], v
 
 
-def _pick(value: np.ndarray | float | int, rr: np.ndarray, vv: np.ndarray, rows: Rows) -> np.ndarray | float | int:
+def _pick(value: np.ndarray | _Scalar, rr: np.ndarray, vv: np.ndarray, rows: Rows) -> np.ndarray | _Scalar:
     """A scalar as is; a per-variable [V] array at vv; a per-row [len(rows), V] array at (row, v)."""
     if np.isscalar(value) or np.ndim(value) == 0:
         return value

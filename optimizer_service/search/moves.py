@@ -258,7 +258,7 @@ def partition_allreduce(
 ) -> None:
     """An all-reduced variable split along a random axis into another number of shards, 1 to 8
     (PartitionedAR's knob)."""
-    splittable = (space.context.var_shape > 1).any(axis=1)
+    splittable = np.any(space.context.var_shape > 1, axis=1)
     rows, v = _pick_variable(rng, rows, (batch.kind[rows] == SyncKind.ALLREDUCE) & splittable[None, :])
     if len(rows) == 0:
         return

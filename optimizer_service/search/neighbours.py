@@ -14,6 +14,7 @@ run falls back to 1F1B, stages are re-cut balanced by compute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -202,11 +203,11 @@ def zero_neighbours(space: Space, mesh: MeshChoice, zero: Zero) -> list[tuple[st
     return out
 
 
-def complete(space: Space, mesh: MeshChoice, **changes: object) -> MeshChoice | None:
+def complete(space: Space, mesh: MeshChoice, **changes: Any) -> MeshChoice | None:
     """`mesh` with `changes`, repaired to the rules: micro-batches, schedule, recomputation, sequence
     parallelism and precision kept where still legal, stages re-cut where the split changed; None where
     no legal layout has these degrees."""
-    want = replace(mesh, **changes)  # type: ignore[arg-type]
+    want = replace(mesh, **changes)
     rules = space.rules
     t, p, c = want.tensor, want.pipeline, want.context
     if t not in rules.tensor or c not in rules.context or p > rules.max_pipeline(t):

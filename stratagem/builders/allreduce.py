@@ -33,7 +33,7 @@ class _AllReduceBuilder(Builder):
 
     def _allreduce(self, index: int) -> AllReduceSynchronizer:
         return AllReduceSynchronizer(
-            algorithm=SPEC_TO_ALGORITHM[self.all_reduce_spec],  # type: ignore[arg-type]
+            algorithm=SPEC_TO_ALGORITHM[self.all_reduce_spec],
             group=index // self.chunk_size,
             compressor=compressor_for(self.compressor),
         )

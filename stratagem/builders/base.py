@@ -7,6 +7,7 @@ A builder is a small frozen dataclass whose fields are AutoDist's constructor ar
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from stratagem.errors import InvalidResourceSpecError, InvalidStrategyError, Problem
 from stratagem.ir import (
@@ -100,7 +101,7 @@ def ps_synchronizer(destination: str, *, local_replication: bool, sync: bool, st
 
 
 def canonical_config(
-    var_name: str, shard_synchronizers: list[AnySynchronizer], partition: Partition | None
+    var_name: str, shard_synchronizers: Sequence[AnySynchronizer], partition: Partition | None
 ) -> VariableConfig:
     """The one way to write a (possibly partitioned) variable, so equal strategies get equal ids.
 

@@ -11,6 +11,7 @@ numbered in the order it becomes ready.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from stratagem.builders.base import Builder
 from stratagem.ir import AllReduceSynchronizer, ModelGraph, ResourceSpec, Strategy, Variable, VariableConfig
@@ -24,7 +25,7 @@ class DataParallel(Builder):
     """DDP's `bucket_cap_mb` (MiB)."""
     first_bucket_mb: float = 1.0
     """DDP's first-bucket cap (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB)."""
-    algorithm: str = "auto"
+    algorithm: Literal["auto", "ring"] = "auto"
     """`auto` (NCCL chooses ring or tree, as DDP does) or `ring`."""
 
     def __post_init__(self) -> None:
@@ -45,7 +46,7 @@ class DataParallel(Builder):
         configs = [
             VariableConfig(
                 var_name=var.name,
-                synchronizer=AllReduceSynchronizer(algorithm=self.algorithm, group=group_of[var.name]),  # type: ignore[arg-type]
+                synchronizer=AllReduceSynchronizer(algorithm=self.algorithm, group=group_of[var.name]),
             )
             for var in variables
         ]

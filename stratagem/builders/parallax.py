@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stratagem.builders.base import Builder, check_sync_params, consistency_of, ps_servers, ps_synchronizer
+from stratagem.builders.base import (
+    AnySynchronizer,
+    Builder,
+    check_sync_params,
+    consistency_of,
+    ps_servers,
+    ps_synchronizer,
+)
 from stratagem.builders.sharding import GreedyLoads
 from stratagem.builders.vocabulary import SPEC_TO_ALGORITHM, compressor_for
 from stratagem.ir import AllReduceSynchronizer, ModelGraph, ResourceSpec, Strategy, VariableConfig
@@ -36,13 +43,14 @@ class Parallax(Builder):
         loads = GreedyLoads(ps_servers(resources)) if any(v.sparse for v in variables) else None
         configs = []
         for index, var in enumerate(variables):
+            sync: AnySynchronizer
             if var.sparse and loads is not None:
                 sync = ps_synchronizer(
                     loads.place(var.nbytes), local_replication=False, sync=self.sync, staleness=self.staleness
                 )
             else:
                 sync = AllReduceSynchronizer(
-                    algorithm=SPEC_TO_ALGORITHM["NCCL"],  # type: ignore[arg-type]
+                    algorithm=SPEC_TO_ALGORITHM["NCCL"],
                     group=index // self.chunk_size,
                     compressor=compressor_for("NoneCompressor"),
                 )

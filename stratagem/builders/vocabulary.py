@@ -6,9 +6,11 @@ interop reads and writes them; both use these tables so the two can never disagr
 
 from __future__ import annotations
 
+from typing import Literal
+
 from stratagem.ir import Compressor
 
-SPEC_TO_ALGORITHM: dict[str, str] = {"AUTO": "auto", "NCCL": "auto", "RING": "ring"}
+SPEC_TO_ALGORITHM: dict[str, Literal["auto", "ring"]] = {"AUTO": "auto", "NCCL": "auto", "RING": "ring"}
 """AutoDist `AllReduceSynchronizer.Spec` -> `AllReduceSynchronizer.algorithm`.
 
 NCCL and AUTO both mean "let the runtime choose" here: Stratagem picks the backend (NCCL on GPUs,

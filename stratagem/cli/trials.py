@@ -23,7 +23,7 @@ import itertools
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -186,7 +186,7 @@ class _Importer:
             present[key] -= 1
             self.counts["skipped"] += 1
             return
-        fields = {name: line.get(name) for name in TRIAL_FIELDS}
+        fields: dict[str, Any] = {name: line.get(name) for name in TRIAL_FIELDS}
         self.client.record_trial(strategy, graph_id=graph.id, resource_id=resources.id, **fields)
         self.counts["trial"] += 1
 
@@ -233,7 +233,8 @@ def import_trials(client: Client, stream: IO[str] | IO[bytes], *, name: str = "<
 def _lines(stream: IO[str] | IO[bytes], name: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """Numbered JSON objects; the first must be this format's header, blank lines are allowed."""
     header_seen = False
-    for number, raw in enumerate(stream, start=1):
+    raws: Iterable[str | bytes] = stream
+    for number, raw in enumerate(raws, start=1):
         text = decode(raw, f"{name}:{number}") if isinstance(raw, bytes) else raw
         if not text.strip():
             continue

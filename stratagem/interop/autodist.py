@@ -274,7 +274,7 @@ def _synchronizer(node: dict[str, Any], path: str, where: str) -> AnySynchronize
         )
     if ar is not None:
         return AllReduceSynchronizer(
-            algorithm=SPEC_TO_ALGORITHM[ar["spec"]],  # type: ignore[arg-type]
+            algorithm=SPEC_TO_ALGORITHM[ar["spec"]],
             group=_non_negative(ar["group"], f"{path}.AllReduceSynchronizer.group"),
             compressor=compressor_for(ar["compressor"]),
         )

@@ -153,9 +153,9 @@ def _known(config: dict[str, Any], key: str) -> int | None:
 
 
 def _precision(config: dict[str, Any]) -> str:
-    enabled = {}
+    enabled: dict[str, bool] = {}
     for name, keys in (("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16",))):
-        section = next((config[key] for key in keys if key in config), {})
+        section: Any = next((config[key] for key in keys if key in config), {})
         value = section.get("enabled", False) if isinstance(section, dict) else False
         if value == "auto":
             raise config_error(

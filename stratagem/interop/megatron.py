@@ -21,7 +21,7 @@ a layout must say:
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import Any, overload
 
 from stratagem.interop.engines import TF32_REASON, config_error, refuse
 from stratagem.layout import Layout
@@ -176,6 +176,10 @@ def _read(words: list[str]) -> tuple[dict[str, str], set[str]]:
     return values, switches
 
 
+@overload
+def _int(values: dict[str, str], flag: str, default: int) -> int: ...
+@overload
+def _int(values: dict[str, str], flag: str, default: None) -> int | None: ...
 def _int(values: dict[str, str], flag: str, default: int | None) -> int | None:
     if flag not in values:
         return default

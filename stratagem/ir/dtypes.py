@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from enum import StrEnum
 
 
@@ -23,7 +24,7 @@ class DType(StrEnum):
         return _ITEMSIZE[self]
 
     @property
-    def is_floating(self) -> bool:
+    def is_floating(self) -> builtins.bool:  # the member `bool` shadows the builtin in this body
         return self.value.startswith(("float", "bfloat"))
 
 

@@ -151,7 +151,8 @@ class ResourceSpec(Document):
     def intra_link(self, node: Node) -> Link:
         if self.intra_node is not None:
             return self.intra_node
-        catalog_name = lookup(node.device_kind).name if lookup(node.device_kind) else "CPU"
+        spec = lookup(node.device_kind)
+        catalog_name = spec.name if spec is not None else "CPU"
         return DEFAULT_INTRA_NODE.get(catalog_name, DEFAULT_INTRA_NODE["CPU"])
 
     def nic(self, node: Node) -> Link:

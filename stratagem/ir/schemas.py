@@ -8,12 +8,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from stratagem.ir.graph import ModelGraph
 from stratagem.ir.resources import ResourceSpec
 from stratagem.ir.strategy import Strategy
 from stratagem.layout import Layout
 
-DOCUMENTS = {"model_graph": ModelGraph, "resource_spec": ResourceSpec, "strategy": Strategy, "layout": Layout}
+DOCUMENTS: dict[str, type[BaseModel]] = {
+    "model_graph": ModelGraph,
+    "resource_spec": ResourceSpec,
+    "strategy": Strategy,
+    "layout": Layout,
+}
 
 
 def schema_of(name: str) -> dict[str, Any]:

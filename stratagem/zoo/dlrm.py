@@ -53,6 +53,9 @@ def _mlp(widths: list[int], *, last_activation: bool) -> nn.Sequential:
 class DLRM(nn.Module):
     """Sparse embedding tables of different sizes, a dense bottom MLP, pairwise dot interactions, a top MLP."""
 
+    pair_rows: torch.Tensor  # buffers: the lower triangle's indices of the feature-by-feature dot products
+    pair_cols: torch.Tensor
+
     def __init__(self, config: DLRMConfig) -> None:
         super().__init__()
         self.tables = nn.ModuleList(

@@ -90,6 +90,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    cos: torch.Tensor  # rotary tables, registered as buffers when positions are "rope"
+    sin: torch.Tensor
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.heads = config.heads

@@ -71,7 +71,7 @@ class LocalBackend:
                 supervisor = Supervisor(
                     spec, poll_interval_s=self.poll_interval_s, failure_grace_s=self.failure_grace_s
                 )
-                reports = supervisor.watch(ranks)  # type: ignore[arg-type]
+                reports = supervisor.watch(ranks)
             except OSError as error:
                 reports = [RankReport(rank=0, outcome=Outcome.crash, error=f"could not start the ranks: {error}")]
             finally:

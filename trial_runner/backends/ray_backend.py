@@ -45,7 +45,8 @@ class RankActor:
         return address, free_port("0.0.0.0")
 
     def progress(self) -> tuple[str, int, float]:
-        return tuple(self._progress)  # type: ignore[return-value]
+        phase, step, slowest_step_s = self._progress  # a plain tuple over the wire
+        return phase, step, slowest_step_s
 
     def run(self, spec_json: str, rank: int, master_addr: str, master_port: int, threads: int) -> str:
         import torch
@@ -240,7 +241,7 @@ class RayBackend:
         except ray.exceptions.RayError as error:
             return [RankReport(rank=0, outcome=Outcome.crash, error=f"could not start the actors: {error}")]
         supervisor = Supervisor(spec, poll_interval_s=self.poll_interval_s, failure_grace_s=self.failure_grace_s)
-        return supervisor.watch(handles, started=clock_start)  # type: ignore[arg-type]
+        return supervisor.watch(handles, started=clock_start)
 
     def _bundle(self, device: str) -> dict[str, float]:
         return {"GPU": 1.0} if ":GPU:" in device else {"CPU": float(self.cpus_per_rank)}
