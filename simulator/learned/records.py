@@ -37,8 +37,10 @@ class SimulatedStep(Protocol):
     `memory_per_device_bytes` and `ps_load` (seconds per server) are read when present.
     """
 
-    step_time_s: float
-    breakdown: Mapping[str, float]
+    @property
+    def step_time_s(self) -> float: ...
+    @property
+    def breakdown(self) -> Mapping[str, float]: ...
 
 
 class InvalidRecordError(InvalidDocumentError):

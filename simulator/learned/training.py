@@ -21,11 +21,16 @@ from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 
 class TrialSampleLike(Protocol):
-    graph: ModelGraph
-    resources: ResourceSpec
-    strategy: Strategy
-    measured_step_time_s: float
-    group: str
+    @property
+    def graph(self) -> ModelGraph: ...
+    @property
+    def resources(self) -> ResourceSpec: ...
+    @property
+    def strategy(self) -> Strategy: ...
+    @property
+    def measured_step_time_s(self) -> float: ...
+    @property
+    def group(self) -> str: ...
 
 
 @dataclass(frozen=True)
