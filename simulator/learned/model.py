@@ -240,7 +240,7 @@ class CostModel:
         totals = dict.fromkeys(self.feature_names_, 0.0)
         for booster in self.boosters_:
             for name, gain in booster.get_score(importance_type="total_gain").items():
-                totals[name] += float(gain)
+                totals[name] += float(gain) if isinstance(gain, int | float) else math.fsum(gain)
         whole = sum(totals.values())
         return {name: value / whole for name, value in totals.items() if value > 0} if whole > 0 else {}
 
@@ -377,7 +377,7 @@ def _check_document(document: Any) -> None:
                 )
             ]
         )
-    expected = {
+    expected: dict[str, type | tuple[type, ...]] = {
         "params": dict,
         "feature_names": list,
         "boosters": list,

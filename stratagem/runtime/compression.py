@@ -256,7 +256,8 @@ class PowerSGDReducer(Reducer):
             kept = self.approximations.setdefault(i, FlatBuffer()).empty(m.numel(), m).view(m.shape)
             approx = torch.matmul(p, qt, out=kept)
             if self.error_feedback:
-                self.errors[i] = m.sub_(approx) if m is self.errors.get(i) else m - approx
+                kept_error = self.errors.get(i)
+                self.errors[i] = m.sub_(approx) if kept_error is not None and m is kept_error else m - approx
             self.qts[i] = qt.clone()
             out[i] = approx.view(pending["shapes"][i])
 

@@ -120,8 +120,8 @@ def launch(
             GROUP_RANK=str(node_rank),
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(port),
-            **{STRATEGY_ENV: str(strategy_path)},
         )
+        env[STRATEGY_ENV] = str(strategy_path)
         procs.append(subprocess.Popen([python, script, *(script_args or [])], env=env))
     return _join(procs)
 

@@ -22,7 +22,7 @@ transformers) is cut at the beginning of blocks instead, by pipelining's tracer:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -138,7 +138,7 @@ def _check_micro_batches(config: PipelineConfig, num_stages: int, pipeline: int)
 
 def stage_module(model: nn.Module, children: list[str]) -> nn.Sequential:
     """The stage's children as an nn.Sequential that keeps their names (so parameter names do not change)."""
-    return nn.Sequential(OrderedDict((name, model._modules[name]) for name in children))
+    return nn.Sequential(OrderedDict((name, model.get_submodule(name)) for name in children))
 
 
 class PipelinedModel(nn.Module):
@@ -157,7 +157,7 @@ class PipelinedModel(nn.Module):
         group: dist.ProcessGroup | None,
         device: torch.device,
         loss_fn: LossFn,
-        chunks: list[tuple[int, nn.Module]] | None = None,
+        chunks: Sequence[tuple[int, nn.Module]] | None = None,
         numerics: StepNumerics | None = None,
     ) -> None:
         super().__init__()

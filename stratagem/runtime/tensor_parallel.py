@@ -34,6 +34,7 @@ is pointed at the new ones (`retarget_optimizer`); that is only sound before its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -290,7 +291,7 @@ def _attention(module: nn.Module, name: str, heads: int, degree: int, where: str
     split = attention_split(projections, heads)
     if isinstance(split, Refusal):
         raise UnsupportedStrategyError(f"{where} ({name}): {split}")
-    width = module.get_submodule(split.output).in_features
+    width = cast(nn.Linear, module.get_submodule(split.output)).in_features  # projections are Linear children
     _divides(degree, width, f"{where}.heads", f"the {width} attention features of {name}")
     return split
 

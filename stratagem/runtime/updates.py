@@ -11,7 +11,7 @@ clones too. For elementwise optimizers (SGD, Adam, ...) this is exactly the whol
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 import torch
@@ -31,7 +31,8 @@ def clone_optimizer(
     hyper = {k: v for k, v in optimizer.param_groups[group_index].items() if k != "params"}
     owner = owning_optimizer(optimizer, group_index)
     try:
-        return type(owner)([{"params": tensors, **hyper}])
+        optimizer_class: Callable[..., torch.optim.Optimizer] = type(owner)
+        return optimizer_class([{"params": tensors, **hyper}])
     except (TypeError, ValueError) as error:
         raise UnsupportedStrategyError(
             f"cannot rebuild {type(owner).__name__} for server or shard updates: {error}"
