@@ -15,6 +15,28 @@ With p = 1 every collective costs nothing.
     reduce-scatter           (p-1)·α + (p-1)/p · n/B
     all-gather               (p-1)·α + (p-1)/p · n/B
     point-to-point send      α + n/B
+
+GPU ranks reduce through NCCL, whose own cost model (NVIDIA/nccl@5067397c, `src/graph/tuning.cc`) these
+formulas follow. NCCL runs each collective with one algorithm (ring, tree, NVLink SHARP) and one
+protocol (LL: 8-byte stores with a flag, LL128: 120 of every 128 bytes, Simple: bulk copies with a
+synchronisation per step) and picks the cheapest for the message. Per protocol P:
+
+    ring all-reduce    base_P + (2(p-1) - 2(m-1))·step_P(intra) + 2(m-1)·step_P(net)
+                       + 2(p-1)/p · n / (eff_P · B)
+    tree all-reduce    base_P + 2((k-1)·step_P(intra) + ⌊log2 m⌋·step_P(net)) + 2 · n / (0.92 · eff_P · B_tree)
+    NVLS all-reduce    step_nvls + 2(p-1)/p · n / (sharp · B)                (one node, NVSwitch, Simple)
+    reduce-scatter,    base_P + ((p-1) - (m-1))·step_P(intra) + (m-1)·step_P(net) + (p-1)/p · n / (eff_P · B)
+    all-gather
+
+with k ranks per node on m nodes, B the bus bandwidth of the slowest link the ring crosses (NCCL reaches
+about 80 % of NVLink's line rate, 370 of 450 GB/s per direction on H100: sjeaugey in NVIDIA/nccl-tests#212;
+12.2 GB/s through one 100 Gb/s EDR card: NVIDIA/nccl-tests#29). A ring carries 2(p-1)/p · n through
+every node's NIC; a double binary tree carries n through each NIC on two nodes (each node is the
+other's only peer in both trees) and up to 2n on more, so `B_tree` is twice the NIC share at m = 2
+(NCCL's 2-node bus bandwidths exceed the many-node ones: NVIDIA/nccl#1031). Protocol factors `eff_P`:
+LL 0.5, LL128 0.92 (NVLink nodes only, as NCCL enables it), Simple 1; the tree's LL 1/3.8 and LL128
+7/9 inside a node, 120/128 across. A step's latency on a link is the link's latency (one Simple ring
+step) times NCCL's ratio for the protocol and algorithm (`STEP_LATENCY_US`).
 """
 
 from __future__ import annotations
@@ -73,6 +95,76 @@ def all_gather(p: Number, alpha: Number, bandwidth: Number) -> tuple[Number, Num
 def send(alpha: Number, bandwidth: Number) -> tuple[Number, Number]:
     """α + n/B: one point-to-point transfer (pipeline stage boundaries)."""
     return alpha, 1.0 / np.asarray(bandwidth, dtype=float)
+
+
+# --- NCCL -----------------------------------------------------------------------------------------
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+BASE_LATENCY_US = {"ring": (6.6, 14.0, 8.4), "tree": (6.8, 14.0, 8.4)}
+"""NCCL's fixed cost per collective launch, per protocol (tuning.cc `baseLatencies`)."""
+STEP_LATENCY_US: dict[str, dict[str, tuple[float, float, float] | float]] = {
+    "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0), "nvls": 25.0},
+    "pcie": {"ring": (1.0, 2.5, 5.7), "tree": (1.0, 1.9, 4.0), "nvls": 0.0},
+    "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0), "nvls": 0.0},
+}
+"""NCCL's latency of one step per link class, algorithm and protocol (tuning.cc `hwLatencies`); the Simple
+ring step is what a link's `latency_us` states, the others scale with it."""
+RING_EFFICIENCY = (0.5, 0.92, 1.0)
+"""Bus bandwidth of a ring per protocol over the link's (tuning.cc: LL `busBw * .5`, LL128 `* 0.92`)."""
+TREE_EFFICIENCY = 0.92
+"""A tree all-reduce's bus bandwidth over the link's (tuning.cc `busBw * .92`)."""
+TREE_PROTOCOL = (1.0 / 3.8, 7.0 / 9.0, 120.0 / 128.0, 1.0)
+"""A tree's LL, LL128 inside one node, LL128 across nodes, and Simple factors (tuning.cc)."""
+
+
+def step_latency(alpha: Number, link: str, algorithm: str, protocol: int) -> Number:
+    """One step of `algorithm` under `protocol` on a link whose Simple ring step takes `alpha` seconds."""
+    table = STEP_LATENCY_US[link]
+    step = table[algorithm]
+    return np.asarray(alpha) * (step if isinstance(step, float) else step[protocol]) / table["ring"][2]
+
+
+def nccl_ring_allreduce(
+    p: Number, m: Number, step_intra: Number, step_net: Number, bandwidth: Number, protocol: int
+) -> tuple[Number, Number]:
+    """A ring over p ranks on m nodes: 2(p-1) steps, 2(m-1) of them through the NICs."""
+    p, m = np.asarray(p, dtype=float), np.asarray(m, dtype=float)
+    inter = 2 * (m - 1)
+    latency = BASE_LATENCY_US["ring"][protocol] * 1e-6 + (2 * (p - 1) - inter) * step_intra + inter * step_net
+    per_byte = 2 * (p - 1) / p / (RING_EFFICIENCY[protocol] * np.asarray(bandwidth))
+    return np.where(p > 1, latency, 0.0), np.where(p > 1, per_byte, 0.0)
+
+
+def nccl_tree_allreduce(
+    k: Number, m: Number, step_intra: Number, step_net: Number, bandwidth: Number, protocol: int
+) -> tuple[Number, Number]:
+    """A chain inside each node under a double binary tree across the m nodes (k ranks per node)."""
+    k, m = np.asarray(k, dtype=float), np.asarray(m, dtype=float)
+    p = k * m
+    depth = np.floor(np.log2(np.maximum(m, 1.0)))
+    latency = BASE_LATENCY_US["tree"][protocol] * 1e-6 + 2 * ((k - 1) * step_intra + depth * step_net)
+    factor = TREE_PROTOCOL[protocol] if protocol == 0 else TREE_PROTOCOL[3]
+    if protocol == 1:
+        factor = np.where(m > 1, TREE_PROTOCOL[2], TREE_PROTOCOL[1])
+    per_byte = 2.0 / (TREE_EFFICIENCY * factor * np.asarray(bandwidth))
+    return np.where(p > 1, latency, 0.0), np.where(p > 1, per_byte, 0.0)
+
+
+def nccl_nvls_allreduce(p: Number, step: Number, bandwidth: Number) -> tuple[Number, Number]:
+    """NVLink SHARP inside one node: the switch reduces, one step; `bandwidth` is its bus bandwidth."""
+    p = np.asarray(p, dtype=float)
+    return np.where(p > 1, step, 0.0), np.where(p > 1, 2 * (p - 1) / p / np.asarray(bandwidth), 0.0)
+
+
+def nccl_ring_scatter(
+    p: Number, m: Number, step_intra: Number, step_net: Number, bandwidth: Number, protocol: int = 2
+) -> tuple[Number, Number]:
+    """Reduce-scatter or all-gather on a ring: p-1 steps, m-1 of them through the NICs."""
+    p, m = np.asarray(p, dtype=float), np.asarray(m, dtype=float)
+    inter = m - 1
+    latency = BASE_LATENCY_US["ring"][protocol] * 1e-6 + (p - 1 - inter) * step_intra + inter * step_net
+    per_byte = (p - 1) / p / (RING_EFFICIENCY[protocol] * np.asarray(bandwidth))
+    return np.where(p > 1, latency, 0.0), np.where(p > 1, per_byte, 0.0)
 
 
 SPARSE_PS_ROUND_TRIPS = 3

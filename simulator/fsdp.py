@@ -13,7 +13,9 @@ micro-batch and reduce-scatters each one, torchtitan's default):
     forward:  a unit starts when the unit before has finished and its own gather has landed
     backward: the same in reverse, each unit's reduce-scatter queued after the gather it prefetched
 
-What the channel adds to the compute is exposed; so is the last reduce-scatter's tail. Under hybrid
+What the channel adds to the compute is exposed; so is the last reduce-scatter's tail. The rest of the
+channel's time runs during compute and slows it by (1 - `comm_overlap`) of itself, as every collective
+stream does (`engine._stolen`). Under hybrid
 sharding each unit's reduce-scatter over the shard group is followed by the all-reduce of its shard
 across the groups. Memory: 1/S of parameters, gradients and optimizer state, plus the gathered
 parameters of the unit computing and the one prefetched.
@@ -86,6 +88,8 @@ def full_shard(
     shard = topo.shard_degree[rows, None]
     scatter = _cost(topo.shard_reduce_scatter, rows, grads) + _cost(topo.replicate, rows, grads / shard)
     per_micro = exposed(unit_fwd, unit_bwd, gather, scatter)
+    hidden = np.maximum(2 * gather.sum(axis=1) + scatter.sum(axis=1) - per_micro, 0.0)
+    per_micro = per_micro + (1.0 - context.kinds.comm_overlap[topo.kind[rows]]) * hidden
     working = params + np.concatenate([params[:, 1:], np.zeros((rows.size, 1))], axis=1)
     return FullShard(rows, per_micro * batch.micro_batches[rows], working.max(axis=1, initial=0.0))
 
