@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator import collectives, compression
+from simulator import collectives, compression, fsdp
 from simulator.context import SimContext
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Precision, SyncKind
 from simulator.pipeline import ComputePhase
@@ -173,7 +173,9 @@ def _precision_bytes(context: SimContext, batch: CandidateBatch, wire: np.ndarra
     precision = batch.precision[scaled].astype(np.intp)
     rows[scaled] = captured * context.var_precision.gradient[precision]
     gathered = wire.copy()
-    gathered.reshape(len(batch), -1)[scaled] = captured * context.var_precision.gathered[precision]
+    gathered.reshape(len(batch), -1)[scaled] = (
+        captured * context.var_precision.gathered[precision] * fsdp.fp8_gather_scale(context, batch.fp8_gather[scaled])
+    )
     return gathered
 
 

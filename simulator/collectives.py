@@ -167,6 +167,24 @@ def nccl_ring_scatter(
     return np.where(p > 1, latency, 0.0), np.where(p > 1, per_byte, 0.0)
 
 
+def async_tensor_parallel(comm: Number, matmul: Number, degree: Number, overlap: Number) -> Number:
+    """Seconds a tensor-parallel collective leaves on the critical path when async TP cuts it into `degree`
+    pieces, each moving while the matmul consumes (all-gather) or produces (reduce-scatter) the piece
+    before it (Wang et al. 2023; torch's micro-pipeline TP). The first piece is exposed; the others hide
+    behind the matmuls on either side of the collective, taken as twice the row-parallel layer's
+    `matmul` time, and what does not fit is exposed too; the hidden pieces slow those matmuls by
+    (1 - `overlap`) of themselves, as any overlapped collective does.
+
+        exposed = c/T + max(0, c(T-1)/T - 2m(T-1)/T) + (1 - overlap) · hidden
+    """
+    comm, degree = np.asarray(comm, dtype=float), np.maximum(np.asarray(degree, dtype=float), 1.0)
+    piece = comm / degree
+    pieces = comm - piece
+    excess = np.maximum(pieces - 2 * np.asarray(matmul) * (degree - 1) / degree, 0.0)
+    hidden = pieces - excess
+    return piece + excess + (1.0 - np.asarray(overlap)) * hidden
+
+
 SPARSE_PS_ROUND_TRIPS = 3
 """Round trips of a sparse PS exchange: rows are found only at run time, so the push sends a row count,
 then indices, then values, and the pull the same, each its own message; a dense push and pull are one."""

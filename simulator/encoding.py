@@ -29,6 +29,8 @@ Per candidate, shape [N]:
 | `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
 | `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
+| `async_tp` | bool | async tensor parallelism: sequence parallelism's collectives overlapped piece by piece with their matmuls (needs `sequence_parallel`) |
+| `fp8_gather` | bool | ZeRO-3 gathers the fp8 Linears' weights in fp8 (needs FP8 precision) |
 
 Per candidate and device, shape [N, D]: `replicas` (bool) — the devices that run the model. Ranks are
 assigned in device-table order (node by node), tensor innermost, then context, then pipeline, then
@@ -137,6 +139,8 @@ PER_CANDIDATE: dict[str, Any] = {
     "precision": np.int8,
     "sequence_parallel": np.bool_,
     "shard_group": np.int32,
+    "async_tp": np.bool_,
+    "fp8_gather": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -183,6 +187,8 @@ class CandidateBatch:
     sequence_parallel: np.ndarray
     shard_group: np.ndarray
     zero_stage: np.ndarray
+    async_tp: np.ndarray
+    fp8_gather: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -226,6 +232,8 @@ class CandidateBatch:
             sequence_parallel=np.zeros(n, np.bool_),
             shard_group=np.zeros(n, np.int32),
             zero_stage=np.full((n, V), 2, np.int8),
+            async_tp=np.zeros(n, np.bool_),
+            fp8_gather=np.zeros(n, np.bool_),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -347,6 +355,8 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
         "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
     )
     problems += _first_bad("sequence_parallel", b.sequence_parallel & (b.tensor < 2), "needs tensor > 1")
+    problems += _first_bad("async_tp", b.async_tp & ~b.sequence_parallel, "needs sequence_parallel")
+    problems += _first_bad("fp8_gather", b.fp8_gather & (b.precision != Precision.FP8), "needs FP8 precision")
     problems += _first_bad("tensor", b.tensor >= 1 << 12, "must be < 4096")
     problems += _first_bad("context_parallel", b.context_parallel >= 1 << 12, "must be < 4096")
     group = b.shard_group

@@ -71,7 +71,29 @@ def unit_bytes(context: SimContext, batch: CandidateBatch, rows: np.ndarray) -> 
             rows.size, U
         )
 
-    return per_unit(per_rank * table.gathered[precision]), per_unit(per_rank * table.gradient[precision])
+    gathered = per_rank * table.gathered[precision] * fp8_gather_scale(context, batch.fp8_gather[rows])
+    return per_unit(gathered), per_unit(per_rank * table.gradient[precision])
+
+
+FP8_GATHER_SCALE = 0.5
+"""Bytes of an fp8 weight gathered over its bf16 bytes (torchao's `enable_fsdp_float8_all_gather`)."""
+
+
+def fp8_weights(context: SimContext) -> np.ndarray:
+    """[V] the variables torchao's float8 training converts, whose weights FSDP can gather in fp8: the 2-D
+    weights of matmul layers with both dimensions multiples of 16 (`stratagem.runtime.precision.convert_fp8`)."""
+    by_name = {v.name: v for v in context.graph.variables}
+    shapes = [by_name[name].shape for name in context.variable_names]
+    linear = context.layer_matmul.take(context.var_layer)
+    return linear & np.array([len(shape) == 2 and shape[0] % 16 == 0 and shape[1] % 16 == 0 for shape in shapes])
+
+
+def fp8_gather_scale(context: SimContext, rows_fp8: np.ndarray) -> np.ndarray | float:
+    """[r, V] (or 1.0) what each gathered byte of the rows weighs: half for the fp8 weights of rows that
+    gather them in fp8."""
+    if not rows_fp8.any():
+        return 1.0
+    return np.where(rows_fp8[:, None] & fp8_weights(context)[None, :], FP8_GATHER_SCALE, 1.0)
 
 
 def full_shard(

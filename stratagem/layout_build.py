@@ -89,6 +89,8 @@ def build_strategy(
         recompute=resolved.recompute,
         precision=resolved.precision,
         sequence_parallel=resolved.sequence_parallel,
+        async_tensor_parallel=resolved.async_tensor_parallel,
+        fp8_all_gather=resolved.fp8_all_gather,
         variables=_variables(graph, resolved, shared),
         provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
     )
