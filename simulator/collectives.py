@@ -36,12 +36,20 @@ other's only peer in both trees) and up to 2n on more, so `B_tree` is twice the 
 (NCCL's 2-node bus bandwidths exceed the many-node ones: NVIDIA/nccl#1031). Protocol factors `eff_P`:
 LL 0.5, LL128 0.92 (NVLink nodes only, as NCCL enables it), Simple 1; the tree's LL 1/3.8 and LL128
 7/9 inside a node, 120/128 across. A step's latency on a link is the link's latency (one Simple ring
-step) times NCCL's ratio for the protocol and algorithm (`STEP_LATENCY_US`).
+step) times NCCL's ratio for the protocol and algorithm (`stratagem.ir.nccl`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from stratagem.ir.nccl import (
+    BASE_LATENCY_US,
+    RING_EFFICIENCY,
+    TREE_EFFICIENCY,
+    TREE_PROTOCOL,
+    step_ratio,
+)
 
 Number = float | np.ndarray
 
@@ -97,31 +105,12 @@ def send(alpha: Number, bandwidth: Number) -> tuple[Number, Number]:
     return alpha, 1.0 / np.asarray(bandwidth, dtype=float)
 
 
-# --- NCCL -----------------------------------------------------------------------------------------
-
-PROTOCOLS = ("LL", "LL128", "Simple")
-BASE_LATENCY_US = {"ring": (6.6, 14.0, 8.4), "tree": (6.8, 14.0, 8.4)}
-"""NCCL's fixed cost per collective launch, per protocol (tuning.cc `baseLatencies`)."""
-STEP_LATENCY_US: dict[str, dict[str, tuple[float, float, float] | float]] = {
-    "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0), "nvls": 25.0},
-    "pcie": {"ring": (1.0, 2.5, 5.7), "tree": (1.0, 1.9, 4.0), "nvls": 0.0},
-    "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0), "nvls": 0.0},
-}
-"""NCCL's latency of one step per link class, algorithm and protocol (tuning.cc `hwLatencies`); the Simple
-ring step is what a link's `latency_us` states, the others scale with it."""
-RING_EFFICIENCY = (0.5, 0.92, 1.0)
-"""Bus bandwidth of a ring per protocol over the link's (tuning.cc: LL `busBw * .5`, LL128 `* 0.92`)."""
-TREE_EFFICIENCY = 0.92
-"""A tree all-reduce's bus bandwidth over the link's (tuning.cc `busBw * .92`)."""
-TREE_PROTOCOL = (1.0 / 3.8, 7.0 / 9.0, 120.0 / 128.0, 1.0)
-"""A tree's LL, LL128 inside one node, LL128 across nodes, and Simple factors (tuning.cc)."""
+# --- NCCL (constants in `stratagem.ir.nccl`) ---------------------------------------------------------
 
 
 def step_latency(alpha: Number, link: str, algorithm: str, protocol: int) -> Number:
     """One step of `algorithm` under `protocol` on a link whose Simple ring step takes `alpha` seconds."""
-    table = STEP_LATENCY_US[link]
-    step = table[algorithm]
-    return np.asarray(alpha) * (step if isinstance(step, float) else step[protocol]) / table["ring"][2]
+    return np.asarray(alpha) * step_ratio(link, algorithm, protocol)
 
 
 def nccl_ring_allreduce(
