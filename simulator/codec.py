@@ -107,6 +107,7 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.selective[i] = strategy.recompute == "selective"
     b.precision[i] = _PRECISIONS[strategy.precision]
     b.sequence_parallel[i] = strategy.sequence_parallel
+    b.micro_batch_size[i] = strategy.micro_batch_size or 0
     b.async_tp[i] = strategy.async_tensor_parallel
     b.fp8_gather[i] = strategy.fp8_all_gather
     if strategy.pipeline is not None:
@@ -192,6 +193,7 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         recompute="full" if batch.recompute[i] else "selective" if batch.selective[i] else "none",
         precision=_PRECISION_NAMES[Precision(int(batch.precision[i]))],  # type: ignore[arg-type]
         sequence_parallel=bool(batch.sequence_parallel[i]),
+        micro_batch_size=int(batch.micro_batch_size[i]) or None,
         async_tensor_parallel=bool(batch.async_tp[i]),
         fp8_all_gather=bool(batch.fp8_gather[i]),
         consistency=consistency,

@@ -36,6 +36,8 @@ class SimContext(DeviceArrays, VariableArrays, LayerArrays):
     _tiles: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _tensor_plans: dict[int, list[TensorParallelLayer]] = field(default_factory=dict, repr=False, compare=False)
     _activations: dict[Any, tuple[np.ndarray, float]] = field(default_factory=dict, repr=False, compare=False)
+    _steps: dict[int, SimContext] = field(default_factory=dict, repr=False, compare=False)
+    """Contexts of this graph scaled to other replica steps (`simulator.step_graph.step_context`)."""
 
     def tensor_plan(self, degree: int) -> list[TensorParallelLayer]:
         """The splits this simulator assumes for a tensor degree, as a Strategy names them (cached)."""

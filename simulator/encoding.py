@@ -29,6 +29,7 @@ Per candidate, shape [N]:
 | `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
 | `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
+| `micro_batch_size` | int32 | samples per micro-batch (`Strategy.micro_batch_size`): the row is priced on the graph scaled to `micro_batch_size × micro_batches` samples per replica step (`simulator.step_graph`); 0 = the graph's batch is the replica's step |
 | `async_tp` | bool | async tensor parallelism: sequence parallelism's collectives overlapped piece by piece with their matmuls (needs `sequence_parallel`) |
 | `fp8_gather` | bool | ZeRO-3 gathers the fp8 Linears' weights in fp8 (needs FP8 precision) |
 
@@ -139,6 +140,7 @@ PER_CANDIDATE: dict[str, Any] = {
     "precision": np.int8,
     "sequence_parallel": np.bool_,
     "shard_group": np.int32,
+    "micro_batch_size": np.int32,
     "async_tp": np.bool_,
     "fp8_gather": np.bool_,
 }
@@ -187,6 +189,7 @@ class CandidateBatch:
     sequence_parallel: np.ndarray
     shard_group: np.ndarray
     zero_stage: np.ndarray
+    micro_batch_size: np.ndarray
     async_tp: np.ndarray
     fp8_gather: np.ndarray
 
@@ -232,6 +235,7 @@ class CandidateBatch:
             sequence_parallel=np.zeros(n, np.bool_),
             shard_group=np.zeros(n, np.int32),
             zero_stage=np.full((n, V), 2, np.int8),
+            micro_batch_size=np.zeros(n, np.int32),
             async_tp=np.zeros(n, np.bool_),
             fp8_gather=np.zeros(n, np.bool_),
         )
@@ -355,6 +359,9 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
         "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
     )
     problems += _first_bad("sequence_parallel", b.sequence_parallel & (b.tensor < 2), "needs tensor > 1")
+    problems += _first_bad(
+        "micro_batch_size", (b.micro_batch_size < 0) | (b.micro_batch_size >= 1 << 20), "must be in [0, 2^20)"
+    )
     problems += _first_bad("async_tp", b.async_tp & ~b.sequence_parallel, "needs sequence_parallel")
     problems += _first_bad("fp8_gather", b.fp8_gather & (b.precision != Precision.FP8), "needs FP8 precision")
     problems += _first_bad("tensor", b.tensor >= 1 << 12, "must be < 4096")

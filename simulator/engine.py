@@ -46,6 +46,7 @@ from simulator.encoding import CandidateBatch, ConsistencyKind, Precision
 from simulator.memory import KindSums, MemoryPhase, memory_phase, update_bytes, update_tensors
 from simulator.pipeline import ComputePhase, compute_phase
 from simulator.ps import PSPhase, ps_phase
+from simulator.step_graph import step_context, step_samples
 from simulator.topology import Topology, topology
 
 BREAKDOWN_KEYS = (
@@ -65,6 +66,7 @@ exposed key/value sends)."""
 
 CHUNK = 512
 """Candidates simulated per chunk: keeps the [chunk, V] working arrays in cache-friendly sizes."""
+RESULT_ARRAYS = ("step_time", "samples_per_s", "memory", "capacity", "feasible", "breakdown", "server_over")
 
 
 @dataclass
@@ -95,16 +97,31 @@ def simulate_batch(
     """Step time, memory, feasibility and breakdown of every candidate; row i depends only on row i."""
     if validate:
         batch.validate(context)
+    samples = step_samples(context, batch)
+    if (samples != context.batch_size).any():
+        return _by_step(context, batch, samples, detail)
     n = len(batch)
     if n <= CHUNK:
         return _simulate(context, batch, detail)
     parts = [_simulate(context, batch.rows(s, min(s + CHUNK, n)), detail) for s in range(0, n, CHUNK)]
     return BatchResult(
-        **{
-            name: np.concatenate([getattr(p, name) for p in parts])
-            for name in ("step_time", "samples_per_s", "memory", "capacity", "feasible", "breakdown", "server_over")
-        },
+        **{name: np.concatenate([getattr(p, name) for p in parts]) for name in RESULT_ARRAYS},
         detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail},
+    )
+
+
+def _by_step(context: SimContext, batch: CandidateBatch, samples: np.ndarray, detail: bool) -> BatchResult:
+    """Rows that state their micro-batch size, each group of one step size on its step's graph
+    (`step_graph.step_context`), put back in row order."""
+    parts, where = [], []
+    for size in np.unique(samples).tolist():
+        rows = np.flatnonzero(samples == size)
+        parts.append(simulate_batch(step_context(context, int(size)), batch.take(rows), detail=detail))
+        where.append(rows)
+    order = np.argsort(np.concatenate(where), kind="stable")
+    return BatchResult(
+        **{name: np.concatenate([getattr(p, name) for p in parts])[order] for name in RESULT_ARRAYS},
+        detail={k: np.concatenate([p.detail[k] for p in parts])[order] for k in parts[0].detail},
     )
 
 

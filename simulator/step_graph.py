@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from stratagem.ir import ModelGraph
+
+if TYPE_CHECKING:
+    from simulator.context import SimContext
+    from simulator.encoding import CandidateBatch
 
 CACHED = 16
 
@@ -63,3 +70,26 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
         for variable in graph.variables
     ]
     return graph.replace(batch_size=samples, layers=layers, variables=variables)
+
+
+def step_samples(context: SimContext, batch: CandidateBatch) -> np.ndarray:
+    """[N] samples each row's replica trains per step: `micro_batch_size × micro_batches` where the row
+    states its micro-batch size, else the graph's batch."""
+    stated = batch.micro_batch_size.astype(np.int64) * batch.micro_batches
+    return np.where(batch.micro_batch_size > 0, stated, context.batch_size)
+
+
+def step_context(context: SimContext, samples: int) -> SimContext:
+    """`context` with its graph scaled to `samples` per replica step (cached on the context: a search
+    prices a handful of step sizes, one per data degree under a fixed global batch)."""
+    if samples == context.batch_size:
+        return context
+    found = context._steps.get(samples)
+    if found is None:
+        from simulator.context import compile_context
+
+        found = compile_context(step_graph(context.graph, samples), context.resources)
+        if len(context._steps) >= 4 * CACHED:
+            context._steps.clear()
+        context._steps[samples] = found
+    return found

@@ -304,9 +304,11 @@ class Client:
         nodes' GPU kind `device` names (the service's default, T4, when None). `max_trials=None`
         takes the service's default budget. `current` is the configuration you run today (a Layout, its
         short form `"dp=8,tp=4,mb=1,gbs=512"`, or a Strategy): the job prices it beside the answer and
-        states the answer's predicted speed-up over it (`Job.speedup_vs_current`)."""
+        states the answer's predicted speed-up over it (`Job.speedup_vs_current`). A graph that holds its
+        operator trace (as `stratagem.capture` leaves it) is uploaded with it first, so the job's trials
+        replay the model's own operators."""
+        document = _document("graph", graph, ModelGraph)
         body: dict[str, Any] = {
-            "graph": _document("graph", graph, ModelGraph),
             "resources": _resources_text(resources)
             if isinstance(resources, str)
             else _document("resources", resources, ResourceSpec),
@@ -319,6 +321,10 @@ class Client:
             body["device"] = device
         if current is not None:
             body["current"] = _current(current)
+        if graph.trace is not None:
+            body["graph_id"] = self.upload_graph(graph)
+        else:
+            body["graph"] = document
         created = _object(self._post_json("/v1/optimize", body), "POST /v1/optimize")
         return Job(self, str(_field(created, "id", "POST /v1/optimize")), created)
 

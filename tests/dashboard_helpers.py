@@ -11,7 +11,7 @@ import random
 import time
 from typing import Any
 
-from conftest import make_mlp_graph
+from sample_documents import make_mlp_graph
 from service_helpers import QUICK_SEARCH
 
 from stratagem.ir import ModelGraph, ResourceSpec

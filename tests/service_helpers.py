@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 from examples.demo import ServiceThread
 from optimizer_service.app import create_app

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from optimizer_service.search.proposals import autosync_samples, structured_proposals
 from optimizer_service.search.space import SearchOptions, Space
 from simulator import BREAKDOWN_KEYS, CandidateBatch, compile_context, encode, simulate_batch
+from simulator.encoding import DTYPES
 from stratagem import zoo
 from stratagem.builders import all_builders
 from stratagem.ir import DeviceSpec, Link, ModelGraph, Node, ResourceSpec
@@ -71,7 +72,8 @@ ENCODED_FIELDS = (
     "local_replication",
     "server",
 )
-"""The batch fields a search row's fingerprint covers (fields added later keep their defaults)."""
+"""The batch fields a search row's fingerprint always covers; a field added later counts only where a row
+leaves its default (`batch_fingerprint`), so the rows written before it keep their fingerprints."""
 
 
 def calibrated_cpu() -> ResourceSpec:
@@ -149,10 +151,14 @@ def graphs() -> dict[str, ModelGraph]:
     return out
 
 
-def batch_fingerprint(batch: CandidateBatch, row: int) -> str:
+def batch_fingerprint(batch: CandidateBatch, row: int, defaults: CandidateBatch) -> str:
+    """`defaults`: one row as `CandidateBatch.allocate` writes it, for the fields added later."""
     digest = hashlib.sha256()
-    for name in ENCODED_FIELDS:
+    later = [name for name in DTYPES if name not in ENCODED_FIELDS]
+    for name in (*ENCODED_FIELDS, *later):
         array = np.ascontiguousarray(getattr(batch, name)[row])
+        if name in later and np.array_equal(array, getattr(defaults, name)[0]):
+            continue
         digest.update(name.encode())
         digest.update(str(array.dtype).encode())
         digest.update(array.tobytes())
@@ -192,7 +198,8 @@ def cases() -> Iterator[Case]:
             sources = [f"builder:{b.name}" for b in builders]
             sources += [f"structured:{i}" for i in range(len(picked))] + [f"sampled:{i}" for i in range(len(sampled))]
             inputs = [str(s.id)[:16] for s in strategies]
-            inputs += [batch_fingerprint(batch, i) for i in range(len(strategies), len(batch))]
+            defaults = CandidateBatch.allocate(context, 1, max_shards=batch.max_shards)
+            inputs += [batch_fingerprint(batch, i, defaults) for i in range(len(strategies), len(batch))]
             yield Case(graph_name, cluster_name, str(graph.id), str(resources.id), sources, inputs, batch, context)
 
 

@@ -47,7 +47,7 @@ def test_powersgd_product_orders_compute_the_same_numbers_and_report_a_speedup()
 
 @pytest.mark.slow
 def test_blocks_with_and_without_mappings_report_each_strategy_measured_and_simulated() -> None:
-    from conftest import make_mlp_graph
+    from sample_documents import make_mlp_graph
 
     from stratagem.ir import Node, ResourceSpec
     from trial_runner import ReplayWorkload

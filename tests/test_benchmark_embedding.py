@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import make_t4_cluster
+from sample_documents import make_t4_cluster
 
 from benchmarks import embedding_lookups as lookups
 

@@ -4,7 +4,7 @@ replayed model, every strategy stepped in turn, the machine calibrated alongside
 from __future__ import annotations
 
 import pytest
-from conftest import make_mlp_graph
+from sample_documents import make_mlp_graph
 
 from benchmarks.lib import interleaved
 from stratagem.builders import PS, AllReduce

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import make_embedding_graph, make_t4_cluster
+from sample_documents import make_embedding_graph, make_t4_cluster
 
 from stratagem.builders import (
     BUILDERS,

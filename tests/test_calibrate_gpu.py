@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from cli_helpers import assert_one_line_error, run_cli
-from conftest import make_embedding_graph, make_mlp_graph
+from sample_documents import make_embedding_graph, make_mlp_graph
 
 from simulator import simulate
 from stratagem.builders import DataParallel

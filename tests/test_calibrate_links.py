@@ -18,7 +18,6 @@ from stratagem.calibrate.workers import RankJob, run_ranks
 from stratagem.ir import Layer, Link, ModelGraph, Variable
 from stratagem.ir.nccl import step_ratio
 
-
 FIGURES = dict.fromkeys(
     (
         "elementwise_rate",

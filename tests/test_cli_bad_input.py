@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import assert_one_line_error, run_cli
-from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
+from sample_documents import make_cpu_cluster, make_mlp_graph, make_t4_cluster
 from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem

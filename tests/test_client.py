@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_cpu_cluster, make_embedding_graph, make_mlp_graph, make_t4_cluster
+from sample_documents import make_cpu_cluster, make_embedding_graph, make_mlp_graph, make_t4_cluster
 from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem

@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 import uvicorn
-from conftest import make_embedding_graph, make_t4_cluster
 from dashboard_helpers import XSS_NAME, hostile_graph, record_failed_trial, record_trials, submit, wait_until
+from sample_documents import make_embedding_graph, make_t4_cluster
 from service_helpers import service_settings
 
 from optimizer_service.app import create_app

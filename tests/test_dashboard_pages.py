@@ -12,7 +12,6 @@ import re
 import statistics
 from pathlib import Path
 
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from dashboard_helpers import (
     XSS_LAYER,
     XSS_NAME,
@@ -24,6 +23,7 @@ from dashboard_helpers import (
     wait_until,
 )
 from fastapi.testclient import TestClient
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from models import StrategyRow, utcnow
 from optimizer_service.dashboard import formatting

@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from models import Job, JobPhase, JobStatus, utcnow
 from optimizer_service.dashboard import charts, formatting

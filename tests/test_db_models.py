@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from conftest import make_embedding_graph, make_t4_cluster
+from sample_documents import make_embedding_graph, make_t4_cluster
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 

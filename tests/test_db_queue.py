@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 

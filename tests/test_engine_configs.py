@@ -12,8 +12,8 @@ import tomllib
 
 import pytest
 import yaml
-from conftest import make_mlp_graph, make_t4_cluster
 from layout_helpers import gpt_graph, gpu_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 from stratagem import InvalidLayoutError, Layout, UnsupportedStrategyError
 from stratagem.builders import PS

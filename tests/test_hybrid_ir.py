@@ -6,7 +6,7 @@ import hashlib
 from typing import Any
 
 import pytest
-from conftest import make_mlp_graph
+from sample_documents import make_mlp_graph
 
 from stratagem.errors import InvalidStrategyError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy, canonical_json

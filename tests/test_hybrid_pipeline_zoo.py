@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from runtime_helpers import relative_error, run_ranks
-from test_hybrid_zoo import (
+from zoo_training import (
     STEPS,
     batch_of,
     build,

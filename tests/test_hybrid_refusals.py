@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_hybrid_runtime import HEADS, HIDDEN, Attention, loss_fn, tiny_gpt
+from runtime_helpers import FakeMesh
+from tiny_gpt import HEADS, HIDDEN, Attention, loss_fn, tiny_gpt
 from torch import nn
 
 from stratagem.errors import InvalidStrategyError, UnsupportedStrategyError
@@ -14,16 +15,6 @@ from stratagem.parallel_rules import fused_row_order, tie_refusal
 from stratagem.runtime import PipelinedModel, distribute
 from stratagem.runtime.pipeline_parallel import stage_children
 from stratagem.runtime.tensor_parallel import apply_tensor_parallel
-
-
-class FakeMesh:
-    """A tensor group of `degree` ranks as far as the checks can tell: they run before any collective."""
-
-    def __init__(self, degree: int) -> None:
-        self.degree = degree
-
-    def size(self) -> int:
-        return self.degree
 
 
 def split(*layers: dict) -> list[TensorParallelLayer]:

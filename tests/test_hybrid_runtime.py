@@ -18,72 +18,23 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from runtime_helpers import relative_error, run_ranks
+from tiny_gpt import (
+    BATCH,
+    SEQ,
+    STEPS,
+    VOCAB,
+    loss_fn,
+    split_plan,
+    tiny_gpt,
+)
 from torch import nn
 
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-STEPS, BATCH, SEQ, VOCAB, HIDDEN, HEADS = 3, 8, 8, 64, 32, 4
 RELATIVE = 1e-4
 ZERO_GRADIENT = (".attn.k.bias",)
 """Parameters whose exact gradient is zero, compared only under SGD (see the module docstring)."""
-
-
-class Embed(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, HIDDEN)
-        self.pos = nn.Embedding(SEQ, HIDDEN)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
-
-
-class Attention(nn.Module):
-    """Megatron-friendly: views are sized by `self.heads` and the local tensors, so a split just works."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.heads = HEADS
-        self.q, self.k, self.v, self.out = (nn.Linear(HIDDEN, HIDDEN) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, s, -1))
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
-        self.attn = Attention()
-        self.fc, self.proj = nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
-
-
-class Head(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(HIDDEN)
-        self.out = nn.Linear(HIDDEN, VOCAB, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
-
-
-def tiny_gpt() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(Embed(), Block(), Block(), Head())
-
-
-def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -132,17 +83,6 @@ def cluster(world: int, tensor: int) -> ResourceSpec:
             ]
         }
     )
-
-
-def split_plan() -> list[dict[str, Any]]:
-    plan: list[dict[str, Any]] = [{"name": "0.tok", "style": "vocab"}, {"name": "3.out", "style": "vocab"}]
-    for block in ("1", "2"):
-        plan += [
-            {"name": f"{block}.attn", "style": "heads", "heads": HEADS},
-            {"name": f"{block}.fc", "style": "colwise"},
-            {"name": f"{block}.proj", "style": "rowwise"},
-        ]
-    return plan
 
 
 def two_stages(graph: ModelGraph) -> list[list[str]]:

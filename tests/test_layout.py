@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
 from layout_helpers import gpt_graph, gpu_cluster, llama_graph
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 from stratagem import InvalidLayoutError, Layout, UnsupportedStrategyError
 from stratagem.builders import PS, AllReduce

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 
 import migrations
 import models

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_mlp_graph, make_t4_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 from torch import nn
 
 from optimizer_service.core.inputs import JobOptions, SearchBudget

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_cpu_cluster, make_mlp_graph, make_t4_cluster
 from layout_helpers import gpt_graph, gpu_cluster, llama_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph, make_t4_cluster
 
 import stratagem
 from stratagem import InvalidLayoutError, Layout, Prediction, UnsupportedStrategyError, predict

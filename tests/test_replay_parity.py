@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_cpu_cluster
 from runtime_helpers import max_relative_error, run_ranks
+from sample_documents import make_cpu_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_cpu_cluster
+from sample_documents import make_cpu_cluster
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 

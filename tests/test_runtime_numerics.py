@@ -86,7 +86,7 @@ def test_amp_fp16_with_error_feedback_compression_is_refused(one_rank) -> None:
 
 
 def test_a_traced_pipeline_refuses_multi_chunk_schedules_whose_chunks_talk_only_to_neighbours() -> None:
-    from test_runtime_llm_dimensions import build, strategy, zoo_pipeline
+    from llm_cases import build, strategy, zoo_pipeline
 
     from stratagem.runtime.hybrid import _block_cuts
 
@@ -96,7 +96,7 @@ def test_a_traced_pipeline_refuses_multi_chunk_schedules_whose_chunks_talk_only_
 
 
 def test_zero3_in_a_traced_pipeline_is_refused_before_any_collective() -> None:
-    from test_runtime_llm_dimensions import build, stage3, strategy, zoo_pipeline
+    from llm_cases import build, stage3, strategy, zoo_pipeline
 
     from stratagem.runtime.hybrid import _check
 
@@ -110,8 +110,8 @@ def test_zero3_in_a_traced_pipeline_is_refused_before_any_collective() -> None:
 
 
 def test_sequence_parallelism_refuses_an_unsplit_linear_inside_a_transformer_block() -> None:
-    from test_hybrid_refusals import FakeMesh
-    from test_hybrid_runtime import HEADS, tiny_gpt
+    from runtime_helpers import FakeMesh
+    from tiny_gpt import HEADS, tiny_gpt
 
     from stratagem.ir import TensorParallelLayer
     from stratagem.runtime.tensor_parallel import apply_tensor_parallel

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_cpu_cluster
 from runtime_helpers import run_ranks
+from sample_documents import make_cpu_cluster
 from service_helpers import served
 from torch import nn
 

@@ -128,7 +128,9 @@ def test_compression_and_async_are_used_only_when_allowed() -> None:
     graph, resources = transformer_graph(layers=3, hidden=512), cluster(nodes=8, gbps=10)
     result = search(graph, resources, time_budget_s=None, max_candidates=1500, allow_compression=True, allow_async=True)
     assert result.space.knobs["compressor"] > 0
-    assert result.candidates[0].provenance.search["options"] == {"allow_compression": True, "allow_async": True}
+    recorded = result.candidates[0].provenance.search["options"]
+    assert recorded["allow_compression"] is True and recorded["allow_async"] is True
+    assert recorded["precision"] == "fp32" and recorded["runner"] == "stratagem"
     strict = search(graph, resources, time_budget_s=None, max_candidates=1500)
     assert result.candidates[0].predicted.step_time_s <= strict.candidates[0].predicted.step_time_s * (1 + 1e-9)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from layout_helpers import gpt_graph, gpu_cluster
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from optimizer_service.search.simplicity import (
     FLOOR,

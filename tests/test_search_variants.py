@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import make_mlp_graph, make_t4_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 from search_graphs import cluster, recommender_graph
 
 from optimizer_service.search import search

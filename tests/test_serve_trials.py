@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 from service_helpers import QUICK_SEARCH
 
 import stratagem

@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_mlp_graph, make_t4_cluster
 from service_helpers import MeanRatioTrainer
 from sqlalchemy import select
 

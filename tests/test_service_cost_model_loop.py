@@ -14,8 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from service_helpers import optimize_body
 from sqlalchemy import select
 

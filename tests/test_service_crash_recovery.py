@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 from served import Served, processes_with
 
 BUDGET = 3

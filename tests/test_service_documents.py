@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from stratagem.ir import ModelGraph, ResourceSpec
 

@@ -6,8 +6,8 @@ import logging
 from collections.abc import Iterator, Sequence
 
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 
 def _graph(**changes: Any) -> dict[str, Any]:

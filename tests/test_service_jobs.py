@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 from service_helpers import QUICK_SEARCH, optimize_body, slow_search, wait_for
 
 from stratagem.client import render_progress

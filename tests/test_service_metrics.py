@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 
 def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph, make_t4_cluster
+from sample_documents import make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from models import JobPhase
 from optimizer_service.core.inputs import JobOptions, SearchBudget

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
 from layout_helpers import gpt_graph, gpu_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 from served import Served
 from service_helpers import STALL_S, large_graph_body
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 from served import Served
 from service_helpers import QUICK_SEARCH
 

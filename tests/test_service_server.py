@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 import stratagem
 from stratagem.errors import NotFoundError

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_mlp_graph, make_t4_cluster
 
 from stratagem.builders import PS
 from stratagem.ir import ShardedSynchronizer, Strategy

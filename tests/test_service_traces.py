@@ -100,3 +100,28 @@ def test_the_sdk_uploads_the_trace_beside_the_graph_and_reads_it_back(tmp_path) 
         assert client.graph_trace(graph.id) == graph.trace
         fetched = client.graph(graph.id)
         assert fetched.trace_id == graph.trace_id and fetched.trace is None
+
+
+def test_a_jobs_trials_replay_the_stored_trace_and_its_notes_say_so(make_client) -> None:
+    from service_helpers import fake_executor, optimize_body
+
+    from stratagem.ir import Node, ResourceSpec
+    from trial_runner import TrialSpec
+
+    seen: list[str | None] = []
+
+    def respond(spec: TrialSpec) -> float:
+        seen.append(spec.workload.trace.id if getattr(spec.workload, "trace", None) is not None else None)
+        return 0.01
+
+    client: TestClient = make_client(trials=fake_executor(respond))
+    graph = _captured()
+    assert client.post("/v1/graphs", json=_upload_body(graph)).status_code == 201
+    cluster = ResourceSpec(nodes=[Node(address="10.0.0.1", chief=True, cpus=[0, 1])])
+    body = {**optimize_body(graph, cluster, max_trials=1), "graph_id": graph.id}
+    del body["graph"]
+    job = client.post("/v1/optimize", params={"wait": True, "timeout": 60}, json=body).json()
+    assert job["status"] == "succeeded", job
+    assert seen and seen[0] == graph.trace_id
+    notes = " ".join(job["progress"]["notes"])
+    assert "operator trace" in notes and "forward" in notes

@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import make_mlp_graph, make_t4_cluster
 from fastapi.testclient import TestClient
+from sample_documents import make_mlp_graph, make_t4_cluster
 from service_helpers import optimize_body, service_settings, slow_search, wait_for
 from sqlalchemy import select, update
 

@@ -10,7 +10,7 @@ import lzma
 
 import numpy as np
 import pytest
-from conftest import make_embedding_graph, make_mlp_graph
+from sample_documents import make_embedding_graph, make_mlp_graph
 
 from benchmarks.lib.records import Measured, Trial, read_records, record_line
 from benchmarks.lib.scoring import (

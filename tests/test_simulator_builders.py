@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import make_awkward_graph, make_embedding_graph, make_mlp_graph, make_t4_cluster
+from sample_documents import make_awkward_graph, make_embedding_graph, make_mlp_graph, make_t4_cluster
 
 from simulator import BREAKDOWN_KEYS, compile_context, encode, simulate, simulate_batch, simulate_each, to_strategy
 from stratagem.builders import all_builders

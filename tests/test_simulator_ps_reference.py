@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_awkward_graph, make_embedding_graph, make_mlp_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sample_documents import make_awkward_graph, make_embedding_graph, make_mlp_graph
 from simulator_golden import calibrated_cpu
 
 from simulator import CandidateBatch, compile_context

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_cpu_cluster, make_embedding_graph, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_embedding_graph, make_mlp_graph
 
 from stratagem.builders import DataParallel
 from stratagem.errors import InvalidDocumentError, TrialFailedError

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_mlp_graph
+from sample_documents import make_mlp_graph
 
 from stratagem.builders import AllReduce, all_builders
 from stratagem.calibrate import calibrate_gpu

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 
 from optimizer_service.jobs.trials import record_from_result
 from stratagem.builders import DataParallel

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 
 from stratagem.builders import AllReduce
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 
 from stratagem.builders import DataParallel
 from trial_runner import FaultWorkload, Outcome, RayBackend, ReplayWorkload, run_trial

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 
 from stratagem.builders import DataParallel
 from trial_runner import FaultWorkload, Outcome, RayBackend, ReplayWorkload, run_trial
@@ -80,7 +80,7 @@ def test_a_resumed_job_reaps_the_actors_an_earlier_attempt_left(ray_backend) -> 
 DRIVER = textwrap.dedent(
     """
     import sys
-    from conftest import make_cpu_cluster, make_mlp_graph
+    from sample_documents import make_cpu_cluster, make_mlp_graph
     from stratagem.builders import DataParallel
     from trial_runner import FaultWorkload, RayBackend, ReplayWorkload, run_trial
     graph, resources = make_mlp_graph(batch_size=4, widths=(8, 8, 2)), make_cpu_cluster(2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_awkward_graph, make_embedding_graph, make_mlp_graph
+from sample_documents import make_awkward_graph, make_embedding_graph, make_mlp_graph
 from torch.utils.flop_counter import FlopCounterMode
 
 from stratagem.errors import InvalidGraphError

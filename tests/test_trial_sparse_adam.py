@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_cpu_cluster
+from sample_documents import make_cpu_cluster
 from torch import nn
 
 from stratagem import zoo

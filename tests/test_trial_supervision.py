@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster, make_mlp_graph
 
 from stratagem.builders import DataParallel
 from stratagem.errors import InvalidStrategyError, UnsupportedStrategyError

@@ -24,7 +24,7 @@ from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, Unsu
 from stratagem.runtime import distribute, replica_device
 from trial_runner.build import BuiltWorkload, batch_for, build_workload, make_optimizer, prime_optimizer_state
 from trial_runner.lifeline import die_with_parent
-from trial_runner.measure import current_memory_bytes, peak_memory_bytes
+from trial_runner.measure import current_memory_bytes, peak_memory_bytes, reset_peak_memory
 from trial_runner.result import Outcome, Progress, RankReport
 from trial_runner.spec import TrialSpec
 from trial_runner.workloads import FaultWorkload
@@ -82,6 +82,7 @@ def _train(
     spec: TrialSpec, rank: int, device: torch.device, report: RankReport, advance: Callable[[str, int], None]
 ) -> None:
     advance("build")
+    reset_peak_memory(device)
     report.baseline_memory_bytes = current_memory_bytes(device)
     built = build_workload(spec.workload, seed=spec.seed, rank=rank)
     built.batch_size = spec.strategy.step_samples(built.batch_size)

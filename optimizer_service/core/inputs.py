@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from optimizer_service.settings import Settings, TrialsBackend
-from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from stratagem.ir import ModelGraph, Precision, ResourceSpec, Strategy
 from stratagem.ir.limits import MAX_NAME_CHARS, MAX_YAML_CHARS
 from stratagem.layout import Layout
 from trial_runner.result import Outcome
@@ -23,6 +23,9 @@ from trial_runner.result import Outcome
 ContentId = Annotated[
     str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$", description="sha256 content id")
 ]
+
+SearchRunner = Literal["stratagem", "engine"]
+MAX_GLOBAL_BATCH = 1 << 30
 
 # Tags of the `resources` and `current` unions; the validation-error handler drops them from error locations.
 RESOURCE_SPEC_TAG = "ResourceSpec"
@@ -88,6 +91,16 @@ class SearchOptions(Body):
     """Lossy gradient compression changes the training math, so it is opt-in."""
     allow_async: bool = False
     """ASP/SSP consistency changes the training math, so it is opt-in."""
+    precision: Precision = "fp32"
+    """The numerics the model trains in (`Strategy.precision`); every candidate keeps it unless allow_precision."""
+    allow_precision: bool = False
+    """Another precision changes the training math, so searching it is opt-in."""
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    """Samples per optimizer step over all replicas, fixed: the graph holds one micro-batch, and the search
+    chooses the data degree, micro-batch size and count. Omitted: the graph's batch is a replica's step."""
+    runner: SearchRunner = "stratagem"
+    """Who runs the answer: `stratagem` (stratagem.distribute, the trials) or `engine` (the trainers a
+    strategy exports to, torchtitan and Megatron-LM: every layout of the model's blocks, context parallelism)."""
 
 
 class OptimizeInput(Body):
@@ -189,6 +202,10 @@ class SearchBudget(BaseModel):
     seed: int = Field(default=0, ge=0)
     allow_compression: bool = False
     allow_async: bool = False
+    precision: Precision = "fp32"
+    allow_precision: bool = False
+    global_batch: int | None = Field(default=None, ge=1)
+    runner: SearchRunner = "stratagem"
 
 
 class JobOptions(BaseModel):
@@ -221,5 +238,9 @@ class JobOptions(BaseModel):
                 seed=settings.search_seed if search.seed is None else search.seed,
                 allow_compression=search.allow_compression,
                 allow_async=search.allow_async,
+                precision=search.precision,
+                allow_precision=search.allow_precision,
+                global_batch=search.global_batch,
+                runner=search.runner,
             ),
         )

@@ -224,6 +224,12 @@ def _trial_phase(
         return _no_trials(state, "the trial budget is 0")
     if trials is None:
         return _no_trials(state, "no trial backend is configured; the answer is the simulator's prediction")
+    if options.search.runner == "engine":
+        return _no_trials(
+            state,
+            "the search looked for layouts torchtitan and Megatron-LM run (runner 'engine'), which trials "
+            "through stratagem.distribute cannot; export the answer to the trainer and measure it there",
+        )
     plan = make_planner(candidates, options.max_trials, intervals=intervals)
     if plan is None:
         return _no_trials(state, "no candidate is predicted to fit in memory")

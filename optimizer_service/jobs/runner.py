@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from models import GraphRow, Job, JobPhase, JobStatus, ResourceSpecRow, StrategyRow, Trial
 from optimizer_service.core.cost_model import InUseCostModel
-from optimizer_service.core.documents import load_graph, load_resources
+from optimizer_service.core.documents import load_graph, load_resources, load_trace
 from optimizer_service.core.inputs import JobOptions
 from optimizer_service.core.redact import public_text
 from optimizer_service.jobs import queue
@@ -238,10 +238,14 @@ def _load(factory: queue.Factory, job_id: uuid.UUID) -> _Loaded:
         if job is None or graph_row is None or resources_row is None:
             raise StratagemError(f"job {job_id} or its documents are missing")
         history = [str(note) for note in (job.progress or {}).get("notes", [])]
+        graph = load_graph(graph_row)
+        trace = load_trace(session, graph)
+        if trace is not None:
+            graph.attach_trace(trace)
         return _Loaded(
             graph_id=job.graph_id,
             resource_id=job.resource_id,
-            graph=load_graph(graph_row),
+            graph=graph,
             resources=load_resources(resources_row),
             options=JobOptions.model_validate(job.options),
             history=history,

@@ -55,6 +55,10 @@ def run_search(
         progress=progress,
         allow_compression=options.search.allow_compression,
         allow_async=options.search.allow_async,
+        allow_precision=options.search.allow_precision,
+        precision=options.search.precision,
+        global_batch=options.search.global_batch,
+        runner=options.search.runner,
     )
     return SearchOutcome(
         candidates=list(result.candidates),

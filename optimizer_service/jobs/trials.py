@@ -48,13 +48,26 @@ class TrialRunnerExecutor:
 
     def workload_note(self, graph: ModelGraph) -> str | None:
         """Said in the job's notes when trials train a replay: a user's own model is never imported, so
-        its "measured" answer comes from a stand-in, which the user should know when reading the times."""
-        if not isinstance(workload_for(graph), importlib.import_module("trial_runner.workloads").ReplayWorkload):
+        its "measured" answer comes from a stand-in, which the user should know when reading the times.
+        A replay of the operator trace names the ops it runs as FLOP burns instead."""
+        workload = workload_for(graph)
+        if not isinstance(workload, importlib.import_module("trial_runner.workloads").ReplayWorkload):
             return None
-        return (
-            "trials trained a replay of the graph (synthetic layers doing each layer's recorded work on its "
-            "variables), not the model's own code, which the service never imports"
+        if workload.trace is None:
+            return (
+                "trials trained a replay of the graph (synthetic layers doing each layer's recorded work on its "
+                "variables), not the model's own code, which the service never imports"
+            )
+        burned = importlib.import_module("trial_runner.replay_trace").replay_notes(workload.trace, _device_type())
+        note = (
+            f"trials trained a replay of the graph's operator trace ({len(workload.trace.forward)} forward and "
+            f"{len(workload.trace.backward)} backward ops, the model's own operators on its variables), not the "
+            "model's own code, which the service never imports"
         )
+        if burned:
+            shown = "; ".join(burned[:5]) + (f"; and {len(burned) - 5} more" if len(burned) > 5 else "")
+            note += f"; ops replayed as FLOP burns: {shown}"
+        return note
 
     def reap(self, owner: str) -> int:
         """Kill trial workers a crashed service left for `owner` (a job id); how many were found."""
@@ -113,6 +126,12 @@ def _simulated_step_time(strategy: Strategy) -> float | None:
     if predicted is None:
         return None
     return predicted.simulated_step_time_s if predicted.simulated_step_time_s is not None else predicted.step_time_s
+
+
+def _device_type() -> str:
+    """Where the trials' ops would run, for the notes: this service's workers train on CPUs unless CUDA is here."""
+    torch = importlib.import_module("torch")
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def workload_for(graph: ModelGraph) -> Any:

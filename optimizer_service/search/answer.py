@@ -126,7 +126,7 @@ def answer(
         "seed": seed,
         "evaluated": evaluator.evaluated,
         "best_builder": best[0] if best else None,
-        "options": {"allow_compression": space.options.allow_compression, "allow_async": space.options.allow_async},
+        "options": space.options.as_record(),
     }
     candidates = [
         _candidate(

@@ -15,7 +15,7 @@ import heapq
 import numpy as np
 
 from optimizer_service.search.space import Space
-from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, SyncKind
+from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Precision, SyncKind
 
 Rows = np.ndarray
 """Row indices into a batch (int array)."""
@@ -43,26 +43,61 @@ def set_allreduce(
 
 
 def set_mesh(space: Space, batch: CandidateBatch, rows: Rows, meshes: np.ndarray | int) -> None:
-    """Rows take mesh choices (indices into `space.meshes`): degrees, micro-batches, schedule and stages.
-    The replicas stay every compute device, which every mesh covers."""
+    """Rows take mesh choices (indices into `space.meshes`): degrees, micro-batches, schedule, stages,
+    recomputation, sequence parallelism and precision. The replicas stay every compute device, which every
+    mesh covers; a hybrid shard group that no longer fits the data degree inside a node is dropped."""
     choice = np.broadcast_to(np.asarray(meshes, dtype=np.intp), rows.shape)
     for index in np.unique(choice).tolist():
         mesh, r = space.meshes[index], rows[choice == index]
         batch.data[r], batch.tensor[r], batch.pipeline[r] = mesh.data, mesh.tensor, mesh.pipeline
-        batch.micro_batches[r], batch.schedule[r], batch.recompute[r] = (
+        batch.context_parallel[r] = mesh.context
+        batch.micro_batches[r], batch.schedule[r], batch.virtual_stages[r] = (
             mesh.micro_batches,
             int(mesh.schedule),
-            mesh.recompute,
+            mesh.virtual_stages,
         )
+        batch.recompute[r], batch.selective[r] = mesh.recompute, mesh.selective
+        batch.sequence_parallel[r], batch.micro_batch_size[r] = mesh.sequence_parallel, mesh.micro_batch_size
+        batch.precision[r] = mesh.precision
         batch.layer_stage[r] = np.asarray(mesh.layer_stage, dtype=np.int8) if mesh.layer_stage else 0
+        groups = space.rules.shard_groups(mesh.data, mesh.tensor, mesh.pipeline, mesh.context)
+        batch.shard_group[r] = np.where(np.isin(batch.shard_group[r], groups), batch.shard_group[r], 0)
+
+
+def set_zero(batch: CandidateBatch, rows: Rows, stage: int, shard_group: int = 0) -> None:
+    """The sharded variables of `rows` at ZeRO `stage`, sharded over groups of `shard_group` data ranks (0: all)."""
+    sharded = batch.kind[rows] == SyncKind.SHARDED
+    batch.zero_stage[rows] = np.where(sharded, stage, batch.zero_stage[rows])
+    batch.shard_group[rows] = shard_group
 
 
 def respect_mesh(space: Space, batch: CandidateBatch) -> None:
-    """Rows on a tensor, pipeline, micro-batched or recomputed layout synchronize their data-parallel groups with
-    all-reduce or ZeRO only: dense parameter-server variables become all-reduce, hierarchical all-reduce
-    and local replication are dropped (the runtime's data-parallel groups inside a mesh have no
+    """Keep every row inside the space's rules. For an engine, the dense variables synchronize as a
+    layout states (all all-reduced, or all sharded at one stage). Under a global batch, a row that states no micro-batch size
+    takes the first layout (plain data parallelism where the batch allows). A precision the request does
+    not allow (or fp8 with tensor splits where the runner refuses it) becomes the request's. Rows on a
+    tensor, pipeline, context, micro-batched or recomputed layout synchronize their data-parallel groups
+    with all-reduce or ZeRO only: dense parameter-server variables become all-reduce, hierarchical
+    all-reduce and local replication are dropped (the runtime's data-parallel groups inside a mesh have no
     per-node servers or node sub-groups yet). Sparse tables stay on their servers."""
-    meshed = np.flatnonzero((batch.tensor > 1) | (batch.pipeline > 1) | (batch.micro_batches > 1) | batch.recompute)
+    rules = space.rules
+    if rules.global_batch is not None:
+        unstated = np.flatnonzero(batch.micro_batch_size == 0)
+        if unstated.size:
+            set_mesh(space, batch, unstated, 0)
+    if rules.runner == "engine":
+        _layout_synchronizers(space, batch)
+    fp8_split = (batch.precision == Precision.FP8) & (batch.tensor > 1) & (not rules.fp8_tensor)
+    refused = ~np.isin(batch.precision, rules.precisions) | fp8_split
+    batch.precision[refused] = space.precision
+    meshed = np.flatnonzero(
+        (batch.tensor > 1)
+        | (batch.pipeline > 1)
+        | (batch.context_parallel > 1)
+        | (batch.micro_batches > 1)
+        | batch.recompute
+        | batch.selective
+    )
     if meshed.size == 0:
         return
     dense_ps = (batch.kind[meshed] == SyncKind.PS) & ~space.context.var_sparse[None, :]
@@ -73,6 +108,28 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
     hierarchical = batch.algorithm[meshed] == Algorithm.HIERARCHICAL
     batch.algorithm[meshed] = np.where(hierarchical, Algorithm.AUTO, batch.algorithm[meshed])
     batch.local_replication[meshed] = False
+
+
+def _layout_synchronizers(space: Space, batch: CandidateBatch) -> None:
+    """What an engine states: every dense variable all-reduced, or every one sharded at one ZeRO stage
+    (the row's most common); a row with any sharded dense variable shards them all."""
+    dense = ~space.context.var_sparse
+    if not dense.any():
+        return
+    sharded = batch.kind[:, dense] == SyncKind.SHARDED
+    mixed = np.flatnonzero(sharded.any(axis=1) & ~sharded.all(axis=1))
+    if mixed.size:
+        stages = np.where(sharded[mixed], batch.zero_stage[mixed][:, dense], 0)
+        counts = np.stack([(stages == k).sum(axis=1) for k in (1, 2, 3)], axis=1)
+        majority = 1 + np.argmax(counts, axis=1)
+        set_sharded(batch, mixed, dense)
+        batch.zero_stage[mixed] = majority[:, None]
+    others = np.flatnonzero(~sharded.any(axis=1) & (batch.kind[:, dense] != SyncKind.ALLREDUCE).any(axis=1))
+    if others.size:
+        set_allreduce(batch, others, dense)
+        rr, vv = _pairs(others, np.broadcast_to(dense, (len(others), len(dense))))
+        batch.group[rr, vv] = space.ready_rank[vv]
+    batch.local_replication[:] = False
 
 
 def set_sharded(batch: CandidateBatch, rows: Rows, mask: np.ndarray) -> None:

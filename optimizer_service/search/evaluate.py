@@ -17,25 +17,32 @@ import numpy as np
 
 from simulator import CandidateBatch, SimContext, simulate_batch
 from simulator.encoding import DTYPES
+from simulator.step_graph import step_samples
 
 INFEASIBLE = np.inf
 """The score of a candidate that does not fit, or that the budget left unevaluated."""
 
 
-def normalized_step(context: SimContext, batch: CandidateBatch, step_time: np.ndarray) -> np.ndarray:
-    """The score: seconds to train on as many samples as one data-parallel step over every compute device
-    does (step time × devices / data degree). The graph's batch is per model replica, so a layout with
-    fewer data-parallel replicas takes a smaller global batch per step, and its step time alone would
-    flatter it; for plain data parallelism the score is the step time."""
-    devices = len(context.compute_device_indices)
-    return step_time * devices / batch.data
+def normalized_step(
+    context: SimContext, batch: CandidateBatch, step_time: np.ndarray, reference: float | None = None
+) -> np.ndarray:
+    """The score: seconds to train on `reference` samples — by default as many as one data-parallel step
+    over every compute device does on the graph's batch (step time × devices / data degree). The graph's
+    batch is per model replica, so a layout with fewer data-parallel replicas takes a smaller global batch
+    per step, and its step time alone would flatter it; for plain data parallelism the score is the step
+    time. Under a fixed global batch the reference is that batch, and the score is the step time."""
+    if reference is None:
+        reference = len(context.compute_device_indices) * context.batch_size
+    return step_time * reference / (batch.data * step_samples(context, batch))
 
 
+FIRST_PIECE = 64
+"""Rows of the first piece `evaluate_in_pieces` takes, before it knows the pace."""
 _HASH_SEED = 0x5EED
 PER_MIX = 16
 """Most archived candidates with one synchronizer mix (the same kind for every variable) on one layout."""
-MIX = ("kind", "tensor", "pipeline")
-"""What makes a mix: each variable's synchronizer, and the tensor and pipeline degrees."""
+MIX = ("kind", "tensor", "pipeline", "context_parallel")
+"""What makes a mix: each variable's synchronizer, and the tensor, pipeline and context degrees."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,11 @@ class Evaluator:
         archive_size: int,
         progress: ProgressCallback | None = None,
         started: float | None = None,
+        reference_samples: float | None = None,
     ) -> None:
         self.context = context
+        self.reference_samples = reference_samples
+        """Samples the score is the time for (`normalized_step`); None: a data-parallel step's."""
         self.max_candidates = max_candidates
         self.time_budget_s = time_budget_s
         self.archive_size = archive_size
@@ -138,6 +148,8 @@ class Evaluator:
 
         `force` evaluates every new row even past the candidate budget (the baselines always run).
         """
+        if len(batch) == 0:
+            return np.zeros(0, dtype=np.float64)
         hashes = self.row_hashes(batch)
         fresh = self._fresh_rows(hashes)
         if not force:
@@ -146,7 +158,11 @@ class Evaluator:
         if len(fresh):
             taken = batch.take(fresh)
             result = simulate_batch(self.context, taken)
-            fresh_scores = np.where(result.feasible, normalized_step(self.context, taken, result.step_time), INFEASIBLE)
+            fresh_scores = np.where(
+                result.feasible,
+                normalized_step(self.context, taken, result.step_time, self.reference_samples),
+                INFEASIBLE,
+            )
             self._seen.update(zip(hashes[fresh].tolist(), fresh_scores.tolist(), strict=True))
             self.evaluated += len(fresh)
             self.by_phase[phase] = self.by_phase.get(phase, 0) + len(fresh)
@@ -155,6 +171,18 @@ class Evaluator:
         self._pace(0 if force else len(batch))
         self.report(phase)
         return scores
+
+    def evaluate_in_pieces(self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str) -> None:
+        """`evaluate` in pieces the clock allows (`affordable`; FIRST_PIECE rows before the pace is known),
+        so a large batch of rows that are slow to price (each new step size compiles its step's graph)
+        stops at the time budget."""
+        labels = np.asarray(labels, dtype=object)
+        start = 0
+        while start < len(batch) and not self.exhausted:
+            size = self.affordable(len(batch) - start) if self._seconds_per_row is not None else FIRST_PIECE
+            rows = np.arange(start, min(start + size, len(batch)))
+            self.evaluate(batch.take(rows), labels[rows], phase)
+            start = int(rows[-1]) + 1
 
     def _pace(self, rows: int) -> None:
         """Seconds per row, making and simulating included (time since the previous batch ended); forced

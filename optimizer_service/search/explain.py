@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer_service.search.difference import difference
 from optimizer_service.search.space import Space
 from simulator import Prediction
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, ConsistencyKind, Schedule, SyncKind
@@ -64,40 +65,71 @@ def composition(space: Space, batch: CandidateBatch, i: int) -> dict[str, Any]:
         }
     out["consistency"] = _consistency(batch, i)
     out["mesh"] = _mesh(batch, i)
+    out["difference"] = difference(space, batch, i)
     return out
+
+
+SCHEDULE_NAMES = {
+    Schedule.ONE_F_ONE_B: "1f1b",
+    Schedule.GPIPE: "gpipe",
+    Schedule.INTERLEAVED: "interleaved-1f1b",
+    Schedule.ZERO_BUBBLE: "zero-bubble",
+}
 
 
 def _mesh(batch: CandidateBatch, i: int) -> dict[str, Any]:
     pipeline = int(batch.pipeline[i])
-    stages = np.bincount(batch.layer_stage[i].astype(np.intp), minlength=pipeline)[:pipeline] if pipeline > 1 else None
+    virtual = max(1, int(batch.virtual_stages[i]))
+    chunks = pipeline * virtual
+    stages = np.bincount(batch.layer_stage[i].astype(np.intp), minlength=chunks)[:chunks] if pipeline > 1 else None
+    recompute = "full" if bool(batch.recompute[i]) else "selective" if bool(batch.selective[i]) else "none"
     return {
         "data": int(batch.data[i]),
         "tensor": int(batch.tensor[i]),
         "pipeline": pipeline,
+        "context": max(1, int(batch.context_parallel[i])),
+        "virtual_stages": virtual,
         "micro_batches": int(batch.micro_batches[i]),
-        "schedule": "gpipe" if int(batch.schedule[i]) == Schedule.GPIPE else "1f1b",
-        "recompute": bool(batch.recompute[i]),
+        "schedule": SCHEDULE_NAMES[Schedule(int(batch.schedule[i]))],
+        "recompute": recompute,
+        "sequence_parallel": bool(batch.sequence_parallel[i]),
+        "micro_batch_size": int(batch.micro_batch_size[i]),
         **({"layers_per_stage": [int(n) for n in stages]} if stages is not None else {}),
     }
 
 
 def describe_mesh(mesh: dict[str, Any]) -> str:
     """The layout in words, or '' for plain data parallelism."""
-    if mesh["tensor"] == 1 and mesh["pipeline"] == 1 and mesh["micro_batches"] == 1 and not mesh["recompute"]:
+    recompute = mesh["recompute"]
+    recompute = "full" if recompute is True else "none" if recompute is False else recompute
+    context = mesh.get("context", 1)
+    plain = mesh["tensor"] == 1 and mesh["pipeline"] == 1 and context == 1 and mesh["micro_batches"] == 1
+    if plain and recompute == "none":
         return ""
-    parts = [f"data({mesh['data']}) × tensor({mesh['tensor']}) × pipeline({mesh['pipeline']})"]
+    mesh_text = f"data({mesh['data']}) × tensor({mesh['tensor']}) × pipeline({mesh['pipeline']})"
+    parts = [mesh_text + (f" × context({context})" if context > 1 else "")]
     if mesh["tensor"] > 1:
-        parts.append(f"each layer's matmuls split over {mesh['tensor']} devices of a node")
+        sequence = ", norms and dropout on 1/tensor of the sequence" if mesh.get("sequence_parallel") else ""
+        parts.append(f"each layer's matmuls split over {mesh['tensor']} devices of a node{sequence}")
+    if context > 1:
+        parts.append(f"each sequence split over {context} devices, attention as a ring")
     if mesh["pipeline"] > 1:
         sizes = mesh["layers_per_stage"]
+        virtual = mesh.get("virtual_stages", 1)
+        chunks = (
+            f"{mesh['pipeline'] * virtual} chunks ({virtual} per stage)"
+            if virtual > 1
+            else f"{mesh['pipeline']} stages"
+        )
         parts.append(
-            f"{mesh['pipeline']} stages of {min(sizes)}–{max(sizes)} layers, {mesh['micro_batches']} micro-batches "
-            f"{mesh['schedule'].upper()} (bubble {(mesh['pipeline'] - 1) / (mesh['micro_batches'] + mesh['pipeline'] - 1):.0%})"
+            f"{chunks} of {min(sizes)}–{max(sizes)} layers, {mesh['micro_batches']} micro-batches {mesh['schedule']}"
         )
     elif mesh["micro_batches"] > 1:
         parts.append(f"{mesh['micro_batches']} micro-batches accumulated per step")
-    if mesh["recompute"]:
+    if recompute == "full":
         parts.append("activations recomputed block by block in backward")
+    elif recompute == "selective":
+        parts.append("the attention core recomputed in backward")
     return ", ".join(parts)
 
 
@@ -151,7 +183,10 @@ def why(
     if builder_name is not None:
         sentences.append(f"The pre-built {builder_name} strategy, unchanged.")
     same_batch = (
-        "mesh" not in mix or not describe_mesh(mix["mesh"]) or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+        "mesh" not in mix
+        or not describe_mesh(mix["mesh"])
+        or mix["mesh"]["tensor"] * mix["mesh"]["pipeline"] == 1
+        or bool(mix["mesh"].get("micro_batch_size"))
     )
     if data_parallel is not None and data_parallel.feasible and same_batch:
         sentences.append(
@@ -173,6 +208,8 @@ def why(
             f"({pred.samples_per_s:.1f} samples/s)."
         )
     sentences.append(f"It puts {describe(mix)}.")
+    if mix.get("difference"):
+        sentences.append(mix["difference"]["sentence"])
     if data_parallel is not None and data_parallel.feasible:
         change = _biggest_change(prediction, data_parallel)
         if change:

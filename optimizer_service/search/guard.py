@@ -1,10 +1,13 @@
 """The guard between the search and its caller: what may be returned, whatever the search found.
 
-Two rules, checked on the final candidates rather than trusted from the search's construction:
+Three rules, checked on the final candidates rather than trusted from the search's construction:
 1. Never return a strategy predicted slower than the best pre-built one (AutoDist's builders and
    plain data parallel): the service must never make a user worse off than picking a builder.
-2. Lossy compression and non-BSP consistency change the training math (gradients perturbed,
-   parameters read stale), so they are returned only when the caller allowed them.
+2. Lossy compression, non-BSP consistency and another precision change the training math (gradients
+   perturbed, parameters read stale, matmuls rounded differently), so they are returned only when the
+   caller allowed them.
+3. A global batch the caller fixed is part of its numerics: every candidate trains exactly that many
+   samples per step (data degree × micro-batch size × micro-batches).
 """
 
 from __future__ import annotations
@@ -25,7 +28,17 @@ def respects_options(batch: CandidateBatch, options: SearchOptions) -> np.ndarra
         ok &= ~(batch.compressor != CompressorKind.NONE).any(axis=1)
     if not options.allow_async:
         ok &= batch.consistency == ConsistencyKind.BSP
+    if not options.allow_precision:
+        ok &= batch.precision == options.precision_value
+    if options.global_batch is not None:
+        ok &= trains_global_batch(batch, options.global_batch)
     return ok
+
+
+def trains_global_batch(batch: CandidateBatch, global_batch: int) -> np.ndarray:
+    """[N] True where a row states its micro-batch size and trains `global_batch` samples per step."""
+    samples = batch.data.astype(np.int64) * batch.micro_batch_size * batch.micro_batches
+    return (batch.micro_batch_size > 0) & (samples == global_batch)
 
 
 def not_slower(scores: np.ndarray, best_prebuilt: float) -> np.ndarray:

@@ -1,57 +1,81 @@
-"""The mesh choices: data × tensor × pipeline factorizations, stage splits and micro-batch counts.
+"""The mesh choices: data × tensor × pipeline × context factorizations, stage splits, micro-batches,
+schedules, recomputation, sequence parallelism and precision — everything of a layout but how the
+variables synchronize.
 
-For G compute devices, N per node:
+For G compute devices, N per node, under the legal values of `dimensions.Rules`:
 - tensor degree T: divides N (a tensor group fills part of one node, never two: its all-reduces sit on
-  the critical path) and G, and the runtime's plan for T (`stratagem.tensor_plan`: heads, column/row
-  pairs, vocabulary) splits every layer the simulator prices as split — so a CNN, whose convolutions
-  the runtime cannot split, or an attention without a recognised layout, gets no tensor degree;
-- pipeline degree P: divides G / T, at most the number of places a model can be cut (between blocks:
-  `units`); data degree D = G / (T · P). Only for graphs the runtime can cut
-  (`stratagem.parallel_rules.graph_pipeline_route`): an nn.Sequential that leaves its loss to
-  `loss_fn`, cut between units, or a model that returns its loss with numbered blocks (the zoo's
-  transformers), cut only at the beginning of blocks, with T = 1 and no recomputation (its stages are
-  traced); for others P = 1, and `mesh_notes` says why;
+  the critical path), G and the attention heads, and the runtime's plan for T (`stratagem.tensor_plan`)
+  splits every layer the simulator prices as split — so a CNN gets no tensor degree;
+- pipeline degree P: divides G / T, at most the number of places the model can be cut (`Rules.starts`:
+  between blocks, or between an nn.Sequential's children); data degree D = G / (T · P · C);
 - stages: contiguous runs of units, cut where the forward + backward work reaches equal shares
-  (balanced by compute); if a stage then exceeds the device memory, re-cut greedily under the memory
-  cap (parameters, gradients and optimizer state of its layers, plus 1F1B's activations in flight);
-- micro-batches m: with a pipeline P, 2P, 4P, 8P and one sample each (m = batch), where they divide
-  the per-replica batch (1F1B; GPipe with m = batch when the batch is smaller than P); without one, 1, and gradient accumulation with
-  the fewest micro-batches whose activations fit when a whole batch's do not, where the runtime can
-  accumulate (`graph_accumulation_refusal`: a model that returns its loss needs batch-first inputs);
-- activation recomputation: offered for a layout whose activations do not fit without it (it costs a
-  forward per step, so it is never worth it where memory suffices).
-Memory is an estimate here, only for cutting and for offering recomputation; the simulator decides
-what fits.
+  (balanced by compute); without a global batch, if a stage then exceeds the device memory, re-cut
+  greedily under the memory cap (parameters, gradients and optimizer state of its layers, plus
+  1F1B's activations in flight);
+- micro-batches: without a global batch (the graph's batch is a replica's step), with a pipeline
+  P, 2P, 4P, 8P and one sample each (m = batch), where they divide the per-replica batch (1F1B; GPipe
+  with m = batch when the batch is smaller than P); without one, 1, and gradient accumulation with the
+  fewest micro-batches whose activations fit when a whole batch's do not, where the runtime can
+  accumulate. With a global batch B (the graph read at the micro-batch), D divides B and each replica
+  runs B / D samples per step in micro-batches of a size that divides them: the first layouts take
+  one sample per micro-batch (the smallest bubble), the descent (`neighbours.py`) walks the size up;
+- recomputation: full where a layout's activations do not fit without it (it costs a forward per
+  step); selective (only the attention cores: the largest activations for the least compute) wherever
+  activations are tight — more than `TIGHT_SHARE` of the device — and, under a global batch, always;
+- schedule: 1F1B (GPipe where the micro-batches are fewer than the stages), and under a global batch
+  interleaved 1F1B with two chunks per rank too;
+- sequence parallelism with every tensor degree > 1 under a global batch (Megatron's and torchtitan's
+  default with tensor parallelism); the descent tries the other value;
+- precision: the request's; the descent tries the others where `allow_precision` admits them.
+Context degrees, the other interleavings, zero-bubble schedules and micro-batch sizes are reached by
+the descent from these, one dimension at a time. Memory is an estimate here, only for cutting and for
+offering recomputation; the simulator decides what fits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from optimizer_service.search.dimensions import (
+    MAX_STAGES,
+    Rules,
+    devices_per_node,
+    divisors,
+    rules_for,
+    uncovered,
+)
 from simulator.compute import layer_times
 from simulator.context import SimContext
-from simulator.encoding import Schedule
+from simulator.encoding import Precision, Schedule
 from simulator.pipeline import block_peak
-from stratagem.parallel_rules import (
-    Refusal,
-    block_of,
-    graph_accumulation_refusal,
-    graph_pipeline_refusal,
-    graph_pipeline_route,
-)
-from stratagem.tensor_plan import Split, candidate_splits, covered_layers
+from stratagem.parallel_rules import graph_accumulation_refusal, graph_pipeline_refusal
+from stratagem.tensor_plan import candidate_splits
 
-MAX_STAGES = 64
-"""Deepest pipeline tried (the encoding's int8 `layer_stage` holds 127; Megatron's 1T model used 64)."""
+__all__ = ["MAX_STAGES", "MeshChoice", "StageCuts", "mesh_choices", "mesh_notes"]
+
 MICRO_FACTORS = (1, 2, 4, 8)
 """Micro-batches per stage tried with a pipeline: m = factor × P (the bubble is (P-1)/(m+P-1))."""
+CORE_VIRTUAL_STAGES = 2
+"""Chunks per rank of the interleaved layouts the search starts from (the descent tries the others)."""
+TIGHT_SHARE = 0.5
+"""Activations are tight when a layout's estimated memory passes this share of the device: selective
+recomputation is then offered beside none."""
+SCHEDULE_NAMES = {
+    Schedule.ONE_F_ONE_B: "1F1B",
+    Schedule.GPIPE: "GPipe",
+    Schedule.INTERLEAVED: "interleaved 1F1B",
+    Schedule.ZERO_BUBBLE: "zero-bubble",
+}
+PRECISION_LABELS = {p: p.name.lower().replace("_", "-") for p in Precision}
 
 
 @dataclass(frozen=True)
 class MeshChoice:
-    """One way to lay the replicas out: data × tensor × pipeline degrees, stages and micro-batches."""
+    """One layout of the replicas: degrees, stages, micro-batches, schedule, recomputation, sequence
+    parallelism and precision (how the variables synchronize is the row's per-variable business)."""
 
     data: int
     tensor: int = 1
@@ -59,69 +83,123 @@ class MeshChoice:
     micro_batches: int = 1
     schedule: Schedule = Schedule.ONE_F_ONE_B
     layer_stage: tuple[int, ...] = ()
-    """Stage of each layer (empty: all in stage 0)."""
-    split: str = ""
+    """Chunk of each layer (empty: all in chunk 0); chunk i runs on pipeline rank i % pipeline."""
+    split: str = field(default="", compare=False)
     """How the stages were cut: `compute` or `memory cap`."""
     recompute: bool = False
-    """Activation recomputation of the numbered blocks."""
+    """Full activation recomputation of the numbered blocks."""
+    context: int = 1
+    virtual_stages: int = 1
+    selective: bool = False
+    """Selective recomputation: the attention cores of the numbered blocks."""
+    sequence_parallel: bool = False
+    micro_batch_size: int = 0
+    """Samples per micro-batch under a global batch (0: the graph's batch is a replica's step)."""
+    precision: int = Precision.FP32
+
+    @property
+    def recompute_mode(self) -> str:
+        return "full" if self.recompute else "selective" if self.selective else "none"
 
     def label(self) -> str:
         text = f"data({self.data})×tensor({self.tensor})×pipeline({self.pipeline})"
+        if self.context > 1:
+            text += f"×context({self.context})"
+        size = f" of {self.micro_batch_size}" if self.micro_batch_size else ""
+        count = f"{self.micro_batches} micro-batches{size}" if self.micro_batches > 1 else f"one micro-batch{size}"
         if self.pipeline > 1:
-            schedule = "1F1B" if self.schedule == Schedule.ONE_F_ONE_B else "GPipe"
-            text += f", {self.micro_batches} micro-batches {schedule}, stages by {self.split}"
+            schedule = SCHEDULE_NAMES[Schedule(self.schedule)]
+            chunks = f" ({self.virtual_stages} chunks per rank)" if self.virtual_stages > 1 else ""
+            text += f", {count} {schedule}{chunks}"
+            text += f", stages by {self.split}" if self.split else ""
         elif self.micro_batches > 1:
-            text += f", {self.micro_batches} micro-batches accumulated"
-        return text + (", recomputed" if self.recompute else "")
+            text += f", {count} accumulated"
+        elif self.micro_batch_size:
+            text += f", {count}"
+        if self.sequence_parallel:
+            text += ", sequence parallel"
+        if self.recompute_mode != "none":
+            text += ", recomputed" if self.recompute else ", selective recomputation"
+        if self.precision != Precision.FP32:
+            text += f", {PRECISION_LABELS[Precision(self.precision)]}"
+        return text
 
 
-def mesh_choices(context: SimContext) -> list[MeshChoice]:
-    """Every mesh the search may pick; the first is plain data parallelism over every device."""
-    devices = len(context.compute_device_indices)
-    per_node = _devices_per_node(context)
-    starts = context.unit_starts
+def mesh_choices(context: SimContext, rules: Rules | None = None, cuts: StageCuts | None = None) -> list[MeshChoice]:
+    """The layouts the search starts from; the first is plain data parallelism over every device (under
+    a global batch the devices do not divide, the first legal layout)."""
+    rules = rules or rules_for(context)
+    cuts = cuts or StageCuts(context, rules)
+    if rules.global_batch is not None:
+        return _unique(_global_meshes(context, rules, cuts))
+    devices = rules.devices
     figures = _LayerFigures(context)
-    out = [MeshChoice(data=devices)]
-    route = graph_pipeline_route(context.graph)
-    if route == "blocks":
-        starts = _block_starts(context)
-    accumulate = graph_accumulation_refusal(context.graph) is None
-    for tensor in _tensor_degrees(context, devices, per_node):
-        deepest = (
-            1 if isinstance(route, Refusal) or (route == "blocks" and tensor > 1) else min(len(starts), MAX_STAGES)
-        )
-        for pipeline in _divisors(devices // tensor):
-            if pipeline > deepest:
+    starts = np.asarray(rules.starts)
+    out = [MeshChoice(data=devices, precision=rules.precisions[0])]
+    for tensor in rules.tensor:
+        for pipeline in divisors(devices // tensor):
+            if pipeline > rules.max_pipeline(tensor):
                 break
-            meshes = _meshes_for(context, figures, starts, devices, tensor, pipeline, accumulate=accumulate)
-            out.extend(m for m in meshes if not (route == "blocks" and m.pipeline > 1 and m.recompute))
+            out.extend(_meshes_for(figures, starts, rules, tensor, pipeline))
     return _unique(out)
 
 
-def _block_starts(context: SimContext) -> np.ndarray:
-    """The first layer, and the first layer of each numbered block: where traced stages may be cut
-    (`parallel_rules.block_cuts`), so embeddings stay in the first stage and the head in the last."""
-    names = context.layer_names
-    blocks = [block_of(names[i]) for i in context.unit_starts]
-    return np.array(
-        [0] + [int(i) for i, block in zip(context.unit_starts, blocks, strict=True) if block is not None and i > 0],
-        dtype=context.unit_starts.dtype,
-    )
+def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[MeshChoice]:
+    """Under a global batch: every tensor × pipeline factorization whose data degree divides the batch,
+    one sample per micro-batch (as many as the replica's step holds where the runtime cannot
+    accumulate), 1F1B and interleaved 1F1B with two chunks per rank where legal (Megatron's and
+    torchtitan's usual pipelines), each legal recomputation, sequence parallel with tensor > 1."""
+    assert rules.global_batch is not None
+    out = []
+    for tensor in rules.tensor:
+        for pipeline in divisors(rules.devices // tensor):
+            if pipeline > rules.max_pipeline(tensor):
+                break
+            data = rules.devices // (tensor * pipeline)
+            if rules.global_batch % data:
+                continue
+            per_replica = rules.global_batch // data
+            size = 1 if pipeline > 1 or rules.accumulate else per_replica
+            micro = per_replica // size
+            legal = rules.schedules(pipeline, micro)
+            schedules = [legal[0]] + [s for s in legal if s == (Schedule.INTERLEAVED, CORE_VIRTUAL_STAGES)]
+            for (schedule, virtual), mode in itertools.product(schedules, rules.recompute_modes(pipeline)):
+                out.append(
+                    MeshChoice(
+                        data=data,
+                        tensor=tensor,
+                        pipeline=pipeline,
+                        micro_batches=micro,
+                        schedule=schedule,
+                        virtual_stages=virtual,
+                        layer_stage=cuts.balanced(tensor, pipeline * virtual),
+                        split="compute" if pipeline > 1 else "",
+                        recompute=mode == "full",
+                        selective=mode == "selective",
+                        sequence_parallel=tensor > 1 and rules.sequence_parallel,
+                        micro_batch_size=size,
+                        precision=rules.precisions[0],
+                    )
+                )
+    plain = [m for m in out if m.data == rules.devices and m.recompute_mode == "none"]
+    return plain + [m for m in out if m not in plain]
 
 
-def mesh_notes(context: SimContext) -> list[str]:
+def mesh_notes(context: SimContext, rules: Rules | None = None) -> list[str]:
     """Why the space holds no tensor or pipeline layouts for this graph, in words for the space report."""
-    notes = []
-    refusal = graph_pipeline_refusal(context.graph)
-    if refusal is not None:
-        notes.append(f"mesh: no pipeline stages: {refusal}")
-    refusal = graph_accumulation_refusal(context.graph)
-    if refusal is not None:
-        notes.append(f"mesh: no accumulated micro-batches: {refusal}")
-    devices = len(context.compute_device_indices)
-    degrees = [t for t in _divisors(_devices_per_node(context)) if t > 1 and devices % t == 0]
-    if degrees and not set(degrees) & set(_tensor_degrees(context, devices, _devices_per_node(context))):
-        missing = _uncovered(context, candidate_splits(context.graph), degrees[0])
+    rules = rules or rules_for(context)
+    notes = [f"mesh: {note}" for note in rules.notes]
+    if rules.runner == "stratagem":
+        refusal = graph_pipeline_refusal(context.graph)
+        if refusal is not None and not any(note.startswith("mesh: no pipeline stages") for note in notes):
+            notes.append(f"mesh: no pipeline stages: {refusal}")
+        refusal = graph_accumulation_refusal(context.graph)
+        if refusal is not None:
+            notes.append(f"mesh: no accumulated micro-batches: {refusal}")
+    devices = rules.devices
+    degrees = [t for t in divisors(devices_per_node(context)) if t > 1 and devices % t == 0]
+    if degrees and not set(degrees) & set(rules.tensor):
+        missing = uncovered(context, candidate_splits(context.graph), degrees[0])
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         notes.append(
             f"mesh: no tensor degree: the simulator would price {shown or 'no layer'} as split, which the runtime's "
@@ -131,32 +209,41 @@ def mesh_notes(context: SimContext) -> list[str]:
 
 
 def _meshes_for(
-    context: SimContext,
-    figures: _LayerFigures,
-    starts: np.ndarray,
-    devices: int,
-    tensor: int,
-    pipeline: int,
-    *,
-    accumulate: bool,
+    figures: _LayerFigures, starts: np.ndarray, rules: Rules, tensor: int, pipeline: int
 ) -> list[MeshChoice]:
-    data = devices // (tensor * pipeline)
-    batch = context.batch_size
+    data = rules.devices // (tensor * pipeline)
+    batch = rules.graph_batch
+    precision = rules.precisions[0]
+    selective = "selective" in rules.recompute_modes(pipeline)
     if pipeline == 1:
-        return [
-            MeshChoice(data=data, tensor=tensor, micro_batches=m, recompute=r)
-            for m, r in _accumulation(figures, tensor, batch, accumulate=accumulate)
-        ]
+        out = []
+        for m, mode in _accumulation(figures, tensor, batch, accumulate=rules.accumulate, selective=selective):
+            out.append(
+                MeshChoice(
+                    data=data,
+                    tensor=tensor,
+                    micro_batches=m,
+                    recompute=mode == "full",
+                    selective=mode == "selective",
+                    precision=precision,
+                )
+            )
+        return out
     cost = figures.cost(tensor)
     balanced = _cut_by_compute(cost, starts, pipeline)
+    recompute = "full" in rules.recompute_modes(pipeline)
     out = []
     for micro, schedule in _micro_batches(batch, pipeline):
-        for recompute in (False, True):
-            if recompute and not figures.over_cap(balanced, tensor, pipeline, micro, schedule, recompute=False):
-                break  # it fits without recomputation, which would only add a forward
+        modes = ["none"]
+        if selective and figures.tight(balanced, tensor, pipeline, micro, schedule):
+            modes.append("selective")
+        if recompute and figures.over_cap(balanced, tensor, pipeline, micro, schedule, recompute=False):
+            modes.append("full")
+        for mode in modes:
+            full = mode == "full"
             stage, split = balanced, "compute"
-            if figures.over_cap(stage, tensor, pipeline, micro, schedule, recompute=recompute):
-                capped = _cut_under_cap(figures, cost, starts, tensor, pipeline, micro, schedule, recompute)
+            if figures.over_cap(stage, tensor, pipeline, micro, schedule, recompute=full):
+                capped = _cut_under_cap(figures, cost, starts, tensor, pipeline, micro, schedule, full)
                 if capped is not None:
                     stage, split = capped, "memory cap"
             out.append(
@@ -168,27 +255,15 @@ def _meshes_for(
                     schedule=schedule,
                     layer_stage=tuple(int(s) for s in stage),
                     split=split,
-                    recompute=recompute,
+                    recompute=full,
+                    selective=mode == "selective",
+                    precision=precision,
                 )
             )
     return out
 
 
-# --- degrees and micro-batches ------------------------------------------------------------------------
-
-
-def _tensor_degrees(context: SimContext, devices: int, per_node: int) -> list[int]:
-    """1, and each T > 1 whose plan splits every layer the simulator splits at T."""
-    splits = candidate_splits(context.graph)
-    if not splits:
-        return [1]
-    return [t for t in _divisors(per_node) if devices % t == 0 and (t == 1 or not _uncovered(context, splits, t))]
-
-
-def _uncovered(context: SimContext, splits: list[Split], tensor: int) -> list[str]:
-    """Layers the simulator prices as split at degree `tensor` that the runtime's plan leaves whole."""
-    covered = covered_layers(splits, tensor)
-    return [name for i, name in enumerate(context.layer_names) if context.layer_tensor_split[i] and i not in covered]
+# --- micro-batches ------------------------------------------------------------------------------------
 
 
 def _micro_batches(batch: int, pipeline: int) -> list[tuple[int, Schedule]]:
@@ -199,41 +274,52 @@ def _micro_batches(batch: int, pipeline: int) -> list[tuple[int, Schedule]]:
     return [(m, Schedule.ONE_F_ONE_B) for m in counts] or [(batch, Schedule.GPIPE)]
 
 
-def _accumulation(figures: _LayerFigures, tensor: int, batch: int, *, accumulate: bool) -> list[tuple[int, bool]]:
-    """(micro-batches, recompute): one micro-batch; where a whole batch's activations do not fit, the
-    fewest accumulated micro-batches that do (one, where the runtime cannot accumulate), and
-    recomputation with the fewest micro-batches that fit."""
+def pipeline_micro_batches(batch: int, pipeline: int) -> list[int]:
+    """The micro-batch counts a pipeline of `pipeline` stages takes on a replica batch of `batch`."""
+    return [m for m, _ in _micro_batches(batch, pipeline)]
+
+
+def _accumulation(
+    figures: _LayerFigures, tensor: int, batch: int, *, accumulate: bool, selective: bool
+) -> list[tuple[int, str]]:
+    """(micro-batches, recomputation): one micro-batch; selective recomputation where activations are
+    tight; where a whole batch's activations do not fit, the fewest accumulated micro-batches that do (one,
+    where the runtime cannot accumulate), and full recomputation with the fewest micro-batches that fit."""
     static = figures.static(tensor).sum()
-    out = [(1, False)]
+    out = [(1, "none")]
+    plain = static + figures.activations(tensor, False).sum()
+    if selective and plain > TIGHT_SHARE * figures.capacity:
+        out.append((1, "selective"))
     for recompute in (False, True):
         acts = figures.activations(tensor, recompute).sum() + figures.peak(tensor, recompute)
         if static + acts <= figures.capacity and not recompute:
             return out
-        fitting = [m for m in _divisors(batch) if static + acts / m <= figures.capacity] if accumulate else [1]
-        out.append((fitting[0] if fitting else batch, recompute))
-    return _ordered_unique(out)
-
-
-def _ordered_unique(values: list[tuple[int, bool]]) -> list[tuple[int, bool]]:
-    return list(dict.fromkeys(values))
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _devices_per_node(context: SimContext) -> int:
-    counts = np.bincount(context.device_node[context.compute_device_indices], minlength=context.num_nodes)
-    return int(counts[counts > 0].min()) if counts.any() else 1
+        fitting = [m for m in divisors(batch) if static + acts / m <= figures.capacity] if accumulate else [1]
+        out.append((fitting[0] if fitting else batch, "full" if recompute else "none"))
+    return list(dict.fromkeys(out))
 
 
 def _unique(meshes: list[MeshChoice]) -> list[MeshChoice]:
-    seen, out = set(), []
-    for mesh in meshes:
-        if mesh not in seen:
-            seen.add(mesh)
-            out.append(mesh)
-    return out
+    return list(dict.fromkeys(meshes))
+
+
+class StageCuts:
+    """Compute-balanced stage cuts per (tensor degree, chunks), worked out once per search."""
+
+    def __init__(self, context: SimContext, rules: Rules) -> None:
+        self.figures = _LayerFigures(context)
+        self.starts = np.asarray(rules.starts)
+        self._cuts: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def balanced(self, tensor: int, chunks: int) -> tuple[int, ...]:
+        if chunks <= 1:
+            return ()
+        key = (tensor, chunks)
+        found = self._cuts.get(key)
+        if found is None:
+            stage = _cut_by_compute(self.figures.cost(tensor), self.starts, chunks)
+            found = self._cuts[key] = tuple(int(s) for s in stage)
+        return found
 
 
 # --- stage splits -------------------------------------------------------------------------------------
@@ -368,9 +454,21 @@ class _LayerFigures:
             block_peak(context, context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1))[0]
         )
 
+    def tight(self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule) -> bool:
+        return self._per_stage(stage, tensor, pipeline, micro, schedule, recompute=False).max() > (
+            TIGHT_SHARE * self.capacity
+        )
+
     def over_cap(
         self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool
     ) -> bool:
+        return bool(
+            (self._per_stage(stage, tensor, pipeline, micro, schedule, recompute=recompute) > self.capacity).any()
+        )
+
+    def _per_stage(
+        self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool
+    ) -> np.ndarray:
         per_stage = np.bincount(stage, weights=self.static(tensor), minlength=pipeline)
         acts = np.bincount(stage, weights=self.activations(tensor, recompute), minlength=pipeline) / micro
         flight = (
@@ -378,4 +476,4 @@ class _LayerFigures:
             if schedule == Schedule.GPIPE
             else np.minimum(micro, pipeline - np.arange(pipeline))
         )
-        return bool((per_stage + acts * flight + self.peak(tensor, recompute) / micro > self.capacity).any())
+        return per_stage + acts * flight + self.peak(tensor, recompute) / micro

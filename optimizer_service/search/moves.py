@@ -22,6 +22,7 @@ from optimizer_service.search.assign import (
     set_ps_pairs,
     set_sharded,
 )
+from optimizer_service.search.neighbours import DIMENSIONS, apply, changes
 from optimizer_service.search.proposals import variable_classes
 from optimizer_service.search.space import Space
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, SyncKind
@@ -120,10 +121,23 @@ MOVE_WEIGHTS = {
     "change_consistency": 0.5,
     "partition_allreduce": 0.5,
     "change_mesh": 1.5,
+    "change_dimension": 1.5,
 }
 
 
+ENGINE_MOVES = ("merge_groups", "split_group", "change_algorithm", "change_mesh", "change_dimension")
+"""For an engine every dense variable synchronizes alike (`assign.respect_mesh`): per-variable moves would
+be undone, so only fusion buckets, algorithms and the layout move."""
+
+
 def available_moves(space: Space) -> dict[str, Move]:
+    moves = _moves(space)
+    if space.rules.runner == "engine":
+        return {name: move for name, move in moves.items() if name in ENGINE_MOVES}
+    return moves
+
+
+def _moves(space: Space) -> dict[str, Move]:
     moves: dict[str, Move] = {
         "switch_synchronizer": switch_synchronizer,
         "move_shard": move_shard,
@@ -140,8 +154,9 @@ def available_moves(space: Space) -> dict[str, Move]:
         moves["change_compressor"] = change_compressor
     if len(space.consistencies) > 1:
         moves["change_consistency"] = change_consistency
-    if len(space.meshes) > 1:
+    if space.first_meshes > 1:
         moves["change_mesh"] = change_mesh
+    moves["change_dimension"] = change_dimension
     return moves
 
 
@@ -301,9 +316,9 @@ def change_consistency(
 
 
 def change_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:
-    """Another layout: half the rows keep their tensor degree (a new pipeline depth, stage split or
-    micro-batch count), the others take any layout of the space."""
-    meshes = space.meshes
+    """Another of the layouts the space starts from: half the rows keep their tensor degree (a new
+    pipeline depth, stage split or micro-batch count), the others take any of them."""
+    meshes = space.meshes[: space.first_meshes]
     tensors = np.array([m.tensor for m in meshes])
     choice = rng.integers(len(meshes), size=len(rows))
     keep = rng.random(len(rows)) < 0.5
@@ -312,6 +327,21 @@ def change_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.r
         if same.size:
             choice[i] = same[rng.integers(same.size)]
     set_mesh(space, batch, rows, choice)
+
+
+def change_dimension(
+    space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
+) -> None:
+    """One dimension of the row's layout (a degree, the micro-batch, the schedule, recomputation,
+    sequence parallelism, precision, the ZeRO stage or shard group) to a neighbouring value
+    (`neighbours.py`), the rest kept."""
+    picks = rng.permuted(np.tile(np.arange(len(DIMENSIONS)), (len(rows), 1)), axis=1)
+    for row, order in zip(rows.tolist(), picks, strict=True):
+        for pick in order.tolist():
+            found = changes(space, batch, row, DIMENSIONS[pick])
+            if found:
+                apply(space, batch, np.array([row]), found[int(rng.integers(len(found)))])
+                break
 
 
 def block_switch(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads) -> None:

@@ -11,8 +11,8 @@ below is one idea from the literature, instantiated over a few settings:
 - `sharded_large`: ZeRO for the big tensors, all-reduce for the rest (memory-bound models);
 - `by_position`: all-reduce where backward hides it, servers where it cannot;
 - `compressed_allreduce` / `relaxed_ps`: only when the caller allows compression / SSP and ASP;
-- `mesh_layouts`: Megatron-style — every tensor × pipeline layout of the space (`meshes.py`), with
-  fused all-reduce over the data-parallel group, and with ZeRO for the dense variables;
+- `mesh_layouts`: Megatron-style — every layout the space starts from (`meshes.py`), with fused
+  all-reduce over the data-parallel group, and with the dense variables at ZeRO stage 1, 2 and 3;
 - `autosync_samples`: AutoSync-style sampling, one random choice per (size, sparsity, position) class.
 """
 
@@ -31,6 +31,7 @@ from optimizer_service.search.assign import (
     set_mesh,
     set_ps,
     set_sharded,
+    set_zero,
     write_whole,
 )
 from optimizer_service.search.space import Space
@@ -39,6 +40,9 @@ from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Consis
 MB = 1024 * 1024
 FUSION_CAPS = (0.0, 1 * MB, 4 * MB, 16 * MB, 25 * MB, 64 * MB, 256 * MB, float("inf"))
 """Bucket caps tried: 0 is one collective per variable, inf one collective for everything."""
+ZERO_STAGES = (1, 2, 3)
+DEFAULT_ZERO_STAGE = 2
+"""The stage a sharded variable takes unless a proposal or move says otherwise (`CandidateBatch.allocate`)."""
 SMALL_BYTES = 256 * 1024
 LARGE_BYTES = 16 * MB
 
@@ -56,23 +60,37 @@ RowWriter = Callable[[Space, CandidateBatch, np.ndarray], None]
 
 def structured_proposals(space: Space, max_shards: int) -> Proposals:
     """Every structured family, one row per (family, setting)."""
+    servers = _servers_useful(space)
+    layouts = mesh_layouts(space)
+    first = layouts if space.rules.global_batch is not None else []
     writers = [
+        *first,
         *allreduce_fusion(space),
-        *balanced_ps(space),
-        *hybrid(space),
+        *(balanced_ps(space) if servers else []),
+        *(hybrid(space) if servers else []),
         *sharded_large(space),
-        *by_position(space),
+        *(by_position(space) if servers else []),
         *compressed_allreduce(space),
-        *relaxed_ps(space),
-        *mesh_layouts(space),
+        *(relaxed_ps(space) if servers else []),
+        *([] if first else layouts),
     ]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
+    batch.precision[:] = space.precision
     labels = []
     for i, (label, write) in enumerate(writers):
         write(space, batch, np.array([i]))
         labels.append(label)
     respect_mesh(space, batch)
     return Proposals(batch, labels)
+
+
+def _servers_useful(space: Space) -> bool:
+    """Whether the families that put dense variables on parameter servers can: rows start on the first
+    layout, and where it is meshed (under a global batch, accumulated micro-batches) `respect_mesh` turns
+    every dense server variable into all-reduce — the rows would repeat `allreduce_fusion`'s."""
+    first = space.meshes[0]
+    meshed = first.tensor * first.pipeline * first.context > 1 or first.micro_batches > 1
+    return not meshed or bool(space.context.var_sparse.any())
 
 
 # --- families --------------------------------------------------------------------------------------
@@ -153,27 +171,45 @@ def relaxed_ps(space: Space) -> list[tuple[str, RowWriter]]:
 
 
 def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
-    """Every layout other than plain data parallelism, with all-reduce fused in 25 MB buckets over the
-    data-parallel group, and with the dense variables ZeRO-sharded (for layouts short of memory)."""
+    """Every layout the space starts from other than plain data parallelism, with all-reduce fused in 25 MB
+    buckets over the data-parallel group, and with the dense variables ZeRO-sharded at stages 1, 2 and 3
+    (optimizer state; and gradients; and parameters, FSDP) for layouts short of memory."""
     out = []
-    for index, mesh in enumerate(space.meshes):
-        if index == 0:
+    for index in _layout_order(space):
+        mesh = space.meshes[index]
+        if index == 0 and not mesh.micro_batch_size:
             continue
         out.append((f"mesh_layout({mesh.label()}, allreduce)", mesh_row(index)))
-        out.append((f"mesh_layout({mesh.label()}, sharded)", mesh_row(index, sharded=True)))
+        for stage in ZERO_STAGES:
+            name = "sharded" if stage == DEFAULT_ZERO_STAGE else f"zero-{stage}"
+            out.append((f"mesh_layout({mesh.label()}, {name})", mesh_row(index, sharded=True, stage=stage)))
     return out
+
+
+def _layout_order(space: Space) -> list[int]:
+    """The order layouts are proposed in. Under a global batch they come before every other family, and
+    the widest tensor degree first (Megatron's recipe: tensor parallelism fills a node, then pipeline
+    stages are added), so a large cluster whose step graphs are slow to compile prices the usual
+    layouts before its time budget runs out."""
+    indices = list(range(len(space.meshes)))
+    if space.rules.global_batch is None:
+        return indices
+    meshes = space.meshes
+    return [0, *sorted(indices[1:], key=lambda i: (-meshes[i].tensor, meshes[i].pipeline, i))]
 
 
 # --- row writers -----------------------------------------------------------------------------------
 
 
-def mesh_row(index: int, *, sharded: bool = False) -> RowWriter:
+def mesh_row(index: int, *, sharded: bool = False, stage: int = 2) -> RowWriter:
     """Rows on layout `index` of the space, all-reduce fused in 25 MB buckets over the data-parallel group
-    (with `sharded`, the dense variables ZeRO-sharded instead)."""
+    (with `sharded`, the dense variables ZeRO-sharded at `stage` instead)."""
     variables = _sharded_row(1.0, 25 * MB) if sharded else _allreduce_row(25 * MB, Algorithm.AUTO)
 
     def write(space: Space, batch: CandidateBatch, rows: np.ndarray) -> None:
         variables(space, batch, rows)
+        if sharded:
+            set_zero(batch, rows, stage)
         set_mesh(space, batch, rows, index)
 
     return write
@@ -323,6 +359,7 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
     PS shards are dealt round-robin from a random server, biggest variables first.
     """
     batch = CandidateBatch.allocate(space.context, n, max_shards=max_shards)
+    batch.precision[:] = space.precision
     if n == 0:
         return Proposals(batch, [])
     classes = variable_classes(space)
@@ -355,10 +392,10 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
 
 def _sample_mesh(space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator) -> None:
     """Half the samples on a random layout other than plain data parallelism (when there is one)."""
-    if len(space.meshes) == 1:
+    if space.first_meshes == 1:
         return
     moved = rows[rng.random(len(rows)) < 0.5]
-    set_mesh(space, batch, moved, rng.integers(1, len(space.meshes), size=len(moved)))
+    set_mesh(space, batch, moved, rng.integers(1, space.first_meshes, size=len(moved)))
 
 
 def _sample_compression(

@@ -3,7 +3,9 @@
 Distance between two candidates is a Hamming distance on what a person would call the strategy:
 per variable, its synchronizer kind, first server, shard count, algorithm and compressor, plus
 whether it shares a fusion group with its backward neighbour (so regrouping counts, relabelling
-does not); per candidate, the consistency and the mesh (degrees and micro-batches). First each pick must put at least `min_distance` variables on a different synchronizer
+does not); per candidate, the consistency and the layout (degrees, micro-batches, schedule, recomputation, sequence
+parallelism, precision, shard group), each weighing as much as the minimum distance, so a different
+layout is a different idea; per sharded variable, its ZeRO stage. First each pick must put at least `min_distance` variables on a different synchronizer
 than every earlier pick; if that leaves fewer than K, the signature distance alone decides; then the
 best remaining distinct candidates fill in.
 """
@@ -15,7 +17,7 @@ import math
 import numpy as np
 
 from optimizer_service.search.space import Space
-from simulator.encoding import CandidateBatch
+from simulator.encoding import CandidateBatch, SyncKind
 
 
 def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
@@ -33,6 +35,7 @@ def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
         batch.compressor,
         batch.local_replication,
         joined,
+        np.where(batch.kind == SyncKind.SHARDED, batch.zero_stage, 0),
     ]
     per_candidate = np.stack(
         [
@@ -43,10 +46,20 @@ def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
             batch.pipeline,
             batch.micro_batches,
             batch.recompute,
+            batch.context_parallel,
+            batch.schedule,
+            batch.virtual_stages,
+            batch.selective,
+            batch.sequence_parallel,
+            batch.micro_batch_size,
+            batch.precision,
+            batch.shard_group,
         ],
         axis=1,
     )
-    return np.concatenate([p.astype(np.int64) for p in parts] + [per_candidate.astype(np.int64)], axis=1)
+    # a different layout is a different idea: its columns weigh as much as the minimum distance
+    layout = np.tile(per_candidate.astype(np.int64), (1, default_min_distance(space)))
+    return np.concatenate([p.astype(np.int64) for p in parts] + [layout], axis=1)
 
 
 def default_min_distance(space: Space) -> int:

@@ -10,13 +10,17 @@ Knobs, per trainable variable:
 - partition: the axis and the number of shards (at most the axis length and MAX_SHARDS_LIMIT; a
   parameter-server variable along axis 0 and at most one shard per server).
 Global knobs: consistency (BSP; SSP with a staleness bound and ASP only with `allow_async`) and the
-mesh (`MeshChoice`, `meshes.py`: data × tensor × pipeline degrees with tensor groups inside a node,
-stage splits balanced by compute under a memory cap, and micro-batch counts).
+layout (`MeshChoice`, `meshes.py`: data × tensor × pipeline × context degrees with tensor groups inside
+a node, stage splits balanced by compute, micro-batches, schedule and virtual stages, recomputation,
+sequence parallelism and precision, each within `dimensions.Rules`), plus the ZeRO stage and hybrid
+shard group of the sharded variables.
 
 Constraints: a sparse variable is held by parameter servers and partitioned along its rows (axis 0),
 because only a server moves just the rows a step touches; lossy compression and non-BSP consistency
-change the training math, so they are off unless the caller allows them; memory feasibility is the
-simulator's verdict per candidate, so `space_size` counts candidates before that check.
+change the training math, so they are off unless the caller allows them, and so is a precision other
+than the request's; under a global batch every candidate trains exactly that many samples per step;
+memory feasibility is the simulator's verdict per candidate, so `space_size` counts candidates before
+that check.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from optimizer_service.search.meshes import MeshChoice, mesh_choices, mesh_notes
+from optimizer_service.search.dimensions import PRECISION_NAMES, RUNNERS, Rules, divisors, rules_for
+from optimizer_service.search.meshes import MeshChoice, StageCuts, mesh_choices, mesh_notes, pipeline_micro_batches
 from simulator.context import SimContext, compile_context
 from simulator.encoding import CompressorKind, ConsistencyKind
 from stratagem.builders import ps_servers
@@ -45,16 +50,54 @@ while other variables fill the rest; more shards cost per-shard latency and [N, 
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """What the caller allows the search to change beyond the system-only knobs.
+    """What the caller allows the search to change beyond the system-only knobs, and what it fixes.
 
-    Both default to off because they change what is computed, not just where: a lossy compressor
-    (fp16, bf16, PowerSGD, top-k) perturbs every gradient, and SSP/ASP let workers read stale
-    parameters, so convergence may need a different learning rate or more steps — a trade the user
-    must choose, not one a throughput simulator can judge.
+    The `allow_` flags default to off because they change what is computed, not just where: a lossy
+    compressor (fp16, bf16, PowerSGD, top-k) perturbs every gradient, SSP/ASP let workers read stale
+    parameters, and another precision rounds every matmul differently, so convergence may need a
+    different learning rate or more steps — a trade the user must choose, not one a throughput
+    simulator can judge.
     """
 
     allow_compression: bool = False
     allow_async: bool = False
+    allow_precision: bool = False
+    precision: str = "fp32"
+    """The numerics the user trains in (`Strategy.precision`); the only one offered unless `allow_precision`."""
+    global_batch: int | None = None
+    """Samples per optimizer step over all replicas, part of the user's numerics: every candidate trains
+    exactly this many, the graph read at the micro-batch. None: the graph's batch is a replica's step."""
+    runner: str = "stratagem"
+    """Who runs the answer (`dimensions.py`): `stratagem` (`stratagem.distribute`) or `engine` (the
+    trainers a strategy exports to: torchtitan, Megatron-LM)."""
+
+    @property
+    def precision_value(self) -> int:
+        return int(PRECISION_NAMES[self.precision])
+
+    def as_record(self) -> dict[str, object]:
+        """The options as the candidates' provenance records them."""
+        return {
+            "allow_compression": self.allow_compression,
+            "allow_async": self.allow_async,
+            "allow_precision": self.allow_precision,
+            "precision": self.precision,
+            "global_batch": self.global_batch,
+            "runner": self.runner,
+        }
+
+
+def option_problems(options: SearchOptions) -> list[str]:
+    """Why the options cannot be searched (field and reason), empty when they can."""
+    problems = []
+    if options.precision not in PRECISION_NAMES:
+        problems.append(f"precision: {options.precision!r} is not one of {', '.join(PRECISION_NAMES)}")
+    batch = options.global_batch
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        problems.append(f"global_batch: must be a positive integer or null, got {batch!r}")
+    if options.runner not in RUNNERS:
+        problems.append(f"runner: {options.runner!r} is not one of {', '.join(RUNNERS)}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -98,8 +141,19 @@ class Space:
         self.max_allreduce_shards = MAX_SHARDS_LIMIT
         """Most shards of an all-reduced variable (PartitionedAR): they need no servers."""
         self.local_replication_useful = any(len(node.compute_devices) > 1 for node in resources.nodes)
-        self.meshes: list[MeshChoice] = mesh_choices(context)
-        """Data × tensor × pipeline layouts with their stages and micro-batches; [0] is plain data parallel."""
+        self.rules: Rules = rules_for(
+            context,
+            runner=self.options.runner,
+            precision=self.options.precision_value,
+            allow_precision=self.options.allow_precision,
+            global_batch=self.options.global_batch,
+        )
+        self.cuts = StageCuts(context, self.rules)
+        self.meshes: list[MeshChoice] = mesh_choices(context, self.rules, self.cuts)
+        """The layouts the search starts from; [0] is plain data parallel (where the global batch allows).
+        The descent registers the layouts it reaches (`register`)."""
+        self.mesh_index = {mesh: i for i, mesh in enumerate(self.meshes)}
+        self.first_meshes = len(self.meshes)
         self.compressions = _compressions(self.options)
         self.compression_allowed = np.array(
             [[c in self.compressions_for(v) for v in range(self.num_variables)] for c in self.compressions], dtype=bool
@@ -109,6 +163,25 @@ class Space:
         self.shard_limit = self._shard_limits()
         self.placements: dict[tuple, np.ndarray] = {}
         """Memo of balanced server placements (`assign.balanced_servers`): proposals repeat them."""
+
+    @property
+    def precision(self) -> int:
+        """The request's precision (`Precision`): every row carries it unless `allow_precision`."""
+        return self.rules.precisions[0]
+
+    @property
+    def reference_samples(self) -> float | None:
+        """Samples a candidate's score is the time for: the global batch where the request fixes it, else
+        None (a data-parallel step's, `evaluate.normalized_step`)."""
+        return float(self.rules.global_batch) if self.rules.global_batch is not None else None
+
+    def register(self, mesh: MeshChoice) -> int:
+        """The index of a layout in `meshes`, appending it the first time."""
+        index = self.mesh_index.get(mesh)
+        if index is None:
+            index = self.mesh_index[mesh] = len(self.meshes)
+            self.meshes.append(mesh)
+        return index
 
     def _shard_limits(self) -> np.ndarray:
         """Most parameter-server shards per variable: the room kept per variable, capped by axis 0."""
@@ -170,7 +243,7 @@ def space_size(graph: ModelGraph, resources: ResourceSpec, options: SearchOption
 def size_of(space: Space) -> SpaceSize:
     counts = _VariableCounts(space)
     fusion = max(0, space.num_variables - 1) * math.log10(2)
-    globals_ = math.log10(len(space.consistencies)) + math.log10(len(space.meshes))
+    globals_ = math.log10(len(space.consistencies)) + math.log10(space.first_meshes)
     knobs = {
         "synchronizer": float(np.where(counts.sparse, 0.0, math.log10(3)).sum()),
         "ps_placement": float(counts.placements.sum()),
@@ -180,18 +253,24 @@ def size_of(space: Space) -> SpaceSize:
         "compressor": float(np.where(counts.sparse, 0.0, np.log10(counts.compressors)).sum()),
         "fusion": fusion,
         "consistency": math.log10(len(space.consistencies)),
-        "mesh": math.log10(len(space.meshes)),
+        "mesh": math.log10(space.first_meshes),
+        **_layout_knobs(space.rules),
     }
     notes = [
         "a parameter-server variable's shards are each placed on any server",
         "fusion counts contiguous groups in backward order over all variables (an upper bound)",
         "candidates that do not fit in memory are counted; the simulator rejects them per candidate",
     ]
-    if len(space.meshes) == 1:
+    if space.first_meshes == 1:
         notes.append(
             "mesh: pure data parallelism only (nothing to split, or one device per node and no place to cut stages)"
         )
-    notes += mesh_notes(space.context)
+    notes += mesh_notes(space.context, space.rules)
+    notes.append(
+        "mesh counts the layouts the search starts from; layouts, the legal layouts the descent walks "
+        "(degrees, micro-batches, schedule, recomputation, sequence parallelism, precision); zero, the ZeRO "
+        "stages and hybrid shard groups"
+    )
     return SpaceSize(
         log10_candidates=round(float(counts.per_variable.sum()) + fusion + globals_, 3),
         knobs={name: round(value, 3) for name, value in knobs.items()},
@@ -200,6 +279,43 @@ def size_of(space: Space) -> SpaceSize:
         parameter_servers=space.num_servers,
         notes=notes,
     )
+
+
+def _layout_knobs(rules: Rules) -> dict[str, float]:
+    """log10 of the legal layouts, and of each new dimension's own choices."""
+    layouts = 0
+    groups = 0
+    for tensor in rules.tensor:
+        for context in rules.context:
+            for pipeline in divisors(rules.devices // (tensor * context)):
+                if pipeline > rules.max_pipeline(tensor):
+                    break
+                data = rules.devices // (tensor * context * pipeline)
+                micro = _micro_options(rules, data, pipeline)
+                per = sum(len(rules.schedules(pipeline, m)) for m in micro)
+                sp = 2 if tensor > 1 and rules.sequence_parallel else 1
+                precision = sum(rules.precision_ok(p, tensor) for p in rules.precisions)
+                layouts += per * len(rules.recompute_modes(pipeline)) * sp * precision
+                groups = max(groups, len(rules.shard_groups(data, tensor, pipeline, context)))
+    return {
+        "layouts": math.log10(max(layouts, 1)),
+        "context": math.log10(len(rules.context)),
+        "recompute": math.log10(len(rules.recompute)),
+        "precision": math.log10(len(rules.precisions)),
+        "zero": math.log10(3 * (1 + groups)),
+    }
+
+
+def _micro_options(rules: Rules, data: int, pipeline: int) -> list[int]:
+    """Micro-batch counts a replica may run per step on this layout."""
+    if rules.global_batch is not None:
+        if rules.global_batch % data:
+            return []
+        per_replica = rules.global_batch // data
+        return [per_replica // size for size in divisors(per_replica)] if pipeline > 1 or rules.accumulate else [1]
+    if pipeline > 1:
+        return pipeline_micro_batches(rules.graph_batch, pipeline)
+    return divisors(rules.graph_batch) if rules.accumulate else [1]
 
 
 class _VariableCounts:

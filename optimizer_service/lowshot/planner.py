@@ -1,145 +1,28 @@
-"""Which few candidates of a job to run for real, and when to stop.
-
-A job may run only a handful of trials (default 4). The planner spends them so that the answer is
-(1) never worse than a measured builder baseline, (2) the predicted best is checked, and (3) the rest
-go where a trial is most likely to find something faster: lowest lower confidence bound or highest
-expected improvement, with a penalty for candidates of a family already tried, since two strategies
-of one family tend to be wrong in the same way. After each result the predictions are refitted (by a
-callback, e.g. the cost model refit on the new trial) and the planner stops as soon as the best is
-clear: its upper bound lies below every other candidate's lower bound.
-
-An uncalibrated cluster shows at the first measurement: when the job's first successful trial lands
-far from its prediction (`Relevel.far`: outside its interval, or more than 15% off), every candidate
-is re-levelled by that miss (its interval times measured / predicted) before the next choice, so the
-rest are judged on the level the cluster actually runs at. The level stays: later refits work on
-measurements divided by it and their intervals are multiplied by it.
-
-Pure logic on candidate ids and (low, mid, high) intervals; the service drives it:
-
-    planner = TrialPlanner(candidates, budget=4, update=CostModelUpdater(...))
-    while not planner.done():
-        for cid in planner.next_candidates(1):
-            planner.record(cid, run(cid))          # seconds, or TrialFailure(reason)
-    answer = planner.answer()
-"""
+"""The trial planner: which candidate to run next, what a result changes, when to stop (the package
+docstring says how)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 from scipy.stats import norm
 
-from simulator.learned import CostModel, TrainingRecord
-from stratagem.errors import InvalidDocumentError, Problem, StratagemError, TrialFailedError
-
-Interval = tuple[float, float, float]
-"""(low, mid, high) step time in seconds."""
-
-Updater = Callable[[Mapping[str, float]], Mapping[str, Interval]]
-"""Given every measured step time so far (id -> seconds), fresh intervals for some or all candidates."""
-
-
-class Acquisition(StrEnum):
-    lcb = "lcb"
-    """Lowest lower confidence bound: optimism in the face of uncertainty."""
-    ei = "ei"
-    """Highest expected improvement over the fastest measured so far (log-normal predictions)."""
-
-
-class InvalidPlanError(InvalidDocumentError):
-    def __init__(self, problems: list[Problem] | str) -> None:
-        super().__init__(problems, document="trial plan")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    id: str
-    low: float
-    mid: float
-    high: float
-    baseline: bool = False
-    """A pre-built builder's strategy: one of them is always measured, so the answer is never worse."""
-    family: str | None = None
-    """Candidates of one family (a builder, a synchronizer mix) are tried together only when nothing else looks as good."""
-
-
-@dataclass(frozen=True)
-class TrialFailure:
-    reason: str
-    outcome: str = "crash"
-
-
-@dataclass(frozen=True)
-class Answer:
-    candidate_id: str
-    step_time_s: float
-    low: float
-    high: float
-    source: str
-    """`measured` (a trial ran it) or `predicted` (its interval clears every measured candidate)."""
-    reason: str
-
-
-@dataclass(frozen=True)
-class Relevel:
-    """The rule for re-levelling on the first measurement, and what it did when it fired."""
-
-    relative: float = 0.15
-    """A first measurement more than this far from its prediction (either way) is far."""
-    outside_interval: bool = True
-    """A first measurement outside the prediction's (low, high) interval is far too."""
-
-    def far(self, measured: float, interval: Interval) -> bool:
-        low, mid, high = interval
-        off = abs(measured / mid - 1.0) > self.relative
-        return off or (self.outside_interval and not low <= measured <= high)
-
-
-DEFAULT_RELEVEL = Relevel()
-
-
-@dataclass(frozen=True)
-class Relevelled:
-    """A re-levelling that happened: which trial, by how much, and every candidate's level after it."""
-
-    candidate_id: str
-    predicted: Interval
-    """The measured candidate's interval when it ran."""
-    measured: float
-    factor: float
-    """measured / predicted mid: what every interval was multiplied by."""
-    applied: bool
-    """False when the first measurement was close enough: nothing was re-levelled."""
-    levelled: dict[str, float] = field(default_factory=dict)
-    """Each candidate's step-time prediction (interval mid) right after the re-levelling."""
-
-    def to_json(self, rule: Relevel) -> dict[str, object]:
-        low, mid, high = self.predicted
-        return {
-            "applied": self.applied,
-            "trial_strategy_id": self.candidate_id,
-            "predicted_s": mid,
-            "interval_s": [low, high],
-            "measured_s": self.measured,
-            "factor": self.factor,
-            "far_when": {"relative": rule.relative, "outside_interval": rule.outside_interval},
-            "relevelled_s": dict(self.levelled),
-            "reason": self.words(rule),
-        }
-
-    def words(self, rule: Relevel) -> str:
-        low, mid, high = self.predicted
-        where = f"{self.measured:.4g} s against {mid:.4g} s predicted (interval {low:.4g}–{high:.4g} s)"
-        if not self.applied:
-            return f"the first trial measured {where}: within {rule.relative:.0%} and the interval, so nothing was re-levelled"
-        return (
-            f"the first trial measured {where}, {self.factor:.2f}× its prediction: far from it (outside its "
-            f"interval or more than {rule.relative:.0%} off), so every untried candidate was re-levelled by "
-            f"{self.factor:.2f}× before the next choice"
-        )
+from optimizer_service.lowshot.relevel import DEFAULT_RELEVEL, Relevel, Relevelled
+from optimizer_service.lowshot.types import (
+    Acquisition,
+    Answer,
+    Candidate,
+    Interval,
+    InvalidPlanError,
+    TrialFailure,
+    Updater,
+)
+from optimizer_service.lowshot.updaters import (
+    SharedBiasUpdater,
+)
+from stratagem.errors import Problem, StratagemError, TrialFailedError
 
 
 @dataclass
@@ -418,81 +301,6 @@ def _expected_improvement(incumbent: float, low: float, mid: float, high: float,
     mu = math.log(mid)
     d = (math.log(incumbent) - mu) / sigma
     return float(incumbent * norm.cdf(d) - math.exp(mu + sigma**2 / 2) * norm.cdf(d - sigma))
-
-
-class SharedBiasUpdater:
-    """The default refit without a cost model: every trial says how far off the predictions are overall.
-
-    The mean log ratio measured/predicted, shrunk towards zero by `prior_trials` pseudo-trials, scales
-    every candidate's original interval. It corrects a shared bias and leaves the order alone.
-    """
-
-    def __init__(self, candidates: Sequence[Candidate], *, prior_trials: float = 1.0) -> None:
-        self.original = {c.id: (c.low, c.mid, c.high) for c in candidates}
-        self.prior_trials = prior_trials
-
-    def __call__(self, measured: Mapping[str, float]) -> dict[str, Interval]:
-        return _shift_by_bias(self.original, measured, self.prior_trials)
-
-
-class CostModelUpdater:
-    """Refit the cost model on earlier jobs' trials plus this job's, re-predict every candidate, then
-    remove what is left of this job's own bias as `SharedBiasUpdater` does.
-
-    The refit learns what this job's trials say about strategies like them; the bias step matters
-    because a job often sits off every earlier job as a whole (another machine load, another model),
-    and a few trials among many earlier ones barely move shallow, regularised trees.
-    """
-
-    def __init__(
-        self,
-        history: Sequence[TrainingRecord],
-        queries: Mapping[str, TrainingRecord],
-        make_model: Callable[[], CostModel] = CostModel,
-        *,
-        prior_trials: float = 1.0,
-    ) -> None:
-        self.history = list(history)
-        self.queries = dict(queries)
-        """Candidate id -> a record without a measurement (the simulator's prediction and summaries)."""
-        self.make_model = make_model
-        self.prior_trials = prior_trials
-
-    def __call__(self, measured: Mapping[str, float]) -> dict[str, Interval]:
-        trials = [
-            self.queries[cid].model_copy(update={"measured_step_time_s": seconds}) for cid, seconds in measured.items()
-        ]
-        model = self.make_model().fit(self.history + trials)
-        ids = list(self.queries)
-        low, mid, high = model.predict_interval([self.queries[cid] for cid in ids])
-        refitted = {cid: (float(lo), float(m), float(hi)) for cid, lo, m, hi in zip(ids, low, mid, high, strict=True)}
-        return _shift_by_bias(refitted, measured, self.prior_trials)
-
-
-def _shift_by_bias(
-    intervals: Mapping[str, Interval], measured: Mapping[str, float], prior_trials: float
-) -> dict[str, Interval]:
-    """Scale every interval by exp(mean log(measured / mid)), the mean shrunk by `prior_trials` pseudo-trials."""
-    ratios = [math.log(seconds / intervals[cid][1]) for cid, seconds in measured.items()]
-    shift = math.exp(sum(ratios) / (len(ratios) + prior_trials))
-    return {cid: (low * shift, mid * shift, high * shift) for cid, (low, mid, high) in intervals.items()}
-
-
-def candidates_from_model(
-    model: CostModel,
-    queries: Mapping[str, TrainingRecord],
-    *,
-    baselines: Sequence[str] = (),
-    families: Mapping[str, str] | None = None,
-) -> list[Candidate]:
-    """Candidates with the model's intervals, ready for a planner."""
-    ids = list(queries)
-    low, mid, high = model.predict_interval([queries[cid] for cid in ids])
-    baseline_ids, families = set(baselines), families or {}
-    return [
-        Candidate(cid, float(lo), float(m), float(hi), baseline=cid in baseline_ids, family=families.get(cid))
-        for cid, lo, m, hi in zip(ids, low, mid, high, strict=True)
-    ]
 
 
 def run_plan(planner: TrialPlanner, run: Callable[[str], float | TrialFailure], *, batch: int = 1) -> Answer:

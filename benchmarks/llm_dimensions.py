@@ -1,0 +1,346 @@
+"""The layout the search chooses beside the one published, for LLM runs others measured.
+
+For Llama-3 8B and 70B on H100 (torchtitan's published runs: `torchtitan_benchmarks` rows of
+`shared/published/gpu_measurements.csv`) and Megatron's 145B and 310B GPTs on 1536-1920 A100 (SC'21
+Table 1), each graph captured with `capture_hf_config` on the meta device at micro-batch 1 and the
+row's sequence, on the row's cluster, the search (engine runner, the row's global batch and precision,
+a 2 s budget) is run and both layouts are priced with `stratagem.predict`. Prints one JSON object:
+`rows`, one per distinct published layout (model, GPUs, sequence, layout, precision), with the
+published layout and its predicted tokens/s/GPU and MFU, the measured tokens/s/GPU, the chosen layout
+and its figures, and the search's seconds; `llama3_70b_64xh100`, the search alone for the 70B on 64 H100
+(no published run: the bf16 run's global batch per GPU, 2 sequences of 8192); `summary`.
+
+    python -m benchmarks.llm_dimensions [--csv PATH] [--budget 2.0] [--only llama3.1-8b ...]
+
+Clusters from the rows: H100 nodes of 8 with 400 Gb/s per GPU between nodes (torchtitan's Grand Teton
+H100s are the 96 GB HBM2e part at 500 W: pytorch/torchtitan docs/performance.md, 96 GB and 2.4 TB/s,
+the catalog's H100 peaks otherwise); A100-80GB DGX nodes with 8 × 200 Gb/s HDR InfiniBand (SC'21 §5).
+A row's layout is read the way the published benchmark reads it (torchtitan splits norms along the
+sequence under tensor parallelism; Megatron's `--fp16` keeps fp32 main weights: amp-fp16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optimizer_service.search import search
+from stratagem import Layout, predict
+from stratagem.hf import capture_hf_config
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
+from stratagem.ir.catalog import lookup
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV_NAME = Path("shared") / "published" / "gpu_measurements.csv"
+SOURCES = ("torchtitan_benchmarks", "megatron_sc21_table1")
+MODELS = ("llama3.1-8b", "llama3.1-70b", "megatron-gpt-145.6B", "megatron-gpt-310.1B")
+H100_96GB = "H100-SXM 96GB HBM2e (500W cap)"
+GPU_KINDS = {"A100-SXM4-80GB": "A100-80GB", H100_96GB: "H100"}
+INFINIBAND_LATENCY_US = 5.0
+"""One RDMA hop between nodes (docs/layouts.md's worked example)."""
+LLAMA3_ROPE = {"rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False}
+"""meta-llama/Meta-Llama-3-8B and -70B config.json beyond the row's numbers."""
+PRECISIONS = (("bf16 + float8", "fp8"), ("fp16", "amp-fp16"), ("bf16", "amp-bf16"))
+"""Source wording to precision (torchtitan's FSDP2 keeps fp32 shards under bf16 compute: amp-bf16)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    model: str
+    config: dict[str, Any]
+    precision: str
+    gpu: str
+    n_gpus: int
+    gpus_per_node: int
+    inter_node_gbps: float
+    global_batch: int
+    micro_batch: int
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    recompute: str
+    other: dict[str, Any]
+    measured_tokens_per_gpu: float
+
+    @property
+    def seq(self) -> int:
+        return int(self.config["seq"])
+
+    def key(self) -> tuple:
+        return (self.model, self.n_gpus, self.seq, self.precision, self.dp, self.tp, self.pp, self.micro_batch)
+
+
+def find_csv(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    for base in (ROOT, *ROOT.parents):
+        if (base / CSV_NAME).is_file():
+            return base / CSV_NAME
+    raise SystemExit(f"no {CSV_NAME} above {ROOT}; pass --csv")
+
+
+def read_rows(path: Path, models: tuple[str, ...]) -> list[Row]:
+    """The rows of these models, one per distinct layout (compile and async-TP variants state the same one)."""
+    out: dict[tuple, Row] = {}
+    with path.open() as handle:
+        for raw in csv.DictReader(handle):
+            config = json.loads(raw["model_config"])
+            if raw["source"] not in SOURCES or config.get("name") not in models or raw["gpu"] not in GPU_KINDS:
+                continue
+            row = _row(raw, config)
+            out.setdefault(row.key(), row)
+    return list(out.values())
+
+
+def _row(raw: dict[str, str], config: dict[str, Any]) -> Row:
+    other = json.loads(raw["other_layout"] or "{}")
+    global_batch, n_gpus = int(raw["global_batch"]), int(raw["n_gpus"])
+    if raw["measured_metric"] == "tokens_per_s_per_gpu":
+        measured = float(raw["measured_value"])
+    else:
+        measured = global_batch * int(config["seq"]) / (float(raw["derived_iteration_s"]) * n_gpus)
+    return Row(
+        source=raw["source"],
+        model=config["name"],
+        config=config,
+        precision=next(name for prefix, name in PRECISIONS if raw["precision"].lower().startswith(prefix)),
+        gpu=raw["gpu"],
+        n_gpus=n_gpus,
+        gpus_per_node=int(raw["gpus_per_node"]),
+        inter_node_gbps=float(raw["inter_node_gbps"] or 0),
+        global_batch=global_batch,
+        micro_batch=int(raw["micro_batch"]),
+        dp=int(raw["dp"]),
+        tp=int(raw["tp"]),
+        pp=int(raw["pp"]),
+        zero=int(raw["zero_stage"]),
+        recompute=next(m for m in ("none", "selective", "full") if raw["recompute"].lower().startswith(m)),
+        other=other,
+        measured_tokens_per_gpu=measured,
+    )
+
+
+# --- the model and the cluster ---------------------------------------------------------------
+
+
+def hf_config(row: Row) -> dict[str, Any]:
+    """Llama with grouped-query attention; Megatron's GPT as GPT-2 (learned positions over the sequence,
+    tied embeddings, GeLU, ffn 4h, vocabulary 51200)."""
+    c = row.config
+    if row.source == "megatron_sc21_table1":
+        return {
+            "model_type": "gpt2",
+            "n_layer": c["layers"],
+            "n_embd": c["hidden"],
+            "n_head": c["heads"],
+            "n_inner": c["ffn"],
+            "n_positions": c["seq"],
+            "vocab_size": c["vocab"],
+            "activation_function": "gelu",
+        }
+    return {
+        "model_type": "llama",
+        "num_hidden_layers": c["layers"],
+        "hidden_size": c["hidden"],
+        "num_attention_heads": c["heads"],
+        "num_key_value_heads": c["kv_heads"],
+        "intermediate_size": c["ffn"],
+        "vocab_size": c["vocab"],
+        **LLAMA3_ROPE,
+        "max_position_embeddings": max(LLAMA3_ROPE["max_position_embeddings"], row.seq),
+    }
+
+
+def cluster(gpu: str, n_gpus: int, per_node: int, inter_node_gbps: float) -> ResourceSpec:
+    kind = GPU_KINDS[gpu]
+    nodes = [
+        {"address": f"node{i:04d}", "chief": i == 0, "gpus": list(range(per_node)), "device": kind}
+        for i in range(n_gpus // per_node)
+    ]
+    spec: dict[str, Any] = {"name": f"{kind}x{n_gpus}", "nodes": nodes}
+    if len(nodes) > 1:
+        spec["network"] = {"kind": "infiniband", "bandwidth_gbps": inter_node_gbps, "latency_us": INFINIBAND_LATENCY_US}
+    if gpu == H100_96GB:
+        base = lookup("H100")
+        assert base is not None
+        spec["devices"] = {
+            "H100": base.model_copy(
+                update={"name": "H100-SXM-96GB-HBM2e", "memory_bytes": 96e9, "memory_bandwidth": 2.4e12}
+            ).model_dump(mode="json")
+        }
+    return ResourceSpec.parse(spec)
+
+
+def published_strategy(row: Row, graph: ModelGraph, resources: ResourceSpec) -> Strategy:
+    """The row's layout on the graph captured at one sample: built with micro-batches of the graph's one
+    sample, then stating the row's micro-batch size, so a step trains the row's global batch."""
+    context = int(row.other.get("cp", 1))
+    chunks = int(row.other.get("virtual_pipeline_chunks", 1))
+    count = row.global_batch // (row.micro_batch * row.dp)
+    layout = Layout(
+        data=row.dp,
+        tensor=row.tp,
+        pipeline=row.pp,
+        context=context,
+        micro_batch=graph.batch_size,
+        micro_batches=count,
+        schedule="interleaved-1f1b" if chunks > 1 else "1f1b",
+        virtual_stages=chunks,
+        zero=row.zero,
+        recompute=row.recompute,
+        precision=row.precision,
+        sequence_parallel=bool(row.other.get("seq_parallel")) or (row.source == SOURCES[0] and row.tp > 1),
+    )
+    return layout.build(graph, resources).replace(micro_batch_size=row.micro_batch)
+
+
+# --- one row ---------------------------------------------------------------------------------
+
+
+def describe(strategy: Strategy) -> dict[str, Any]:
+    mesh = strategy.effective_mesh
+    stages = {getattr(c.synchronizer, "stage", 0) for c in strategy.variables}
+    pipeline = strategy.pipeline
+    return {
+        "dp": mesh.data,
+        "tp": mesh.tensor,
+        "pp": mesh.pipeline,
+        "cp": mesh.context,
+        "micro_batch": strategy.micro_batch_size,
+        "micro_batches": strategy.micro_batches,
+        "schedule": pipeline.schedule if pipeline is not None and mesh.pipeline > 1 else None,
+        "virtual_stages": pipeline.virtual_stages if pipeline is not None else 1,
+        "zero": sorted(stages),
+        "recompute": strategy.recompute,
+        "sequence_parallel": strategy.sequence_parallel,
+        "precision": strategy.precision,
+    }
+
+
+def figures(graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> dict[str, Any]:
+    priced = predict(graph, resources, strategy)
+    devices = len(resources.compute_devices)
+    return {
+        "feasible": priced.feasible,
+        "step_time_s": round(priced.step_time_s, 3),
+        "tokens_per_s_per_gpu": round(priced.tokens_per_s / devices, 1) if priced.tokens_per_s else None,
+        "mfu": round(priced.mfu, 3) if priced.mfu is not None else None,
+        "memory_gb": round(priced.memory_per_device_bytes / 1e9, 1),
+        **({"infeasible_reason": priced.infeasible_reason} if not priced.feasible else {}),
+    }
+
+
+def compare(
+    graph: ModelGraph, resources: ResourceSpec, *, global_batch: int, precision: str, budget: float
+) -> tuple[Strategy, dict[str, Any]]:
+    started = time.perf_counter()
+    result = search(
+        graph,
+        resources,
+        time_budget_s=budget,
+        top_k=3,
+        runner="engine",
+        global_batch=global_batch,
+        precision=precision,
+    )
+    seconds = time.perf_counter() - started
+    best = result.candidates[0]
+    record = best.provenance.search or {}
+    return best, {
+        "search_s": round(seconds, 2),
+        "evaluated": result.evaluated,
+        "stopped_by": result.stopped_by,
+        "why": (record.get("composition") or {}).get("difference", {}) or {},
+    }
+
+
+def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[str, Any]:
+    graph = captured(row, graphs)
+    resources = cluster(row.gpu, row.n_gpus, row.gpus_per_node, row.inter_node_gbps)
+    published = published_strategy(row, graph, resources)
+    chosen, search_record = compare(
+        graph, resources, global_batch=row.global_batch, precision=row.precision, budget=budget
+    )
+    return {
+        "model": row.model,
+        "source": row.source,
+        "cluster": f"{row.n_gpus} × {GPU_KINDS[row.gpu]}",
+        "seq": row.seq,
+        "global_batch": row.global_batch,
+        "precision": row.precision,
+        "measured_tokens_per_s_per_gpu": round(row.measured_tokens_per_gpu, 1),
+        "published": {"layout": describe(published), **figures(graph, resources, published)},
+        "chosen": {"layout": describe(chosen), **figures(graph, resources, chosen)},
+        "search": {k: v for k, v in search_record.items() if k != "why"},
+        "why_chosen": search_record["why"].get("sentence"),
+    }
+
+
+def captured(row: Row, graphs: dict[tuple, ModelGraph]) -> ModelGraph:
+    key = (row.model, row.seq)
+    if key not in graphs:
+        graphs[key] = capture_hf_config(hf_config(row), batch=1, seq=row.seq, name=row.model)
+    return graphs[key]
+
+
+def rows_70b_64(rows: list[Row]) -> Iterator[Row]:
+    """The 70B's published bf16 run, on 64 H100 instead of 256: the 2 s search-time target."""
+    for row in rows:
+        if row.model == "llama3.1-70b" and row.precision == "amp-bf16":
+            yield row
+            return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--csv", default=None)
+    parser.add_argument("--budget", type=float, default=2.0)
+    parser.add_argument("--only", nargs="*", default=list(MODELS))
+    args = parser.parse_args()
+    rows = read_rows(find_csv(args.csv), tuple(args.only))
+    graphs: dict[tuple, ModelGraph] = {}
+    out: dict[str, Any] = {"budget_s": args.budget, "rows": []}
+    for row in sorted(rows, key=lambda r: (MODELS.index(r.model), r.n_gpus, r.seq, r.precision)):
+        out["rows"].append(run_row(row, args.budget, graphs))
+    for row in rows_70b_64(rows):
+        graph = captured(row, graphs)
+        resources = cluster(row.gpu, 64, 8, row.inter_node_gbps)
+        batch = row.global_batch * 64 // row.n_gpus
+        chosen, record = compare(graph, resources, global_batch=batch, precision=row.precision, budget=args.budget)
+        out["llama3_70b_64xh100"] = {
+            "global_batch": batch,
+            "chosen": {"layout": describe(chosen), **figures(graph, resources, chosen)},
+            "search": {k: v for k, v in record.items() if k != "why"},
+            "why_chosen": record["why"].get("sentence"),
+        }
+    out["summary"] = summary(out["rows"])
+    print(json.dumps(out, indent=1))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [
+        r["chosen"]["tokens_per_s_per_gpu"] / r["published"]["tokens_per_s_per_gpu"]
+        for r in rows
+        if r["published"]["feasible"] and r["published"]["tokens_per_s_per_gpu"] and r["chosen"]["tokens_per_s_per_gpu"]
+    ]
+    return {
+        "rows": len(rows),
+        "published_feasible": sum(r["published"]["feasible"] for r in rows),
+        "chosen_over_published_geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+        if ratios
+        else None,
+        "search_s_max": max((r["search"]["search_s"] for r in rows), default=None),
+    }
+
+
+if __name__ == "__main__":
+    main()
