@@ -33,9 +33,9 @@ about 80 % of NVLink's line rate, 370 of 450 GB/s per direction on H100: sjeauge
 12.2 GB/s through one 100 Gb/s EDR card: NVIDIA/nccl-tests#29). A ring carries 2(p-1)/p · n through
 every node's NIC; a double binary tree carries n through each NIC on two nodes (each node is the
 other's only peer in both trees) and up to 2n on more, so `B_tree` is twice the NIC share at m = 2
-(NCCL's 2-node bus bandwidths exceed the many-node ones: NVIDIA/nccl#1031). Protocol factors `eff_P`:
-LL 0.5, LL128 0.92 (NVLink nodes only, as NCCL enables it), Simple 1; the tree's LL 1/3.8 and LL128
-7/9 inside a node, 120/128 across. A step's latency on a link is the link's latency (one Simple ring
+(sjeaugey in NVIDIA/nccl#209: on two nodes a tree's bus bandwidth reaches up to twice the network's, not
+on 3+). Protocol factors `eff_P`: LL 0.5, LL128 0.92 (NVLink nodes only, as NCCL enables it), Simple 1;
+the tree's LL 1/3.8 and LL128 7/9 inside a node, 120/128 across. A step's latency on a link is the link's latency (one Simple ring
 step) times NCCL's ratio for the protocol and algorithm (`stratagem.ir.nccl`).
 """
 
