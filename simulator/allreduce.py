@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator import collectives, compression
+from simulator import collectives, compression, fsdp
 from simulator.context import SimContext
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Precision, SyncKind
 from simulator.pipeline import ComputePhase
@@ -63,6 +63,9 @@ class CollectivePhase:
     """[N] wire bytes all-reduced per step (after compression)."""
     latency_busy: np.ndarray
     """[N] the part of the channel's busy time (both kinds) that is collectives' latency, not bytes."""
+    device_share: np.ndarray
+    """[N] the share of the busy time that runs on one device's stream: 1 without a pipeline, the
+    busiest stage's share with one (each stage reduces only its own gradients, on its own devices)."""
 
 
 def collective_phase(
@@ -130,11 +133,13 @@ def collective_phase(
         rows_seconds, rows_bytes, rows_latency = _sparse_rows(context, batch, topo, sparse)
         service[:, V - 1] += rows_seconds
         busy, wire_total, latency_busy = busy + rows_seconds, wire_total + rows_bytes, latency_busy + rows_latency
+    finish, share = _stream_finish(context, batch, compute, service)
     return CollectivePhase(
-        finish=_stream_finish(context, batch, compute, service),
+        finish=finish,
+        device_share=share,
         allreduce_busy=busy,
         sharded_busy=_per_row(row, duration * sharded, n),
-        all_gather=_per_row(row, ag_time, n),
+        all_gather=_gather_seconds(context, batch, compute, row, row * V + position, ag_time),
         allreduce_bytes=wire_total,
         latency_busy=latency_busy,
     )
@@ -168,7 +173,9 @@ def _precision_bytes(context: SimContext, batch: CandidateBatch, wire: np.ndarra
     precision = batch.precision[scaled].astype(np.intp)
     rows[scaled] = captured * context.var_precision.gradient[precision]
     gathered = wire.copy()
-    gathered.reshape(len(batch), -1)[scaled] = captured * context.var_precision.gathered[precision]
+    gathered.reshape(len(batch), -1)[scaled] = (
+        captured * context.var_precision.gathered[precision] * fsdp.fp8_gather_scale(context, batch.fp8_gather[scaled])
+    )
     return gathered
 
 
@@ -212,21 +219,53 @@ def _sparse_rows(
 
 def _stream_finish(
     context: SimContext, batch: CandidateBatch, compute: ComputePhase, service: np.ndarray
-) -> np.ndarray:
-    """[N] when the collective stream drains. Pipeline stages live on different devices, each data-parallel
-    group reducing only its stage's gradients, so a pipelined candidate has one stream per stage (a group
-    belongs to the stage of its last member) and drains when the slowest stage's does."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """[N] when the collective stream drains, and the share of its busy time on the busiest device.
+    Pipeline stages live on different devices, each data-parallel group reducing only its stage's
+    gradients, so a pipelined candidate has one stream per stage (a group belongs to the stage of its
+    last member) and drains when the slowest stage's does."""
     finish = fifo_dense(compute.ready_dense(), service)
+    share = np.ones(len(batch))
     rows = compute.piped
     if rows.size == 0:
-        return finish
+        return finish, share
     stage = compute.piped_var_stage[:, context.order]
     piped_service = service[rows]
-    stages = np.zeros(rows.size)
+    stages, busiest = np.zeros(rows.size), np.zeros(rows.size)
     for s in range(int(batch.pipeline[rows].max())):
-        stages = np.maximum(stages, fifo_dense(compute.piped_ready, np.where(stage == s, piped_service, 0.0)))
+        on_stage = np.where(stage == s, piped_service, 0.0)
+        stages = np.maximum(stages, fifo_dense(compute.piped_ready, on_stage))
+        busiest = np.maximum(busiest, on_stage.sum(axis=1))
     finish[rows] = stages
-    return finish
+    total = piped_service.sum(axis=1)
+    share[rows] = np.divide(busiest, total, out=np.ones(rows.size), where=total > 0)
+    return finish, share
+
+
+def _gather_seconds(
+    context: SimContext,
+    batch: CandidateBatch,
+    compute: ComputePhase,
+    row: np.ndarray,
+    slot: np.ndarray,
+    seconds: np.ndarray,
+) -> np.ndarray:
+    """[N] seconds of the parameter all-gathers after the update. Each pipeline stage gathers its own
+    parameters on its own devices at the same time, so a pipelined candidate waits for the slowest stage."""
+    n, V = len(batch), context.num_variables
+    total = _per_row(row, seconds, n)
+    rows = compute.piped
+    if rows.size == 0 or not seconds.any():
+        return total
+    dense = np.zeros((n, V))
+    dense.ravel()[slot] = seconds
+    stage = compute.piped_var_stage[:, context.order]
+    piped = dense[rows]
+    slowest = np.zeros(rows.size)
+    for s in range(int(batch.pipeline[rows].max())):
+        slowest = np.maximum(slowest, np.where(stage == s, piped, 0.0).sum(axis=1))
+    total[rows] = slowest
+    return total
 
 
 def _per_row(row: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -343,19 +382,37 @@ def _group_seconds(
     return seconds, latency
 
 
+RING_CHOICES = (0, 3, 4)
+TREE_CHOICES = (1, 5, 6)
+"""Rows of `_allreduce_cost`'s table holding a ring (Simple, LL, LL128) and a tree (Simple, LL, LL128)."""
+
+
 def _allreduce_cost(
     topo: Topology, row: np.ndarray, algorithm: np.ndarray, nbytes: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds of one all-reduce of `nbytes` per group under its algorithm (`auto`: whichever of ring,
-    tree and hierarchical is cheapest for those bytes), and the latency of the algorithm so chosen (the
-    cheapest at zero bytes can be another one in a multi-node cluster)."""
+    """Seconds of one all-reduce of `nbytes` per group under its algorithm, and the latency of the choice.
+
+    `auto` takes whichever of ring, tree and hierarchical is cheapest for those bytes; under NCCL (GPU
+    candidates) it is NCCL's own choice among its ring and tree in each protocol and NVLink SHARP, and a
+    named ring or tree still runs the cheapest protocol of that algorithm, as NCCL's tuner picks it
+    (`topology.Topology.protocols`: ring LL, ring LL128, tree LL, tree LL128, NVLS)."""
     coefficients = [(t[0].take(row), t[1].take(row)) for t in (topo.ring, topo.tree, topo.hierarchical)]
+    coefficients += [(t[0].take(row), t[1].take(row)) for t in topo.protocols]
     seconds = np.stack([collectives.cost(c, nbytes) for c in coefficients])
     latencies = np.stack([c[0] for c in coefficients])
+    columns = np.arange(nbytes.size)
+    if topo.protocols:
+        nccl = topo.nccl.take(row)
+        ring = np.array(RING_CHOICES).take(seconds[list(RING_CHOICES)].argmin(axis=0))
+        tree = np.array(TREE_CHOICES).take(seconds[list(TREE_CHOICES)].argmin(axis=0))
+        gloo_only = (np.arange(len(coefficients)) == 2)[:, None] & nccl[None, :]
+        best = np.where(gloo_only, np.inf, seconds).argmin(axis=0)
+        ring, tree = np.where(nccl, ring, 0), np.where(nccl, tree, 1)
+    else:
+        best, ring, tree = seconds.argmin(axis=0), np.zeros(row.size, dtype=np.intp), np.ones(row.size, dtype=np.intp)
     chosen = np.select(
         [algorithm == Algorithm.RING, algorithm == Algorithm.TREE, algorithm == Algorithm.HIERARCHICAL],
-        [0, 1, 2],
-        default=seconds.argmin(axis=0),
+        [ring, tree, np.full(row.size, 2)],
+        default=best,
     )
-    columns = np.arange(nbytes.size)
     return seconds[chosen, columns], latencies[chosen, columns]

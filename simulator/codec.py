@@ -108,6 +108,8 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.precision[i] = _PRECISIONS[strategy.precision]
     b.sequence_parallel[i] = strategy.sequence_parallel
     b.micro_batch_size[i] = strategy.micro_batch_size or 0
+    b.async_tp[i] = strategy.async_tensor_parallel
+    b.fp8_gather[i] = strategy.fp8_all_gather
     if strategy.pipeline is not None:
         b.micro_batches[i] = strategy.pipeline.micro_batches
         b.schedule[i] = _SCHEDULES[strategy.pipeline.schedule]
@@ -192,6 +194,8 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         precision=_PRECISION_NAMES[Precision(int(batch.precision[i]))],  # type: ignore[arg-type]
         sequence_parallel=bool(batch.sequence_parallel[i]),
         micro_batch_size=int(batch.micro_batch_size[i]) or None,
+        async_tensor_parallel=bool(batch.async_tp[i]),
+        fp8_all_gather=bool(batch.fp8_gather[i]),
         consistency=consistency,
         variables=variables,
         provenance=Provenance(builder=builder),

@@ -62,6 +62,10 @@ class DeviceKinds:
     """Share of communication time that can hide behind compute on this kind (1: all of it)."""
     comm_latency_contention: np.ndarray
     """Latencies a collective running during compute takes from it beyond that share (0 on GPUs)."""
+    is_gpu: np.ndarray
+    """[K] whether the kind's ranks reduce through NCCL (GPUs) rather than gloo (CPUs)."""
+    nvlink_sharp: np.ndarray
+    """[K] NVLS all-reduce bus bandwidth over the ring's inside one node (0: no NVLink SHARP)."""
     peaks: Peaks
     """Matmul, convolution and attention peaks per precision (`simulator.precision`)."""
 
@@ -108,6 +112,8 @@ class DeviceArrays:
     nic_latency: np.ndarray
     intra_bandwidth: np.ndarray
     intra_latency: np.ndarray
+    intra_nvlink: np.ndarray
+    """[M] whether the node's devices are joined by NVLink (NCCL's link class: LL128 and NVLS need it)."""
     nic_gbps: np.ndarray
     server_price: ServerPrice
     kinds: DeviceKinds
@@ -236,6 +242,8 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, spars
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),
         comm_overlap=np.array([s.comm_overlap for s in specs]),
         comm_latency_contention=np.array([s.comm_latency_contention for s in specs]),
+        is_gpu=np.array([s.is_gpu for s in specs], dtype=bool),
+        nvlink_sharp=np.array([s.nvlink_sharp or 0.0 for s in specs]),
         peaks=peaks(specs, dtype),
     )
 
@@ -256,4 +264,5 @@ def _link_arrays(resources: ResourceSpec) -> dict[str, np.ndarray]:
         "nic_gbps": np.array([link.bandwidth_gbps for link in nics]),
         "intra_bandwidth": np.array([link.bytes_per_s for link in intra]),
         "intra_latency": np.array([link.latency_s for link in intra]),
+        "intra_nvlink": np.array([link.kind == "nvlink" for link in intra], dtype=bool),
     }

@@ -30,6 +30,8 @@ Per candidate, shape [N]:
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
 | `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
 | `micro_batch_size` | int32 | samples per micro-batch (`Strategy.micro_batch_size`): the row is priced on the graph scaled to `micro_batch_size × micro_batches` samples per replica step (`simulator.step_graph`); 0 = the graph's batch is the replica's step |
+| `async_tp` | bool | async tensor parallelism: sequence parallelism's collectives overlapped piece by piece with their matmuls (needs `sequence_parallel`) |
+| `fp8_gather` | bool | ZeRO-3 gathers the fp8 Linears' weights in fp8 (needs FP8 precision) |
 
 Per candidate and device, shape [N, D]: `replicas` (bool) — the devices that run the model. Ranks are
 assigned in device-table order (node by node), tensor innermost, then context, then pipeline, then
@@ -139,6 +141,8 @@ PER_CANDIDATE: dict[str, Any] = {
     "sequence_parallel": np.bool_,
     "shard_group": np.int32,
     "micro_batch_size": np.int32,
+    "async_tp": np.bool_,
+    "fp8_gather": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -186,6 +190,8 @@ class CandidateBatch:
     shard_group: np.ndarray
     zero_stage: np.ndarray
     micro_batch_size: np.ndarray
+    async_tp: np.ndarray
+    fp8_gather: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -230,6 +236,8 @@ class CandidateBatch:
             shard_group=np.zeros(n, np.int32),
             zero_stage=np.full((n, V), 2, np.int8),
             micro_batch_size=np.zeros(n, np.int32),
+            async_tp=np.zeros(n, np.bool_),
+            fp8_gather=np.zeros(n, np.bool_),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -354,6 +362,8 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
     problems += _first_bad(
         "micro_batch_size", (b.micro_batch_size < 0) | (b.micro_batch_size >= 1 << 20), "must be in [0, 2^20)"
     )
+    problems += _first_bad("async_tp", b.async_tp & ~b.sequence_parallel, "needs sequence_parallel")
+    problems += _first_bad("fp8_gather", b.fp8_gather & (b.precision != Precision.FP8), "needs FP8 precision")
     problems += _first_bad("tensor", b.tensor >= 1 << 12, "must be < 4096")
     problems += _first_bad("context_parallel", b.context_parallel >= 1 << 12, "must be < 4096")
     group = b.shard_group

@@ -16,10 +16,13 @@ staleness bound s (in steps), but the busiest PS NIC must still carry a step's t
     local = max(compute_end, collectives_done) + update + all_gather
     ssp   = max(local, ps_throughput, bsp - s · local)        asp = max(local, ps_throughput)
 
-Where compute and communication share cores (a CPU rank under gloo; `DeviceSpec.comm_overlap` < 1),
-the part of each channel's transfers that ran during compute slows compute by (1 - overlap) of it,
-and every completion above moves by that much (`_stolen`); on GPUs (overlap 1) nothing moves. On such
-cores each collective on the collective stream that runs during compute also takes
+Where compute and communication share the device (`DeviceSpec.comm_overlap` < 1: a CPU rank under
+gloo, whose cores take turns; a GPU, whose NCCL kernels hold SMs and memory bandwidth while compute
+runs), the part of each channel's transfers that ran during compute slows compute by (1 - overlap) of
+it, and every completion above moves by that much (`_stolen`); with a pipeline only the busiest
+stage's share of the channel runs on any one device. A GPU worker's parameter-server traffic moves by
+copy engines and the host's NIC and takes nothing from its compute. On CPU cores each
+collective on the collective stream that runs during compute also takes
 `comm_latency_contention` times its latency from it (its hand-offs wait for a core the compute holds),
 so many small collectives launched in backward cost more than one large one carrying the same bytes
 (a PS node's traffic pays the overlap share only):
@@ -137,7 +140,14 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     )
     kinds = context.kinds
     step, breakdown = _compose(
-        batch, compute, coll, ps, update, kinds.comm_overlap[topo.kind], kinds.comm_latency_contention[topo.kind]
+        batch,
+        compute,
+        coll,
+        ps,
+        update,
+        kinds.comm_overlap[topo.kind],
+        kinds.comm_latency_contention[topo.kind],
+        ps_overlap=np.where(topo.nccl, 1.0, kinds.comm_overlap[topo.kind]),
     )
     global_batch = context.batch_size * batch.data.astype(np.float64)
     samples = np.divide(global_batch, step, out=np.zeros_like(step), where=step > 0)
@@ -159,12 +169,14 @@ def _compose(
     update: np.ndarray,
     overlap: np.ndarray,
     contention: np.ndarray,
+    *,
+    ps_overlap: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     end = compute.end
     busy = coll.allreduce_busy + coll.sharded_busy
     latency_share = np.divide(coll.latency_busy, busy, out=np.zeros_like(busy), where=busy > 0)
-    stolen_c = _stolen(end, coll.finish, busy, overlap, contention * latency_share)
-    stolen_p = _stolen(end, ps.finish, ps.throughput + ps.last_pull, overlap, np.zeros_like(overlap))
+    stolen_c = _stolen(end, coll.finish, busy * coll.device_share, overlap, contention * latency_share)
+    stolen_p = _stolen(end, ps.finish, ps.throughput + ps.last_pull, ps_overlap, np.zeros_like(overlap))
     collectives_done = np.maximum(end, coll.finish) + stolen_c + stolen_p
     local = collectives_done + update + coll.all_gather
     bsp = np.maximum(collectives_done, ps.finish + stolen_c + stolen_p) + update + coll.all_gather

@@ -13,7 +13,9 @@ micro-batch and reduce-scatters each one, torchtitan's default):
     forward:  a unit starts when the unit before has finished and its own gather has landed
     backward: the same in reverse, each unit's reduce-scatter queued after the gather it prefetched
 
-What the channel adds to the compute is exposed; so is the last reduce-scatter's tail. Under hybrid
+What the channel adds to the compute is exposed; so is the last reduce-scatter's tail. The rest of the
+channel's time runs during compute and slows it by (1 - `comm_overlap`) of itself, as every collective
+stream does (`engine._stolen`). Under hybrid
 sharding each unit's reduce-scatter over the shard group is followed by the all-reduce of its shard
 across the groups. Memory: 1/S of parameters, gradients and optimizer state, plus the gathered
 parameters of the unit computing and the one prefetched.
@@ -69,7 +71,29 @@ def unit_bytes(context: SimContext, batch: CandidateBatch, rows: np.ndarray) -> 
             rows.size, U
         )
 
-    return per_unit(per_rank * table.gathered[precision]), per_unit(per_rank * table.gradient[precision])
+    gathered = per_rank * table.gathered[precision] * fp8_gather_scale(context, batch.fp8_gather[rows])
+    return per_unit(gathered), per_unit(per_rank * table.gradient[precision])
+
+
+FP8_GATHER_SCALE = 0.5
+"""Bytes of an fp8 weight gathered over its bf16 bytes (torchao's `enable_fsdp_float8_all_gather`)."""
+
+
+def fp8_weights(context: SimContext) -> np.ndarray:
+    """[V] the variables torchao's float8 training converts, whose weights FSDP can gather in fp8: the 2-D
+    weights of matmul layers with both dimensions multiples of 16 (`stratagem.runtime.precision.convert_fp8`)."""
+    by_name = {v.name: v for v in context.graph.variables}
+    shapes = [by_name[name].shape for name in context.variable_names]
+    linear = context.layer_matmul.take(context.var_layer)
+    return linear & np.array([len(shape) == 2 and shape[0] % 16 == 0 and shape[1] % 16 == 0 for shape in shapes])
+
+
+def fp8_gather_scale(context: SimContext, rows_fp8: np.ndarray) -> np.ndarray | float:
+    """[r, V] (or 1.0) what each gathered byte of the rows weighs: half for the fp8 weights of rows that
+    gather them in fp8."""
+    if not rows_fp8.any():
+        return 1.0
+    return np.where(rows_fp8[:, None] & fp8_weights(context)[None, :], FP8_GATHER_SCALE, 1.0)
 
 
 def full_shard(
@@ -86,6 +110,8 @@ def full_shard(
     shard = topo.shard_degree[rows, None]
     scatter = _cost(topo.shard_reduce_scatter, rows, grads) + _cost(topo.replicate, rows, grads / shard)
     per_micro = exposed(unit_fwd, unit_bwd, gather, scatter)
+    hidden = np.maximum(2 * gather.sum(axis=1) + scatter.sum(axis=1) - per_micro, 0.0)
+    per_micro = per_micro + (1.0 - context.kinds.comm_overlap[topo.kind[rows]]) * hidden
     working = params + np.concatenate([params[:, 1:], np.zeros((rows.size, 1))], axis=1)
     return FullShard(rows, per_micro * batch.micro_batches[rows], working.max(axis=1, initial=0.0))
 

@@ -172,13 +172,20 @@ def _grad_fill_bytes(layer: Layer, graph: ModelGraph) -> float:
 def _row_parallel(graph: ModelGraph, index: dict[str, int], matmul: np.ndarray) -> np.ndarray:
     """Megatron splits a column-parallel matmul (widens) and a row-parallel one (narrows back) and
     all-reduces only the latter's output. A matmul whose output is no wider than its input is taken
-    as row-parallel. Separate q/k/v projections are over-counted by this rule (see docs)."""
+    as row-parallel, unless another matmul reads the same input: projections side by side (separate
+    q, k and v; a gated MLP's gate and up) are one column-parallel group whose input is gathered once."""
+    readers: dict[str, int] = {}
+    for i, layer in enumerate(graph.layers):
+        if matmul[i] and layer.kind != LayerKind.attention:
+            for name in layer.inputs:
+                readers[name] = readers.get(name, 0) + 1
     out = np.zeros(len(graph.layers), dtype=bool)
     for i, layer in enumerate(graph.layers):
         if not matmul[i] or layer.kind == LayerKind.attention:
             continue
         inputs = sum(graph.layers[index[name]].output_bytes for name in layer.inputs)
-        out[i] = bool(layer.inputs) and 0 < layer.output_bytes <= inputs
+        siblings = any(readers.get(name, 0) > 1 for name in layer.inputs)
+        out[i] = bool(layer.inputs) and 0 < layer.output_bytes <= inputs and not siblings
     return out
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator import activations, context_parallel, fsdp, schedules
+from simulator import activations, collectives, context_parallel, fsdp, schedules
 from simulator.activations import block_peak
 from simulator.compute import PLAIN, Knobs, layer_times
 from simulator.context import SimContext
@@ -136,13 +136,14 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
 
 MICRO_BITS, TENSOR_BITS = 20, 12
 """Bits of the micro-batch count and of the tensor degree in a configuration key (`validate` bounds both);
-the context degree takes the next 12, then the flags, the precision and the device kind."""
+the context degree takes the next 12, then the flags, the precision, async TP and the device kind."""
 
 
 def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique (kind, knobs, tensor, micro-batches) keys of `rows` and each row's index among them."""
     key = (
-        (kind.astype(np.int64) << 50)
+        (kind.astype(np.int64) << 52)
+        | (batch.async_tp[rows].astype(np.int64) << 51)
         | (batch.precision[rows].astype(np.int64) << 47)
         | (batch.recompute[rows].astype(np.int64) << 46)
         | (batch.selective[rows].astype(np.int64) << 45)
@@ -165,6 +166,7 @@ class Config:
     recompute: bool
     selective: bool
     knobs: Knobs
+    async_tp: bool = False
 
     @classmethod
     def decode(cls, key: np.int64) -> Config:
@@ -189,7 +191,8 @@ def _decode(k: int) -> Config:
         sequence_parallel=bool((k >> 44) & 1),
     )
     return Config(
-        kind=k >> 50,
+        kind=k >> 52,
+        async_tp=bool((k >> 51) & 1),
         tensor=(k >> MICRO_BITS) & 0xFFF,
         micro=k & 0xFFFFF,
         recompute=bool((k >> 46) & 1),
@@ -247,10 +250,17 @@ def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.n
         scale = _wire_scale(context, config)
         wire = context.output_bytes if scale == 1.0 else context.output_bytes * scale
         totals[u] = micro * (fwd.sum() + bwd.sum())
-        tp_total[u] = micro * (row.sum() + back.sum()) * lat + (wire * (row + back)).sum() * inv
-        tp_count = _exclusive_cumsum(back)[context.var_layer][context.order]
-        tp_bytes = _exclusive_cumsum(back * wire)[context.var_layer][context.order]
-        offsets[u] = _exclusive_cumsum(bwd)[context.var_layer][context.order] + tp_count * lat + tp_bytes / micro * inv
+        per = lat + wire / micro * inv  # one tensor-parallel collective per micro-batch, per layer
+        tp_f, tp_b = row * per, back * per
+        if config.async_tp:
+            overlap = context.kinds.comm_overlap[config.kind]
+            tp_f = collectives.async_tensor_parallel(tp_f, fwd, config.tensor, overlap)
+            tp_b = collectives.async_tensor_parallel(tp_b, bwd, config.tensor, overlap)
+        tp_total[u] = micro * (tp_f.sum() + tp_b.sum())
+        offsets[u] = (
+            _exclusive_cumsum(bwd)[context.var_layer][context.order]
+            + _exclusive_cumsum(tp_b)[context.var_layer][context.order]
+        )
         ring_f: np.ndarray | float = 0.0
         ring_b: np.ndarray | float = 0.0
         if config.knobs.context_parallel > 1:
@@ -269,7 +279,6 @@ def _flat(context: SimContext, batch: CandidateBatch, topo: Topology, rows: np.n
             offsets[u] += _exclusive_cumsum(exposed_b)[context.var_layer][context.order]
             ring_f, ring_b = exposed_f, exposed_b
         if units:
-            tp_f, tp_b = row * (lat + wire / micro * inv), back * (lat + wire / micro * inv)
             unit_fwd[u] = np.bincount(context.layer_unit, weights=fwd + tp_f + ring_f, minlength=units)
             unit_bwd[u] = np.bincount(context.layer_unit, weights=bwd + tp_b + ring_b, minlength=units)
     out.config[rows] = inverse
@@ -307,6 +316,12 @@ def _pipelined(context: SimContext, batch: CandidateBatch, topo: Topology, rows:
     tp = context.layer_tp_allreduce * (latency[:, None] + wire / m[:, None] * per_byte[:, None])
     tp_back = tp * (1.0 + recompute[:, None] * context.layer_recomputed)
     fwd, bwd, weight = fwd_table[inverse], bwd_table[inverse], weight_table[inverse]
+    pieced = batch.async_tp[rows]
+    if pieced.any():
+        degree = batch.tensor[rows, None].astype(float)
+        overlap = context.kinds.comm_overlap[topo.kind[rows]][:, None]
+        tp = np.where(pieced[:, None], collectives.async_tensor_parallel(tp, fwd, degree, overlap), tp)
+        tp_back = np.where(pieced[:, None], collectives.async_tensor_parallel(tp_back, bwd, degree, overlap), tp_back)
     ring_f, ring_b = _ring(context, batch, topo, rows, fwd, bwd)
     chunk = batch.layer_stage[rows].astype(np.intp)
     rank = chunk if (virtual == 1).all() else schedules.chunk_rank(chunk, batch.pipeline[rows], schedule, virtual)

@@ -15,6 +15,13 @@ Ranks fill the device table node by node, tensor innermost (`rank = ((d·P + p)�
 - reduce-scatter and all-gather reach the pacing device kind's `scatter_efficiency` of that bandwidth
   (below 1 where the collective library has no ring for them, as gloo on CPU); an all-gather into
   one tensor per rank (`row_gather`: sparse rows, top-k) reaches its `gather_efficiency`.
+
+GPU candidates (the pacing kind `is_gpu`) reduce through NCCL, priced by its own cost model
+(`simulator.collectives`): ring and tree are NCCL's, each with its LL, LL128 and Simple protocols
+(`protocols`), plus NVLink SHARP for a group inside one NVSwitch node; `auto` is NCCL's choice among
+them. The two-level `hierarchical` all-reduce is the runtime's own (reduce inside the node, all-reduce
+across, broadcast back), priced only where a strategy names it. Every rank of a node that sends
+through the NIC at once shares it: a pipeline boundary's sends are the T·C ranks of a stage.
 """
 
 from __future__ import annotations
@@ -64,6 +71,11 @@ class Topology:
     shard_all_gather: Pair
     replicate: Pair
     """All-reduce of a shard across the R = data / shard_group groups (free when R = 1)."""
+    nccl: np.ndarray
+    """[N] whether the candidate reduces through NCCL (its pacing kind is a GPU)."""
+    protocols: list[Pair]
+    """NCCL's other all-reduce choices beside `ring` and `tree` (their Simple protocol): ring LL and LL128,
+    tree LL and LL128, NVLink SHARP; infinite latency where a candidate has no such choice."""
 
 
 def topology(context: SimContext, batch: CandidateBatch) -> Topology:
@@ -101,6 +113,17 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     band = np.where(crosses, np.minimum(links.band_i, band_e), links.band_i)
 
     ring = _pair(collectives.ring_allreduce(degree, alpha, band))
+    tree = _pair(collectives.tree_allreduce(degree, alpha, band))
+    nccl = context.kinds.is_gpu[kind]
+    nvlink = np.where(used, context.intra_nvlink, True).all(axis=1)
+    protocols: list[Pair] = []
+    if nccl.any():
+        nccl_ring, nccl_tree, protocols = _nccl_allreduce(
+            context, kind, links, nvlink, degree, k, m, crossings=crosses, band=band, band_e=band_e
+        )
+        ring = _select(nccl, nccl_ring, ring)
+        tree = _select(nccl, nccl_tree, tree)
+        protocols = [_select(nccl, choice, _never(len(batch))) for choice in protocols]
     hier = _pair(
         collectives.hierarchical_allreduce(
             k, m, links.alpha_i, links.band_i, links.alpha_e, np.minimum(band_e, links.band_i)
@@ -112,10 +135,19 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     tp_crosses = tensor > per_node
     tp_alpha = np.where(tp_crosses, links.alpha_e, links.alpha_i)
     tp_band = np.where(tp_crosses, np.minimum(links.band_i, links.band_nic), links.band_i)
+    tp_pair = _pair(collectives.ring_allreduce(tensor, tp_alpha, tp_band))
+    if nccl.any():
+        tp_nodes = np.where(tp_crosses, np.ceil(tensor / np.maximum(per_node, 1)), 1.0)
+        tp_ring = _pair(collectives.nccl_ring_allreduce(tensor, tp_nodes, links.alpha_i, links.alpha_e, tp_band, 2))
+        tp_pair = _select(nccl, tp_ring, tp_pair)
     pp_crosses = block > per_node
     scatter = context.kinds.scatter_efficiency[kind]
     reduce_scatter = _pair(collectives.reduce_scatter(degree, alpha, band * scatter))
     all_gather = _pair(collectives.all_gather(degree, alpha, band * scatter))
+    if nccl.any():
+        nccl_scatter = _nccl_scatter(links, degree, m, band * scatter)
+        reduce_scatter = _select(nccl, nccl_scatter, reduce_scatter)
+        all_gather = _select(nccl, nccl_scatter, all_gather)
     shard = _shard_groups(batch, links, per_node, cp_on_node, block, scatter, reduce_scatter, all_gather)
     cp_crosses = tensor * cp > per_node
     cp_band = np.minimum(links.band_i, links.band_nic / np.clip(per_node / cp_on_node, 1, None))
@@ -124,17 +156,24 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
         capacity=capacity,
         copies=per_node_count / stride[:, None],
         ring=ring,
-        tree=_pair(collectives.tree_allreduce(degree, alpha, band)),
+        tree=tree,
         hierarchical=hierarchical,
         reduce_scatter=reduce_scatter,
         all_gather=all_gather,
         row_gather=_pair(collectives.all_gather(degree, alpha, band * context.kinds.gather_efficiency[kind])),
         half_reduce=context.kinds.half_reduce_efficiency[kind],
-        tensor=_pair(collectives.ring_allreduce(tensor, tp_alpha, tp_band)),
+        tensor=tp_pair,
         p2p=_pair(
             collectives.send(
                 np.where(pp_crosses, links.alpha_e, links.alpha_i),
-                np.where(pp_crosses, np.minimum(links.band_nic, links.band_i), links.band_i),
+                np.where(
+                    pp_crosses,
+                    np.minimum(
+                        links.band_nic / np.where(nccl, np.clip(np.minimum(per_node, tensor * cp), 1, None), 1.0),
+                        links.band_i,
+                    ),
+                    links.band_i,
+                ),
             )
         ),
         dp_crosses_nodes=crosses,
@@ -149,6 +188,8 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
         shard_reduce_scatter=shard[1],
         shard_all_gather=shard[2],
         replicate=shard[3],
+        nccl=nccl,
+        protocols=protocols,
     )
 
 
@@ -205,6 +246,63 @@ def _shard_groups(
         (np.where(hybrid, ag[0], all_gather[0]), np.where(hybrid, ag[1], all_gather[1])),
         (np.where(hybrid, replicate[0], 0.0), np.where(hybrid, replicate[1], 0.0)),
     )
+
+
+def _nccl_allreduce(
+    context: SimContext,
+    kind: np.ndarray,
+    links: Links,
+    nvlink: np.ndarray,
+    degree: np.ndarray,
+    k: np.ndarray,
+    m: np.ndarray,
+    *,
+    crossings: np.ndarray,
+    band: np.ndarray,
+    band_e: np.ndarray,
+) -> tuple[Pair, Pair, list[Pair]]:
+    """NCCL's ring and tree (Simple protocol) and its other choices for the data-parallel group: k ranks
+    per node on m nodes. A tree carries n through each NIC on two nodes, half a ring's, and 2n on more."""
+    nodes = np.where(crossings, m, 1.0)
+    per_node = np.where(crossings, k, degree)
+
+    def steps(algorithm: str, protocol: int) -> tuple[np.ndarray, np.ndarray]:
+        inside = np.where(
+            nvlink,
+            collectives.step_latency(links.alpha_i, "nvlink", algorithm, protocol),
+            collectives.step_latency(links.alpha_i, "pcie", algorithm, protocol),
+        )
+        return inside, np.asarray(collectives.step_latency(links.alpha_e, "net", algorithm, protocol))
+
+    tree_band = np.where(crossings, np.minimum(links.band_i, band_e * np.where(nodes == 2, 2.0, 1.0)), band)
+    ring = {p: _pair(collectives.nccl_ring_allreduce(degree, nodes, *steps("ring", p), band, p)) for p in range(3)}
+    tree = {
+        p: _pair(collectives.nccl_tree_allreduce(per_node, nodes, *steps("tree", p), tree_band, p)) for p in range(3)
+    }
+    never = _never(len(degree))
+    ll128 = nvlink  # NCCL enables LL128 only where the node's GPUs share NVLink
+    choices = [ring[0], _select(ll128, ring[1], never), tree[0], _select(ll128, tree[1], never)]
+    sharp = context.kinds.nvlink_sharp[kind]
+    nvls = (sharp > 0) & nvlink & ~crossings
+    if nvls.any():
+        step = collectives.step_latency(links.alpha_i, "nvlink", "nvls", 2)
+        nvls_pair = _pair(collectives.nccl_nvls_allreduce(degree, step, links.band_i * np.maximum(sharp, 1e-9)))
+        choices.append(_select(nvls, nvls_pair, never))
+    return ring[2], tree[2], choices
+
+
+def _nccl_scatter(links: Links, degree: np.ndarray, m: np.ndarray, band: np.ndarray) -> Pair:
+    """NCCL's ring reduce-scatter (or all-gather) over the data-parallel group, Simple protocol."""
+    return _pair(collectives.nccl_ring_scatter(degree, np.maximum(m, 1.0), links.alpha_i, links.alpha_e, band))
+
+
+def _select(mask: np.ndarray, chosen: Pair, other: Pair) -> Pair:
+    return np.where(mask, chosen[0], other[0]), np.where(mask, chosen[1], other[1])
+
+
+def _never(n: int) -> Pair:
+    """A choice no candidate takes (infinite latency)."""
+    return np.full(n, np.inf), np.zeros(n)
 
 
 def _pair(coefficients: tuple[collectives.Number, collectives.Number]) -> Pair:

@@ -77,6 +77,12 @@ class Layout(Document):
     """`fp32`, `tf32`, `amp-fp16`, `amp-bf16` (fp32 master weights), `bf16`, `fp8` (fp8 matmuls, bf16 elsewhere)."""
     sequence_parallel: bool = False
     """Norms and dropout split along the sequence inside the tensor group (needs tensor > 1)."""
+    async_tensor_parallel: bool = False
+    """Sequence parallelism's all-gathers and reduce-scatters overlapped with the matmuls they feed and
+    drain, piece by piece (torchtitan's `enable_async_tensor_parallel`; needs sequence_parallel)."""
+    fp8_all_gather: bool = False
+    """FSDP gathers the fp8 Linears' weights in fp8 (torchao's `enable_fsdp_float8_all_gather`; needs
+    precision fp8 and zero 3)."""
 
     @model_validator(mode="after")
     def _check_self(self) -> Self:
@@ -232,6 +238,20 @@ def layout_problems(layout: Layout) -> list[Problem]:
         problems.append(Problem("schedule", f"{layout.schedule} needs pipeline > 1 (pipeline is 1)"))
     if layout.sequence_parallel and layout.tensor in (1, None):
         problems.append(Problem("sequence_parallel", f"needs tensor > 1 (tensor is {layout.tensor or 1})"))
+    if layout.async_tensor_parallel and not layout.sequence_parallel:
+        problems.append(
+            Problem(
+                "async_tensor_parallel",
+                "needs sequence_parallel: it overlaps the collectives sequence parallelism makes",
+            )
+        )
+    if layout.fp8_all_gather and (layout.precision != "fp8" or layout.zero != 3):
+        problems.append(
+            Problem(
+                "fp8_all_gather",
+                f"needs precision fp8 and zero 3 (precision is {layout.precision}, zero is {layout.zero})",
+            )
+        )
     if layout.shard_group is not None:
         if layout.zero == 0:
             problems.append(Problem("shard_group", "hybrid sharding needs zero >= 1 (zero is 0)"))
@@ -286,6 +306,8 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
         recompute=strategy.recompute,
         precision=strategy.precision,
         sequence_parallel=strategy.sequence_parallel,
+        async_tensor_parallel=strategy.async_tensor_parallel,
+        fp8_all_gather=strategy.fp8_all_gather,
     )
 
 

@@ -35,7 +35,13 @@ from stratagem.tensor_plan import Split, candidate_splits
 LAYOUT_BUILDER = "Layout"
 """`provenance.builder` of a strategy `Layout.build` wrote."""
 FUSION_CHUNK = 128
-"""Variables per all-reduce (or shard) fusion group, as AutoDist's AllReduce builder groups them."""
+"""Variables per shard fusion group (ZeRO/FSDP), as AutoDist's AllReduce builder groups them."""
+MIB = 1024 * 1024
+DDP_BUCKET_BYTES = 25 * MIB
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+"""PyTorch DDP's gradient buckets (`bucket_cap_mb` 25 MiB; the first bucket, the last layers' gradients,
+closes at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB, so their all-reduce starts early):
+a zero-0 layout's all-reduce fusion groups."""
 
 
 def build_strategy(
@@ -83,6 +89,8 @@ def build_strategy(
         recompute=resolved.recompute,
         precision=resolved.precision,
         sequence_parallel=resolved.sequence_parallel,
+        async_tensor_parallel=resolved.async_tensor_parallel,
+        fp8_all_gather=resolved.fp8_all_gather,
         variables=_variables(graph, resolved, shared),
         provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
     )
@@ -160,18 +168,33 @@ def _variables(graph: ModelGraph, layout: Layout, shared: SharedParts | None) ->
 
 
 def synchronizers(graph: ModelGraph, layout: Layout) -> list[VariableConfig]:
-    """All-reduce for zero 0 (fused as AutoDist's AllReduce builder fuses), else ZeRO/FSDP sharding."""
+    """All-reduce for zero 0, fused into DDP's buckets (`ddp_buckets`), else ZeRO/FSDP sharding."""
     configs = []
+    buckets = ddp_buckets(graph) if layout.zero == 0 else []
     for index, variable in enumerate(graph.trainable_variables):
-        group = index // FUSION_CHUNK
         sync: AllReduceSynchronizer | ShardedSynchronizer = (
-            AllReduceSynchronizer(group=group)
+            AllReduceSynchronizer(group=buckets[index])
             if layout.zero == 0
-            else ShardedSynchronizer(group=group, stage=layout.zero, shard_group=layout.shard_group)
+            else ShardedSynchronizer(group=index // FUSION_CHUNK, stage=layout.zero, shard_group=layout.shard_group)
         )
         # Built from values checked here, so pydantic's per-field validation (most of a large model's build) is skipped.
         configs.append(VariableConfig.model_construct(var_name=variable.name, synchronizer=sync))
     return configs
+
+
+def ddp_buckets(graph: ModelGraph) -> list[int]:
+    """Each trainable variable's DDP bucket (graph order), as `DistributedDataParallel` assigns them:
+    parameters in reverse order (the order backward makes their gradients), a bucket closing once its
+    gradients reach the cap (1 MiB for the first, 25 MiB after). Bucket 0 is reduced first."""
+    variables = graph.trainable_variables
+    bucket = [0] * len(variables)
+    current, filled = 0, 0
+    for index in range(len(variables) - 1, -1, -1):
+        bucket[index] = current
+        filled += variables[index].nbytes
+        if filled >= (DDP_FIRST_BUCKET_BYTES if current == 0 else DDP_BUCKET_BYTES):
+            current, filled = current + 1, 0
+    return bucket
 
 
 _SPLITS: OrderedDict[str | None, list[Split]] = OrderedDict()

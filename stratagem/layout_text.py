@@ -22,6 +22,8 @@ LAYOUT_KEYS: dict[str, str] = {
     "recompute": "recompute",
     "precision": "precision",
     "sp": "sequence_parallel",
+    "async_tp": "async_tensor_parallel",
+    "fp8_ag": "fp8_all_gather",
 }
 """Short key -> Layout field; the field names themselves are accepted too (`data=8`)."""
 ALIASES = {"ac": "recompute", "fsdp": "zero"}

@@ -157,7 +157,7 @@ def batch_fingerprint(batch: CandidateBatch, row: int, defaults: CandidateBatch)
     later = [name for name in DTYPES if name not in ENCODED_FIELDS]
     for name in (*ENCODED_FIELDS, *later):
         array = np.ascontiguousarray(getattr(batch, name)[row])
-        if name in later and np.array_equal(array, getattr(defaults, name)[0]):
+        if name in later and np.array_equal(array.ravel(), np.ravel(getattr(defaults, name)[0])):
             continue
         digest.update(name.encode())
         digest.update(str(array.dtype).encode())

@@ -32,6 +32,7 @@ TORCHTITAN_FIELDS = {
         "pipeline_parallel_microbatch_size",
         "pipeline_parallel_layers_per_stage",
         "context_parallel_degree",
+        "enable_async_tensor_parallel",
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "model": {"converters"},
@@ -93,6 +94,7 @@ ROUND_TRIPS = {
     "torchtitan": [
         "zero=3,mb=2,gbs=64,precision=amp-bf16",
         "tp=2,sp,zero=3,mb=2,gbs=32,recompute=selective,precision=amp-bf16",
+        "tp=2,sp,async_tp,zero=3,mb=2,gbs=32,precision=fp8,fp8_ag",
         "tp=2,pp=2,sp,zero=2,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=bf16,recompute=full",
         "pp=2,zero=3,mb=2,gbs=64,schedule=zero-bubble,vpp=2,precision=amp-bf16",
         "pp=2,zero=3,mb=2,gbs=64,schedule=gpipe",
@@ -108,7 +110,8 @@ ROUND_TRIPS = {
         "dp=16,mb=2,gbs=32",
     ],
     "megatron": [
-        "tp=2,pp=2,sp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16",
+        "tp=2,pp=2,sp,async_tp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16",
+        "tp=2,sp,mb=2,gbs=64,zero=3,precision=fp8,fp8_ag",
         "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8",
         "cp=2,mb=2,gbs=64,zero=3,recompute=full",
         "zero=2,mb=2,gbs=32,precision=amp-fp16",
@@ -144,6 +147,8 @@ def test_torchtitan_configs_parse_as_toml_with_torchtitans_own_fields(text: str)
     for section, table in config.items():
         assert section in TORCHTITAN_FIELDS and set(table) <= TORCHTITAN_FIELDS[section], section
     assert config["training"]["local_batch_size"] >= 1
+    float8 = config.get("quantize", {}).get("linear", {}).get("float8", {})
+    assert set(float8) <= {"recipe_name", "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp"}
 
 
 def test_torchtitan_writes_fsdp_hsdp_and_the_pipeline_in_its_own_words() -> None:
@@ -228,6 +233,8 @@ def test_accelerate_configs_are_yaml_with_fsdp2_and_the_parallelism_config() -> 
         ("deepspeed", "dp=4,pp=2,zero=2", "accepts ZeRO stages 0 and 1"),
         ("deepspeed", "dp=8,precision=bf16", "keeps fp32 master weights"),
         ("deepspeed", "dp=8,zero=2,shard=4", "MiCS (mics_shard_size), a ZeRO-3 feature"),
+        ("deepspeed", "dp=4,tp=2,sp,async_tp,zero=1", "overlaps tensor-parallel collectives"),
+        ("accelerate", "dp=8,zero=3,precision=fp8,fp8_ag", "enable_fsdp_float8_all_gather=True"),
         ("megatron", "dp=4,pp=2,schedule=gpipe", "Megatron runs 1F1B, interleaved with virtual stages"),
         ("megatron", "dp=4,pp=2,schedule=zero-bubble,vpp=2", "Megatron runs 1F1B"),
         ("megatron", "dp=8,zero=3,shard=4", "hybrid sharding is the distributed optimizer's instances"),

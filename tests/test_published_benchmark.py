@@ -99,11 +99,15 @@ def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(row
 def test_what_the_ir_cannot_state_is_named(rows) -> None:
     misses = published_layouts.expressibility_misses
     assert misses(rows["torchtitan_benchmarks:1"]) == [published_layouts.UNEXPRESSED[0][1]]
-    assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == [
-        "torch.compile",
-        "async tensor parallelism",
-    ]
+    assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == ["torch.compile"]
     assert misses(rows["megatron_sc21_table1:1"]) == []
+
+
+def test_async_tensor_parallelism_is_stated_by_the_layout_not_missed(rows) -> None:
+    layout = published_layouts.layout(rows["torchtitan_benchmarks:2"])
+    assert layout.async_tensor_parallel and layout.sequence_parallel and layout.tensor == 8
+    assert "async_tp=true" in str(layout)
+    assert not published_layouts.layout(rows["torchtitan_benchmarks:1"]).async_tensor_parallel
 
 
 def test_glue_rows_capture_the_classification_head_with_the_rows_shape(rows) -> None:

@@ -47,6 +47,8 @@ def test_small_model_captures_with_all_its_parameters(name: str) -> None:
         ("bert_large", "full", 335e6, 0.02),  # BERT-large with its tied MLM decoder
         ("gpt", "full", 124.4e6, 0.01),  # GPT-2 small
         ("dlrm", "full", 12.6e6 * 64, 0.01),  # tables dominate
+        ("densenet121", "full", 7_978_856, 0.001),  # torchvision densenet121
+        ("inception_v3", "full", 23_834_568, 0.001),  # torchvision inception_v3 without its auxiliary head
     ],
 )
 def test_full_configs_have_the_published_parameter_counts(
@@ -131,6 +133,6 @@ def test_bad_configs_name_the_field(call: object, message: str) -> None:
 
 
 def test_registry_lists_every_builder_with_its_sizes() -> None:
-    assert set(ZOO) == {"resnet50", "vgg16", "bert_large", "gpt", "dlrm"} == set(SIZES)
+    assert set(ZOO) == {"resnet50", "vgg16", "bert_large", "gpt", "dlrm", "densenet121", "inception_v3"} == set(SIZES)
     assert {"small", "full", "7b", "1t"} <= set(SIZES["gpt"])
     assert all({"small", "full"} <= set(sizes) for sizes in SIZES.values())

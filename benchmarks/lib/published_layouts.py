@@ -23,9 +23,12 @@ GPU_KINDS = {
 32 GB on NVSwitch, the catalog's V100 (32 GB, 900 GB/s, NVLink2 at 150 GB/s per direction per GPU,
 which NVSwitch gives every pair). torchtitan's H100 is overridden below."""
 H100_96GB = "H100-SXM 96GB HBM2e (500W cap)"
-INFINIBAND_LATENCY_US = 5.0
-"""One RDMA hop between nodes: the project's worked example (docs/layouts.md); NCCL's own tuning model
-puts a network step at 2.7-14 us by protocol (NVIDIA/nccl src/graph/tuning.cc, hwLat for NET)."""
+INFINIBAND_LATENCY_US = 14.0
+"""One step of NCCL's Simple-protocol ring through a NIC (NVIDIA/nccl@5067397c src/graph/tuning.cc,
+`hwLatencies` for NET), the figure a link's `latency_us` states; LL and LL128 steps scale from it."""
+INFINIBAND_EFFICIENCY = 0.95
+"""Bus bandwidth NCCL reaches through InfiniBand HCAs over their data rate: 12.2 of 12.5 GB/s through one
+100 Gb/s EDR card (sjeaugey in NVIDIA/nccl-tests#29)."""
 
 
 def device_overrides(row: Row) -> dict[str, Any]:
@@ -94,6 +97,7 @@ def cluster(row: Row) -> ResourceSpec:
             "kind": "infiniband",
             "bandwidth_gbps": row.inter_node_gbps,
             "latency_us": INFINIBAND_LATENCY_US,
+            "efficiency": INFINIBAND_EFFICIENCY,
         }
     overrides = device_overrides(row)
     if overrides:
@@ -168,8 +172,9 @@ def pipeline_micro_batch(row: Row) -> tuple[int, int]:
 
 
 def layout(row: Row) -> Layout:
-    """The row's layout: every degree, ZeRO, the batch, schedule, recomputation, precision and sequence
-    parallelism (Megatron's explicit flag; torchtitan always splits norms along the sequence under TP)."""
+    """The row's layout: every degree, ZeRO, the batch, schedule, recomputation, precision, sequence
+    parallelism (Megatron's explicit flag; torchtitan always splits norms along the sequence under TP),
+    async tensor parallelism and fp8 FSDP gathers (torchtitan's `async_tp`, `fsdp_float8_all_gather`)."""
     context = int(row.other.get("cp", 1))
     if row.dp * row.tp * row.pp * context != row.n_gpus:
         raise ValueError(f"dp*tp*pp*cp = {row.dp * row.tp * row.pp * context} != n_gpus({row.n_gpus})")
@@ -179,6 +184,8 @@ def layout(row: Row) -> Layout:
     if row.source == "torchtitan_benchmarks" and row.tp > 1:
         sequence_parallel = True
     return Layout(
+        async_tensor_parallel=row.other.get("async_tp") is True,
+        fp8_all_gather=row.other.get("fsdp_float8_all_gather") is True,
         data=row.dp,
         tensor=row.tp,
         pipeline=row.pp,
@@ -195,11 +202,7 @@ def layout(row: Row) -> Layout:
     )
 
 
-UNEXPRESSED = (
-    ("compile", "torch.compile: the IR has no compile knob (fused kernels, fewer launches)"),
-    ("async_tp", "async tensor parallelism: the IR has no knob overlapping TP collectives with the matmuls"),
-    ("fsdp_float8_all_gather", "float8 all-gather: FSDP gathers fp8 weights; the IR has no knob for the gather dtype"),
-)
+UNEXPRESSED = (("compile", "torch.compile: the IR has no compile knob (fused kernels, fewer launches)"),)
 """`other_layout` flags that change the step time and that no Layout or Strategy field states."""
 
 

@@ -10,9 +10,11 @@ This runs the CPU calibration's compute probes (`compute.probes`) on the device,
 busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished (`Stepper` with
 an `agree` that synchronizes), and Adam's per-tensor loop besides its default multi-tensor step
 (`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through). One process, one
-device: the figures describe every device of the node that has the same name. Links are not measured:
-with one GPU there is no peer to measure NCCL against, so the node's link is the catalog's for the
-matching kind (recorded as such in the provenance). A measured rate is what the kernels reach, so
+device: the figures describe every device of the node that has the same name. With two or more such
+devices (CUDA devices 0 to k-1), one rank per device joined by NCCL sweeps all-reduce sizes and the
+node's link is fitted from it (`links`: bus bandwidth and NCCL's Simple step, provenance `links:
+measured`, with the sweep); with one GPU there is no peer to measure NCCL against, and the link is the
+catalog's for the matching kind (`links: catalog`). A measured rate is what the kernels reach, so
 matmul efficiency is 1.
 """
 
@@ -30,7 +32,7 @@ from stratagem.calibrate.figures import fraction
 from stratagem.calibrate.timing import CacheEvictor, Stepper
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
-from stratagem.ir.catalog import CATALOG
+from stratagem.ir.catalog import CATALOG, GPU_COMM_OVERLAP
 from stratagem.ir.resources import DEFAULT_INTRA_NODE
 
 GPU_PROBES = ProbeShapes(
@@ -66,9 +68,34 @@ def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> Resou
         **figures,
     }
     same = [i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_name(i) == properties.name]
+    link = None
+    if len(same) >= 2 and same == list(range(len(same))):
+        link, sweep = measure_link(len(same), catalog_link(properties.name, float(properties.total_memory)).kind)
+        provenance |= {"links": "measured", **sweep}
     return gpu_spec(
-        provenance, name=properties.name, memory_bytes=float(properties.total_memory), gpus=same, address=address
+        provenance,
+        name=properties.name,
+        memory_bytes=float(properties.total_memory),
+        gpus=same,
+        address=address,
+        link=link,
     )
+
+
+def measure_link(count: int, kind: str) -> tuple[Link, dict[str, Any]]:
+    """The node's link from an NCCL all-reduce sweep over CUDA devices 0..count-1, and the sweep itself."""
+    from stratagem.calibrate.figures import combine
+    from stratagem.calibrate.links import LINK_SIZES, busbw, fit_nccl_link
+    from stratagem.calibrate.workers import RankJob, run_ranks
+
+    seconds = combine(run_ranks(RankJob(ranks=count, backend="nccl", probes="links")))["link_seconds"]
+    sweep = {
+        "link_ranks": count,
+        "link_bytes": list(LINK_SIZES),
+        "link_seconds": seconds,
+        "link_busbw": busbw(LINK_SIZES, seconds, count),
+    }
+    return fit_nccl_link(LINK_SIZES, seconds, count, kind), sweep
 
 
 def measure_gpu(device: str) -> dict[str, float]:
@@ -99,27 +126,45 @@ def catalog_kind(name: str, memory_bytes: float) -> str | None:
     return min(kinds, key=lambda kind: (-len(kind.split("-")[0]), abs(CATALOG[kind].memory_bytes - memory_bytes)))
 
 
+def catalog_link(name: str, memory_bytes: float) -> Link:
+    """The catalog's intra-node link for a CUDA device name (PCIe for a kind it does not know)."""
+    base = catalog_kind(name, memory_bytes)
+    return DEFAULT_INTRA_NODE.get(base or "", Link(kind="pcie", bandwidth_gbps=128, latency_us=5.7, efficiency=0.8))
+
+
 def gpu_spec(
-    provenance: dict[str, Any], *, name: str, memory_bytes: float, gpus: list[int], address: str = "127.0.0.1"
+    provenance: dict[str, Any],
+    *,
+    name: str,
+    memory_bytes: float,
+    gpus: list[int],
+    address: str = "127.0.0.1",
+    link: Link | None = None,
 ) -> ResourceSpec:
-    """The ResourceSpec a GPU calibration's figures describe: one node, its `gpus` of the calibrated kind."""
+    """The ResourceSpec a GPU calibration's figures describe: one node, its `gpus` of the calibrated kind,
+    joined by the measured `link` (else the catalog's)."""
     base = catalog_kind(name, memory_bytes)
     kind = f"{base or 'GPU'}-calibrated"
-    link = DEFAULT_INTRA_NODE.get(base or "", Link(kind="pcie", bandwidth_gbps=128, latency_us=8, efficiency=0.8))
+    link = link or catalog_link(name, memory_bytes)
     return ResourceSpec(
         name=f"calibrated-{socket.gethostname()}-gpu",
         nodes=[Node(address=address, chief=True, gpus=gpus, device=kind)],
         intra_node=link,
-        devices={kind: gpu_device_spec(provenance, kind=kind, memory_bytes=memory_bytes)},
+        devices={
+            kind: gpu_device_spec(provenance, kind=kind, memory_bytes=memory_bytes, catalog=CATALOG.get(base or ""))
+        },
         provenance=provenance,
     )
 
 
-def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) -> DeviceSpec:
+def gpu_device_spec(
+    figures: dict[str, Any], *, kind: str, memory_bytes: float, catalog: DeviceSpec | None = None
+) -> DeviceSpec:
     """The measured rates as a GPU kind: the fp32 peak is the faster of matmul and convolution (cuDNN
     convolves in TF32 by default where PyTorch's matmul does not), efficiencies are relative to it and
     to the copy bandwidth, clamped into (0, 1]. Without size laws (its probes all stream from device memory) and
-    with the catalog's communication figures (NCCL's copy engines: full overlap, no contention)."""
+    with the catalog's communication figures for the kind (what NCCL's kernels take from overlapped
+    compute, NVLink SHARP), which one device cannot measure."""
     matmul, conv, bandwidth = figures["matmul_flops"], figures["conv_flops"], figures["copy_bandwidth"]
     peak = max(matmul, conv)
 
@@ -147,5 +192,7 @@ def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) 
         full_select_efficiency=share("full_select_rate") if "full_select_rate" in figures else None,
         lowrank_efficiency=share("lowrank_rate"),
         coalesce_efficiency=share("coalesce_rate"),
+        comm_overlap=catalog.comm_overlap if catalog is not None else GPU_COMM_OVERLAP,
+        nvlink_sharp=catalog.nvlink_sharp if catalog is not None else None,
         is_gpu=True,
     )

@@ -5,7 +5,8 @@ gloo, all measuring at the same time, so they share cores, caches and memory ban
 do (and a machine busy with other work shows up as a slower machine). Each rank runs every compute
 probe (`compute`) and every collective probe (`collectives`) and writes its figures as JSON; the spec
 takes the slowest rank's (`figures.combine`). With the nccl backend rank r measures CUDA device r at
-the GPU's probe sizes. The processes are plain subprocesses (`python -m stratagem.calibrate`).
+the GPU's probe sizes; a `links` job only sweeps all-reduce sizes for the node's link (`links`). The
+processes are plain subprocesses (`python -m stratagem.calibrate`).
 
 Overlap of communication with compute is only measured when the machine has cores beyond the ranks'
 compute threads. Without one a probe would only see the neighbours, and the spec takes the shared-core
@@ -32,6 +33,7 @@ from stratagem.calibrate.collectives import Ranks, collective_figures
 from stratagem.calibrate.compute import compute_figures
 from stratagem.calibrate.figures import SIZES, combine, spec_from_figures
 from stratagem.calibrate.gpu import gpu_figures
+from stratagem.calibrate.links import LINK_SIZES, sweep_seconds
 from stratagem.calibrate.timing import CacheEvictor, Stepper
 from stratagem.errors import InvalidResourceSpecError, Problem, StratagemError
 from stratagem.ir import ResourceSpec
@@ -54,6 +56,10 @@ class RankJob:
     backend: Literal["gloo", "nccl"] = "gloo"
     overlap: bool = True
     """Measure how much communication hides behind compute (else `overlap` is 0)."""
+    probes: Literal["all", "links"] = "all"
+    """`all`: every compute and collective probe; `links`: only the all-reduce sweep a link is fitted from
+    (`links.sweep_seconds`), as `calibrate --gpu` runs it on a node's GPUs."""
+    link_sizes: tuple[int, ...] = LINK_SIZES
 
 
 def calibrate(ranks: int = 2, *, threads: int = 1, address: str = "127.0.0.1") -> ResourceSpec:
@@ -142,9 +148,12 @@ def measure_rank(job: RankJob, rank: int, port: int, result: Path) -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    stepper = Stepper(agree, evict=CacheEvictor.for_device(device))
-    figures = gpu_figures(stepper, device) if cuda else compute_figures(stepper)
-    figures.update(collective_figures(ranks, overlap=job.overlap))
+    if job.probes == "links":
+        figures: dict[str, Any] = {"link_seconds": sweep_seconds(device, job.link_sizes)}
+    else:
+        stepper = Stepper(agree, evict=CacheEvictor.for_device(device))
+        figures = gpu_figures(stepper, device) if cuda else compute_figures(stepper)
+        figures.update(collective_figures(ranks, overlap=job.overlap))
     dist.barrier()
     result.write_text(json.dumps(figures))
     os._exit(0)
@@ -153,4 +162,6 @@ def measure_rank(job: RankJob, rank: int, port: int, result: Path) -> None:
 def main(argv: list[str]) -> None:
     """`python -m stratagem.calibrate JOB RANK PORT RESULT`: one rank of `run_ranks`."""
     job, rank, port, result = argv
-    measure_rank(RankJob(**json.loads(job)), int(rank), int(port), Path(result))
+    fields = json.loads(job)
+    fields["link_sizes"] = tuple(fields.get("link_sizes", LINK_SIZES))
+    measure_rank(RankJob(**fields), int(rank), int(port), Path(result))

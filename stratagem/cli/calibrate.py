@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
         const=0,
         default=None,
         metavar="N",
-        help="measure CUDA device N (default 0) instead of CPU ranks; links stay the catalog's",
+        help="measure CUDA device N (default 0) instead of CPU ranks, and the NCCL link between the node's GPUs "
+        "of its kind when there are several (else the link is the catalog's)",
     )
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the JSON (default: stdout)")
     parser.set_defaults(func=run)
@@ -78,10 +79,18 @@ def measure_gpu(index: int) -> ResourceSpec:
     print(
         f"{kind} ({len(spec.nodes[0].gpus)} on this node): {device.peak_flops['float32'] / 1e12:.1f} TFLOP/s fp32, "
         f"{device.peak_flops['bfloat16'] / 1e12:.1f} bf16, {device.memory_bandwidth / 1e9:.0f} GB/s memory, "
-        f"{device.launch_overhead_s * 1e6:.1f} us per layer; links from the catalog",
+        f"{device.launch_overhead_s * 1e6:.1f} us per layer; link {_link_words(spec)}",
         file=sys.stderr,
     )
     return spec
+
+
+def _link_words(spec: ResourceSpec) -> str:
+    link = spec.intra_node
+    source = "measured" if spec.provenance.get("links") == "measured" else "from the catalog"
+    if link is None:
+        return source
+    return f"{source}: {link.bytes_per_s / 1e9:.0f} GB/s bus bandwidth, {link.latency_us:.1f} us per step"
 
 
 def check_machine(ranks: int, threads: int) -> None:

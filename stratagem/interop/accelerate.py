@@ -82,6 +82,11 @@ def _refusals(layout: Layout, tensor: int, context: int) -> list[str]:
         reasons.append("selective recomputation: fsdp_activation_checkpointing recomputes whole blocks")
     if layout.sequence_parallel:
         reasons.append("sequence parallelism: the transformers tp_plan splits no norms along the sequence")
+    if layout.fp8_all_gather:
+        reasons.append(
+            "fp8_all_gather: no config key; torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True) "
+            "goes in the training script"
+        )
     if layout.zero == 1 and (tensor > 1 or context > 1 or layout.shard_group is not None):
         reasons.append(
             "zero 1 beside tensor or context parallelism or a shard group: zero 1 is DeepSpeed's stage 1 here"

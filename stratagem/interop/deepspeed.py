@@ -90,6 +90,8 @@ def _refusals(layout: Layout, tensor: int, pipeline: int) -> list[str]:
         )
     if layout.sequence_parallel:
         reasons.append("sequence parallelism: AutoTP training splits no norms along the sequence")
+    if layout.async_tensor_parallel:
+        reasons.append("async tensor parallelism: no ds_config key overlaps tensor-parallel collectives with GEMMs")
     if (layout.context or 1) > 1:
         reasons.append(
             "context parallelism: no ds_config key (DeepSpeed-Ulysses splits heads, not a ring over the sequence)"

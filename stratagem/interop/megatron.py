@@ -15,7 +15,9 @@ a layout must say:
 - `--recompute-granularity selective` recomputes the core attention (its default `--recompute-modules`),
   `full` every layer (`--recompute-method uniform --recompute-num-layers 1`);
 - `--bf16` / `--fp16` compute in half precision with fp32 main weights (amp); fp8 is Transformer
-  Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag.
+  Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
+- `--tp-comm-overlap` overlaps sequence parallelism's collectives with the GEMMs (Transformer Engine's
+  userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str
             args += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
+    if layout.async_tensor_parallel:
+        args.append("--tp-comm-overlap")
     args += _batch(layout)
     args += _sharding(layout)
     if layout.recompute == "selective":
@@ -78,6 +82,8 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str
         "amp-fp16": ["--fp16"],
         "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
     }.get(layout.precision, [])
+    if layout.fp8_all_gather:
+        args.append("--fp8-param-gather")
     return args
 
 
@@ -148,10 +154,12 @@ def layout_from_megatron(args: str | list[str]) -> Layout:
         "schedule": "interleaved-1f1b" if chunks > 1 else "1f1b",
         "virtual_stages": chunks,
         "sequence_parallel": "--sequence-parallel" in switches,
+        "async_tensor_parallel": "--tp-comm-overlap" in switches and "--sequence-parallel" in switches,
         "recompute": _recompute(values),
         "precision": _precision(values, switches),
     }
     fields |= _zero(values, switches)
+    fields["fp8_all_gather"] = "--fp8-param-gather" in switches and fields["precision"] == "fp8" and fields["zero"] == 3
     return Layout.parse(fields)
 
 

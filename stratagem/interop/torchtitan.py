@@ -14,7 +14,11 @@ same section and field names). What that version does, and so what a layout must
 - `local_batch_size` is the samples per data-parallel rank per pipeline step, cut into micro-batches of
   `pipeline_parallel_microbatch_size`; `global_batch_size` beyond `local × dp` is gradient accumulation;
 - schedules are torch.distributed.pipelining's names; multi-stage ones default to 2 stages per rank,
-  others need `pipeline_parallel_layers_per_stage`.
+  others need `pipeline_parallel_layers_per_stage`;
+- async tensor parallelism is `parallelism.enable_async_tensor_parallel` (effective only with
+  `[compile] enable`); fp8 FSDP gathers are `quantize.linear.float8.enable_fsdp_float8_all_gather`,
+  written with `precompute_float8_dynamic_scale_for_fsdp`, which torchtitan recommends beside it for
+  tensorwise scaling.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
                 )
             parallelism["pipeline_parallel_layers_per_stage"] = layers // chunks
     parallelism["context_parallel_degree"] = context
+    if layout.async_tensor_parallel:
+        parallelism["enable_async_tensor_parallel"] = True
     sections: dict[str, dict[str, Any]] = {"training": _training(layout, pipeline), "parallelism": parallelism}
     sections["activation_checkpoint"] = {"mode": AC_MODES[layout.recompute]}
     if layout.recompute == "selective":
@@ -77,6 +83,11 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
     if layout.precision == "fp8":
         sections["model"] = {"converters": [FLOAT8_CONVERTER]}
         sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
+        if layout.fp8_all_gather:
+            sections["quantize.linear.float8"] |= {
+                "enable_fsdp_float8_all_gather": True,
+                "precompute_float8_dynamic_scale_for_fsdp": True,
+            }
     header = f"# torchtitan job config written by Stratagem for the layout {layout}\n"
     if layout.micro_batch is None:
         header += "# local_batch_size is unset: pass the graph (captured at the micro-batch) to write it\n"
@@ -198,9 +209,19 @@ def layout_from_torchtitan(toml_text: str) -> Layout:
         "recompute": _recompute(ac),
         "precision": _precision(training, model, fsdp=fsdp or context > 1, alone=tensor == pipeline == 1),
         "sequence_parallel": tensor > 1 and bool(par.get("enable_sequence_parallel", True)),
+        "async_tensor_parallel": tensor > 1 and bool(par.get("enable_async_tensor_parallel", False)),
     }
+    fields["fp8_all_gather"] = fields["precision"] == "fp8" and zero == 3 and _fp8_all_gather(doc)
     fields |= _batch(training, par, pipeline)
     return Layout.parse(fields)
+
+
+def _fp8_all_gather(doc: dict[str, Any]) -> bool:
+    """Whether the job config turns on torchao's fp8 FSDP gathers (`[quantize.linear.float8]`)."""
+    table: Any = doc
+    for name in ("quantize", "linear", "float8"):
+        table = table.get(name, {}) if isinstance(table, dict) else {}
+    return isinstance(table, dict) and bool(table.get("enable_fsdp_float8_all_gather", False))
 
 
 def _section(doc: dict[str, Any], name: str) -> dict[str, Any]:

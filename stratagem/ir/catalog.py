@@ -110,14 +110,20 @@ class DeviceSpec(Strict):
     compute before it and wakes a blocked thread on every rank; on CPU ranks sharing their cores with
     gloo's threads that costs several times an idle round trip. None means two link latencies."""
     comm_overlap: float = Field(default=1.0, ge=0, le=1)
-    """Fraction of communication time that can run alongside this device's compute without slowing it:
-    1 where DMA engines and NICs move the bytes (GPUs); lower where the same cores copy and reduce them
-    (CPU ranks under gloo), as calibration measures."""
+    """Fraction of communication time that can run alongside this device's compute without slowing it.
+    On a GPU, NCCL's kernels hold SMs and stream through the same memory as the compute they overlap,
+    which runs 18.9 % slower on average while they do (Lee et al. 2025, arXiv:2507.03114, measured on
+    A100, H100, MI250 and MI210): 0.81 for the catalog's GPUs. Lower where the same cores copy and reduce
+    the bytes (CPU ranks under gloo), as calibration measures. 1: communication costs compute nothing."""
     comm_latency_contention: float = Field(default=0.0, ge=0, le=8)
     """Latencies a collective that runs during compute takes from that compute, beyond the share of its
     time `comm_overlap` leaves: 0 where communication has engines of its own (GPUs); above 0 on CPU ranks
     whose cores the compute threads hold, where every hand-off of a collective (its launch, each
     wake-up of gloo's thread) waits for a core and preempts the compute to get one."""
+    nvlink_sharp: float | None = Field(default=None, gt=0, le=4)
+    """All-reduce bus bandwidth with NVLink SHARP (NCCL's NVLS algorithm: the NVSwitch sums the buffers)
+    over the ring's, for a group inside one node: 1.3 on H100 and H200 SXM (480 against 370 GB/s;
+    sjeaugey in NVIDIA/nccl-tests#212 and NVIDIA/nccl#1442). None: no NVLink SHARP (before Hopper, PCIe)."""
     is_gpu: bool = True
 
     def flops_for(self, dtype: str) -> float:
@@ -128,6 +134,14 @@ class DeviceSpec(Strict):
         return self.peak_flops["float32"]
 
 
+GPU_COMM_OVERLAP = 0.81
+"""`comm_overlap` of the catalog's GPUs: compute overlapped by NCCL's kernels runs 18.9 % slower on average
+(Lee et al. 2025, arXiv:2507.03114)."""
+NVLINK_SHARP = 1.3
+"""`nvlink_sharp` of NVSwitch Hopper parts (H100/H200 SXM): NVLS all-reduce at 480 GB/s bus bandwidth
+against the ring's 370 (NVIDIA/nccl-tests#212)."""
+
+
 def _gpu(
     name: str,
     fp32: float,
@@ -136,6 +150,7 @@ def _gpu(
     bandwidth_gbs: float,
     tf32: float | None = None,
     fp8: float | None = None,
+    nvlink_sharp: float | None = None,
 ) -> DeviceSpec:
     flops = {"float32": fp32 * TERA, "float16": fp16 * TERA, "bfloat16": fp16 * TERA}
     if tf32 is not None:
@@ -144,7 +159,14 @@ def _gpu(
         flops["float8"] = fp8 * TERA
     if name == "T4" or name.startswith("V100"):
         flops["bfloat16"] = fp32 * TERA
-    return DeviceSpec(name=name, peak_flops=flops, memory_bytes=memory_gb * GIGA, memory_bandwidth=bandwidth_gbs * GIGA)
+    return DeviceSpec(
+        name=name,
+        peak_flops=flops,
+        memory_bytes=memory_gb * GIGA,
+        memory_bandwidth=bandwidth_gbs * GIGA,
+        comm_overlap=GPU_COMM_OVERLAP,
+        nvlink_sharp=nvlink_sharp,
+    )
 
 
 CATALOG: dict[str, DeviceSpec] = {
@@ -155,8 +177,8 @@ CATALOG: dict[str, DeviceSpec] = {
         _gpu("V100-16GB", 15.7, 125, 16, 900),
         _gpu("A100-40GB", 19.5, 312, 40, 1555, tf32=156),
         _gpu("A100-80GB", 19.5, 312, 80, 2039, tf32=156),
-        _gpu("H100", 67, 989, 80, 3350, tf32=494, fp8=1979),
-        _gpu("H200", 67, 989, 141, 4800, tf32=494, fp8=1979),
+        _gpu("H100", 67, 989, 80, 3350, tf32=494, fp8=1979, nvlink_sharp=NVLINK_SHARP),
+        _gpu("H200", 67, 989, 141, 4800, tf32=494, fp8=1979, nvlink_sharp=NVLINK_SHARP),
         DeviceSpec(
             name="CPU",
             peak_flops={"float32": 0.5 * TERA, "float16": 0.1 * TERA, "bfloat16": 0.25 * TERA},

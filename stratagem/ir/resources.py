@@ -41,8 +41,13 @@ class Link(Strict):
     bandwidth_gbps: Annotated[float, Field(gt=0), at_most(MAX_BANDWIDTH_GBPS)]
     """Line rate per direction in Gbit/s."""
     latency_us: Annotated[float, Field(ge=0), at_most(MAX_LATENCY_US)] = 25.0
+    """One step of a collective across this link: for GPUs, a step of NCCL's Simple-protocol ring (NCCL's
+    tuning model: 3.4 us over NVLink, 5.7 over PCIe, 14 through a NIC), from which its LL and LL128 steps
+    scale (`simulator.collectives`); for CPU ranks, gloo's hop as calibration measures it."""
     efficiency: float = Field(default=0.85, gt=0, le=1)
-    """Fraction of the line rate that collectives reach as bus bandwidth at large messages."""
+    """Fraction of the line rate that collectives reach as bus bandwidth at large messages (NCCL: about
+    0.8 of NVLink's, 370 of 450 GB/s per direction on H100; 0.98 of an InfiniBand card's data rate,
+    12.2 of 12.5 GB/s on EDR: NVIDIA/nccl-tests#212 and #29)."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -53,14 +58,17 @@ class Link(Strict):
         return self.latency_us * 1e-6
 
 
+NVLINK_STEP_US = 3.4
+PCIE_STEP_US = 5.7
+"""NCCL's Simple ring step over NVLink and over PCIe (NVIDIA/nccl@5067397c src/graph/tuning.cc, `hwLatencies`)."""
 DEFAULT_INTRA_NODE: dict[str, Link] = {
-    "T4": Link(kind="pcie", bandwidth_gbps=128, latency_us=8, efficiency=0.8),
-    "V100": Link(kind="nvlink", bandwidth_gbps=1200, latency_us=6, efficiency=0.8),
-    "V100-16GB": Link(kind="nvlink", bandwidth_gbps=1200, latency_us=6, efficiency=0.8),
-    "A100-40GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=5, efficiency=0.8),
-    "A100-80GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=5, efficiency=0.8),
-    "H100": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=4, efficiency=0.8),
-    "H200": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=4, efficiency=0.8),
+    "T4": Link(kind="pcie", bandwidth_gbps=128, latency_us=PCIE_STEP_US, efficiency=0.8),
+    "V100": Link(kind="nvlink", bandwidth_gbps=1200, latency_us=NVLINK_STEP_US, efficiency=0.8),
+    "V100-16GB": Link(kind="nvlink", bandwidth_gbps=1200, latency_us=NVLINK_STEP_US, efficiency=0.8),
+    "A100-40GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=NVLINK_STEP_US, efficiency=0.8),
+    "A100-80GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=NVLINK_STEP_US, efficiency=0.8),
+    "H100": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=NVLINK_STEP_US, efficiency=0.82),
+    "H200": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=NVLINK_STEP_US, efficiency=0.82),
     "CPU": Link(kind="shared-memory", bandwidth_gbps=80, latency_us=20, efficiency=0.8),
 }
 

@@ -286,6 +286,14 @@ class Strategy(Document):
     sequence_parallel: bool = False
     """With tensor parallelism: norms and dropout work on 1/tensor of the sequence, and each block's
     all-reduces become reduce-scatter plus all-gather (Korthikanti et al. 2022)."""
+    async_tensor_parallel: bool = False
+    """With sequence parallelism: each all-gather before a column-parallel matmul and each
+    reduce-scatter after a row-parallel one is cut into tensor-degree pieces that overlap the matmul
+    they feed or drain (torchtitan's async TP: inductor's micro-pipeline pass over symmetric memory;
+    Wang et al. 2023, "Overlap communication with dependent computation via decomposition")."""
+    fp8_all_gather: bool = False
+    """With `fp8` precision and ZeRO stage 3: FSDP all-gathers the fp8 Linear layers' weights already cast
+    to float8 (1 byte each, half of bf16), as torchao's `enable_fsdp_float8_all_gather`."""
     consistency: Consistency = Field(default_factory=Consistency)
     variables: list[VariableConfig] = Field(max_length=MAX_VARIABLES)
     predicted: PredictedPerformance | None = None
@@ -401,6 +409,27 @@ def strategy_self_problems(strategy: Strategy) -> list[Problem]:
             )
     if strategy.sequence_parallel and mesh.tensor == 1:
         problems.append(Problem("sequence_parallel", "needs tensor parallelism (mesh.tensor > 1)"))
+    if strategy.async_tensor_parallel and not strategy.sequence_parallel:
+        problems.append(
+            Problem(
+                "async_tensor_parallel",
+                "needs sequence parallelism: it overlaps the all-gathers and reduce-scatters sequence "
+                "parallelism makes of each block's all-reduces",
+            )
+        )
+    if strategy.fp8_all_gather:
+        if strategy.precision != "fp8":
+            problems.append(
+                Problem(
+                    "fp8_all_gather", f"gathers fp8 weights, which need precision 'fp8' (not {strategy.precision!r})"
+                )
+            )
+        if not any(
+            isinstance(sync, ShardedSynchronizer) and sync.stage == 3
+            for config in strategy.variables
+            for sync in config.synchronizers
+        ):
+            problems.append(Problem("fp8_all_gather", "needs ZeRO stage 3 (FSDP) variables, whose weights it gathers"))
     problems.extend(_sharding_problems(strategy.variables, mesh))
     problems.extend(_tensor_parallel_self_problems(strategy.tensor_parallel, mesh))
     seen: dict[str, int] = {}

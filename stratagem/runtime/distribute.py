@@ -31,6 +31,7 @@ from stratagem.runtime.plan import resolve_plan
 from stratagem.runtime.precision import (
     LossScaler,
     apply_precision_forward,
+    async_tensor_parallel_refusal,
     convert_fp8,
     half_parameters,
     precision_refusal,
@@ -106,6 +107,9 @@ def refuse_unrunnable(strategy: Strategy) -> None:
         reasons.append(precision)
     if strategy.effective_mesh.context > 1:
         reasons.append(context_parallel_refusal(kind))
+    async_tp = async_tensor_parallel_refusal(strategy, kind)
+    if async_tp is not None:
+        reasons.append(async_tp)
     if strategy.precision == "amp-fp16" and any(
         isinstance(s, AllReduceSynchronizer) and s.compressor.kind != "none" and s.compressor.error_feedback
         for c in strategy.variables
@@ -140,7 +144,7 @@ def prepare_numerics(model: nn.Module, strategy: Strategy, device: torch.device)
     set_matmul_precision(strategy, device)
     half_parameters(model, strategy)
     if strategy.precision == "fp8":
-        convert_fp8(model)
+        convert_fp8(model, fp8_all_gather=strategy.fp8_all_gather)
 
 
 def load_strategy(path: str | Path) -> Strategy:

@@ -13,7 +13,11 @@
   inputs are cast to it and floating outputs back to fp32.
 - `fp8`: torchao's float8 training (per-tensor scaling) on the Linear layers, bf16 autocast elsewhere.
   It needs fp8 tensor cores (CUDA compute capability 8.9 or newer: L4, H100) and torchao; anything
-  else is refused before any collective.
+  else is refused before any collective. With `fp8_all_gather`, the converted Linears' weights are
+  wrapped so FSDP2 gathers them already cast to fp8 (torchao's `enable_fsdp_float8_all_gather`).
+- `async_tensor_parallel` is refused: it fuses sequence parallelism's collectives into the matmuls
+  inside compiled blocks through CUDA symmetric memory (inductor's micro-pipeline pass, as torchtitan
+  runs it), and this runtime neither compiles the blocks nor has symmetric memory on CPU ranks.
 """
 
 from __future__ import annotations
@@ -71,9 +75,26 @@ def half_parameters(model: nn.Module, strategy: Strategy) -> None:
         model.to(torch.bfloat16)
 
 
-def convert_fp8(model: nn.Module) -> list[str]:
-    """torchao's float8 training on every Linear whose dimensions fp8 matmuls take (multiples of 16)."""
-    from torchao.float8 import convert_to_float8_training
+def async_tensor_parallel_refusal(strategy: Strategy, device_kind: str) -> str | None:
+    """Why this runtime cannot run the strategy's async tensor parallelism, or None when it asks for none."""
+    if not strategy.async_tensor_parallel:
+        return None
+    if device_kind != "GPU":
+        return (
+            "async_tensor_parallel pipelines tensor-parallel collectives through CUDA symmetric memory inside "
+            "inductor-compiled matmuls (torch._inductor.config._micro_pipeline_tp); CPU ranks under gloo have neither"
+        )
+    return (
+        "async_tensor_parallel needs every block compiled by torch.compile with inductor's micro-pipeline pass, "
+        "which this runtime does not run; export the layout to torchtitan (enable_async_tensor_parallel with "
+        "compile enabled)"
+    )
+
+
+def convert_fp8(model: nn.Module, *, fp8_all_gather: bool = False) -> list[str]:
+    """torchao's float8 training on every Linear whose dimensions fp8 matmuls take (multiples of 16); with
+    `fp8_all_gather`, FSDP2 gathers their weights in fp8."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     converted: list[str] = []
 
@@ -83,7 +104,8 @@ def convert_fp8(model: nn.Module) -> list[str]:
             converted.append(name)
         return ok
 
-    convert_to_float8_training(model, module_filter_fn=accept)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_all_gather)
+    convert_to_float8_training(model, module_filter_fn=accept, config=config)
     return converted
 
 

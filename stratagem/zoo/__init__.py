@@ -17,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from stratagem.zoo.common import Built, DeviceLike, MakeBatch, config_error, resolve_config
+from stratagem.zoo.densenet import DENSENET_PRESETS, DenseNetConfig, densenet121
 from stratagem.zoo.dlrm import DLRM_PRESETS, DLRMConfig, dlrm
+from stratagem.zoo.inception import INCEPTION_PRESETS, InceptionConfig, inception_v3
 from stratagem.zoo.resnet import RESNET_PRESETS, ResNetConfig, resnet50
 from stratagem.zoo.transformer import (
     BERT_PRESETS,
@@ -35,6 +37,8 @@ ZOO: dict[str, Callable[..., Built]] = {
     "bert_large": bert_large,
     "gpt": gpt,
     "dlrm": dlrm,
+    "densenet121": densenet121,
+    "inception_v3": inception_v3,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -43,6 +47,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert_large": BERT_PRESETS,
     "gpt": GPT_PRESETS,
     "dlrm": DLRM_PRESETS,
+    "densenet121": DENSENET_PRESETS,
+    "inception_v3": INCEPTION_PRESETS,
 }
 """Each zoo model's config per size name, for callers that need shapes without building anything."""
 
@@ -67,12 +73,16 @@ __all__ = [
     "SIZES",
     "ZOO",
     "DLRMConfig",
+    "DenseNetConfig",
+    "InceptionConfig",
     "ResNetConfig",
     "TransformerConfig",
     "VGGConfig",
     "count_parameters",
     "bert_large",
     "build",
+    "densenet121",
+    "inception_v3",
     "dlrm",
     "gpt",
     "resnet50",

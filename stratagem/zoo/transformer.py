@@ -38,6 +38,9 @@ class TransformerConfig:
     tie_embeddings: bool = True
     bias: bool = True
     dropout: float = 0.1
+    sparse_embeddings: bool = False
+    """The token embedding built with `sparse=True`: its gradient is the rows a step looked up, as
+    TensorFlow's gather makes it (AutoDist's BERT under Parallax); needs `tie_embeddings` off."""
 
 
 BERT_PRESETS = {
@@ -165,7 +168,9 @@ class Transformer(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.embed = nn.Embedding(config.vocab, config.hidden)
+        if config.sparse_embeddings and config.tie_embeddings:
+            raise config_error("overrides.sparse_embeddings", "a sparse token embedding cannot be tied to the head")
+        self.embed = nn.Embedding(config.vocab, config.hidden, sparse=config.sparse_embeddings)
         self.positions = nn.Embedding(config.seq, config.hidden) if config.positions == "learned" else None
         self.token_types = None if config.causal else nn.Embedding(2, config.hidden)
         self.embed_norm = None if config.causal else _norm(config)
