@@ -15,36 +15,12 @@ from typing import Any
 
 import torch
 
-from stratagem.tracing.optrace import OperatorTrace, TraceOp, TraceTensor, tensor_refs
+from stratagem.tracing.optrace import TRACE_DTYPES, OperatorTrace, TraceOp, TraceTensor, tensor_refs
 
 DEFAULT_BOUND = 1
 """An integer input nothing indexes with is all ones: a mask that keeps everything."""
 
-DTYPES = {
-    name: getattr(torch, name)
-    for name in (
-        "float64",
-        "float32",
-        "float16",
-        "bfloat16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "complex64",
-        "complex128",
-        "int64",
-        "int32",
-        "int16",
-        "int8",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-    )
-    if hasattr(torch, name)
-}
+DTYPES = {name: getattr(torch, name) for name in sorted(TRACE_DTYPES) if hasattr(torch, name)}
 
 
 def torch_dtype(name: str) -> torch.dtype:
