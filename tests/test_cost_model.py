@@ -92,6 +92,26 @@ def test_job_shifts_that_no_feature_explains_leave_the_model_near_the_simulator(
     assert np.abs(model.predict_log_ratio(records)[0]).max() < np.abs(unshrunk.predict_log_ratio(records)[0]).max()
 
 
+def test_trials_from_several_sources_fold_by_source_so_a_level_each_source_shares_is_not_applied():
+    """Two jobs per source, every source measured at its own multiple of the simulator: folded by job,
+    a source's other job teaches its level and looks transferable; folded by source, it does not."""
+    records = synthetic_records(n_groups=12, per_group=6, seed=4, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
+    rng = np.random.default_rng(1)
+    level = {f"source-{s}": float(np.exp(rng.normal(0, 0.4))) for s in range(6)}
+    placed = [
+        r.model_copy(
+            update={
+                "source": f"source-{int(r.group_id.split('-')[1]) // 2}",
+                "measured_step_time_s": r.measured_step_time_s * level[f"source-{int(r.group_id.split('-')[1]) // 2}"],
+            }
+        )
+        for r in records
+    ]
+    by_source = CostModel(**SMALL).fit(placed)
+    by_job = CostModel(**SMALL).fit([r.model_copy(update={"source": None}) for r in placed])
+    assert by_source.scale_ < 0.3 < by_job.scale_
+
+
 def test_documents_saved_before_the_scale_existed_load_with_their_version(records):
     legacy = CostModel(**SMALL, shrink_folds=0).fit(records[:40])
     document = json.loads(legacy.to_json())

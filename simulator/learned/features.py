@@ -139,6 +139,8 @@ class FeatureMatrix:
     measured_s: np.ndarray
     """[n] measured step time, NaN for queries."""
     groups: list[str]
+    sources: list[str | None] | None = None
+    """Where each row was measured (a published source, another deployment), where known."""
 
     def __len__(self) -> int:
         return int(self.X.shape[0])
@@ -156,6 +158,7 @@ class FeatureMatrix:
             simulated_s=self.simulated_s[index],
             measured_s=self.measured_s[index],
             groups=[self.groups[i] for i in index],
+            sources=[self.sources[i] for i in index] if self.sources is not None else None,
         )
 
 
@@ -173,6 +176,7 @@ def build_features(records: Sequence[TrainingRecord], names: Sequence[str] | Non
             dtype=np.float64,
         ),
         groups=[r.group_id for r in records],
+        sources=[r.source for r in records],
     )
 
 

@@ -147,11 +147,23 @@ class CostModel:
         return self
 
     def _cross_validated_scale(self, matrix: FeatureMatrix) -> float:
-        jobs = len(set(matrix.groups))
-        if self.shrink_folds < 2 or jobs < 2:
+        """Trials measured in several places (published sources, other deployments) are folded by
+        place, so the share applied is what holds where the model has not been: a correction that only
+        learns each place's own level shrinks towards the simulator."""
+        folds = _fold_labels(matrix)
+        distinct = len(set(folds))
+        if self.shrink_folds < 2 or distinct < 2:
             return 1.0
         inner = {**self.get_params(), "shrink_folds": 0, "n_bootstrap": 1}
-        predicted = out_of_fold(lambda: CostModel(**inner), matrix, n_splits=min(self.shrink_folds, jobs))
+        folded = FeatureMatrix(
+            X=matrix.X,
+            names=matrix.names,
+            simulated_s=matrix.simulated_s,
+            measured_s=matrix.measured_s,
+            groups=folds,
+            sources=matrix.sources,
+        )
+        predicted = out_of_fold(lambda: CostModel(**inner), folded, n_splits=min(self.shrink_folds, distinct))
         correction = np.log(predicted) - np.log(matrix.simulated_s)
         power = float(correction @ correction)
         residual = np.log(matrix.measured_s) - np.log(matrix.simulated_s)
@@ -308,6 +320,15 @@ def retrain_needed(n_new_trials: int, every: int = 20) -> bool:
     return n_new_trials >= every
 
 
+def _fold_labels(matrix: FeatureMatrix) -> list[str]:
+    """The rows' sources when they come from two or more, else their jobs."""
+    sources = matrix.sources or []
+    known = {source for source in sources if source is not None}
+    if len(known) >= 2:
+        return [source or "" for source in sources]
+    return list(matrix.groups)
+
+
 def _as_matrix(data: Data, names: Sequence[str]) -> FeatureMatrix:
     if isinstance(data, FeatureMatrix):
         if list(data.names) == list(names):
@@ -316,7 +337,12 @@ def _as_matrix(data: Data, names: Sequence[str]) -> FeatureMatrix:
         columns = [data.X[:, position[n]] if n in position else np.full(len(data), np.nan) for n in names]
         X = np.column_stack(columns) if columns else np.zeros((len(data), 0))
         return FeatureMatrix(
-            X=X, names=list(names), simulated_s=data.simulated_s, measured_s=data.measured_s, groups=data.groups
+            X=X,
+            names=list(names),
+            simulated_s=data.simulated_s,
+            measured_s=data.measured_s,
+            groups=data.groups,
+            sources=data.sources,
         )
     return build_features(data, names)
 
