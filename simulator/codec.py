@@ -107,6 +107,7 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.selective[i] = strategy.recompute == "selective"
     b.precision[i] = _PRECISIONS[strategy.precision]
     b.sequence_parallel[i] = strategy.sequence_parallel
+    b.compile[i] = strategy.compile
     if strategy.pipeline is not None:
         b.micro_batches[i] = strategy.pipeline.micro_batches
         b.schedule[i] = _SCHEDULES[strategy.pipeline.schedule]
@@ -190,6 +191,7 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         recompute="full" if batch.recompute[i] else "selective" if batch.selective[i] else "none",
         precision=_PRECISION_NAMES[Precision(int(batch.precision[i]))],  # type: ignore[arg-type]
         sequence_parallel=bool(batch.sequence_parallel[i]),
+        compile=bool(batch.compile[i]),
         consistency=consistency,
         variables=variables,
         provenance=Provenance(builder=builder),

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.context import SimContext
+from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, wave_utilisation
 
 BACKWARD_BYTES_FACTOR = 2.0
 """Backward bytes moved relative to forward (gradients of inputs and of weights)."""
@@ -50,6 +51,8 @@ class Knobs:
     precision: int = 0
     context_parallel: int = 1
     sequence_parallel: bool = False
+    compile: bool = False
+    """`torch.compile`: each chain of element-wise kernels runs fused (`simulator.kernels`)."""
 
 
 PLAIN = Knobs()
@@ -88,13 +91,92 @@ def layer_times(
         moved = moved * context.var_precision.activation[p]
         fill_bytes = fill_bytes * context.var_precision.graph_gradient[p]
     launch = k.launch_overhead_s[kind]
+    fill = fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
+    if k.specs[kind].is_gpu and context.kernels.split:
+        fwd, bwd = gpu_kernels(context, kind, tensor, micro_batches, knobs, share=share, byte_rate=byte_rate)
+        result = queued_ahead(fwd, bwd + fill, launch)
+        context._layer_time_cache[key] = result
+        return result
     fwd = np.maximum(context.fwd_flops * share / flop_rate, moved * share / byte_rate)
     bwd_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR) * moved * share / byte_rate
-    fill = fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
     bwd = np.maximum(context.bwd_flops * share / flop_rate, bwd_bytes) + fill
     result = queued_ahead(fwd, bwd, launch) if k.specs[kind].is_gpu else (fwd + launch, bwd + launch)
     context._layer_time_cache[key] = result
     return result
+
+
+def gpu_kernels(
+    context: SimContext,
+    kind: int,
+    tensor: int,
+    micro_batches: int,
+    knobs: Knobs,
+    *,
+    share: np.ndarray,
+    byte_rate: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of each layer's kernels on a GPU, one after another
+    (`simulator.kernels`), before launches and the dense-gradient fill."""
+    k, kernels, p = context.kinds, context.kernels, knobs.precision
+    peaks = k.peaks
+    peak = np.where(context.layer_matmul, peaks.matmul[kind, p], k.peak_flops[kind])
+    peak = np.where(context.layer_conv, peaks.conv[kind, p], peak)
+    peak = np.where(context.layer_attention, peaks.attention[kind, p], peak)
+    efficiency = np.where(context.layer_matmul, peaks.matmul_efficiency[kind, p], k.elementwise_efficiency[kind])
+    efficiency = np.where(context.layer_conv, peaks.conv_efficiency[kind, p], efficiency)
+    forward_waves, backward_waves = _waves(context, kind, tensor, micro_batches, knobs)
+    scale = float(context.var_precision.activation[p]) if p else 1.0
+    elementwise = (kernels.fused_bytes if knobs.compile else kernels.elementwise_bytes) * scale
+    arithmetic = (
+        np.maximum(context.bytes_moved - kernels.attention_traced_bytes - kernels.elementwise_bytes, 0.0) * scale
+    )
+    streamed = k.memory_bandwidth[kind] * np.where(
+        context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind]
+    )
+    backward_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR)
+    attention = kernels.attention_flops
+    rate = peak * efficiency
+    fwd = np.maximum((context.fwd_flops - attention) * share / (rate * forward_waves), arithmetic * share / byte_rate)
+    bwd = np.maximum(
+        np.maximum(context.bwd_flops - 2.0 * attention, 0.0) * share / (rate * backward_waves),
+        backward_bytes * arithmetic * share / byte_rate,
+    )
+    fwd = fwd + elementwise * share / streamed
+    bwd = bwd + backward_bytes * elementwise * share / streamed
+    if attention.any():
+        work = attention * np.where(kernels.attention_causal, CAUSAL_SHARE, 1.0) * share
+        io = kernels.attention_io_bytes * scale * share / (k.memory_bandwidth[kind] * k.stream_efficiency[kind])
+        half = peaks.attention[kind, p]
+        fwd = fwd + np.where(attention > 0, np.maximum(work / (half * peaks.attention_efficiency[kind, p]), io), 0.0)
+        bwd = bwd + np.where(
+            attention > 0,
+            np.maximum(
+                FLASH_BACKWARD_FLOPS * work / (half * peaks.attention_backward_efficiency[kind, p]),
+                BACKWARD_BYTES_FACTOR * io,
+            ),
+            0.0,
+        )
+    return fwd, bwd
+
+
+def _waves(
+    context: SimContext, kind: int, tensor: int, micro_batches: int, knobs: Knobs
+) -> tuple[np.ndarray, np.ndarray]:
+    """[L] wave utilisation of each layer's forward GEMM and of its backward pair (1 where unknown)."""
+    sms = context.kinds.specs[kind].sm_count
+    gemm = context.kernels.gemm
+    if not sms or not gemm.any():
+        ones = np.ones(context.num_layers)
+        return ones, ones
+    split = context.layer_tensor_split & context.layer_matmul
+    row = context.layer_tp_allreduce
+    m = gemm[:, 0] / (micro_batches * knobs.context_parallel)
+    n = gemm[:, 1] / np.where(split & ~row, tensor, 1)
+    depth = gemm[:, 2] / np.where(split & row, tensor, 1)
+    forward = wave_utilisation(m, n, depth, sms)
+    inputs = wave_utilisation(m, depth, n, sms)
+    weights = wave_utilisation(n, depth, m, sms)
+    return forward, 2.0 / (1.0 / inputs + 1.0 / weights)
 
 
 def queued_ahead(fwd: np.ndarray, bwd: np.ndarray, launch: float) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ Per candidate, shape [N]:
 | `selective` | bool | selective recomputation: the attention cores of the numbered blocks only (not with `recompute`) |
 | `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
+| `compile` | bool | `torch.compile` of the blocks: element-wise chains run as fused kernels (`simulator.kernels`) |
 | `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
 
 Per candidate and device, shape [N, D]: `replicas` (bool) — the devices that run the model. Ranks are
@@ -137,6 +138,7 @@ PER_CANDIDATE: dict[str, Any] = {
     "precision": np.int8,
     "sequence_parallel": np.bool_,
     "shard_group": np.int32,
+    "compile": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -183,6 +185,7 @@ class CandidateBatch:
     sequence_parallel: np.ndarray
     shard_group: np.ndarray
     zero_stage: np.ndarray
+    compile: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -226,6 +229,7 @@ class CandidateBatch:
             sequence_parallel=np.zeros(n, np.bool_),
             shard_group=np.zeros(n, np.int32),
             zero_stage=np.full((n, V), 2, np.int8),
+            compile=np.zeros(n, np.bool_),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:

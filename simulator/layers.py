@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.kernels import KernelArrays, kernel_arrays
 from stratagem.ir import Layer, LayerKind, ModelGraph, Variable
 
 MATMUL_KINDS = frozenset({LayerKind.matmul, LayerKind.conv, LayerKind.attention})
@@ -76,6 +77,8 @@ class LayerArrays:
     half their backward, the part a zero-bubble schedule defers into the bubble."""
     layer_unit: np.ndarray
     """[L] index of each layer's unit in `unit_starts` (FSDP's wrapping unit: a block or a top-level module)."""
+    kernels: KernelArrays
+    """[L] how each layer's work splits into kernels on a GPU (`simulator.kernels`)."""
 
     @property
     def num_layers(self) -> int:
@@ -136,6 +139,7 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
         attention_kv_bytes=np.where(attention, inputs * _kv_share(graph), 0.0),
         layer_weight_grad=weighted,
         layer_unit=np.maximum(np.searchsorted(starts, np.arange(len(layers)), side="right") - 1, 0),
+        kernels=kernel_arrays(graph),
     )
 
 

@@ -136,14 +136,15 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
 
 MICRO_BITS, TENSOR_BITS = 20, 12
 """Bits of the micro-batch count and of the tensor degree in a configuration key (`validate` bounds both);
-the context degree takes the next 12, then the flags, the precision and the device kind."""
+the context degree takes the next 12, then the flags, compile, the precision and the device kind."""
 
 
 def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique (kind, knobs, tensor, micro-batches) keys of `rows` and each row's index among them."""
     key = (
-        (kind.astype(np.int64) << 50)
-        | (batch.precision[rows].astype(np.int64) << 47)
+        (kind.astype(np.int64) << 51)
+        | (batch.precision[rows].astype(np.int64) << 48)
+        | (batch.compile[rows].astype(np.int64) << 47)
         | (batch.recompute[rows].astype(np.int64) << 46)
         | (batch.selective[rows].astype(np.int64) << 45)
         | (batch.sequence_parallel[rows].astype(np.int64) << 44)
@@ -184,12 +185,13 @@ class Config:
 @functools.lru_cache(maxsize=4096)
 def _decode(k: int) -> Config:
     knobs = Knobs(
-        precision=(k >> 47) & 0x7,
+        precision=(k >> 48) & 0x7,
         context_parallel=(k >> (MICRO_BITS + TENSOR_BITS)) & 0xFFF,
         sequence_parallel=bool((k >> 44) & 1),
+        compile=bool((k >> 47) & 1),
     )
     return Config(
-        kind=k >> 50,
+        kind=k >> 51,
         tensor=(k >> MICRO_BITS) & 0xFFF,
         micro=k & 0xFFFFF,
         recompute=bool((k >> 46) & 1),

@@ -77,6 +77,8 @@ class Layout(Document):
     """`fp32`, `tf32`, `amp-fp16`, `amp-bf16` (fp32 master weights), `bf16`, `fp8` (fp8 matmuls, bf16 elsewhere)."""
     sequence_parallel: bool = False
     """Norms and dropout split along the sequence inside the tensor group (needs tensor > 1)."""
+    compile: bool = False
+    """`torch.compile` each block (torchtitan's `[compile]`): element-wise chains run as fused kernels."""
 
     @model_validator(mode="after")
     def _check_self(self) -> Self:
@@ -286,6 +288,7 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
         recompute=strategy.recompute,
         precision=strategy.precision,
         sequence_parallel=strategy.sequence_parallel,
+        compile=strategy.compile,
     )
 
 

@@ -83,6 +83,7 @@ def build_strategy(
         recompute=resolved.recompute,
         precision=resolved.precision,
         sequence_parallel=resolved.sequence_parallel,
+        compile=resolved.compile,
         variables=_variables(graph, resolved, shared),
         provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
     )

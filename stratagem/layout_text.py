@@ -22,6 +22,7 @@ LAYOUT_KEYS: dict[str, str] = {
     "recompute": "recompute",
     "precision": "precision",
     "sp": "sequence_parallel",
+    "compile": "compile",
 }
 """Short key -> Layout field; the field names themselves are accepted too (`data=8`)."""
 ALIASES = {"ac": "recompute", "fsdp": "zero"}

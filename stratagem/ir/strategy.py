@@ -286,6 +286,12 @@ class Strategy(Document):
     sequence_parallel: bool = False
     """With tensor parallelism: norms and dropout work on 1/tensor of the sequence, and each block's
     all-reduces become reduce-scatter plus all-gather (Korthikanti et al. 2022)."""
+    compile: bool = False
+    """Each numbered block runs under `torch.compile` (as torchtitan compiles its transformer blocks):
+    every chain of element-wise and normalization ops between two matmuls becomes one fused kernel, which
+    reads its inputs once and writes only what a later kernel or backward needs. Engines with hand-fused
+    kernels for the same chains (Megatron-LM's fused scale-mask-softmax, bias-GeLU, bias-dropout-add and
+    LayerNorm) compute the same way."""
     consistency: Consistency = Field(default_factory=Consistency)
     variables: list[VariableConfig] = Field(max_length=MAX_VARIABLES)
     predicted: PredictedPerformance | None = None

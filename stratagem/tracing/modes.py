@@ -69,8 +69,11 @@ class OpRecorder(TorchDispatchMode):
         if name in EMBEDDING_OPS:
             self._count_lookups(layer, args)
         if outputs and not func.is_view and name not in _NO_TRAFFIC:
-            layer.bytes_moved += _traffic(name, args, inputs, outputs)
-            layer.categories.add(op_category(name))
+            moved = _traffic(name, args, inputs, outputs)
+            category = op_category(name)
+            layer.bytes_moved += moved
+            layer.categories.add(category)
+            recorder.kernels.op(layer, category, inputs, outputs, moved)
         return layer
 
     def _count_lookups(self, layer: LayerRecord, args: tuple[Any, ...]) -> None:
@@ -109,9 +112,15 @@ class NodeTagger(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        fused = func is F.scaled_dot_product_attention and self.recorder.phase is Phase.forward
+        if fused:
+            self.recorder.kernels.begin_attention(self.recorder.current_layer(), args, kwargs)
+        out = func(*args, **kwargs)
+        if fused:
+            self.recorder.kernels.end_attention(out)
         if self.recorder.phase is Phase.forward:
-            if func is F.scaled_dot_product_attention:
+            if fused:
                 self.recorder.current_layer().categories.add("attention")
             # Arguments too: an in-place op (x[i] = y) rewires its input's grad_fn and returns None.
             tensors = tensors_in((out, args, kwargs))
