@@ -105,6 +105,7 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.staleness[i] = strategy.consistency.staleness
     b.recompute[i] = strategy.recompute == "full"
     b.selective[i] = strategy.recompute == "selective"
+    b.selective_op[i] = strategy.recompute == "selective-op"
     b.precision[i] = _PRECISIONS[strategy.precision]
     b.sequence_parallel[i] = strategy.sequence_parallel
     b.compile[i] = strategy.compile
@@ -188,7 +189,7 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         ),
         pipeline=pipeline,
         tensor_parallel=context.tensor_plan(int(batch.tensor[i])),
-        recompute="full" if batch.recompute[i] else "selective" if batch.selective[i] else "none",
+        recompute=_recompute_name(batch, i),
         precision=_PRECISION_NAMES[Precision(int(batch.precision[i]))],  # type: ignore[arg-type]
         sequence_parallel=bool(batch.sequence_parallel[i]),
         compile=bool(batch.compile[i]),
@@ -240,3 +241,11 @@ def _compressor(kind: int, param: float) -> dict[str, Any]:
     if kind == CompressorKind.TOPK:
         return {"kind": "topk", "ratio": float(min(1.0, max(param, math.ulp(0.0))))}
     return {"kind": CompressorKind(kind).name.lower()}
+
+
+def _recompute_name(batch: CandidateBatch, i: int) -> str:
+    if batch.recompute[i]:
+        return "full"
+    if batch.selective[i]:
+        return "selective"
+    return "selective-op" if batch.selective_op[i] else "none"

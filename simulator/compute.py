@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.context import SimContext
-from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, wave_utilisation
+from simulator.encoding import Precision
+from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, fp8_scaling_bytes, wave_utilisation
 
 BACKWARD_BYTES_FACTOR = 2.0
 """Backward bytes moved relative to forward (gradients of inputs and of weights)."""
@@ -124,7 +125,7 @@ def gpu_kernels(
     peak = np.where(context.layer_attention, peaks.attention[kind, p], peak)
     efficiency = np.where(context.layer_matmul, peaks.matmul_efficiency[kind, p], k.elementwise_efficiency[kind])
     efficiency = np.where(context.layer_conv, peaks.conv_efficiency[kind, p], efficiency)
-    forward_waves, backward_waves = _waves(context, kind, tensor, micro_batches, knobs)
+    forward_waves, backward_waves, dims = _waves(context, kind, tensor, micro_batches, knobs)
     scale = float(context.var_precision.activation[p]) if p else 1.0
     elementwise = (kernels.fused_bytes if knobs.compile else kernels.elementwise_bytes) * scale
     arithmetic = (
@@ -143,6 +144,11 @@ def gpu_kernels(
     )
     fwd = fwd + elementwise * share / streamed
     bwd = bwd + backward_bytes * elementwise * share / streamed
+    if p == Precision.FP8 and dims is not None:
+        cast_fwd, cast_bwd = fp8_scaling_bytes(*dims, compiled=knobs.compile)
+        weighted = context.layer_weight_grad
+        fwd = fwd + np.where(weighted, cast_fwd, 0.0) / streamed
+        bwd = bwd + np.where(weighted, cast_bwd, 0.0) / streamed
     if attention.any():
         work = attention * np.where(kernels.attention_causal, CAUSAL_SHARE, 1.0) * share
         io = kernels.attention_io_bytes * scale * share / (k.memory_bandwidth[kind] * k.stream_efficiency[kind])
@@ -161,22 +167,26 @@ def gpu_kernels(
 
 def _waves(
     context: SimContext, kind: int, tensor: int, micro_batches: int, knobs: Knobs
-) -> tuple[np.ndarray, np.ndarray]:
-    """[L] wave utilisation of each layer's forward GEMM and of its backward pair (1 where unknown)."""
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """[L] wave utilisation of each layer's forward GEMM and of its backward pair (1 where unknown), and
+    the GEMMs' M, N, K on one rank for one micro-batch (None where the graph records none)."""
     sms = context.kinds.specs[kind].sm_count
     gemm = context.kernels.gemm
-    if not sms or not gemm.any():
+    if not gemm.any():
         ones = np.ones(context.num_layers)
-        return ones, ones
+        return ones, ones, None
     split = context.layer_tensor_split & context.layer_matmul
     row = context.layer_tp_allreduce
     m = gemm[:, 0] / (micro_batches * knobs.context_parallel)
     n = gemm[:, 1] / np.where(split & ~row, tensor, 1)
     depth = gemm[:, 2] / np.where(split & row, tensor, 1)
+    if not sms:
+        ones = np.ones(context.num_layers)
+        return ones, ones, (m, n, depth)
     forward = wave_utilisation(m, n, depth, sms)
     inputs = wave_utilisation(m, depth, n, sms)
     weights = wave_utilisation(n, depth, m, sms)
-    return forward, 2.0 / (1.0 / inputs + 1.0 / weights)
+    return forward, 2.0 / (1.0 / inputs + 1.0 / weights), (m, n, depth)
 
 
 def queued_ahead(fwd: np.ndarray, bwd: np.ndarray, launch: float) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ Per candidate, shape [N]:
 | `staleness` | int32 | SSP's bound in steps (0 for BSP, ignored for ASP) |
 | `recompute` | bool | full recomputation of the numbered blocks (`context.layer_recomputed`) |
 | `selective` | bool | selective recomputation: the attention cores of the numbered blocks only (not with `recompute`) |
+| `selective_op` | bool | per-op selective checkpointing of the numbered blocks (`layers.op_recomputed`; not with the other two) |
 | `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
 | `compile` | bool | `torch.compile` of the blocks: element-wise chains run as fused kernels (`simulator.kernels`) |
@@ -139,6 +140,7 @@ PER_CANDIDATE: dict[str, Any] = {
     "sequence_parallel": np.bool_,
     "shard_group": np.int32,
     "compile": np.bool_,
+    "selective_op": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -186,6 +188,7 @@ class CandidateBatch:
     shard_group: np.ndarray
     zero_stage: np.ndarray
     compile: np.ndarray
+    selective_op: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -230,6 +233,7 @@ class CandidateBatch:
             shard_group=np.zeros(n, np.int32),
             zero_stage=np.full((n, V), 2, np.int8),
             compile=np.zeros(n, np.bool_),
+            selective_op=np.zeros(n, np.bool_),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -349,6 +353,11 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
     problems += _first_bad("precision", (b.precision < 0) | (b.precision > 5), "unknown precision")
     problems += _first_bad(
         "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
+    )
+    problems += _first_bad(
+        "selective_op",
+        b.selective_op & (b.recompute | b.selective),
+        "per-op selective checkpointing excludes the other recomputations",
     )
     problems += _first_bad("sequence_parallel", b.sequence_parallel & (b.tensor < 2), "needs tensor > 1")
     problems += _first_bad("tensor", b.tensor >= 1 << 12, "must be < 4096")

@@ -25,6 +25,12 @@ one after another, so their times add (Williams et al. 2009's roofline holds per
   each at least its q, k, v and output bytes through memory. What capture's decomposition of the call
   moved (`FusedAttention.traced_bytes`: the s x s passes of the math path) is not priced.
 
+- Under `fp8` each weighted GEMM scales its operands per tensor at run time (torchao's tensorwise float8
+  training): a pass that finds the operand's absolute maximum, then a cast to fp8, for the input and
+  the weight in forward and the output's gradient in backward, whose two GEMMs also take transposed
+  fp8 copies of the input and of that gradient (`fp8_scaling_bytes`). Compiled, the maximum fuses into
+  the cast's pass.
+
 Graphs captured before these fields existed have no element-wise split and no attention record: their
 layers price as one roofline, as on a CPU.
 """
@@ -42,6 +48,8 @@ TILE = 128
 """Side of the output tile a half-precision cuBLAS GEMM computes per thread block (the guide's 128 x 128)."""
 FLASH_BACKWARD_FLOPS = 2.5
 """A fused attention backward's FLOPs per forward FLOP: five matmuls to the forward's two (Dao 2023)."""
+K_STEP = 32
+"""Depth of one main-loop step of a half-precision tile (32 along K): the least a split-K part can take."""
 CAUSAL_SHARE = 0.5
 """Share of the score matrix a causal fused kernel computes."""
 
@@ -92,6 +100,24 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
     )
 
 
+FP8_CAST_BYTES = 5.0
+"""Bytes per element of a bf16 operand's dynamic fp8 scaling: read for its maximum (2), read again to cast
+(2), write the fp8 copy (1)."""
+FP8_FUSED_CAST_BYTES = 3.0
+"""The same compiled: the maximum and the cast read the operand once between them (2), then write (1)."""
+FP8_TRANSPOSE_BYTES = 2.0
+"""Bytes per element of a transposed fp8 copy (read 1, write 1)."""
+
+
+def fp8_scaling_bytes(m: np.ndarray, n: np.ndarray, k: np.ndarray, *, compiled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes the fp8 scaling of one GEMM moves in forward (input M x K, weight N x K) and backward (output
+    gradient M x N, transposed copies of the input and of that gradient)."""
+    cast = FP8_FUSED_CAST_BYTES if compiled else FP8_CAST_BYTES
+    forward = cast * (m * k + n * k)
+    backward = cast * m * n + FP8_TRANSPOSE_BYTES * (m * k + m * n)
+    return forward, backward
+
+
 def gemm_dims(graph: ModelGraph, index: int) -> tuple[float, float, float]:
     """(M, N, K) of a matmul or convolution layer's GEMM (a convolution as its implicit GEMM), from
     `2·M·N·K` = its forward FLOPs, `M·N` = its output's elements and `N·K` = its weight's (the largest
@@ -114,13 +140,13 @@ def gemm_dims(graph: ModelGraph, index: int) -> tuple[float, float, float]:
 def wave_utilisation(rows: np.ndarray, cols: np.ndarray, depth: np.ndarray, sms: float) -> np.ndarray:
     """Useful share of the tile-waves a `rows x cols` GEMM output of reduction `depth` takes on `sms` SMs
     (1 where unknown). Tiles are padded to 128 x 128; an output of fewer tiles than SMs is split along
-    K (cuBLAS's split-K) into as many parts as fill the SMs, each at least a tile deep."""
+    K (cuBLAS's split-K) into as many parts as fill the SMs, each at least one main-loop step deep."""
     if not sms or not math.isfinite(sms):
         return np.ones_like(rows)
     known = (rows >= 1) & (cols >= 1) & (depth >= 1)
     r, c, d = np.maximum(rows, 1.0), np.maximum(cols, 1.0), np.maximum(depth, 1.0)
     tiles = np.ceil(r / TILE) * np.ceil(c / TILE)
-    splits = np.maximum(np.minimum(np.floor(sms / tiles), np.floor(d / TILE)), 1.0)
+    splits = np.maximum(np.minimum(np.floor(sms / tiles), np.floor(d / K_STEP)), 1.0)
     blocks = tiles * splits
     padding = r * c / (tiles * TILE * TILE)
     waves = blocks / (np.ceil(blocks / sms) * sms)

@@ -79,6 +79,16 @@ class LayerArrays:
     """[L] index of each layer's unit in `unit_starts` (FSDP's wrapping unit: a block or a top-level module)."""
     kernels: KernelArrays
     """[L] how each layer's work splits into kernels on a GPU (`simulator.kernels`)."""
+    op_recomputed: np.ndarray
+    """[L] layers per-op selective checkpointing runs again in backward: inside a numbered block, all but
+    its fused attention cores and every other weighted matmul (the first, third, ... in the block are
+    kept: torchtitan's policy saves the output of each `mm` except every second one)."""
+    gradient_bytes: np.ndarray
+    """[L] bytes of gradients a layer's backward holds at once: the gradient of its output (or of its
+    internal tensors, the size of what it saved, when larger) and the gradient it produces for its inputs."""
+    op_kept: np.ndarray
+    """[L] bytes per-op selective checkpointing keeps for a layer inside a numbered block: a kept
+    matmul's or attention core's output, and the block's input at its first layer; 0 for the rest."""
 
     @property
     def num_layers(self) -> int:
@@ -140,7 +150,31 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
         layer_weight_grad=weighted,
         layer_unit=np.maximum(np.searchsorted(starts, np.arange(len(layers)), side="right") - 1, 0),
         kernels=kernel_arrays(graph),
+        gradient_bytes=np.maximum(output, activations) + inputs,
+        **_op_checkpointing(graph, units, recomputed, first, block_input, output, weighted, attention),
     )
+
+
+def _op_checkpointing(
+    graph: ModelGraph,
+    units: list[str | None],
+    recomputed: np.ndarray,
+    first: np.ndarray,
+    block_input: np.ndarray,
+    output: np.ndarray,
+    weighted: np.ndarray,
+    attention: np.ndarray,
+) -> dict[str, np.ndarray]:
+    fused = np.array([layer.attention is not None for layer in graph.layers], dtype=bool)
+    kept = np.zeros(len(graph.layers), dtype=bool)
+    counts: dict[str | None, int] = {}
+    for i, unit in enumerate(_carried(units)):
+        if recomputed[i] and weighted[i]:
+            counts[unit] = counts.get(unit, 0) + 1
+            kept[i] = counts[unit] % 2 == 1
+    kept |= attention & fused
+    held = np.where(kept, output, 0.0) + np.where(first, block_input, 0.0)
+    return {"op_recomputed": recomputed & ~kept, "op_kept": np.where(recomputed, held, 0.0)}
 
 
 def _kv_share(graph: ModelGraph) -> float:

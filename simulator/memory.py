@@ -141,6 +141,7 @@ def memory_phase(
     peak = params + grads + state + frozen + acts + compute.fsdp_working
     if compute.piped.size:
         peak[compute.piped] = _pipelined_peak(context, batch, topo, compute)
+    peak = peak + _backward_extra(context, batch, topo) / batch.micro_batches
 
     replicas = batch.replicas
     peak = peak + np.where(replicas, held, 0.0).max(axis=1)
@@ -302,7 +303,11 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
                 kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
             )
     knobs = np.flatnonzero(
-        (batch.precision > 0) | (batch.context_parallel > 1) | batch.sequence_parallel | batch.selective
+        (batch.precision > 0)
+        | (batch.context_parallel > 1)
+        | batch.sequence_parallel
+        | batch.selective
+        | batch.selective_op
     )
     if knobs.size:
         shapes: dict[activations.Shape, float] = {}
@@ -314,8 +319,32 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
                 precision=int(batch.precision[i]),
                 selective=bool(batch.selective[i]),
                 recompute=bool(batch.recompute[i]),
+                selective_op=bool(batch.selective_op[i]),
             )
             if shape not in shapes:
                 shapes[shape] = float(activations.held(context, shape).sum()) + activations.rebuilt(context, shape)
             out[i] = shapes[shape]
+    return out
+
+
+def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) -> np.ndarray:
+    """[N] gradient bytes backward holds beyond the activations at its fullest, for the whole per-replica
+    batch (`activations.backward_extra`), on GPU kinds; 0 on CPUs, whose figures calibration measured
+    with them included."""
+    out = np.zeros(len(batch))
+    gpu = np.array([spec.is_gpu for spec in context.kinds.specs], dtype=bool)[topo.kind]
+    shapes: dict[activations.Shape, float] = {}
+    for i in np.flatnonzero(gpu).tolist():
+        shape = activations.Shape(
+            tensor=int(batch.tensor[i]),
+            context_parallel=int(batch.context_parallel[i]),
+            sequence_parallel=bool(batch.sequence_parallel[i]),
+            precision=int(batch.precision[i]),
+            selective=bool(batch.selective[i]),
+            recompute=bool(batch.recompute[i]),
+            selective_op=bool(batch.selective_op[i]),
+        )
+        if shape not in shapes:
+            shapes[shape] = activations.backward_extra(context, shape, activations.held(context, shape))
+        out[i] = shapes[shape]
     return out

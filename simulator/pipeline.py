@@ -17,7 +17,8 @@ Rank r finishes its last backward r slowest-rank backward steps before rank 0 do
 the rank are ready as above.
 
 With full recomputation a numbered block's backward first repeats its forward (and that forward's
-tensor-parallel all-reduces); with selective recomputation only its attention core's forward.
+tensor-parallel all-reduces); with selective recomputation only its attention core's forward; with
+per-op selective checkpointing the forward of the layers it does not keep (`layers.op_recomputed`).
 Context parallelism adds ring attention's exposed key/value sends (`simulator.context_parallel`), ZeRO
 stage 3 its exposed gathers and reduce-scatters (`simulator.fsdp`).
 
@@ -136,13 +137,15 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
 
 MICRO_BITS, TENSOR_BITS = 20, 12
 """Bits of the micro-batch count and of the tensor degree in a configuration key (`validate` bounds both);
-the context degree takes the next 12, then the flags, compile, the precision and the device kind."""
+the context degree takes the next 12, then the flags, compile, the precision, per-op checkpointing and
+the device kind."""
 
 
 def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique (kind, knobs, tensor, micro-batches) keys of `rows` and each row's index among them."""
     key = (
-        (kind.astype(np.int64) << 51)
+        (kind.astype(np.int64) << 52)
+        | (batch.selective_op[rows].astype(np.int64) << 51)
         | (batch.precision[rows].astype(np.int64) << 48)
         | (batch.compile[rows].astype(np.int64) << 47)
         | (batch.recompute[rows].astype(np.int64) << 46)
@@ -166,6 +169,7 @@ class Config:
     recompute: bool
     selective: bool
     knobs: Knobs
+    selective_op: bool = False
 
     @classmethod
     def decode(cls, key: np.int64) -> Config:
@@ -179,6 +183,7 @@ class Config:
             precision=self.knobs.precision,
             selective=self.selective,
             recompute=self.recompute,
+            selective_op=self.selective_op,
         )
 
 
@@ -191,7 +196,8 @@ def _decode(k: int) -> Config:
         compile=bool((k >> 47) & 1),
     )
     return Config(
-        kind=k >> 51,
+        kind=k >> 52,
+        selective_op=bool((k >> 51) & 1),
         tensor=(k >> MICRO_BITS) & 0xFFF,
         micro=k & 0xFFFFF,
         recompute=bool((k >> 46) & 1),
@@ -210,6 +216,8 @@ def _times(context: SimContext, config: Config) -> tuple[np.ndarray, np.ndarray,
         return fwd, bwd + fwd * context.layer_recomputed, weight
     if config.selective:
         return fwd, bwd + fwd * (context.layer_attention & context.layer_recomputed), weight
+    if config.selective_op:
+        return fwd, bwd + fwd * context.op_recomputed, weight
     return fwd, bwd, weight
 
 

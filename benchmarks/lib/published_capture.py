@@ -106,6 +106,7 @@ def capture(spec: ModelSpec) -> ModelGraph:
             optimizer=spec.optimizer,
             name=spec.name,
             attn_implementation=spec.attn_implementation,  # type: ignore[arg-type]
+            dtype=spec.dtype,  # type: ignore[arg-type]
         )
     if spec.kind == "zoo":
         module, make_batch = stratagem.zoo.build(spec.config["zoo"], spec.config["size"], device="meta")

@@ -85,7 +85,11 @@ def precision(row: Row) -> str:
 
 
 def recompute(row: Row) -> str:
+    """torchtitan's "selective (op)" and its llama3_8b.toml default (`selective_ac_option = "op"`) are
+    per-op checkpointing (`selective-op`); Megatron's selective is the attention core's."""
     text = row.recompute.strip().lower()
+    if row.source == "torchtitan_benchmarks" and text.startswith("selective"):
+        return "selective-op"
     for name in ("none", "selective", "full"):
         if text.startswith(name):
             return name

@@ -26,6 +26,8 @@ class ModelSpec:
     optimizer: str
     attn_implementation: str = "sdpa"
     """The attention the source's run used (`ATTENTION`)."""
+    dtype: str = "float32"
+    """The dtype the run's parameters compute in (`COMPUTE_DTYPE`)."""
 
     def key(self) -> dict[str, Any]:
         return {
@@ -35,6 +37,7 @@ class ModelSpec:
             "seq": self.seq,
             "optimizer": self.optimizer,
             "attn_implementation": self.attn_implementation,
+            "dtype": self.dtype,
         }
 
 
@@ -48,6 +51,11 @@ ATTENTION = {
 scores with batched matmuls through memory (fused scale-mask-softmax, no flash kernel: FlashAttention is
 from 2022); transformers 4.12 (DeepSpeed's autotuning runs) had only eager attention; torchtitan's Llama
 calls `scaled_dot_product_attention` (a flash kernel on H100)."""
+COMPUTE_DTYPE = {"torchtitan_benchmarks": "bfloat16"}
+"""Sources whose runs compute with bf16 parameters: torchtitan's FSDP2 casts them for compute
+(`MixedPrecisionPolicy(param_dtype=bfloat16)`), so norms and the loss cast activations to fp32 and back
+as captured in bf16. Others run autocast over fp32 weights (or Megatron's fp16 copies) and are captured
+in fp32, their activations scaled by the precision."""
 
 
 GLUE_HEAD = {"num_labels": 3, "problem_type": "single_label_classification"}
@@ -110,7 +118,16 @@ def model_spec(row: Row) -> ModelSpec:
     else:
         raise ValueError(f"model_config: no mapping for family {row.family!r} ({row.model})")
     batch, _ = pipeline_micro_batch(row)
-    return ModelSpec("hf", row.model, config, batch, row.seq, optimizer, ATTENTION.get(row.source, "sdpa"))
+    return ModelSpec(
+        "hf",
+        row.model,
+        config,
+        batch,
+        row.seq,
+        optimizer,
+        ATTENTION.get(row.source, "sdpa"),
+        COMPUTE_DTYPE.get(row.source, "float32"),
+    )
 
 
 def _megatron_gpt(cfg: dict[str, Any]) -> dict[str, Any]:

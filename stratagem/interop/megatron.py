@@ -15,7 +15,11 @@ a layout must say:
 - `--recompute-granularity selective` recomputes the core attention (its default `--recompute-modules`),
   `full` every layer (`--recompute-method uniform --recompute-num-layers 1`);
 - `--bf16` / `--fp16` compute in half precision with fp32 main weights (amp); fp8 is Transformer
-  Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag.
+  Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
+- Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
+  bias-dropout-add: on unless `--no-masked-softmax-fusion`, `--no-bias-gelu-fusion` or
+  `--no-bias-dropout-fusion` turns one off), which is what `Layout.compile` prices: an imported layout
+  compiles unless a fusion is off, and an exported one writes no switch either way.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from stratagem.layout import Layout
 
 ENGINE = "megatron"
 SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+UNFUSED = frozenset({"--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion"})
+"""Switches that turn one of Megatron's fused element-wise kernels off."""
 FLAGS = (
     "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size",
@@ -91,6 +97,8 @@ def _refusals(layout: Layout, pipeline: int, layers: int | None) -> list[str]:
         )
     if layout.precision == "tf32":
         reasons.append(TF32_REASON)
+    if layout.recompute == "selective-op":
+        reasons.append("selective-op recomputation: Megatron recomputes by module (--recompute-modules), not per op")
     if layout.precision == "bf16":
         reasons.append("bf16 without fp32 main weights: Megatron's --bf16 keeps fp32 main weights (that is amp-bf16)")
     if pipeline > 1 and layout.schedule in ("gpipe", "zero-bubble"):
@@ -150,6 +158,7 @@ def layout_from_megatron(args: str | list[str]) -> Layout:
         "sequence_parallel": "--sequence-parallel" in switches,
         "recompute": _recompute(values),
         "precision": _precision(values, switches),
+        "compile": not (UNFUSED & switches),
     }
     fields |= _zero(values, switches)
     return Layout.parse(fields)

@@ -14,7 +14,10 @@ same section and field names). What that version does, and so what a layout must
 - `local_batch_size` is the samples per data-parallel rank per pipeline step, cut into micro-batches of
   `pipeline_parallel_microbatch_size`; `global_batch_size` beyond `local × dp` is gradient accumulation;
 - schedules are torch.distributed.pipelining's names; multi-stage ones default to 2 stages per rank,
-  others need `pipeline_parallel_layers_per_stage`.
+  others need `pipeline_parallel_layers_per_stage`;
+- `[compile] enable` with `components` holding "model" compiles each transformer block (`Layout.compile`);
+- `activation_checkpoint.mode = "selective"` checkpoints per op (`selective_ac_option = "op"`, the layout's
+  `selective-op`) or every n-th layer (an integer option, torchtitan's default "2", which no layout states).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ FROM_SCHEDULE = {
 MULTI_STAGE = ("interleaved1f1b", "zbvzerobubble", "interleavedzerobubble", "loopedbfs", "dualpipev")
 """Schedules that hold several stages per rank (2 unless `pipeline_parallel_layers_per_stage` says)."""
 FLOAT8_CONVERTER = "quantize.linear.float8"
-AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
+AC_MODES = {"none": "none", "selective-op": "selective", "full": "full"}
 
 
 def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
@@ -72,8 +75,10 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
     parallelism["context_parallel_degree"] = context
     sections: dict[str, dict[str, Any]] = {"training": _training(layout, pipeline), "parallelism": parallelism}
     sections["activation_checkpoint"] = {"mode": AC_MODES[layout.recompute]}
-    if layout.recompute == "selective":
+    if layout.recompute == "selective-op":
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
+    if layout.compile:
+        sections["compile"] = {"enable": True, "components": ["model", "loss"]}
     if layout.precision == "fp8":
         sections["model"] = {"converters": [FLOAT8_CONVERTER]}
         sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
@@ -108,6 +113,10 @@ def _refusals(layout: Layout, tensor: int, pipeline: int, context: int, layers: 
         reasons.append("data: DDP states its replicate degree; resolve the layout for a device count first")
     if layout.shard_group is not None and data is None:
         reasons.append("shard_group: HSDP states its replicate degree, which needs the data degree")
+    if layout.recompute == "selective":
+        reasons.append(
+            "selective recomputation of the attention core: torchtitan checkpoints per op (selective-op) or per layer"
+        )
     if tensor > 1 and not layout.sequence_parallel:
         reasons.append(
             "tensor parallelism without sequence parallelism: torchtitan always splits norms along the sequence"
@@ -198,6 +207,7 @@ def layout_from_torchtitan(toml_text: str) -> Layout:
         "recompute": _recompute(ac),
         "precision": _precision(training, model, fsdp=fsdp or context > 1, alone=tensor == pipeline == 1),
         "sequence_parallel": tensor > 1 and bool(par.get("enable_sequence_parallel", True)),
+        "compile": _compiled(_section(doc, "compile")),
     }
     fields |= _batch(training, par, pipeline)
     return Layout.parse(fields)
@@ -235,13 +245,30 @@ def _pipeline_schedule(par: dict[str, Any], pipeline: int) -> tuple[str, int]:
     return FROM_SCHEDULE[key], chunks
 
 
+def _compiled(section: dict[str, Any]) -> bool:
+    enable = section.get("enable", False)
+    if not isinstance(enable, bool):
+        raise config_error(ENGINE, "compile.enable", f"must be true or false, got {enable!r}")
+    components = section.get("components", ["model", "loss"])
+    return enable and isinstance(components, list) and "model" in components
+
+
 def _recompute(ac: dict[str, Any]) -> str:
     mode = ac.get("mode", "selective")
-    if mode not in AC_MODES:
+    if mode not in ("none", "selective", "full"):
         raise config_error(
             ENGINE, "activation_checkpoint.mode", f"{mode!r} has no layout recomputation (none, selective, full)"
         )
-    return AC_MODES[mode]
+    if mode != "selective":
+        return mode
+    option = str(ac.get("selective_ac_option", "2"))
+    if option != "op":
+        raise config_error(
+            ENGINE,
+            "activation_checkpoint.selective_ac_option",
+            f"{option!r} checkpoints every n-th layer, which no layout recomputation states; use 'op'",
+        )
+    return "selective-op"
 
 
 def _precision(training: dict[str, Any], model: dict[str, Any], *, fsdp: bool, alone: bool) -> str:

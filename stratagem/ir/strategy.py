@@ -176,7 +176,7 @@ class PipelineConfig(Strict):
 
 
 TensorParallelStyle = Literal["colwise", "rowwise", "vocab", "heads"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "selective-op", "full"]
 Precision = Literal["fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp8"]
 
 
@@ -278,7 +278,10 @@ class Strategy(Document):
     `full`: only a block's input is kept through the forward, and the block's forward runs again in
     backward (one more forward per step buys the memory of all but one block's activations).
     `selective`: only the attention core (scores, softmax, dropout: Korthikanti et al. 2022) is dropped and
-    recomputed, the largest activations for the least compute."""
+    recomputed, the largest activations for the least compute.
+    `selective-op`: per-op selective checkpointing of each block, torchtitan's `selective_ac_option = "op"`:
+    the outputs of its fused attention and of every other matmul are kept, everything else (norms,
+    activations, the other matmuls) runs again in backward."""
     precision: Precision = "fp32"
     """Numerics of the step. `fp32`; `tf32` (fp32 storage, TF32 tensor-core matmuls); `amp-fp16`,
     `amp-bf16` (fp32 master weights and optimizer state, half-precision compute and activations);
