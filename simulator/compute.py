@@ -69,8 +69,8 @@ def layer_times(
         return cached
     k = context.kinds
     p = knobs.precision
-    efficiency = np.where(context.layer_matmul, k.matmul_efficiency[kind], k.elementwise_efficiency[kind])
-    efficiency = np.where(context.layer_conv, k.conv_efficiency[kind], efficiency)
+    efficiency = np.where(context.layer_matmul, k.peaks.matmul_efficiency[kind, p], k.elementwise_efficiency[kind])
+    efficiency = np.where(context.layer_conv, k.peaks.conv_efficiency[kind, p], efficiency)
     peak = np.where(context.layer_matmul, k.peaks.matmul[kind, p], k.peak_flops[kind])
     peak = np.where(context.layer_conv, k.peaks.conv[kind, p], peak)
     peak = np.where(context.layer_attention, k.peaks.attention[kind, p], peak)
@@ -128,9 +128,7 @@ def gpu_kernels(
     forward_waves, backward_waves, dims = _waves(context, kind, tensor, micro_batches, knobs)
     scale = float(context.var_precision.activation[p]) if p else 1.0
     elementwise = (kernels.fused_bytes if knobs.compile else kernels.elementwise_bytes) * scale
-    arithmetic = (
-        np.maximum(context.bytes_moved - kernels.attention_traced_bytes - kernels.elementwise_bytes, 0.0) * scale
-    )
+    arithmetic = np.maximum(kernels.arithmetic_bytes, 0.0) * scale
     streamed = k.memory_bandwidth[kind] * np.where(
         context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind]
     )

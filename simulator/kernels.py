@@ -58,6 +58,8 @@ CAUSAL_SHARE = 0.5
 class KernelArrays:
     """Per layer l: the kernel-level figures capture recorded (zeros where it did not)."""
 
+    arithmetic_bytes: np.ndarray
+    """[L] bytes of the matmul, convolution and lookup kernels."""
     elementwise_bytes: np.ndarray
     """[L] bytes of the element-wise and normalization kernels, eager."""
     fused_bytes: np.ndarray
@@ -73,8 +75,7 @@ class KernelArrays:
     gemm: np.ndarray
     """[L, 3] M, N, K of a layer's GEMM (a matmul or convolution with a weight); 0 where unknown."""
     split: bool
-    """Whether any layer has an element-wise split or a fused attention call (else GPU layers price as one
-    roofline each)."""
+    """Whether capture recorded the split (else GPU layers price as one roofline each)."""
 
 
 def kernel_arrays(graph: ModelGraph) -> KernelArrays:
@@ -89,6 +90,15 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
     )
     calls = [layer.attention for layer in layers]
     return KernelArrays(
+        arithmetic_bytes=np.array(
+            [
+                layer.bytes_moved - layer.elementwise_bytes - (layer.attention.traced_bytes if layer.attention else 0.0)
+                if layer.arithmetic_bytes is None
+                else layer.arithmetic_bytes
+                for layer in layers
+            ],
+            dtype=float,
+        ),
         elementwise_bytes=elementwise,
         fused_bytes=fused,
         attention_flops=np.array([c.flops if c else 0.0 for c in calls], dtype=float),
@@ -96,7 +106,7 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
         attention_io_bytes=np.array([c.io_bytes if c else 0.0 for c in calls], dtype=float),
         attention_causal=np.array([bool(c and c.causal) for c in calls], dtype=bool),
         gemm=np.array([gemm_dims(graph, i) for i in range(len(layers))], dtype=float).reshape(len(layers), 3),
-        split=bool(elementwise.any() or any(calls)),
+        split=any(layer.arithmetic_bytes is not None for layer in layers),
     )
 
 

@@ -55,6 +55,9 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
                     "activation_bytes": layer.activation_bytes * factor,
                     "output_bytes": layer.output_bytes * factor,
                     "elementwise_bytes": layer.elementwise_bytes * factor,
+                    "arithmetic_bytes": None
+                    if layer.arithmetic_bytes is None
+                    else _per_sample(layer.arithmetic_bytes, fixed, factor),
                     "fused_elementwise_bytes": None
                     if layer.fused_elementwise_bytes is None
                     else layer.fused_elementwise_bytes * factor,
@@ -77,3 +80,9 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
         for variable in graph.variables
     ]
     return graph.replace(batch_size=samples, layers=layers, variables=variables)
+
+
+def _per_sample(moved: float, weights: float, factor: float) -> float:
+    """Bytes of a figure that reads `weights` once whatever the batch, at `factor` times the batch."""
+    fixed = min(moved, weights)
+    return (moved - fixed) * factor + fixed

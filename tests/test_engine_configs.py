@@ -34,6 +34,7 @@ TORCHTITAN_FIELDS = {
         "context_parallel_degree",
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable", "components", "backend"},
     "model": {"converters"},
     "quantize": {"linear"},
 }
@@ -92,7 +93,7 @@ ACCELERATE_KEYS = {
 ROUND_TRIPS = {
     "torchtitan": [
         "zero=3,mb=2,gbs=64,precision=amp-bf16",
-        "tp=2,sp,zero=3,mb=2,gbs=32,recompute=selective,precision=amp-bf16",
+        "tp=2,sp,zero=3,mb=2,gbs=32,recompute=selective-op,precision=amp-bf16,compile",
         "tp=2,pp=2,sp,zero=2,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=bf16,recompute=full",
         "pp=2,zero=3,mb=2,gbs=64,schedule=zero-bubble,vpp=2,precision=amp-bf16",
         "pp=2,zero=3,mb=2,gbs=64,schedule=gpipe",
@@ -108,15 +109,15 @@ ROUND_TRIPS = {
         "dp=16,mb=2,gbs=32",
     ],
     "megatron": [
-        "tp=2,pp=2,sp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16",
-        "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8",
-        "cp=2,mb=2,gbs=64,zero=3,recompute=full",
-        "zero=2,mb=2,gbs=32,precision=amp-fp16",
+        "tp=2,pp=2,sp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16,compile",
+        "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8,compile",
+        "cp=2,mb=2,gbs=64,zero=3,recompute=full,compile",
+        "zero=2,mb=2,gbs=32,precision=amp-fp16,compile",
     ],
     "accelerate": [
         "zero=3,precision=amp-bf16",
         "tp=2,zero=3,shard=4,recompute=full",
-        "tp=2,cp=2",
+        "tp=2,cp=2,compile",
         "dp=16",
         "zero=2,precision=fp8",
         "zero=1,gbs=128",
@@ -330,13 +331,13 @@ same_network: true
 
 def test_torchtitans_llama3_8b_config_reads_as_fsdp_over_the_rest_of_the_cluster() -> None:
     layout = Layout.from_torchtitan(TORCHTITAN_LLAMA3_8B)
-    assert str(layout) == "dp=auto,mb=1,zero=3,recompute=selective,precision=amp-bf16"
+    assert str(layout) == "dp=auto,mb=1,zero=3,recompute=selective-op,precision=amp-bf16"
     assert layout.build(gpt_graph(batch=1), gpu_cluster(4, 8)).effective_mesh.data == 32
 
 
 def test_megatrons_gpt3_175b_arguments_read_as_tp8_pp16_on_any_cluster_they_divide() -> None:
     layout = Layout.from_megatron(MEGATRON_GPT3_175B)
-    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=amp-fp16"
+    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=amp-fp16,compile=true"
     assert layout.resolved(1536).data == 12
 
 
@@ -390,3 +391,24 @@ def test_a_config_that_is_not_a_layout_says_which_key_and_why(engine: str, confi
     with pytest.raises(InvalidLayoutError) as error:
         getattr(Layout, f"from_{engine}")(config)
     assert message in str(error.value)
+
+
+def test_compile_is_each_engines_own_switch_and_megatron_fuses_unless_told_not_to() -> None:
+    titan = tomllib.loads(Layout.from_string("dp=8,zero=3,mb=2,compile").to_torchtitan())
+    assert titan["compile"] == {"enable": True, "components": ["model", "loss"]}
+    only_loss = "[compile]\nenable = true\ncomponents = ['loss']\n[activation_checkpoint]\nmode = 'none'\n"
+    assert not Layout.from_torchtitan(only_loss).compile
+    accelerate = yaml.safe_load(Layout.from_string("dp=8,compile").to_accelerate())
+    assert accelerate["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}
+    assert Layout.from_accelerate("distributed_type: MULTI_GPU\nnum_processes: 8\ndynamo_backend: INDUCTOR\n").compile
+    assert Layout.from_megatron("--tensor-model-parallel-size 2").compile
+    assert not Layout.from_megatron("--tensor-model-parallel-size 2 --no-bias-gelu-fusion").compile
+    with pytest.raises(UnsupportedStrategyError, match=r"engine\.compile"):
+        Layout.from_string("dp=8,compile").to_deepspeed()
+
+
+def test_torchtitan_checkpoints_per_op_or_per_layer_never_the_attention_core_alone() -> None:
+    with pytest.raises(UnsupportedStrategyError, match="per op"):
+        Layout.from_string("dp=8,zero=3,recompute=selective").to_torchtitan()
+    with pytest.raises(InvalidLayoutError, match="every n-th layer"):
+        Layout.from_torchtitan('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n')

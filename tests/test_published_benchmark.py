@@ -85,25 +85,37 @@ def test_clusters_take_the_rows_gpus_nodes_and_links(rows) -> None:
     assert dgx2.device_spec("V100").memory_bytes == 32e9
 
 
-def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(rows) -> None:
+def test_the_96gb_hbm2e_h100_is_the_catalogs_500_watt_part_with_its_nvlink(rows) -> None:
     row = rows["torchtitan_benchmarks:1"]
     spec = published_layouts.cluster(row)
-    device = spec.device_spec("H100")
+    device = spec.device_spec("H100-SXM-96GB-HBM2e")
     assert device.memory_bytes == 96e9 and device.memory_bandwidth == 2.4e12
-    assert device.peak_flops["float8"] == 1979e12
+    # 500 W sustains (500/700)^(1/3) of the 700 W part's clock, and every peak with it.
+    clock = (500 / 700) ** (1 / 3)
+    assert device.peak_flops["bfloat16"] == pytest.approx(989e12 * clock)
+    assert device.peak_flops["float8"] == pytest.approx(1979e12 * clock)
     assert spec.intra_link(spec.nodes[0]).bandwidth_gbps == 3600
-    entries = published_layouts.proposed_catalog_entries(list(rows.values()))
-    assert [entry["spec"]["name"] for entry in entries] == ["H100-SXM-96GB-HBM2e"]
+    assert published_layouts.proposed_catalog_entries(list(rows.values())) == []
 
 
-def test_what_the_ir_cannot_state_is_named(rows) -> None:
+def test_what_the_ir_cannot_state_is_named_and_compile_and_fused_kernels_are_stated(rows) -> None:
     misses = published_layouts.expressibility_misses
-    assert misses(rows["torchtitan_benchmarks:1"]) == [published_layouts.UNEXPRESSED[0][1]]
-    assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == [
-        "torch.compile",
-        "async tensor parallelism",
-    ]
+    assert misses(rows["torchtitan_benchmarks:1"]) == []
+    assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == ["async tensor parallelism"]
     assert misses(rows["megatron_sc21_table1:1"]) == []
+    assert published_layouts.layout(rows["torchtitan_benchmarks:1"]).compile
+    # Megatron's fused softmax, bias-GeLU and bias-dropout-add kernels are what compile prices
+    assert published_layouts.layout(rows["megatron_sc21_table1:1"]).compile
+    assert not published_layouts.layout(rows["deepspeed_autotuning_hf:1"]).compile
+
+
+def test_each_source_captures_the_attention_and_compute_dtype_its_runs_used(rows) -> None:
+    spec = published_models.model_spec
+    assert spec(rows["megatron_sc21_table1:1"]).attn_implementation == "eager"
+    assert spec(rows["deepspeed_autotuning_hf:1"]).attn_implementation == "eager"
+    titan = spec(rows["torchtitan_benchmarks:1"])
+    assert (titan.attn_implementation, titan.dtype) == ("sdpa", "bfloat16")
+    assert published_layouts.layout(rows["torchtitan_benchmarks:1"]).recompute == "selective-op"
 
 
 def test_glue_rows_capture_the_classification_head_with_the_rows_shape(rows) -> None:

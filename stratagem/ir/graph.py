@@ -83,10 +83,13 @@ class Layer(Strict):
     """Earlier layers this one reads from; empty means it reads the batch."""
     variables: list[Name] = Field(default_factory=list, max_length=MAX_REFERENCES)
     """Variables (parameters) this layer uses."""
+    arithmetic_bytes: Bytes | None = None
+    """What the layer's matmuls, convolutions and lookups move (their operands and results), apart from
+    its element-wise kernels and fused attention. None when capture did not record the split."""
     elementwise_bytes: Bytes = 0.0
-    """Of `bytes_moved`, what the layer's element-wise and normalization kernels move (everything but its
-    matmuls, convolutions, fused attention and lookups): kernels of their own, which stream at memory
-    bandwidth after the arithmetic ones rather than beside them. 0 when capture did not record it."""
+    """What the layer's element-wise and normalization kernels move on a GPU (everything but its
+    matmuls, convolutions, fused attention and lookups; dropout as PyTorch's one fused kernel): kernels
+    of their own, which stream at memory bandwidth after the arithmetic ones rather than beside them."""
     fused_elementwise_bytes: Bytes | None = None
     """What those element-wise kernels move when a compiler fuses each chain between two arithmetic
     kernels into one (`torch.compile`): a chain reads its inputs once and writes only what a later

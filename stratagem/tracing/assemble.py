@@ -41,6 +41,7 @@ def to_layer(record: LayerRecord) -> Layer:
         output_bytes=record.output_bytes,
         inputs=list(record.inputs),
         variables=list(record.variables),
+        arithmetic_bytes=record.arithmetic_bytes,
         elementwise_bytes=record.elementwise_bytes,
         fused_elementwise_bytes=record.fused_elementwise_bytes,
         attention=_attention(record),

@@ -3,8 +3,11 @@
 Capture counts every op's inputs and outputs into `bytes_moved`. On a GPU that total hides three
 different kernels, which this module tells apart as the forward ops go by:
 
+- matmuls, convolutions and lookups stream their operands (`Layer.arithmetic_bytes`);
 - element-wise and normalization ops run as kernels of their own, one after the other, each streaming its
-  inputs and outputs through memory (`Layer.elementwise_bytes`);
+  inputs and outputs through memory (`Layer.elementwise_bytes`); dropout is one kernel on a GPU (PyTorch's
+  fused dropout reads the input and writes the output and a one-byte mask), where a CPU draws the mask,
+  scales and multiplies in three;
 - a compiler (`torch.compile`'s inductor) fuses each chain of them between two arithmetic kernels (matmul,
   convolution, attention, lookup) into one kernel: a tensor made and used inside the chain stays in
   registers, so the chain reads what comes from outside it once and writes only what a later kernel or
@@ -62,19 +65,28 @@ class KernelTraffic:
         """Index of the current fusible chain: every arithmetic op ends one."""
         self._made: dict[object, _Made] = {}
         self._attention: tuple[Any, float, float] | None = None
+        self._dropout: tuple[Any, torch.Tensor] | None = None
 
     def op(
         self, layer: Any, category: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], moved: float
     ) -> None:
         """One forward op of `layer` that moved `moved` bytes (its inputs and outputs as capture counts them)."""
-        if self._attention is not None:
+        if self._attention is not None or self._dropout is not None:
             return
         if category in ARITHMETIC:
+            layer.arithmetic_bytes += moved
             for tensor in inputs:
                 self._reaches_memory(tensor)
             self.region += 1
             return
+        self._elementwise(layer, inputs, outputs, moved)
+
+    def _elementwise(
+        self, layer: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor], moved: float, extra: float = 0.0
+    ) -> None:
+        """An element-wise kernel; `extra` bytes it writes beyond `outputs` (a dropout mask) always reach memory."""
         layer.elementwise_bytes += moved
+        layer.fused_elementwise_bytes += extra
         read = 0
         for tensor in inputs:
             made = self._made.get(storage_key(tensor))
@@ -95,6 +107,24 @@ class KernelTraffic:
         if made is not None and not made.written:
             made.written = True
             made.layer.fused_elementwise_bytes += made.size
+
+    # -- dropout: one kernel on a GPU --------------------------------------------------------------------
+
+    def begin_dropout(self, layer: Any, tensor: Any) -> None:
+        """An `F.dropout` call on `tensor` starts: its decomposition's ops are not counted one by one."""
+        if self._attention is None and self._dropout is None and isinstance(tensor, torch.Tensor):
+            self._dropout = (layer, tensor)
+
+    def end_dropout(self, output: Any) -> None:
+        """The call returned: one fused kernel read the input, wrote the output and a one-byte mask."""
+        if self._dropout is None:
+            return
+        layer, tensor = self._dropout
+        self._dropout = None
+        if not isinstance(output, torch.Tensor) or output is tensor:
+            return
+        mask = float(output.numel())
+        self._elementwise(layer, [tensor], [output], nbytes(tensor) + nbytes(output) + mask, extra=mask)
 
     # -- fused attention ------------------------------------------------------------------------------
 

@@ -113,12 +113,18 @@ class NodeTagger(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        fused = func is F.scaled_dot_product_attention and self.recorder.phase is Phase.forward
+        forward = self.recorder.phase is Phase.forward
+        fused = func is F.scaled_dot_product_attention and forward
+        dropout = func is F.dropout and forward and _drops(args, kwargs)
         if fused:
             self.recorder.kernels.begin_attention(self.recorder.current_layer(), args, kwargs)
+        if dropout:
+            self.recorder.kernels.begin_dropout(self.recorder.current_layer(), args[0] if args else kwargs.get("input"))
         out = func(*args, **kwargs)
         if fused:
             self.recorder.kernels.end_attention(out)
+        if dropout:
+            self.recorder.kernels.end_dropout(out)
         if self.recorder.phase is Phase.forward:
             if fused:
                 self.recorder.current_layer().categories.add("attention")
@@ -127,6 +133,14 @@ class NodeTagger(TorchFunctionMode):
             if tensors:
                 self.recorder.tag_nodes(tensors)
         return out
+
+
+def _drops(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an `F.dropout(input, p, training, inplace)` call drops anything (training, p > 0, out of place)."""
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+    return bool(training) and not inplace and isinstance(p, (int, float)) and p > 0
 
 
 @contextmanager

@@ -44,6 +44,7 @@ class LayerRecord:
     variables: dict[str, None] = field(default_factory=dict)
     categories: set[str] = field(default_factory=set)
     """Classes (flops.op_category) of the forward ops that touched data."""
+    arithmetic_bytes: float = 0.0
     elementwise_bytes: float = 0.0
     fused_elementwise_bytes: float = 0.0
     attention: AttentionCall | None = None
