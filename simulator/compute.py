@@ -95,7 +95,11 @@ def layer_times(
     fill = fill_bytes * np.where(context.layer_tensor_split, 1.0 / tensor, 1.0) / stream_rate
     if k.specs[kind].is_gpu and context.kernels.split:
         fwd, bwd = gpu_kernels(context, kind, tensor, micro_batches, knobs, share=share, byte_rate=byte_rate)
-        result = queued_ahead(fwd, bwd + fill, launch)
+        if knobs.compile:
+            launches = np.where(context.compile_fused, 0.0, launch)
+            result = queued_ahead(fwd, bwd + fill, launches)
+        else:
+            result = queued_ahead(fwd, bwd + fill, launch)
         context._layer_time_cache[key] = result
         return result
     fwd = np.maximum(context.fwd_flops * share / flop_rate, moved * share / byte_rate)
@@ -187,13 +191,17 @@ def _waves(
     return forward, 2.0 / (1.0 / inputs + 1.0 / weights), (m, n, depth)
 
 
-def queued_ahead(fwd: np.ndarray, bwd: np.ndarray, launch: float) -> tuple[np.ndarray, np.ndarray]:
+def queued_ahead(fwd: np.ndarray, bwd: np.ndarray, launch: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of each layer when a host issuing each layer's kernels in `launch`
-    seconds runs ahead of the device that runs them (`fwd`, `bwd`): each layer's share of the time
-    until its kernels are done. The device finishes the i-th pass of the sequence (forward in order,
-    backward in reverse) at `max over j <= i of (issued_j + device work of passes j..i)`."""
+    seconds (one figure, or one per layer) runs ahead of the device that runs them (`fwd`, `bwd`): each
+    layer's share of the time until its kernels are done. The device finishes the i-th pass of the
+    sequence (forward in order, backward in reverse) at `max over j <= i of (issued_j + device work of
+    passes j..i)`."""
     device = np.concatenate([fwd, bwd[::-1]])
-    issued = launch * np.arange(1, device.size + 1)
+    if np.ndim(launch):
+        issued = np.cumsum(np.concatenate([launch, launch[::-1]]))
+    else:
+        issued = launch * np.arange(1, device.size + 1)
     work = np.cumsum(device)
     done = np.maximum.accumulate(issued - (work - device)) + work
     each = np.diff(done, prepend=0.0)

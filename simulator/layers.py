@@ -83,6 +83,10 @@ class LayerArrays:
     """[L] layers per-op selective checkpointing runs again in backward: inside a numbered block, all but
     its fused attention cores and every other weighted matmul (the first, third, ... in the block are
     kept: torchtitan's policy saves the output of each `mm` except every second one)."""
+    compile_fused: np.ndarray
+    """[L] layers `torch.compile` launches nothing for: an element-wise or normalization layer inside a
+    numbered block right after another such layer, whose ops join that layer's fused kernel (the compiled
+    block's host code launches each kernel once, not each module's ops)."""
     gradient_bytes: np.ndarray
     """[L] bytes of gradients a layer's backward holds at once: the gradient of its output (or of its
     internal tensors, the size of what it saved, when larger) and the gradient it produces for its inputs."""
@@ -151,8 +155,17 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
         layer_unit=np.maximum(np.searchsorted(starts, np.arange(len(layers)), side="right") - 1, 0),
         kernels=kernel_arrays(graph),
         gradient_bytes=np.maximum(output, activations) + inputs,
+        compile_fused=_compile_fused(layers, _carried(units), recomputed),
         **_op_checkpointing(graph, units, recomputed, first, block_input, output, weighted, attention),
     )
+
+
+def _compile_fused(layers: list[Layer], units: list[str | None], recomputed: np.ndarray) -> np.ndarray:
+    streaming = [layer.kind not in MATMUL_KINDS and layer.kind != LayerKind.embedding for layer in layers]
+    out = np.zeros(len(layers), dtype=bool)
+    for i in range(1, len(layers)):
+        out[i] = bool(recomputed[i]) and streaming[i] and streaming[i - 1] and units[i] == units[i - 1]
+    return out
 
 
 def _op_checkpointing(

@@ -9,7 +9,8 @@ catalog's figures the simulator priced one-rank H100 steps of small zoo models 2
 This runs the CPU calibration's compute probes (`compute.probes`) on the device, at sizes that keep it
 busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished (`Stepper` with
 an `agree` that synchronizes), and Adam's per-tensor loop besides its default multi-tensor step
-(`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through). One process, one
+(`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through), and the GPU kernel
+probes (`kernels`: GEMMs by shape and precision, fused attention). One process, one
 device: the figures describe every device of the node that has the same name. Links are not measured:
 with one GPU there is no peer to measure NCCL against, so the node's link is the catalog's for the
 matching kind (recorded as such in the provenance). A measured rate is what the kernels reach, so
@@ -27,6 +28,7 @@ import torch
 
 from stratagem.calibrate.compute import ProbeShapes, compute_figures, optimizer_tensor_probe
 from stratagem.calibrate.figures import fraction
+from stratagem.calibrate.kernels import GPU_KERNEL_SHAPES, kernel_figures, kernel_probes
 from stratagem.calibrate.timing import CacheEvictor, Stepper
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
@@ -58,6 +60,7 @@ def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> Resou
     device = f"cuda:{device_index}"
     properties = torch.cuda.get_device_properties(device_index)
     figures = measure_gpu(device)
+    figures["sm_count"] = float(properties.multi_processor_count)
     provenance = {
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "accelerator": properties.name,
@@ -86,6 +89,7 @@ def gpu_figures(stepper: Stepper, device: str) -> dict[str, float]:
     agreement waits for the device)."""
     figures = compute_figures(stepper, GPU_PROBES, device)
     figures["optimizer_loop_tensor_s"] = optimizer_tensor_probe(stepper, device, foreach=False)()
+    figures |= {name: probe() for name, probe in kernel_probes(stepper, GPU_KERNEL_SHAPES, device).items()}
     return figures
 
 
@@ -148,4 +152,20 @@ def gpu_device_spec(figures: dict[str, Any], *, kind: str, memory_bytes: float) 
         lowrank_efficiency=share("lowrank_rate"),
         coalesce_efficiency=share("coalesce_rate"),
         is_gpu=True,
+        **_kernel_fields(figures),
     )
+
+
+def _kernel_fields(figures: dict[str, Any]) -> dict[str, Any]:
+    """SM count and fused attention's efficiencies against the measured bf16 GEMM rate (the spec's bf16
+    peak), where the kernel probes ran (`stratagem.calibrate.kernels`)."""
+    if "attention_flops" not in figures:
+        return {}
+    efficiencies = kernel_figures(figures, bf16_peak=figures["bf16_flops"], fp32_peak=1.0, sms=1)
+    fields: dict[str, Any] = {
+        "attention_efficiency": efficiencies["attention_efficiency"],
+        "attention_backward_efficiency": efficiencies["attention_backward_efficiency"],
+    }
+    if figures.get("sm_count"):
+        fields["sm_count"] = int(figures["sm_count"])
+    return fields

@@ -172,7 +172,7 @@ def _gpu(
 _VOLTA = {"sm_count": 80, "matmul_efficiency": 0.75, "fp32_matmul_efficiency": 0.9}
 """V100: 80 SMs (NVIDIA Tesla V100 white paper). Tensor-core GEMMs: no published MAMF measurement; 0.75,
 below the A100's and H100's measured 0.80-0.86. IEEE fp32 GEMMs on CUDA cores keep their FMA pipes busier
-than tensor cores can be fed: 0.85 of the 15.7 TFLOP/s peak."""
+than tensor cores can be fed: 0.9 of the 15.7 TFLOP/s peak, fitted on the DeepSpeed BERT rows (docs/simulator.md)."""
 _AMPERE = {
     "sm_count": 108,
     "matmul_efficiency": 0.86,
