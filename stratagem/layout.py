@@ -72,7 +72,8 @@ class Layout(Document):
     shard_group: int | None = Field(default=None, ge=1)
     """Hybrid sharding: shard over groups of this many data-parallel ranks, replicate across them."""
     recompute: Recompute = "none"
-    """Activation recomputation: `selective` (the attention core, as Megatron and torchtitan) or `full` blocks."""
+    """Activation recomputation: `selective` (the attention core, as Megatron), `selective-op` (per-op
+    checkpointing, torchtitan's `selective_ac_option = "op"`) or `full` blocks."""
     precision: Precision = "fp32"
     """`fp32`, `tf32`, `amp-fp16`, `amp-bf16` (fp32 master weights), `bf16`, `fp8` (fp8 matmuls, bf16 elsewhere)."""
     sequence_parallel: bool = False

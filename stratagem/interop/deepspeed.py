@@ -87,7 +87,8 @@ def _refusals(layout: Layout, tensor: int, pipeline: int) -> list[str]:
         reasons.append("fp8: no ds_config key (fp8 comes from Transformer Engine in the model code)")
     if layout.recompute in ("selective", "selective-op"):
         reasons.append(
-            "selective recomputation: DeepSpeed recomputes what the model checkpoints; the config has no granularity"
+            f"{layout.recompute} recomputation: DeepSpeed recomputes what the model checkpoints; the config has no "
+            "granularity"
         )
     if layout.sequence_parallel:
         reasons.append("sequence parallelism: AutoTP training splits no norms along the sequence")
