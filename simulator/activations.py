@@ -39,6 +39,8 @@ class Shape:
     selective: bool = False
     recompute: bool = False
     selective_op: bool = False
+    gpu: bool = False
+    """On a GPU, whose fused kernels save less than the captured CPU step (`context.gpu_activation_bytes`)."""
 
 
 def per_layer(context: SimContext, shape: Shape) -> np.ndarray:
@@ -47,7 +49,8 @@ def per_layer(context: SimContext, shape: Shape) -> np.ndarray:
     if shape.sequence_parallel:
         divided = divided | ~context.layer_embedding
     scale = context.var_precision.activation[shape.precision] / shape.context_parallel
-    acts = context.activation_bytes / np.where(divided, shape.tensor, 1.0)
+    saved = context.gpu_activation_bytes if shape.gpu else context.activation_bytes
+    acts = saved / np.where(divided, shape.tensor, 1.0)
     if shape.selective:
         acts = acts - context.selective_dropped / np.where(divided, shape.tensor, 1.0)
     return acts * scale if scale != 1.0 else acts

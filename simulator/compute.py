@@ -41,6 +41,10 @@ from simulator.context import SimContext
 from simulator.encoding import Precision
 from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, fp8_scaling_bytes, wave_utilisation
 
+AUTOCAST = (Precision.AMP_FP16, Precision.AMP_BF16)
+AUTOCAST_CAST_BYTES = 6.0
+"""Bytes per weight element autocast moves in each micro-batch's forward: it reads the fp32 weight and
+writes the half-precision copy the matmul (and its backward) uses."""
 BACKWARD_BYTES_FACTOR = 2.0
 """Backward bytes moved relative to forward (gradients of inputs and of weights)."""
 
@@ -146,6 +150,8 @@ def gpu_kernels(
     )
     fwd = fwd + elementwise * share / streamed
     bwd = bwd + backward_bytes * elementwise * share / streamed
+    if p in AUTOCAST and dims is not None:
+        fwd = fwd + np.where(context.layer_weight_grad, AUTOCAST_CAST_BYTES * dims[1] * dims[2], 0.0) / streamed
     if p == Precision.FP8 and dims is not None:
         cast_fwd, cast_bwd = fp8_scaling_bytes(*dims, compiled=knobs.compile)
         weighted = context.layer_weight_grad

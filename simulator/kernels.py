@@ -31,6 +31,9 @@ one after another, so their times add (Williams et al. 2009's roofline holds per
   fp8 copies of the input and of that gradient (`fp8_scaling_bytes`). Compiled, the maximum fuses into
   the cast's pass.
 
+- Under `amp-*` autocast casts every weighted layer's fp32 weight to half precision in each micro-batch's
+  forward (`compute.AUTOCAST_CAST_BYTES`: 4 read + 2 written per weight element).
+
 Graphs captured before these fields existed have no element-wise split and no attention record: their
 layers price as one roofline, as on a CPU.
 """

@@ -87,6 +87,8 @@ class LayerArrays:
     """[L] layers `torch.compile` launches nothing for: an element-wise or normalization layer inside a
     numbered block right after another such layer, whose ops join that layer's fused kernel (the compiled
     block's host code launches each kernel once, not each module's ops)."""
+    gpu_activation_bytes: np.ndarray
+    """[L] what a layer saves for backward on a GPU (`Layer.gpu_activation_bytes`, else `activation_bytes`)."""
     gradient_bytes: np.ndarray
     """[L] bytes of gradients a layer's backward holds at once: the gradient of its output (or of its
     internal tensors, the size of what it saved, when larger) and the gradient it produces for its inputs."""
@@ -155,6 +157,13 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
         layer_unit=np.maximum(np.searchsorted(starts, np.arange(len(layers)), side="right") - 1, 0),
         kernels=kernel_arrays(graph),
         gradient_bytes=np.maximum(output, activations) + inputs,
+        gpu_activation_bytes=np.array(
+            [
+                layer.activation_bytes if layer.gpu_activation_bytes is None else layer.gpu_activation_bytes
+                for layer in layers
+            ],
+            dtype=float,
+        ),
         compile_fused=_compile_fused(layers, _carried(units), recomputed),
         **_op_checkpointing(graph, units, recomputed, first, block_input, output, weighted, attention),
     )

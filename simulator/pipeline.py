@@ -32,6 +32,7 @@ knobs, links), so ready times are kept as per-configuration offsets instead of a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -414,7 +415,13 @@ def _ring(
 def _held(context: SimContext, configs: list[Config], inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[n, L] activations each layer holds for the whole per-replica batch per rank, and [n] the bytes
     rebuilt at once in backward."""
-    figures = [_activation_figures(context, config.shape()) for config in configs]
+    gpu = bool((context.gpu_activation_bytes != context.activation_bytes).any())
+    figures = [
+        _activation_figures(
+            context, dataclasses.replace(config.shape(), gpu=gpu and context.kinds.specs[config.kind].is_gpu)
+        )
+        for config in configs
+    ]
     held = np.stack([f[0] for f in figures])
     rebuilt = np.array([f[1] for f in figures])
     return held[inverse], rebuilt[inverse]

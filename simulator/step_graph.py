@@ -53,6 +53,9 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
                     "bwd_flops": layer.bwd_flops * factor,
                     "bytes_moved": (layer.bytes_moved - fixed) * factor + fixed,
                     "activation_bytes": layer.activation_bytes * factor,
+                    "gpu_activation_bytes": None
+                    if layer.gpu_activation_bytes is None
+                    else layer.gpu_activation_bytes * factor,
                     "output_bytes": layer.output_bytes * factor,
                     "elementwise_bytes": layer.elementwise_bytes * factor,
                     "arithmetic_bytes": None

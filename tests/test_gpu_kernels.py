@@ -76,6 +76,9 @@ def test_dropout_is_one_kernel_and_a_fused_chain_moves_less_than_its_ops() -> No
         assert layer.fused_elementwise_bytes <= layer.elementwise_bytes + 1e-6
     linear = graph.layer("transformer.h.0.mlp.c_fc")
     assert linear.arithmetic_bytes == pytest.approx(linear.bytes_moved) and linear.elementwise_bytes == 0
+    # a GPU's fused dropout keeps a 1-byte mask for backward where the CPU decomposition keeps fp32 noise
+    assert dropout.gpu_activation_bytes == pytest.approx(dropout.activation_bytes - elements * (4 - 1))
+    assert linear.gpu_activation_bytes == linear.activation_bytes
 
 
 # --- the simulator ------------------------------------------------------------------------------------
@@ -142,6 +145,17 @@ def test_a_language_models_loss_gradients_raise_the_gpu_peak_beyond_its_activati
     context = compile_context(llama_graph(batch=2, seq=64), gpu_cluster(1, 8, device="H100"))
     shape = activations.Shape(tensor=1)
     assert activations.backward_extra(context, shape, activations.held(context, shape)) > 0
+
+
+def test_a_gpu_fits_a_step_only_beside_what_the_cuda_context_and_libraries_hold() -> None:
+    graph = gpt_graph(batch=16, hidden=512, seq=256)
+    roomy = gpu_cluster(1, 8, device="H100")
+    peak = predict(graph, roomy, Layout(precision="amp-bf16")).memory_per_device_bytes
+    reserved = CATALOG["H100"].reserved_memory_bytes
+    assert reserved and reserved > 0
+    tight = roomy.replace(devices={"H100": CATALOG["H100"].model_copy(update={"memory_bytes": peak + reserved / 2})})
+    squeezed = predict(graph, tight, Layout(precision="amp-bf16"))
+    assert not squeezed.feasible and "CUDA context" in (squeezed.infeasible_reason or "")
 
 
 # --- the catalog -------------------------------------------------------------------------------------

@@ -43,19 +43,20 @@ def test_rows_are_read_with_ids_per_source_and_the_derived_step_time(rows) -> No
     assert rows["dlperf_ngc_pytorch_resnet50:1"].measured_memory_bytes is None
 
 
-def test_megatron_interleaving_and_amp_fp16_become_the_layout(rows) -> None:
+def test_megatron_interleaving_and_its_16_bit_model_become_the_layout(rows) -> None:
     layout = published_layouts.layout(rows["megatron_sc21_table1:1"])
     assert (layout.data, layout.tensor, layout.pipeline, layout.context) == (32, 8, 4, 1)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (2, 28, 1792)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 3)
-    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "amp-fp16", False)
+    # Megatron's --fp16 trains an fp16 model beside fp32 main weights, no autocast: the IR's 16-bit `bf16`
+    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "bf16", False)
 
 
-def test_bloom_is_zero_1_in_amp_bf16_on_twelve_uneven_stages(rows) -> None:
+def test_bloom_is_zero_1_in_16_bit_bf16_on_twelve_uneven_stages(rows) -> None:
     row = rows["bigscience_bloom176b:1"]
     layout = published_layouts.layout(row)
     assert (layout.data, layout.tensor, layout.pipeline, layout.micro_batches) == (8, 4, 12, 128)
-    assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "amp-bf16", "full", "1f1b")
+    assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "bf16", "full", "1f1b")
     config = published_models.model_spec(row).config
     assert config["model_type"] == "bloom" and config["n_layer"] == 70 and config["vocab_size"] == 250880
 

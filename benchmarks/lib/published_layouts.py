@@ -67,17 +67,26 @@ PRECISIONS = (
     ("bf16", "amp-bf16"),
     ("fp32", "fp32"),
 )
-"""Source wording to `Layout.precision`, first prefix wins. Megatron's and DeepSpeed's `--fp16`/`fp16`
-and Hugging Face's AMP keep fp32 main weights (amp-fp16); BLOOM's BF16_Optimizer and torchtitan's FSDP2
-(`mixed_precision_param = "bfloat16"` over fp32 shards) likewise (amp-bf16); torchtitan's float8 linears
-beside bf16 are `fp8`."""
+"""Source wording to `Layout.precision`, first prefix wins (after `SIXTEEN_BIT_MODELS`). DeepSpeed's
+`fp16` runs (a V100 has no bf16, so the IR's 16-bit `bf16` cannot state them) and Hugging Face's AMP keep
+fp32 weights (amp-fp16); torchtitan's FSDP2 (`mixed_precision_param = "bfloat16"` over fp32 shards)
+likewise (amp-bf16); torchtitan's float8 linears beside bf16 are `fp8`."""
 TORCHTITAN_INTERLEAVED_CHUNKS = 2
 """torchtitan's multi-stage schedules hold 2 stages per rank unless `pipeline_parallel_layers_per_stage`
 says otherwise (stratagem/interop/torchtitan.py, MULTI_STAGE)."""
 
 
+SIXTEEN_BIT_MODELS = ("megatron_sc21_table1", "bigscience_bloom176b")
+"""Sources whose engine trains a 16-bit model beside fp32 main weights and optimizer state, with no
+autocast: Megatron-LM's `--fp16` (Float16Module, fp16 gradients all-reduced by its local DDP) and
+Megatron-DeepSpeed's `--bf16` (BLOOM). That is the IR's `bf16` precision (`simulator.precision`); on an
+A100 fp16 and bf16 run at the same rate and take the same bytes."""
+
+
 def precision(row: Row) -> str:
     text = row.precision.strip().lower()
+    if row.source in SIXTEEN_BIT_MODELS and text in ("fp16", "bf16"):
+        return "bf16"
     for prefix, name in PRECISIONS:
         if text.startswith(prefix):
             return name

@@ -134,6 +134,9 @@ class DeviceSpec(Strict):
     attention_backward_efficiency: float | None = Field(default=None, gt=0, le=1)
     """The same for its backward, counted as 2.5 times the forward FLOPs (the kernel recomputes the
     scores: Dao 2023, FlashAttention-2). None means `attention_efficiency`."""
+    reserved_memory_bytes: float | None = Field(default=None, ge=0)
+    """Device memory a training process holds outside its tensors: the CUDA context, cuBLAS and cuDNN
+    workspaces, NCCL's channel buffers. A candidate fits when its peak plus this fits. None means 0."""
 
     def flops_for(self, dtype: str) -> float:
         if dtype in self.peak_flops:
@@ -169,7 +172,15 @@ def _gpu(
 
 
 # -- GPU kernel figures (simulator.kernels; docs/simulator.md, "GPU compute") ---------------------------
-_VOLTA = {"sm_count": 80, "matmul_efficiency": 0.75, "fp32_matmul_efficiency": 0.9}
+GPU_RESERVED_BYTES = 1e9
+"""The CUDA context (a few hundred MB with lazily loaded modules), cuBLAS/cuDNN workspaces (tens of MB per
+stream) and NCCL's buffers (`NCCL_BUFFSIZE`, 4 MiB per channel and peer: a few hundred MB): about 1 GB."""
+_VOLTA = {
+    "sm_count": 80,
+    "matmul_efficiency": 0.75,
+    "fp32_matmul_efficiency": 0.9,
+    "reserved_memory_bytes": GPU_RESERVED_BYTES,
+}
 """V100: 80 SMs (NVIDIA Tesla V100 white paper). Tensor-core GEMMs: no published MAMF measurement; 0.75,
 below the A100's and H100's measured 0.80-0.86. IEEE fp32 GEMMs on CUDA cores keep their FMA pipes busier
 than tensor cores can be fed: 0.9 of the 15.7 TFLOP/s peak, fitted on the DeepSpeed BERT rows (docs/simulator.md)."""
@@ -178,6 +189,7 @@ _AMPERE = {
     "matmul_efficiency": 0.86,
     "attention_efficiency": 0.6,
     "attention_backward_efficiency": 0.5,
+    "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
 """A100: 108 SMs; bf16 GEMMs reach 267.9 of 312 TFLOP/s (Bekman, ml-engineering, "Maximum Achievable Matmul
 FLOPS", A100 SXM, CUDA 12.1); FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
@@ -187,6 +199,7 @@ _HOPPER = {
     "matmul_efficiency": 0.8,
     "attention_efficiency": 0.35,
     "attention_backward_efficiency": 0.3,
+    "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
 """H100/H200: 132 SMs; bf16 GEMMs reach 792.1 of 989 TFLOP/s (the same table, H100 SXM); the FlashAttention-2
 kernel that SDPA runs reaches about 35% of peak on H100 forward, less backward (Shah et al. 2024,

@@ -83,6 +83,9 @@ class Layer(Strict):
     """Earlier layers this one reads from; empty means it reads the batch."""
     variables: list[Name] = Field(default_factory=list, max_length=MAX_REFERENCES)
     """Variables (parameters) this layer uses."""
+    gpu_activation_bytes: Bytes | None = None
+    """Of `activation_bytes`, what a GPU keeps: its fused dropout saves a one-byte mask where the CPU
+    decomposition this graph was captured through saves an fp32 noise tensor. None means the same."""
     arithmetic_bytes: Bytes | None = None
     """What the layer's matmuls, convolutions and lookups move (their operands and results), apart from
     its element-wise kernels and fused attention. None when capture did not record the split."""

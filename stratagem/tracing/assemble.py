@@ -42,6 +42,7 @@ def to_layer(record: LayerRecord) -> Layer:
         inputs=list(record.inputs),
         variables=list(record.variables),
         arithmetic_bytes=record.arithmetic_bytes,
+        gpu_activation_bytes=record.activation_bytes - record.gpu_saved_excess,
         elementwise_bytes=record.elementwise_bytes,
         fused_elementwise_bytes=record.fused_elementwise_bytes,
         attention=_attention(record),

@@ -65,7 +65,7 @@ class KernelTraffic:
         """Index of the current fusible chain: every arithmetic op ends one."""
         self._made: dict[object, _Made] = {}
         self._attention: tuple[Any, float, float] | None = None
-        self._dropout: tuple[Any, torch.Tensor] | None = None
+        self._dropout: tuple[Any, torch.Tensor, float] | None = None
 
     def op(
         self, layer: Any, category: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], moved: float
@@ -113,18 +113,20 @@ class KernelTraffic:
     def begin_dropout(self, layer: Any, tensor: Any) -> None:
         """An `F.dropout` call on `tensor` starts: its decomposition's ops are not counted one by one."""
         if self._attention is None and self._dropout is None and isinstance(tensor, torch.Tensor):
-            self._dropout = (layer, tensor)
+            self._dropout = (layer, tensor, layer.activation_bytes)
 
     def end_dropout(self, output: Any) -> None:
-        """The call returned: one fused kernel read the input, wrote the output and a one-byte mask."""
+        """The call returned: one fused kernel read the input, wrote the output and a one-byte mask, which
+        is all it keeps for backward (where the CPU's decomposition kept its noise tensor)."""
         if self._dropout is None:
             return
-        layer, tensor = self._dropout
+        layer, tensor, saved = self._dropout
         self._dropout = None
         if not isinstance(output, torch.Tensor) or output is tensor:
             return
         mask = float(output.numel())
         self._elementwise(layer, [tensor], [output], nbytes(tensor) + nbytes(output) + mask, extra=mask)
+        layer.gpu_saved_excess += max(layer.activation_bytes - saved - mask, 0.0)
 
     # -- fused attention ------------------------------------------------------------------------------
 

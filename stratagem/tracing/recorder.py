@@ -45,6 +45,9 @@ class LayerRecord:
     categories: set[str] = field(default_factory=set)
     """Classes (flops.op_category) of the forward ops that touched data."""
     arithmetic_bytes: float = 0.0
+    gpu_saved_excess: float = 0.0
+    """Of `activation_bytes`, what a CPU keeps and a GPU's fused kernels do not (dropout's noise beyond
+    its one-byte mask)."""
     elementwise_bytes: float = 0.0
     fused_elementwise_bytes: float = 0.0
     attention: AttentionCall | None = None
