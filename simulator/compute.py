@@ -41,6 +41,10 @@ from simulator.context import SimContext
 from simulator.encoding import Precision
 from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, fp8_scaling_bytes, wave_utilisation
 
+NCHW_TRANSPOSE_PASSES = 2.0
+"""A tensor-core convolution of NCHW tensors (PyTorch's default memory format) reads and writes its input
+and output once more to transpose them to and from the NHWC layout the kernels need (NVIDIA, Convolutional
+Layers User's Guide, "Tensor Layouts In Memory: NCHW vs NHWC"): twice the convolution's own traffic."""
 AUTOCAST = (Precision.AMP_FP16, Precision.AMP_BF16)
 AUTOCAST_CAST_BYTES = 6.0
 """Bytes per weight element autocast moves in each micro-batch's forward: it reads the fp32 weight and
@@ -150,6 +154,10 @@ def gpu_kernels(
     )
     fwd = fwd + elementwise * share / streamed
     bwd = bwd + backward_bytes * elementwise * share / streamed
+    if context.layer_conv.any() and peaks.conv[kind, p] > k.specs[kind].flops_for("float32"):
+        # Tensor-core convolutions of PyTorch's default NCHW tensors: cuDNN transposes input and output.
+        transposes = NCHW_TRANSPOSE_PASSES * arithmetic * share * context.layer_conv / streamed
+        fwd, bwd = fwd + transposes, bwd + backward_bytes * transposes
     if p in AUTOCAST and dims is not None:
         fwd = fwd + np.where(context.layer_weight_grad, AUTOCAST_CAST_BYTES * dims[1] * dims[2], 0.0) / streamed
     if p == Precision.FP8 and dims is not None:

@@ -31,6 +31,8 @@ one after another, so their times add (Williams et al. 2009's roofline holds per
   fp8 copies of the input and of that gradient (`fp8_scaling_bytes`). Compiled, the maximum fuses into
   the cast's pass.
 
+- A convolution on tensor cores (half precision, or TF32 where the kind has it) of PyTorch's default NCHW
+  tensors pays cuDNN's transposes to and from NHWC: its traffic twice more (`compute.NCHW_TRANSPOSE_PASSES`).
 - Under `amp-*` autocast casts every weighted layer's fp32 weight to half precision in each micro-batch's
   forward (`compute.AUTOCAST_CAST_BYTES`: 4 read + 2 written per weight element).
 

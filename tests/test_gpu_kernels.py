@@ -105,6 +105,22 @@ def test_on_a_gpu_flash_attention_and_compile_make_the_step_cheaper() -> None:
     assert compiled[0].sum() + compiled[1].sum() < eager[0].sum() + eager[1].sum()
 
 
+def test_tensor_core_convolutions_of_nchw_tensors_pay_their_transposes() -> None:
+    from simulator.compute import NCHW_TRANSPOSE_PASSES
+    from stratagem import zoo
+    from stratagem.tracing import capture
+
+    module, make_batch = zoo.build("resnet50", "small", device="meta")
+    graph = capture(module, make_batch(8), batch_size=8)
+    context = compile_context(graph, gpu_cluster(1, 8, device="V100"))
+    conv = context.layer_conv
+    kinds = context.kinds
+    streamed = kinds.memory_bandwidth[0] * kinds.elementwise_efficiency[0]
+    amp = layer_times(context, 0, 1, 1, Knobs(precision=int(Precision.AMP_FP16)))[0]
+    transposes = NCHW_TRANSPOSE_PASSES * context.kernels.arithmetic_bytes * 0.5 / streamed
+    assert (amp[conv] >= transposes[conv] * (1 - 1e-9)).all()
+
+
 def test_a_gemm_output_of_one_tile_more_than_a_wave_takes_two_waves() -> None:
     sms = 132
     full = wave_utilisation(np.array([128.0 * 132]), np.array([128.0]), np.array([4096.0]), sms)
