@@ -109,10 +109,10 @@ ROUND_TRIPS = {
         "dp=16,mb=2,gbs=32",
     ],
     "megatron": [
-        "tp=2,pp=2,sp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16,compile",
-        "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8,compile",
-        "cp=2,mb=2,gbs=64,zero=3,recompute=full,compile",
-        "zero=2,mb=2,gbs=32,precision=amp-fp16,compile",
+        "tp=2,pp=2,sp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16",
+        "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8",
+        "cp=2,mb=2,gbs=64,zero=3,recompute=full",
+        "zero=2,mb=2,gbs=32,precision=amp-fp16",
     ],
     "accelerate": [
         "zero=3,precision=amp-bf16",
@@ -337,7 +337,7 @@ def test_torchtitans_llama3_8b_config_reads_as_fsdp_over_the_rest_of_the_cluster
 
 def test_megatrons_gpt3_175b_arguments_read_as_tp8_pp16_on_any_cluster_they_divide() -> None:
     layout = Layout.from_megatron(MEGATRON_GPT3_175B)
-    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=amp-fp16,compile=true"
+    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=amp-fp16"
     assert layout.resolved(1536).data == 12
 
 
@@ -393,7 +393,7 @@ def test_a_config_that_is_not_a_layout_says_which_key_and_why(engine: str, confi
     assert message in str(error.value)
 
 
-def test_compile_is_each_engines_own_switch_and_megatron_fuses_unless_told_not_to() -> None:
+def test_compile_is_each_engines_own_switch_and_megatron_has_none() -> None:
     titan = tomllib.loads(Layout.from_string("dp=8,zero=3,mb=2,compile").to_torchtitan())
     assert titan["compile"] == {"enable": True, "components": ["model", "loss"]}
     only_loss = "[compile]\nenable = true\ncomponents = ['loss']\n[activation_checkpoint]\nmode = 'none'\n"
@@ -401,8 +401,8 @@ def test_compile_is_each_engines_own_switch_and_megatron_fuses_unless_told_not_t
     accelerate = yaml.safe_load(Layout.from_string("dp=8,compile").to_accelerate())
     assert accelerate["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}
     assert Layout.from_accelerate("distributed_type: MULTI_GPU\nnum_processes: 8\ndynamo_backend: INDUCTOR\n").compile
-    assert Layout.from_megatron("--tensor-model-parallel-size 2").compile
-    assert not Layout.from_megatron("--tensor-model-parallel-size 2 --no-bias-gelu-fusion").compile
+    assert Layout.from_string("tp=2,compile").to_megatron() == Layout.from_string("tp=2").to_megatron()
+    assert not Layout.from_megatron("--tensor-model-parallel-size 2").compile
     with pytest.raises(UnsupportedStrategyError, match=r"engine\.compile"):
         Layout.from_string("dp=8,compile").to_deepspeed()
 

@@ -17,9 +17,9 @@ a layout must say:
 - `--bf16` / `--fp16` compute in half precision with fp32 main weights (amp); fp8 is Transformer
   Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
 - Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
-  bias-dropout-add: on unless `--no-masked-softmax-fusion`, `--no-bias-gelu-fusion` or
-  `--no-bias-dropout-fusion` turns one off), which is what `Layout.compile` prices: an imported layout
-  compiles unless a fusion is off, and an exported one writes no switch either way.
+  bias-dropout-add, on by default), which prices as `Layout.compile`; Megatron has no `torch.compile`
+  switch, so an exported layout writes none either way and an imported one does not compile (state
+  `compile` on it to price Megatron's fused kernels).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from stratagem.layout import Layout
 
 ENGINE = "megatron"
 SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-UNFUSED = frozenset({"--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion"})
-"""Switches that turn one of Megatron's fused element-wise kernels off."""
 FLAGS = (
     "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size",
@@ -158,7 +156,6 @@ def layout_from_megatron(args: str | list[str]) -> Layout:
         "sequence_parallel": "--sequence-parallel" in switches,
         "recompute": _recompute(values),
         "precision": _precision(values, switches),
-        "compile": not (UNFUSED & switches),
     }
     fields |= _zero(values, switches)
     return Layout.parse(fields)
