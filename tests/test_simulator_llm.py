@@ -212,9 +212,10 @@ def test_sequence_parallel_divides_norm_and_dropout_activations_by_the_tensor_de
 def test_bf16_matmuls_on_an_a100_are_priced_sixteen_times_faster_than_fp32():
     context = compile_context(matmul_graph(), gpus("A100-80GB", per_node=1))
     times = {p: layer_times(context, 0, 1, 1, Knobs(precision=p))[0][0] for p in Precision}
-    assert times[Precision.FP32] / times[Precision.BF16] == pytest.approx(312 / 19.5, rel=1e-6)
-    assert times[Precision.FP32] / times[Precision.AMP_BF16] == pytest.approx(16.0, rel=1e-6)
-    assert times[Precision.FP32] / times[Precision.TF32] == pytest.approx(156 / 19.5, rel=1e-6)
+    # launches ride on each time: equal to 1e-4
+    assert times[Precision.FP32] / times[Precision.BF16] == pytest.approx(312 / 19.5, rel=1e-4)
+    assert times[Precision.FP32] / times[Precision.AMP_BF16] == pytest.approx(16.0, rel=1e-4)
+    assert times[Precision.FP32] / times[Precision.TF32] == pytest.approx(156 / 19.5, rel=1e-4)
 
 
 # --- precision ---------------------------------------------------------------------------------------
