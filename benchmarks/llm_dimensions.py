@@ -13,10 +13,10 @@ and its figures, and the search's seconds; `llama3_70b_64xh100`, the search alon
     python -m benchmarks.llm_dimensions [--csv PATH] [--budget 2.0] [--only llama3.1-8b ...]
 
 Clusters from the rows: H100 nodes of 8 with 400 Gb/s per GPU between nodes (torchtitan's Grand Teton
-H100s are the 96 GB HBM2e part at 500 W: pytorch/torchtitan docs/performance.md, 96 GB and 2.4 TB/s,
-the catalog's H100 peaks otherwise); A100-80GB DGX nodes with 8 × 200 Gb/s HDR InfiniBand (SC'21 §5).
+H100s are the catalog's `H100-SXM-96GB-HBM2e`, the 96 GB HBM2e part at its 500 W cap); A100-80GB DGX nodes with 8 × 200 Gb/s HDR InfiniBand (SC'21 §5).
 A row's layout is read the way the published benchmark reads it (torchtitan splits norms along the
-sequence under tensor parallelism; Megatron's `--fp16` keeps fp32 main weights: amp-fp16).
+sequence under tensor parallelism and checkpoints per op; Megatron's `--fp16` keeps fp32 main weights:
+amp-fp16). Neither layout states `compile`: the search does not choose it, so both are priced eager.
 """
 
 from __future__ import annotations
@@ -35,14 +35,13 @@ from optimizer_service.search import search
 from stratagem import Layout, predict
 from stratagem.hf import capture_hf_config
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
-from stratagem.ir.catalog import lookup
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_NAME = Path("shared") / "published" / "gpu_measurements.csv"
 SOURCES = ("torchtitan_benchmarks", "megatron_sc21_table1")
 MODELS = ("llama3.1-8b", "llama3.1-70b", "megatron-gpt-145.6B", "megatron-gpt-310.1B")
 H100_96GB = "H100-SXM 96GB HBM2e (500W cap)"
-GPU_KINDS = {"A100-SXM4-80GB": "A100-80GB", H100_96GB: "H100"}
+GPU_KINDS = {"A100-SXM4-80GB": "A100-80GB", H100_96GB: "H100-SXM-96GB-HBM2e"}
 INFINIBAND_LATENCY_US = 5.0
 """One RDMA hop between nodes (docs/layouts.md's worked example)."""
 LLAMA3_ROPE = {"rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False}
@@ -123,10 +122,18 @@ def _row(raw: dict[str, str], config: dict[str, Any]) -> Row:
         tp=int(raw["tp"]),
         pp=int(raw["pp"]),
         zero=int(raw["zero_stage"]),
-        recompute=next(m for m in ("none", "selective", "full") if raw["recompute"].lower().startswith(m)),
+        recompute=_recompute(raw),
         other=other,
         measured_tokens_per_gpu=measured,
     )
+
+
+def _recompute(raw: dict[str, str]) -> str:
+    """torchtitan's selective recomputation is per-op checkpointing (`selective-op`); Megatron's is the
+    attention core's (as `benchmarks.lib.published_layouts.recompute` reads them)."""
+    text = raw["recompute"].lower()
+    name = next(m for m in ("none", "selective", "full") if text.startswith(m))
+    return "selective-op" if name == "selective" and raw["source"] == "torchtitan_benchmarks" else name
 
 
 # --- the model and the cluster ---------------------------------------------------------------
@@ -169,14 +176,6 @@ def cluster(gpu: str, n_gpus: int, per_node: int, inter_node_gbps: float) -> Res
     spec: dict[str, Any] = {"name": f"{kind}x{n_gpus}", "nodes": nodes}
     if len(nodes) > 1:
         spec["network"] = {"kind": "infiniband", "bandwidth_gbps": inter_node_gbps, "latency_us": INFINIBAND_LATENCY_US}
-    if gpu == H100_96GB:
-        base = lookup("H100")
-        assert base is not None
-        spec["devices"] = {
-            "H100": base.model_copy(
-                update={"name": "H100-SXM-96GB-HBM2e", "memory_bytes": 96e9, "memory_bandwidth": 2.4e12}
-            ).model_dump(mode="json")
-        }
     return ResourceSpec.parse(spec)
 
 

@@ -14,7 +14,9 @@ dtype. Per rank they shrink by:
 - selective recomputation: an attention core drops what it saves beyond its inputs and output
   (`context.selective_dropped`), rebuilt for one layer at a time during backward;
 - full recomputation: a numbered block keeps only its input, and the largest block is rebuilt once
-  during its backward.
+  during its backward;
+- per-op selective checkpointing: a numbered block keeps its input and the outputs of its attention
+  cores and of every other matmul (`context.op_kept`); the largest block is rebuilt in its backward.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Shape:
     precision: int = 0
     selective: bool = False
     recompute: bool = False
+    selective_op: bool = False
+    gpu: bool = False
+    """On a GPU, whose fused kernels save less than the captured CPU step (`context.gpu_activation_bytes`)."""
 
 
 def per_layer(context: SimContext, shape: Shape) -> np.ndarray:
@@ -44,7 +49,8 @@ def per_layer(context: SimContext, shape: Shape) -> np.ndarray:
     if shape.sequence_parallel:
         divided = divided | ~context.layer_embedding
     scale = context.var_precision.activation[shape.precision] / shape.context_parallel
-    acts = context.activation_bytes / np.where(divided, shape.tensor, 1.0)
+    saved = context.gpu_activation_bytes if shape.gpu else context.activation_bytes
+    acts = saved / np.where(divided, shape.tensor, 1.0)
     if shape.selective:
         acts = acts - context.selective_dropped / np.where(divided, shape.tensor, 1.0)
     return acts * scale if scale != 1.0 else acts
@@ -53,7 +59,7 @@ def per_layer(context: SimContext, shape: Shape) -> np.ndarray:
 def rebuilt(context: SimContext, shape: Shape) -> float:
     """Bytes rebuilt at once during backward: the largest block's activations under full recomputation,
     the largest attention core's dropped activations under selective recomputation."""
-    if shape.recompute:
+    if shape.recompute or shape.selective_op:
         return float(block_peak(context, per_layer(context, shape))[0])
     if shape.selective:
         scale = context.var_precision.activation[shape.precision] / shape.context_parallel
@@ -66,9 +72,15 @@ def held(context: SimContext, shape: Shape) -> np.ndarray:
     """[L] bytes each layer keeps through the forward: `per_layer`, or under full recomputation a
     numbered block's input at its first layer and nothing for its other layers."""
     acts = per_layer(context, shape)
+    scale = context.var_precision.activation[shape.precision] / shape.context_parallel
+    if shape.selective_op:
+        divided = context.layer_sharded_input | (context.layer_tensor_split & ~context.layer_tp_allreduce)
+        if shape.sequence_parallel:
+            divided = divided | ~context.layer_embedding
+        kept = context.op_kept * scale / np.where(divided, shape.tensor, 1.0)
+        return np.where(context.layer_recomputed, kept, acts)
     if not shape.recompute:
         return acts
-    scale = context.var_precision.activation[shape.precision] / shape.context_parallel
     kept = context.recompute_kept * scale / (shape.tensor if shape.sequence_parallel else 1.0)
     return np.where(context.layer_recomputed, kept, acts)
 
@@ -78,3 +90,18 @@ def block_peak(context: SimContext, activations: np.ndarray) -> np.ndarray:
     per_unit = np.add.reduceat(np.atleast_2d(activations), context.unit_starts, axis=1)
     recomputed = context.layer_recomputed[context.unit_starts]
     return np.where(recomputed, per_unit, 0.0).max(axis=1, initial=0.0)
+
+
+def backward_extra(context: SimContext, shape: Shape, held_layers: np.ndarray) -> float:
+    """Bytes beyond everything held that backward needs at its fullest: when it reaches layer l, the layers
+    after l have freed what they saved, and l holds its gradients (`context.gradient_bytes`) beside what
+    the layers up to l still hold. The loss of a language model (its logits' gradients in fp32) is
+    usually where this peaks."""
+    divided = context.layer_sharded_input
+    if shape.sequence_parallel:
+        divided = divided | ~context.layer_embedding
+    scale = context.var_precision.activation[shape.precision] / shape.context_parallel
+    gradients = context.gradient_bytes * scale / np.where(divided, shape.tensor, 1.0)
+    total = float(held_layers.sum())
+    reached = np.cumsum(held_layers) + gradients
+    return max(float(reached.max(initial=0.0)) - total, 0.0)

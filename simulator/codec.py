@@ -30,7 +30,7 @@ from stratagem.ir import (
     Strategy,
     VariableConfig,
 )
-from stratagem.ir.strategy import strategy_problems
+from stratagem.ir.strategy import Recompute, strategy_problems
 
 if TYPE_CHECKING:
     from simulator.context import SimContext
@@ -105,11 +105,13 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.staleness[i] = strategy.consistency.staleness
     b.recompute[i] = strategy.recompute == "full"
     b.selective[i] = strategy.recompute == "selective"
+    b.selective_op[i] = strategy.recompute == "selective-op"
     b.precision[i] = _PRECISIONS[strategy.precision]
     b.sequence_parallel[i] = strategy.sequence_parallel
     b.micro_batch_size[i] = strategy.micro_batch_size or 0
     b.async_tp[i] = strategy.async_tensor_parallel
     b.fp8_gather[i] = strategy.fp8_all_gather
+    b.compile[i] = strategy.compile
     if strategy.pipeline is not None:
         b.micro_batches[i] = strategy.pipeline.micro_batches
         b.schedule[i] = _SCHEDULES[strategy.pipeline.schedule]
@@ -190,12 +192,13 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
         ),
         pipeline=pipeline,
         tensor_parallel=context.tensor_plan(int(batch.tensor[i])),
-        recompute="full" if batch.recompute[i] else "selective" if batch.selective[i] else "none",
+        recompute=_recompute_name(batch, i),
         precision=_PRECISION_NAMES[Precision(int(batch.precision[i]))],  # type: ignore[arg-type]
         sequence_parallel=bool(batch.sequence_parallel[i]),
         micro_batch_size=int(batch.micro_batch_size[i]) or None,
         async_tensor_parallel=bool(batch.async_tp[i]),
         fp8_all_gather=bool(batch.fp8_gather[i]),
+        compile=bool(batch.compile[i]),
         consistency=consistency,
         variables=variables,
         provenance=Provenance(builder=builder),
@@ -244,3 +247,11 @@ def _compressor(kind: int, param: float) -> dict[str, Any]:
     if kind == CompressorKind.TOPK:
         return {"kind": "topk", "ratio": float(min(1.0, max(param, math.ulp(0.0))))}
     return {"kind": CompressorKind(kind).name.lower()}
+
+
+def _recompute_name(batch: CandidateBatch, i: int) -> Recompute:
+    if batch.recompute[i]:
+        return "full"
+    if batch.selective[i]:
+        return "selective"
+    return "selective-op" if batch.selective_op[i] else "none"

@@ -26,8 +26,10 @@ Per candidate, shape [N]:
 | `staleness` | int32 | SSP's bound in steps (0 for BSP, ignored for ASP) |
 | `recompute` | bool | full recomputation of the numbered blocks (`context.layer_recomputed`) |
 | `selective` | bool | selective recomputation: the attention cores of the numbered blocks only (not with `recompute`) |
+| `selective_op` | bool | per-op selective checkpointing of the numbered blocks (`layers.op_recomputed`; not with the other two) |
 | `precision` | int8 | `Precision`: FP32 (0), TF32 (1), AMP_FP16 (2), AMP_BF16 (3), BF16 (4), FP8 (5) |
 | `sequence_parallel` | bool | Megatron's sequence parallelism inside the tensor group (needs `tensor > 1`) |
+| `compile` | bool | `torch.compile` of the blocks: element-wise chains run as fused kernels (`simulator.kernels`) |
 | `shard_group` | int32 | hybrid sharding: sharded variables shard over groups of this many data-parallel ranks and all-reduce across groups (0 = over the whole data-parallel group) |
 | `micro_batch_size` | int32 | samples per micro-batch (`Strategy.micro_batch_size`): the row is priced on the graph scaled to `micro_batch_size × micro_batches` samples per replica step (`simulator.step_graph`); 0 = the graph's batch is the replica's step |
 | `async_tp` | bool | async tensor parallelism: sequence parallelism's collectives overlapped piece by piece with their matmuls (needs `sequence_parallel`) |
@@ -143,6 +145,8 @@ PER_CANDIDATE: dict[str, Any] = {
     "micro_batch_size": np.int32,
     "async_tp": np.bool_,
     "fp8_gather": np.bool_,
+    "compile": np.bool_,
+    "selective_op": np.bool_,
 }
 PER_VARIABLE: dict[str, Any] = {
     "kind": np.int8,
@@ -192,6 +196,8 @@ class CandidateBatch:
     micro_batch_size: np.ndarray
     async_tp: np.ndarray
     fp8_gather: np.ndarray
+    compile: np.ndarray
+    selective_op: np.ndarray
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -238,6 +244,8 @@ class CandidateBatch:
             micro_batch_size=np.zeros(n, np.int32),
             async_tp=np.zeros(n, np.bool_),
             fp8_gather=np.zeros(n, np.bool_),
+            compile=np.zeros(n, np.bool_),
+            selective_op=np.zeros(n, np.bool_),
         )
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -357,6 +365,11 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
     problems += _first_bad("precision", (b.precision < 0) | (b.precision > 5), "unknown precision")
     problems += _first_bad(
         "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
+    )
+    problems += _first_bad(
+        "selective_op",
+        b.selective_op & (b.recompute | b.selective),
+        "per-op selective checkpointing excludes the other recomputations",
     )
     problems += _first_bad("sequence_parallel", b.sequence_parallel & (b.tensor < 2), "needs tensor > 1")
     problems += _first_bad(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.kernels import KernelArrays, kernel_arrays
 from stratagem.ir import Layer, LayerKind, ModelGraph, Variable
 
 MATMUL_KINDS = frozenset({LayerKind.matmul, LayerKind.conv, LayerKind.attention})
@@ -76,6 +77,24 @@ class LayerArrays:
     half their backward, the part a zero-bubble schedule defers into the bubble."""
     layer_unit: np.ndarray
     """[L] index of each layer's unit in `unit_starts` (FSDP's wrapping unit: a block or a top-level module)."""
+    kernels: KernelArrays
+    """[L] how each layer's work splits into kernels on a GPU (`simulator.kernels`)."""
+    op_recomputed: np.ndarray
+    """[L] layers per-op selective checkpointing runs again in backward: inside a numbered block, all but
+    its fused attention cores and every other weighted matmul (the first, third, ... in the block are
+    kept: torchtitan's policy saves the output of each `mm` except every second one)."""
+    compile_fused: np.ndarray
+    """[L] layers `torch.compile` launches nothing for: an element-wise or normalization layer inside a
+    numbered block right after another such layer, whose ops join that layer's fused kernel (the compiled
+    block's host code launches each kernel once, not each module's ops)."""
+    gpu_activation_bytes: np.ndarray
+    """[L] what a layer saves for backward on a GPU (`Layer.gpu_activation_bytes`, else `activation_bytes`)."""
+    gradient_bytes: np.ndarray
+    """[L] bytes of gradients a layer's backward holds at once: the gradient of its output (or of its
+    internal tensors, the size of what it saved, when larger) and the gradient it produces for its inputs."""
+    op_kept: np.ndarray
+    """[L] bytes per-op selective checkpointing keeps for a layer inside a numbered block: a kept
+    matmul's or attention core's output, and the block's input at its first layer; 0 for the rest."""
 
     @property
     def num_layers(self) -> int:
@@ -136,7 +155,48 @@ def layer_arrays(graph: ModelGraph) -> LayerArrays:
         attention_kv_bytes=np.where(attention, inputs * _kv_share(graph), 0.0),
         layer_weight_grad=weighted,
         layer_unit=np.maximum(np.searchsorted(starts, np.arange(len(layers)), side="right") - 1, 0),
+        kernels=kernel_arrays(graph),
+        gradient_bytes=np.maximum(output, activations) + inputs,
+        gpu_activation_bytes=np.array(
+            [
+                layer.activation_bytes if layer.gpu_activation_bytes is None else layer.gpu_activation_bytes
+                for layer in layers
+            ],
+            dtype=float,
+        ),
+        compile_fused=_compile_fused(layers, _carried(units), recomputed),
+        **_op_checkpointing(graph, units, recomputed, first, block_input, output, weighted, attention),
     )
+
+
+def _compile_fused(layers: list[Layer], units: list[str | None], recomputed: np.ndarray) -> np.ndarray:
+    streaming = [layer.kind not in MATMUL_KINDS and layer.kind != LayerKind.embedding for layer in layers]
+    out = np.zeros(len(layers), dtype=bool)
+    for i in range(1, len(layers)):
+        out[i] = bool(recomputed[i]) and streaming[i] and streaming[i - 1] and units[i] == units[i - 1]
+    return out
+
+
+def _op_checkpointing(
+    graph: ModelGraph,
+    units: list[str | None],
+    recomputed: np.ndarray,
+    first: np.ndarray,
+    block_input: np.ndarray,
+    output: np.ndarray,
+    weighted: np.ndarray,
+    attention: np.ndarray,
+) -> dict[str, np.ndarray]:
+    fused = np.array([layer.attention is not None for layer in graph.layers], dtype=bool)
+    kept = np.zeros(len(graph.layers), dtype=bool)
+    counts: dict[str | None, int] = {}
+    for i, unit in enumerate(_carried(units)):
+        if recomputed[i] and weighted[i]:
+            counts[unit] = counts.get(unit, 0) + 1
+            kept[i] = counts[unit] % 2 == 1
+    kept |= attention & fused
+    held = np.where(kept, output, 0.0) + np.where(first, block_input, 0.0)
+    return {"op_recomputed": recomputed & ~kept, "op_kept": np.where(recomputed, held, 0.0)}
 
 
 def _kv_share(graph: ModelGraph) -> float:

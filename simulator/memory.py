@@ -128,7 +128,7 @@ def memory_phase(
     state = sums.owned(STATE_SPLIT, STATE_REST, tensor, shards)
     frozen_split = (context.layer_frozen_bytes * context.layer_tensor_split).sum()
     frozen = frozen_split / tensor + context.layer_frozen_bytes.sum() - frozen_split
-    acts = _flat_activations(context, batch, tensor) / batch.micro_batches
+    acts = _flat_activations(context, batch, tensor, _gpu_saves_less(context)[topo.kind]) / batch.micro_batches
     if sums.stage1 is not None:
         stage1 = sums.stage1[:, PARAM_SPLIT] / tensor + sums.stage1[:, PARAM_REST]
         grads = grads + stage1 * (1 - 1 / shards)
@@ -141,6 +141,7 @@ def memory_phase(
     peak = params + grads + state + frozen + acts + compute.fsdp_working
     if compute.piped.size:
         peak[compute.piped] = _pipelined_peak(context, batch, topo, compute)
+    peak = peak + _backward_extra(context, batch, topo) / batch.micro_batches
 
     replicas = batch.replicas
     peak = peak + np.where(replicas, held, 0.0).max(axis=1)
@@ -150,7 +151,7 @@ def memory_phase(
         peak=peak,
         capacity=topo.capacity,
         server_over=server_over,
-        feasible=(peak <= topo.capacity) & (server_over == 0),
+        feasible=(peak + _reserved(context)[topo.kind] <= topo.capacity) & (server_over == 0),
     )
 
 
@@ -286,9 +287,16 @@ def _pipelined_peak(context: SimContext, batch: CandidateBatch, topo: Topology, 
     return (stage_vars + frozen / tensor + acts).max(axis=1)
 
 
-def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.ndarray) -> np.ndarray:
+def _gpu_saves_less(context: SimContext) -> np.ndarray:
+    """[K] kinds on which the graph's layers save less than captured (GPUs, where the graph records it)."""
+    differs = bool((context.gpu_activation_bytes != context.activation_bytes).any())
+    return np.array([spec.is_gpu and differs for spec in context.kinds.specs], dtype=bool)
+
+
+def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.ndarray, gpu: np.ndarray) -> np.ndarray:
     """[N] activations held for the whole per-replica batch without a pipeline, per tensor rank. With
-    recomputation: the blocks' inputs, whatever lies outside the blocks, and the largest block rebuilt."""
+    recomputation: the blocks' inputs, whatever lies outside the blocks, and the largest block rebuilt.
+    Rows in `gpu` take what a GPU's kernels save (`activations.Shape.gpu`)."""
     acts, sharded, recomputed = context.activation_bytes, context.layer_sharded_input, context.layer_recomputed
     whole = (acts * sharded).sum() / tensor + (acts * ~sharded).sum()
     rows = np.flatnonzero(batch.recompute)
@@ -302,7 +310,12 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
                 kept + outside[tensor[rows] == degree] + block_peak(context, acts / np.where(sharded, degree, 1.0))[0]
             )
     knobs = np.flatnonzero(
-        (batch.precision > 0) | (batch.context_parallel > 1) | batch.sequence_parallel | batch.selective
+        (batch.precision > 0)
+        | (batch.context_parallel > 1)
+        | batch.sequence_parallel
+        | batch.selective
+        | batch.selective_op
+        | gpu
     )
     if knobs.size:
         shapes: dict[activations.Shape, float] = {}
@@ -314,8 +327,39 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
                 precision=int(batch.precision[i]),
                 selective=bool(batch.selective[i]),
                 recompute=bool(batch.recompute[i]),
+                selective_op=bool(batch.selective_op[i]),
+                gpu=bool(gpu[i]),
             )
             if shape not in shapes:
                 shapes[shape] = float(activations.held(context, shape).sum()) + activations.rebuilt(context, shape)
             out[i] = shapes[shape]
     return out
+
+
+def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) -> np.ndarray:
+    """[N] gradient bytes backward holds beyond the activations at its fullest, for the whole per-replica
+    batch (`activations.backward_extra`), on GPU kinds; 0 on CPUs, whose figures calibration measured
+    with them included."""
+    out = np.zeros(len(batch))
+    gpu = np.array([spec.is_gpu for spec in context.kinds.specs], dtype=bool)[topo.kind]
+    shapes: dict[activations.Shape, float] = {}
+    for i in np.flatnonzero(gpu).tolist():
+        shape = activations.Shape(
+            tensor=int(batch.tensor[i]),
+            context_parallel=int(batch.context_parallel[i]),
+            sequence_parallel=bool(batch.sequence_parallel[i]),
+            precision=int(batch.precision[i]),
+            selective=bool(batch.selective[i]),
+            recompute=bool(batch.recompute[i]),
+            selective_op=bool(batch.selective_op[i]),
+            gpu=True,
+        )
+        if shape not in shapes:
+            shapes[shape] = activations.backward_extra(context, shape, activations.held(context, shape))
+        out[i] = shapes[shape]
+    return out
+
+
+def _reserved(context: SimContext) -> np.ndarray:
+    """[K] bytes each kind's process holds outside its tensors (`DeviceSpec.reserved_memory_bytes`)."""
+    return np.array([spec.reserved_memory_bytes or 0.0 for spec in context.kinds.specs])

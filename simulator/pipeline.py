@@ -17,7 +17,8 @@ Rank r finishes its last backward r slowest-rank backward steps before rank 0 do
 the rank are ready as above.
 
 With full recomputation a numbered block's backward first repeats its forward (and that forward's
-tensor-parallel all-reduces); with selective recomputation only its attention core's forward.
+tensor-parallel all-reduces); with selective recomputation only its attention core's forward; with
+per-op selective checkpointing the forward of the layers it does not keep (`layers.op_recomputed`).
 Context parallelism adds ring attention's exposed key/value sends (`simulator.context_parallel`), ZeRO
 stage 3 its exposed gathers and reduce-scatters (`simulator.fsdp`).
 
@@ -31,6 +32,7 @@ knobs, links), so ready times are kept as per-configuration offsets instead of a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,15 +138,18 @@ def compute_phase(context: SimContext, batch: CandidateBatch, topo: Topology) ->
 
 MICRO_BITS, TENSOR_BITS = 20, 12
 """Bits of the micro-batch count and of the tensor degree in a configuration key (`validate` bounds both);
-the context degree takes the next 12, then the flags, the precision, async TP and the device kind."""
+the context degree takes the next 12, then the flags, compile, the precision, async TP, per-op
+checkpointing and the device kind."""
 
 
 def _configs(batch: CandidateBatch, kind: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique (kind, knobs, tensor, micro-batches) keys of `rows` and each row's index among them."""
     key = (
-        (kind.astype(np.int64) << 52)
+        (kind.astype(np.int64) << 53)
+        | (batch.selective_op[rows].astype(np.int64) << 52)
         | (batch.async_tp[rows].astype(np.int64) << 51)
-        | (batch.precision[rows].astype(np.int64) << 47)
+        | (batch.precision[rows].astype(np.int64) << 48)
+        | (batch.compile[rows].astype(np.int64) << 47)
         | (batch.recompute[rows].astype(np.int64) << 46)
         | (batch.selective[rows].astype(np.int64) << 45)
         | (batch.sequence_parallel[rows].astype(np.int64) << 44)
@@ -167,6 +172,7 @@ class Config:
     selective: bool
     knobs: Knobs
     async_tp: bool = False
+    selective_op: bool = False
 
     @classmethod
     def decode(cls, key: np.int64) -> Config:
@@ -180,18 +186,21 @@ class Config:
             precision=self.knobs.precision,
             selective=self.selective,
             recompute=self.recompute,
+            selective_op=self.selective_op,
         )
 
 
 @functools.lru_cache(maxsize=4096)
 def _decode(k: int) -> Config:
     knobs = Knobs(
-        precision=(k >> 47) & 0x7,
+        precision=(k >> 48) & 0x7,
         context_parallel=(k >> (MICRO_BITS + TENSOR_BITS)) & 0xFFF,
         sequence_parallel=bool((k >> 44) & 1),
+        compile=bool((k >> 47) & 1),
     )
     return Config(
-        kind=k >> 52,
+        kind=k >> 53,
+        selective_op=bool((k >> 52) & 1),
         async_tp=bool((k >> 51) & 1),
         tensor=(k >> MICRO_BITS) & 0xFFF,
         micro=k & 0xFFFFF,
@@ -211,6 +220,8 @@ def _times(context: SimContext, config: Config) -> tuple[np.ndarray, np.ndarray,
         return fwd, bwd + fwd * context.layer_recomputed, weight
     if config.selective:
         return fwd, bwd + fwd * (context.layer_attention & context.layer_recomputed), weight
+    if config.selective_op:
+        return fwd, bwd + fwd * context.op_recomputed, weight
     return fwd, bwd, weight
 
 
@@ -419,7 +430,13 @@ def _ring(
 def _held(context: SimContext, configs: list[Config], inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[n, L] activations each layer holds for the whole per-replica batch per rank, and [n] the bytes
     rebuilt at once in backward."""
-    figures = [_activation_figures(context, config.shape()) for config in configs]
+    gpu = bool((context.gpu_activation_bytes != context.activation_bytes).any())
+    figures = [
+        _activation_figures(
+            context, dataclasses.replace(config.shape(), gpu=gpu and context.kinds.specs[config.kind].is_gpu)
+        )
+        for config in configs
+    ]
     held = np.stack([f[0] for f in figures])
     rebuilt = np.array([f[1] for f in figures])
     return held[inverse], rebuilt[inverse]

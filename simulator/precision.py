@@ -121,11 +121,22 @@ class Peaks:
     """[K, P] attention cores (SDPA, flash)."""
     fp8: np.ndarray
     """[K] whether the kind has fp8 tensor cores."""
+    matmul_efficiency: np.ndarray
+    """[K, P] fraction of that peak matmuls reach: the kind's `fp32_matmul_efficiency` where they run
+    IEEE fp32 on CUDA cores, its (tensor-core) `matmul_efficiency` otherwise."""
+    conv_efficiency: np.ndarray
+    """[K, P] the same for convolutions (the kind's `conv_efficiency` where it states one)."""
+    attention_efficiency: np.ndarray
+    """[K, P] a fused attention kernel's forward fraction of the attention peak."""
+    attention_backward_efficiency: np.ndarray
+    """[K, P] its backward's, on 2.5 times the forward FLOPs."""
 
 
 def peaks(specs: list[DeviceSpec], dtype: str) -> Peaks:
-    """The peak each layer kind reaches under each precision (see the module docstring's table)."""
+    """The peak each layer kind reaches under each precision (see the module docstring's table), and
+    the fraction of it each kind's kernels reach there."""
     matmul, conv, attention = [], [], []
+    matmul_eff, conv_eff, attention_eff, attention_bwd = [], [], [], []
     for spec in specs:
         captured = spec.flops_for(dtype)
         tf32 = spec.peak_flops.get("tf32", captured) if dtype == "float32" else captured
@@ -134,9 +145,25 @@ def peaks(specs: list[DeviceSpec], dtype: str) -> Peaks:
         matmul.append([captured, tf32, fp16, bf16, bf16, fp8])
         conv.append([tf32, tf32, fp16, bf16, bf16, bf16])
         attention.append([captured, tf32, fp16, bf16, bf16, bf16])
+        tensor = spec.matmul_efficiency
+        vector = spec.fp32_matmul_efficiency or tensor
+        plain = dtype == "float32"
+        fp32_matmul = vector if plain else tensor
+        tf32_matmul = tensor if "tf32" in spec.peak_flops or not plain else vector
+        matmul_eff.append([fp32_matmul, tf32_matmul, tensor, tensor, tensor, tensor])
+        conv_eff.append([spec.conv_efficiency or e for e in (tf32_matmul, tf32_matmul, tensor, tensor, tensor, tensor)])
+        forward = spec.attention_efficiency or tensor
+        backward = spec.attention_backward_efficiency or forward
+        attention_eff.append([fp32_matmul, tf32_matmul, forward, forward, forward, forward])
+        attention_bwd.append([fp32_matmul, tf32_matmul, backward, backward, backward, backward])
+    shape = (len(specs), PRECISIONS)
     return Peaks(
-        matmul=np.array(matmul, dtype=float).reshape(len(specs), PRECISIONS),
-        conv=np.array(conv, dtype=float).reshape(len(specs), PRECISIONS),
-        attention=np.array(attention, dtype=float).reshape(len(specs), PRECISIONS),
+        matmul=np.array(matmul, dtype=float).reshape(shape),
+        conv=np.array(conv, dtype=float).reshape(shape),
+        attention=np.array(attention, dtype=float).reshape(shape),
         fp8=np.array(["float8" in spec.peak_flops for spec in specs], dtype=bool),
+        matmul_efficiency=np.array(matmul_eff, dtype=float).reshape(shape),
+        conv_efficiency=np.array(conv_eff, dtype=float).reshape(shape),
+        attention_efficiency=np.array(attention_eff, dtype=float).reshape(shape),
+        attention_backward_efficiency=np.array(attention_bwd, dtype=float).reshape(shape),
     )

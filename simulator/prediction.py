@@ -94,6 +94,13 @@ def _infeasible_reason(context: SimContext, batch: CandidateBatch, result: Batch
     if over > 0:
         return f"a parameter server's memory is short by {_bytes(over)} for the variables it holds"
     need, have = float(result.memory[i]), float(result.capacity[i])
+    reserved = context.kinds.specs[_kind(context, batch, i)].reserved_memory_bytes or 0.0
+    if reserved:
+        have -= reserved
+        return (
+            f"does not fit: needs {_bytes(need)} per device, {_bytes(have)} available beside the "
+            f"{_bytes(reserved)} the CUDA context and libraries hold ({_bytes(need - have)} over)"
+        )
     return f"does not fit: needs {_bytes(need)} per device, {_bytes(have)} available ({_bytes(need - have)} over)"
 
 

@@ -4,7 +4,8 @@ The engine reads a graph as a replica's whole step and splits its batch into the
 strategy with `micro_batch_size` (every strategy a layout builds: its graph is captured at the
 micro-batch) trains `micro_batch_size × micro_batches` samples per replica per step instead, so it is
 priced on the graph scaled to that step: every per-sample figure (FLOPs, activation and output bytes,
-the bytes a layer moves beyond its weights, sparse lookups) times `step samples / graph batch`, the
+the bytes a layer moves beyond its weights, its element-wise kernels' bytes and its fused attention
+calls, sparse lookups) times `step samples / graph batch`, the
 variables as they are. Compute, activations and samples are linear in the batch for the layers a
 graph records; the weights a layer reads are not, and stay.
 """
@@ -59,7 +60,26 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
                     "bwd_flops": layer.bwd_flops * factor,
                     "bytes_moved": (layer.bytes_moved - fixed) * factor + fixed,
                     "activation_bytes": layer.activation_bytes * factor,
+                    "gpu_activation_bytes": None
+                    if layer.gpu_activation_bytes is None
+                    else layer.gpu_activation_bytes * factor,
                     "output_bytes": layer.output_bytes * factor,
+                    "elementwise_bytes": layer.elementwise_bytes * factor,
+                    "arithmetic_bytes": None
+                    if layer.arithmetic_bytes is None
+                    else _per_sample(layer.arithmetic_bytes, fixed, factor),
+                    "fused_elementwise_bytes": None
+                    if layer.fused_elementwise_bytes is None
+                    else layer.fused_elementwise_bytes * factor,
+                    "attention": None
+                    if layer.attention is None
+                    else layer.attention.model_copy(
+                        update={
+                            "flops": layer.attention.flops * factor,
+                            "traced_bytes": layer.attention.traced_bytes * factor,
+                            "io_bytes": layer.attention.io_bytes * factor,
+                        }
+                    ),
                 }
             )
         )
@@ -93,3 +113,9 @@ def step_context(context: SimContext, samples: int) -> SimContext:
             context._steps.clear()
         context._steps[samples] = found
     return found
+
+
+def _per_sample(moved: float, weights: float, factor: float) -> float:
+    """Bytes of a figure that reads `weights` once whatever the batch, at `factor` times the batch."""
+    fixed = min(moved, weights)
+    return (moved - fixed) * factor + fixed

@@ -72,7 +72,8 @@ class Layout(Document):
     shard_group: int | None = Field(default=None, ge=1)
     """Hybrid sharding: shard over groups of this many data-parallel ranks, replicate across them."""
     recompute: Recompute = "none"
-    """Activation recomputation: `selective` (the attention core, as Megatron and torchtitan) or `full` blocks."""
+    """Activation recomputation: `selective` (the attention core, as Megatron), `selective-op` (per-op
+    checkpointing, torchtitan's `selective_ac_option = "op"`) or `full` blocks."""
     precision: Precision = "fp32"
     """`fp32`, `tf32`, `amp-fp16`, `amp-bf16` (fp32 master weights), `bf16`, `fp8` (fp8 matmuls, bf16 elsewhere)."""
     sequence_parallel: bool = False
@@ -83,6 +84,8 @@ class Layout(Document):
     fp8_all_gather: bool = False
     """FSDP gathers the fp8 Linears' weights in fp8 (torchao's `enable_fsdp_float8_all_gather`; needs
     precision fp8 and zero 3)."""
+    compile: bool = False
+    """`torch.compile` each block (torchtitan's `[compile]`): element-wise chains run as fused kernels."""
 
     @model_validator(mode="after")
     def _check_self(self) -> Self:
@@ -308,6 +311,7 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
         sequence_parallel=strategy.sequence_parallel,
         async_tensor_parallel=strategy.async_tensor_parallel,
         fp8_all_gather=strategy.fp8_all_gather,
+        compile=strategy.compile,
     )
 
 

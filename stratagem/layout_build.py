@@ -91,6 +91,7 @@ def build_strategy(
         sequence_parallel=resolved.sequence_parallel,
         async_tensor_parallel=resolved.async_tensor_parallel,
         fp8_all_gather=resolved.fp8_all_gather,
+        compile=resolved.compile,
         variables=_variables(graph, resolved, shared),
         provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
     )

@@ -24,6 +24,7 @@ LAYOUT_KEYS: dict[str, str] = {
     "sp": "sequence_parallel",
     "async_tp": "async_tensor_parallel",
     "fp8_ag": "fp8_all_gather",
+    "compile": "compile",
 }
 """Short key -> Layout field; the field names themselves are accepted too (`data=8`)."""
 ALIASES = {"ac": "recompute", "fsdp": "zero"}

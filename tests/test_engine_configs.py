@@ -35,6 +35,7 @@ TORCHTITAN_FIELDS = {
         "enable_async_tensor_parallel",
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable", "components", "backend"},
     "model": {"converters"},
     "quantize": {"linear"},
 }
@@ -93,8 +94,8 @@ ACCELERATE_KEYS = {
 ROUND_TRIPS = {
     "torchtitan": [
         "zero=3,mb=2,gbs=64,precision=amp-bf16",
-        "tp=2,sp,zero=3,mb=2,gbs=32,recompute=selective,precision=amp-bf16",
-        "tp=2,sp,async_tp,zero=3,mb=2,gbs=32,precision=fp8,fp8_ag",
+        "tp=2,sp,zero=3,mb=2,gbs=32,recompute=selective-op,precision=amp-bf16,compile",
+        "tp=2,sp,async_tp,zero=3,mb=2,gbs=32,precision=fp8,fp8_ag,compile",
         "tp=2,pp=2,sp,zero=2,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=bf16,recompute=full",
         "pp=2,zero=3,mb=2,gbs=64,schedule=zero-bubble,vpp=2,precision=amp-bf16",
         "pp=2,zero=3,mb=2,gbs=64,schedule=gpipe",
@@ -119,7 +120,7 @@ ROUND_TRIPS = {
     "accelerate": [
         "zero=3,precision=amp-bf16",
         "tp=2,zero=3,shard=4,recompute=full",
-        "tp=2,cp=2",
+        "tp=2,cp=2,compile",
         "dp=16",
         "zero=2,precision=fp8",
         "zero=1,gbs=128",
@@ -226,6 +227,7 @@ def test_accelerate_configs_are_yaml_with_fsdp2_and_the_parallelism_config() -> 
         ("torchtitan", "dp=1,tp=8,sp,precision=amp-bf16", "without it trains in fp32"),
         ("torchtitan", "dp=4,pp=2,zero=3,schedule=zero-bubble", "zero-bubble with one chunk per rank"),
         ("torchtitan", "dp=8,precision=tf32", "no config key turns on TF32 matmuls"),
+        ("torchtitan", "dp=4,tp=2,sp,async_tp,zero=3", "async tensor parallelism without compile"),
         ("deepspeed", "dp=8,recompute=selective", "the config has no granularity"),
         ("deepspeed", "dp=4,tp=2,sp", "AutoTP training splits no norms along the sequence"),
         ("deepspeed", "dp=4,cp=2", "DeepSpeed-Ulysses splits heads"),
@@ -337,7 +339,7 @@ same_network: true
 
 def test_torchtitans_llama3_8b_config_reads_as_fsdp_over_the_rest_of_the_cluster() -> None:
     layout = Layout.from_torchtitan(TORCHTITAN_LLAMA3_8B)
-    assert str(layout) == "dp=auto,mb=1,zero=3,recompute=selective,precision=amp-bf16"
+    assert str(layout) == "dp=auto,mb=1,zero=3,recompute=selective-op,precision=amp-bf16"
     assert layout.build(gpt_graph(batch=1), gpu_cluster(4, 8)).effective_mesh.data == 32
 
 
@@ -379,6 +381,12 @@ def test_a_hugging_face_deepspeed_config_reads_its_stated_knobs_and_refuses_auto
             "'DualPipeV' has no layout schedule",
         ),
         ("torchtitan", "[parallelism]\ntensor_parallel_degree = 0\n", "must be a positive integer, got 0"),
+        (
+            "torchtitan",
+            "[parallelism]\ntensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n"
+            '[activation_checkpoint]\nmode = "none"\n',
+            "enable_async_tensor_parallel: needs [compile] enable",
+        ),
         ("deepspeed", "{not json", "deepspeed: not JSON"),
         ("deepspeed", '{"zero_optimization": {"stage": 5}}', "zero_optimization.stage: must be 0, 1, 2 or 3"),
         ("megatron", "--tensor-model-parallel-size two", "must be a positive integer, got 'two'"),
@@ -397,3 +405,24 @@ def test_a_config_that_is_not_a_layout_says_which_key_and_why(engine: str, confi
     with pytest.raises(InvalidLayoutError) as error:
         getattr(Layout, f"from_{engine}")(config)
     assert message in str(error.value)
+
+
+def test_compile_is_each_engines_own_switch_and_megatron_has_none() -> None:
+    titan = tomllib.loads(Layout.from_string("dp=8,zero=3,mb=2,compile").to_torchtitan())
+    assert titan["compile"] == {"enable": True, "components": ["model", "loss"]}
+    only_loss = "[compile]\nenable = true\ncomponents = ['loss']\n[activation_checkpoint]\nmode = 'none'\n"
+    assert not Layout.from_torchtitan(only_loss).compile
+    accelerate = yaml.safe_load(Layout.from_string("dp=8,compile").to_accelerate())
+    assert accelerate["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}
+    assert Layout.from_accelerate("distributed_type: MULTI_GPU\nnum_processes: 8\ndynamo_backend: INDUCTOR\n").compile
+    assert Layout.from_string("tp=2,compile").to_megatron() == Layout.from_string("tp=2").to_megatron()
+    assert not Layout.from_megatron("--tensor-model-parallel-size 2").compile
+    with pytest.raises(UnsupportedStrategyError, match=r"engine\.compile"):
+        Layout.from_string("dp=8,compile").to_deepspeed()
+
+
+def test_torchtitan_checkpoints_per_op_or_per_layer_never_the_attention_core_alone() -> None:
+    with pytest.raises(UnsupportedStrategyError, match="per op"):
+        Layout.from_string("dp=8,zero=3,recompute=selective").to_torchtitan()
+    with pytest.raises(InvalidLayoutError, match="every n-th layer"):
+        Layout.from_torchtitan('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n')

@@ -153,7 +153,8 @@ def test_tensor_parallelism_splits_only_sharded_activations() -> None:
     memory = simulate_batch(context, batch).memory
     split = context.var_bytes[context.var_tensor_split].sum()
     held_saved = 4 * split * (1 - 1 / 4)  # fp32 parameters, gradients and Adam's two moments, 1/4 of each kept
-    assert memory[0] - memory[1] - held_saved == pytest.approx(sharded * (1 - 1 / 4), rel=1e-6)
+    gradients = _backward_extra(context, tensor=1) - _backward_extra(context, tensor=4)
+    assert memory[0] - memory[1] - held_saved - gradients == pytest.approx(sharded * (1 - 1 / 4), rel=1e-6)
 
 
 def test_gradient_accumulation_trades_launches_for_activation_memory() -> None:
@@ -161,7 +162,7 @@ def test_gradient_accumulation_trades_launches_for_activation_memory() -> None:
     batch = CandidateBatch.allocate(context, 2)
     batch.micro_batches[1] = 4
     result = simulate_batch(context, batch)
-    acts = context.activation_bytes.sum()
+    acts = context.activation_bytes.sum() + _backward_extra(context)  # one micro-batch's, gradients included
     assert result.memory[0] - result.memory[1] == pytest.approx(acts * 3 / 4, rel=1e-9)
     assert result.component("compute")[1] > result.component("compute")[0]
     strategy = to_strategy(context, batch, 1)
@@ -180,8 +181,9 @@ def test_recomputation_trades_a_forward_for_all_but_one_blocks_activations() -> 
     assert 0 < extra < forward / 2  # one more forward of the blocks, not of the whole step
     block = context.activation_bytes[blocks].sum() / 4
     kept = context.recompute_kept[blocks].sum()
+    gradients = _backward_extra(context) - _backward_extra(context, recompute=True)
     assert result.memory[0] - result.memory[1] == pytest.approx(
-        context.activation_bytes[blocks].sum() - kept - block, rel=1e-9
+        context.activation_bytes[blocks].sum() - kept - block + gradients, rel=1e-9
     )
     again = encode(context, [to_strategy(context, batch, 1)])
     assert again.recompute[0] and to_strategy(context, batch, 1).recompute == "full"
@@ -209,3 +211,11 @@ def test_the_decoded_tensor_plan_splits_a_captured_gpt_megatron_style() -> None:
     batch = CandidateBatch.allocate(context, 1)
     batch.tensor[0], batch.data[0] = 4, 1
     to_strategy(context, batch, 0).validate_for(graph, context.resources)
+
+
+def _backward_extra(context, *, tensor: int = 1, recompute: bool = False) -> float:
+    """What a GPU's backward holds beyond the activations (`simulator.activations.backward_extra`)."""
+    from simulator import activations
+
+    shape = activations.Shape(tensor=tensor, recompute=recompute)
+    return activations.backward_extra(context, shape, activations.held(context, shape))

@@ -43,19 +43,20 @@ def test_rows_are_read_with_ids_per_source_and_the_derived_step_time(rows) -> No
     assert rows["dlperf_ngc_pytorch_resnet50:1"].measured_memory_bytes is None
 
 
-def test_megatron_interleaving_and_amp_fp16_become_the_layout(rows) -> None:
+def test_megatron_interleaving_and_its_16_bit_model_become_the_layout(rows) -> None:
     layout = published_layouts.layout(rows["megatron_sc21_table1:1"])
     assert (layout.data, layout.tensor, layout.pipeline, layout.context) == (32, 8, 4, 1)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (2, 28, 1792)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 3)
-    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "amp-fp16", False)
+    # Megatron's --fp16 trains an fp16 model beside fp32 main weights, no autocast: the IR's 16-bit `bf16`
+    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "bf16", False)
 
 
-def test_bloom_is_zero_1_in_amp_bf16_on_twelve_uneven_stages(rows) -> None:
+def test_bloom_is_zero_1_in_16_bit_bf16_on_twelve_uneven_stages(rows) -> None:
     row = rows["bigscience_bloom176b:1"]
     layout = published_layouts.layout(row)
     assert (layout.data, layout.tensor, layout.pipeline, layout.micro_batches) == (8, 4, 12, 128)
-    assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "amp-bf16", "full", "1f1b")
+    assert (layout.zero, layout.precision, layout.recompute, layout.schedule) == (1, "bf16", "full", "1f1b")
     config = published_models.model_spec(row).config
     assert config["model_type"] == "bloom" and config["n_layer"] == 70 and config["vocab_size"] == 250880
 
@@ -85,22 +86,35 @@ def test_clusters_take_the_rows_gpus_nodes_and_links(rows) -> None:
     assert dgx2.device_spec("V100").memory_bytes == 32e9
 
 
-def test_the_96gb_hbm2e_h100_overrides_the_catalog_kind_and_keeps_its_nvlink(rows) -> None:
+def test_the_96gb_hbm2e_h100_is_the_catalogs_500_watt_part_with_its_nvlink(rows) -> None:
     row = rows["torchtitan_benchmarks:1"]
     spec = published_layouts.cluster(row)
-    device = spec.device_spec("H100")
+    device = spec.device_spec("H100-SXM-96GB-HBM2e")
     assert device.memory_bytes == 96e9 and device.memory_bandwidth == 2.4e12
-    assert device.peak_flops["float8"] == 1979e12
+    # 500 W sustains (500/700)^(1/3) of the 700 W part's clock, and every peak with it.
+    clock = (500 / 700) ** (1 / 3)
+    assert device.peak_flops["bfloat16"] == pytest.approx(989e12 * clock)
+    assert device.peak_flops["float8"] == pytest.approx(1979e12 * clock)
     assert spec.intra_link(spec.nodes[0]).bandwidth_gbps == 3600
-    entries = published_layouts.proposed_catalog_entries(list(rows.values()))
-    assert [entry["spec"]["name"] for entry in entries] == ["H100-SXM-96GB-HBM2e"]
+    assert published_layouts.proposed_catalog_entries(list(rows.values())) == []
 
 
-def test_what_the_ir_cannot_state_is_named(rows) -> None:
+def test_every_published_flag_is_stated_compile_and_fused_kernels_included(rows) -> None:
     misses = published_layouts.expressibility_misses
-    assert misses(rows["torchtitan_benchmarks:1"]) == [published_layouts.UNEXPRESSED[0][1]]
-    assert [m.split(":")[0] for m in misses(rows["torchtitan_benchmarks:2"])] == ["torch.compile"]
-    assert misses(rows["megatron_sc21_table1:1"]) == []
+    assert all(misses(row) == [] for row in rows.values())
+    assert published_layouts.layout(rows["torchtitan_benchmarks:1"]).compile
+    # Megatron's fused softmax, bias-GeLU and bias-dropout-add kernels are what compile prices
+    assert published_layouts.layout(rows["megatron_sc21_table1:1"]).compile
+    assert not published_layouts.layout(rows["deepspeed_autotuning_hf:1"]).compile
+
+
+def test_each_source_captures_the_attention_and_compute_dtype_its_runs_used(rows) -> None:
+    spec = published_models.model_spec
+    assert spec(rows["megatron_sc21_table1:1"]).attn_implementation == "eager"
+    assert spec(rows["deepspeed_autotuning_hf:1"]).attn_implementation == "eager"
+    titan = spec(rows["torchtitan_benchmarks:1"])
+    assert (titan.attn_implementation, titan.dtype) == ("sdpa", "bfloat16")
+    assert published_layouts.layout(rows["torchtitan_benchmarks:1"]).recompute == "selective-op"
 
 
 def test_async_tensor_parallelism_is_stated_by_the_layout_not_missed(rows) -> None:

@@ -100,7 +100,13 @@ def capture(spec: ModelSpec) -> ModelGraph:
     if spec.kind == "hf":
         assert spec.seq is not None
         return stratagem.capture_hf_config(
-            spec.config, batch=spec.batch, seq=spec.seq, optimizer=spec.optimizer, name=spec.name
+            spec.config,
+            batch=spec.batch,
+            seq=spec.seq,
+            optimizer=spec.optimizer,
+            name=spec.name,
+            attn_implementation=spec.attn_implementation,  # type: ignore[arg-type]
+            dtype=spec.dtype,  # type: ignore[arg-type]
         )
     if spec.kind == "zoo":
         module, make_batch = stratagem.zoo.build(spec.config["zoo"], spec.config["size"], device="meta")

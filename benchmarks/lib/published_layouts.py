@@ -1,5 +1,5 @@
-"""The setting of each published row: its cluster (GPU kind, nodes and links; device overrides for parts
-the catalog lacks, each figure with its source), its `stratagem.Layout`, and what the IR cannot state.
+"""The setting of each published row: its cluster (GPU kind, nodes and links), its `stratagem.Layout`, and
+what the IR cannot state.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ GPU_KINDS = {
     "A100-SXM4-80GB": "A100-80GB",
     "V100-SXM2-16GB": "V100-16GB",
     "V100 (16 in one node; memory unstated)": "V100",
-    "H100-SXM 96GB HBM2e (500W cap)": "H100",
+    "H100-SXM 96GB HBM2e (500W cap)": "H100-SXM-96GB-HBM2e",
     "H200": "H200",
 }
 """The row's GPU as a catalog kind. DeepSpeed's 16-V100 node is a DGX-2 (the source's notes): V100 SXM3
 32 GB on NVSwitch, the catalog's V100 (32 GB, 900 GB/s, NVLink2 at 150 GB/s per direction per GPU,
-which NVSwitch gives every pair). torchtitan's H100 is overridden below."""
-H100_96GB = "H100-SXM 96GB HBM2e (500W cap)"
+which NVSwitch gives every pair). torchtitan's H100 is the catalog's 96 GB HBM2e part at its 500 W cap
+(`stratagem.ir.catalog.H100_500W_CLOCK`)."""
 INFINIBAND_LATENCY_US = 14.0
 """One step of NCCL's Simple-protocol ring through a NIC (NVIDIA/nccl@5067397c src/graph/tuning.cc,
 `hwLatencies` for NET), the figure a link's `latency_us` states; LL and LL128 steps scale from it."""
@@ -31,49 +31,9 @@ INFINIBAND_EFFICIENCY = 0.95
 100 Gb/s EDR card (sjeaugey in NVIDIA/nccl-tests#29)."""
 
 
-def device_overrides(row: Row) -> dict[str, Any]:
-    """`ResourceSpec.devices` entries for parts the catalog lacks, keyed by the catalog kind they replace
-    (so the kind keeps its NVLink default and its feature code); each figure with its source."""
-    if row.gpu != H100_96GB:
-        return {}
-    base = lookup("H100")
-    assert base is not None
-    flops = dict(base.peak_flops)
-    # NVIDIA H100 SXM data sheet: 1,979 TFLOP/s dense FP8 (3,958 with sparsity); the catalog may lack it.
-    flops.setdefault("float8", 1979e12)
-    spec = base.model_copy(
-        update={
-            "name": "H100-SXM-96GB-HBM2e",
-            # pytorch/torchtitan docs/performance.md (Grand Teton): "96GB HBM2e with 2.4 TB/sec peak memory
-            # bandwidth", run at the default 500 W power limit (the 700 W SXM data sheet's peak FLOP/s is kept:
-            # no figure at 500 W is published).
-            "memory_bytes": 96e9,
-            "memory_bandwidth": 2.4e12,
-            "peak_flops": flops,
-        }
-    )
-    return {"H100": spec.model_dump(mode="json")}
-
-
 def proposed_catalog_entries(rows: list[Row]) -> list[dict[str, Any]]:
-    """The device overrides these rows needed, once each, as entries the catalog could take."""
-    seen: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        for kind, spec in device_overrides(row).items():
-            seen.setdefault(
-                spec["name"],
-                {
-                    "replaces_kind": kind,
-                    "row_gpu": row.gpu,
-                    "spec": spec,
-                    "sources": [
-                        "memory and bandwidth: pytorch/torchtitan docs/performance.md (96GB HBM2e, 2.4 TB/s, 500 W)",
-                        "float8 peak: NVIDIA H100 SXM data sheet (1,979 TFLOP/s dense)",
-                        "other peaks: the catalog's H100 (700 W SXM data sheet)",
-                    ],
-                },
-            )
-    return list(seen.values())
+    """Device kinds these rows name that the catalog lacks (none: every row's GPU is a catalog kind)."""
+    return [{"row_gpu": gpu} for gpu in sorted({row.gpu for row in rows}) if lookup(GPU_KINDS.get(gpu, gpu)) is None]
 
 
 def cluster(row: Row) -> ResourceSpec:
@@ -99,9 +59,6 @@ def cluster(row: Row) -> ResourceSpec:
             "latency_us": INFINIBAND_LATENCY_US,
             "efficiency": INFINIBAND_EFFICIENCY,
         }
-    overrides = device_overrides(row)
-    if overrides:
-        spec["devices"] = overrides
     return ResourceSpec.parse(spec)
 
 
@@ -114,17 +71,26 @@ PRECISIONS = (
     ("bf16", "amp-bf16"),
     ("fp32", "fp32"),
 )
-"""Source wording to `Layout.precision`, first prefix wins. Megatron's and DeepSpeed's `--fp16`/`fp16`
-and Hugging Face's AMP keep fp32 main weights (amp-fp16); BLOOM's BF16_Optimizer and torchtitan's FSDP2
-(`mixed_precision_param = "bfloat16"` over fp32 shards) likewise (amp-bf16); torchtitan's float8 linears
-beside bf16 are `fp8`."""
+"""Source wording to `Layout.precision`, first prefix wins (after `SIXTEEN_BIT_MODELS`). DeepSpeed's
+`fp16` runs (a V100 has no bf16, so the IR's 16-bit `bf16` cannot state them) and Hugging Face's AMP keep
+fp32 weights (amp-fp16); torchtitan's FSDP2 (`mixed_precision_param = "bfloat16"` over fp32 shards)
+likewise (amp-bf16); torchtitan's float8 linears beside bf16 are `fp8`."""
 TORCHTITAN_INTERLEAVED_CHUNKS = 2
 """torchtitan's multi-stage schedules hold 2 stages per rank unless `pipeline_parallel_layers_per_stage`
 says otherwise (stratagem/interop/torchtitan.py, MULTI_STAGE)."""
 
 
+SIXTEEN_BIT_MODELS = ("megatron_sc21_table1", "bigscience_bloom176b")
+"""Sources whose engine trains a 16-bit model beside fp32 main weights and optimizer state, with no
+autocast: Megatron-LM's `--fp16` (Float16Module, fp16 gradients all-reduced by its local DDP) and
+Megatron-DeepSpeed's `--bf16` (BLOOM). That is the IR's `bf16` precision (`simulator.precision`); on an
+A100 fp16 and bf16 run at the same rate and take the same bytes."""
+
+
 def precision(row: Row) -> str:
     text = row.precision.strip().lower()
+    if row.source in SIXTEEN_BIT_MODELS and text in ("fp16", "bf16"):
+        return "bf16"
     for prefix, name in PRECISIONS:
         if text.startswith(prefix):
             return name
@@ -132,7 +98,11 @@ def precision(row: Row) -> str:
 
 
 def recompute(row: Row) -> str:
+    """torchtitan's "selective (op)" and its llama3_8b.toml default (`selective_ac_option = "op"`) are
+    per-op checkpointing (`selective-op`); Megatron's selective is the attention core's."""
     text = row.recompute.strip().lower()
+    if row.source == "torchtitan_benchmarks" and text.startswith("selective"):
+        return "selective-op"
     for name in ("none", "selective", "full"):
         if text.startswith(name):
             return name
@@ -183,6 +153,7 @@ def layout(row: Row) -> Layout:
     sequence_parallel = bool(row.other.get("seq_parallel", False))
     if row.source == "torchtitan_benchmarks" and row.tp > 1:
         sequence_parallel = True
+    fused = bool(row.other.get("compile", False)) or row.source in FUSED_KERNELS
     return Layout(
         async_tensor_parallel=row.other.get("async_tp") is True,
         fp8_all_gather=row.other.get("fsdp_float8_all_gather") is True,
@@ -199,10 +170,16 @@ def layout(row: Row) -> Layout:
         recompute=recompute(row),
         precision=precision(row),
         sequence_parallel=sequence_parallel,
+        compile=fused,
     )
 
 
-UNEXPRESSED = (("compile", "torch.compile: the IR has no compile knob (fused kernels, fewer launches)"),)
+FUSED_KERNELS = ("megatron_sc21_table1", "bigscience_bloom176b")
+"""Sources whose engine runs each element-wise chain of a block as one hand-written kernel, which is what
+`Layout.compile` prices: Megatron-LM's `--masked-softmax-fusion`, `--bias-gelu-fusion` and
+`--bias-dropout-fusion` (on by default; the authors' examples/sc21 scripts do not turn them off) with apex's
+fused LayerNorm, and Megatron-DeepSpeed's same kernels for BLOOM. torchtitan states `compile` per row."""
+UNEXPRESSED: tuple[tuple[str, str], ...] = ()
 """`other_layout` flags that change the step time and that no Layout or Strategy field states."""
 
 

@@ -24,6 +24,10 @@ class ModelSpec:
     batch: int
     seq: int | None
     optimizer: str
+    attn_implementation: str = "sdpa"
+    """The attention the source's run used (`ATTENTION`)."""
+    dtype: str = "float32"
+    """The dtype the run's parameters compute in (`COMPUTE_DTYPE`)."""
 
     def key(self) -> dict[str, Any]:
         return {
@@ -32,7 +36,26 @@ class ModelSpec:
             "batch": self.batch,
             "seq": self.seq,
             "optimizer": self.optimizer,
+            "attn_implementation": self.attn_implementation,
+            "dtype": self.dtype,
         }
+
+
+ATTENTION = {
+    "megatron_sc21_table1": "eager",
+    "bigscience_bloom176b": "eager",
+    "deepspeed_autotuning_hf": "eager",
+    "torchtitan_benchmarks": "sdpa",
+}
+"""The attention each source's runs used: Megatron-LM (2021) and Megatron-DeepSpeed (BLOOM) compute the
+scores with batched matmuls through memory (fused scale-mask-softmax, no flash kernel: FlashAttention is
+from 2022); transformers 4.12 (DeepSpeed's autotuning runs) had only eager attention; torchtitan's Llama
+calls `scaled_dot_product_attention` (a flash kernel on H100)."""
+COMPUTE_DTYPE = {"torchtitan_benchmarks": "bfloat16"}
+"""Sources whose runs compute with bf16 parameters: torchtitan's FSDP2 casts them for compute
+(`MixedPrecisionPolicy(param_dtype=bfloat16)`), so norms and the loss cast activations to fp32 and back
+as captured in bf16. Others run autocast over fp32 weights (or Megatron's fp16 copies) and are captured
+in fp32, their activations scaled by the precision."""
 
 
 GLUE_HEAD = {"num_labels": 3, "problem_type": "single_label_classification"}
@@ -95,7 +118,16 @@ def model_spec(row: Row) -> ModelSpec:
     else:
         raise ValueError(f"model_config: no mapping for family {row.family!r} ({row.model})")
     batch, _ = pipeline_micro_batch(row)
-    return ModelSpec("hf", row.model, config, batch, row.seq, optimizer)
+    return ModelSpec(
+        "hf",
+        row.model,
+        config,
+        batch,
+        row.seq,
+        optimizer,
+        ATTENTION.get(row.source, "sdpa"),
+        COMPUTE_DTYPE.get(row.source, "float32"),
+    )
 
 
 def _megatron_gpt(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ DEVICE_CODES: dict[str, int] = {
     "A100-40GB": 4,
     "A100-80GB": 5,
     "H100": 6,
+    "H100-SXM-96GB-HBM2e": 6,
     "H200": 7,
 }
 """Catalog device kinds as ordinal codes, roughly by generation; unknown GPUs are -1, CPUs 0."""

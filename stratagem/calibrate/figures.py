@@ -175,7 +175,7 @@ def device_spec(figures: dict[str, Any], *, memory_bytes: float) -> DeviceSpec:
     )
 
 
-def _sharing(figures: dict[str, Any]) -> dict[str, float]:
+def _sharing(figures: dict[str, Any]) -> dict[str, Any]:
     """`comm_overlap` and `comm_latency_contention`: measured where a core was spare for communication,
     the shared-core figures where none was (a calibration that did not record it measured its overlap)."""
     if figures.get("spare_cores", 1) <= 0:

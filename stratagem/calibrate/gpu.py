@@ -9,12 +9,13 @@ catalog's figures the simulator priced one-rank H100 steps of small zoo models 2
 This runs the CPU calibration's compute probes (`compute.probes`) on the device, at sizes that keep it
 busy for milliseconds (`GPU_PROBES`), each repeat timed until the device has finished (`Stepper` with
 an `agree` that synchronizes), and Adam's per-tensor loop besides its default multi-tensor step
-(`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through). One process, one
-device: the figures describe every device of the node that has the same name. With two or more such
-devices (CUDA devices 0 to k-1), one rank per device joined by NCCL sweeps all-reduce sizes and the
-node's link is fitted from it (`links`: bus bandwidth and NCCL's Simple step, provenance `links:
-measured`, with the sweep); with one GPU there is no peer to measure NCCL against, and the link is the
-catalog's for the matching kind (`links: catalog`). A measured rate is what the kernels reach, so
+(`optimizer_loop_tensor_s`: what a model with a sparse gradient updates through), and the GPU kernel
+probes (`kernels`: GEMMs by shape and precision, fused attention). One process, one device: the figures
+describe every device of the node that has the same name. With two or more such devices (CUDA devices 0
+to k-1), one rank per device joined by NCCL sweeps all-reduce sizes and the node's link is fitted from
+it (`links`: bus bandwidth and NCCL's Simple step, provenance `links: measured`, with the sweep); with
+one GPU there is no peer to measure NCCL against, and the link is the catalog's for the matching kind
+(`links: catalog`). A measured rate is what the kernels reach, so
 matmul efficiency is 1.
 """
 
@@ -29,6 +30,7 @@ import torch
 
 from stratagem.calibrate.compute import ProbeShapes, compute_figures, optimizer_tensor_probe
 from stratagem.calibrate.figures import fraction
+from stratagem.calibrate.kernels import GPU_KERNEL_SHAPES, kernel_figures, kernel_probes
 from stratagem.calibrate.timing import CacheEvictor, Stepper
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
@@ -60,6 +62,7 @@ def calibrate_gpu(device_index: int = 0, *, address: str = "127.0.0.1") -> Resou
     device = f"cuda:{device_index}"
     properties = torch.cuda.get_device_properties(device_index)
     figures = measure_gpu(device)
+    figures["sm_count"] = float(properties.multi_processor_count)
     provenance = {
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "accelerator": properties.name,
@@ -113,6 +116,7 @@ def gpu_figures(stepper: Stepper, device: str) -> dict[str, float]:
     agreement waits for the device)."""
     figures = compute_figures(stepper, GPU_PROBES, device)
     figures["optimizer_loop_tensor_s"] = optimizer_tensor_probe(stepper, device, foreach=False)()
+    figures |= {name: probe() for name, probe in kernel_probes(stepper, GPU_KERNEL_SHAPES, device).items()}
     return figures
 
 
@@ -195,4 +199,20 @@ def gpu_device_spec(
         comm_overlap=catalog.comm_overlap if catalog is not None else GPU_COMM_OVERLAP,
         nvlink_sharp=catalog.nvlink_sharp if catalog is not None else None,
         is_gpu=True,
+        **_kernel_fields(figures),
     )
+
+
+def _kernel_fields(figures: dict[str, Any]) -> dict[str, Any]:
+    """SM count and fused attention's efficiencies against the measured bf16 GEMM rate (the spec's bf16
+    peak), where the kernel probes ran (`stratagem.calibrate.kernels`)."""
+    if "attention_flops" not in figures:
+        return {}
+    efficiencies = kernel_figures(figures, bf16_peak=figures["bf16_flops"], fp32_peak=1.0, sms=1)
+    fields: dict[str, Any] = {
+        "attention_efficiency": efficiencies["attention_efficiency"],
+        "attention_backward_efficiency": efficiencies["attention_backward_efficiency"],
+    }
+    if figures.get("sm_count"):
+        fields["sm_count"] = int(figures["sm_count"])
+    return fields

@@ -13,7 +13,9 @@ does, and so what a layout must say:
 - `mixed_precision` no / fp16 / bf16 is autocast over fp32 weights (amp), fp8 uses torchao's float8
   (`fp8_config.backend: AO`); tensor parallelism is the model's transformers `tp_plan`, without
   Megatron-style sequence parallelism (`sp_size` is DeepSpeed-Ulysses, a different scheme);
-- batch sizes live in the training script, except DeepSpeed's `gradient_accumulation_steps`.
+- batch sizes live in the training script, except DeepSpeed's `gradient_accumulation_steps`;
+- `dynamo_config.dynamo_backend: INDUCTOR` compiles the model (`Layout.compile`; the older top-level
+  `dynamo_backend` key reads the same).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def layout_to_accelerate(layout: Layout, *, machines: int | None = None) -> str:
         config["deepspeed_config"] = {"zero_stage": 1, "gradient_accumulation_steps": _accumulation(layout)}
     if layout.precision == "fp8":
         config["fp8_config"] = {"backend": "AO"}
+    if layout.compile:
+        config["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     config["main_training_function"] = "main"
     config["use_cpu"] = False
     return yaml.safe_dump(config, sort_keys=False)
@@ -78,8 +82,8 @@ def _refusals(layout: Layout, tensor: int, context: int) -> list[str]:
         reasons.append("bf16 without fp32 weights: mixed_precision bf16 is autocast over fp32 weights (amp-bf16)")
     if (layout.pipeline or 1) > 1:
         reasons.append("pipeline parallelism: only through the Megatron-LM plugin; export to Megatron-LM instead")
-    if layout.recompute == "selective":
-        reasons.append("selective recomputation: fsdp_activation_checkpointing recomputes whole blocks")
+    if layout.recompute in ("selective", "selective-op"):
+        reasons.append(f"{layout.recompute} recomputation: fsdp_activation_checkpointing recomputes whole blocks")
     if layout.sequence_parallel:
         reasons.append("sequence parallelism: the transformers tp_plan splits no norms along the sequence")
     if layout.fp8_all_gather:
@@ -138,7 +142,15 @@ def layout_from_accelerate(yaml_text: str) -> Layout:
         fields |= _fsdp(config, processes)
     else:
         raise config_error(ENGINE, "distributed_type", f"{kind} has no layout (NO, MULTI_GPU, FSDP or DEEPSPEED)")
+    fields["compile"] = _compiled(config)
     return Layout.parse(fields)
+
+
+def _compiled(config: dict[str, Any]) -> bool:
+    """Whether the config compiles the model with inductor (`dynamo_config`, or the older `dynamo_backend`)."""
+    dynamo = config.get("dynamo_config")
+    backend = dynamo.get("dynamo_backend") if isinstance(dynamo, dict) else config.get("dynamo_backend")
+    return str(backend or "NO").upper() == "INDUCTOR"
 
 
 def _fsdp(config: dict[str, Any], processes: Any) -> dict[str, Any]:

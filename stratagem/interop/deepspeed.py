@@ -16,7 +16,8 @@ must say:
   (DeepSpeed-Ulysses is a different scheme);
 - recomputation is whatever the model checkpoints with `deepspeed.checkpointing`: the config's
   `activation_checkpointing` section (and the pipeline's `activation_checkpoint_interval`) stands for
-  full recomputation of every block; a selective granularity has no key.
+  full recomputation of every block; a selective granularity has no key;
+- compiling is `engine.compile()` in the training script: the config has no key for it.
 """
 
 from __future__ import annotations
@@ -84,14 +85,17 @@ def _refusals(layout: Layout, tensor: int, pipeline: int) -> list[str]:
         )
     if precision == "fp8":
         reasons.append("fp8: no ds_config key (fp8 comes from Transformer Engine in the model code)")
-    if layout.recompute == "selective":
+    if layout.recompute in ("selective", "selective-op"):
         reasons.append(
-            "selective recomputation: DeepSpeed recomputes what the model checkpoints; the config has no granularity"
+            f"{layout.recompute} recomputation: DeepSpeed recomputes what the model checkpoints; the config has no "
+            "granularity"
         )
     if layout.sequence_parallel:
         reasons.append("sequence parallelism: AutoTP training splits no norms along the sequence")
     if layout.async_tensor_parallel:
         reasons.append("async tensor parallelism: no ds_config key overlaps tensor-parallel collectives with GEMMs")
+    if layout.compile:
+        reasons.append("compile: no ds_config key (the training script calls engine.compile())")
     if (layout.context or 1) > 1:
         reasons.append(
             "context parallelism: no ds_config key (DeepSpeed-Ulysses splits heads, not a ring over the sequence)"

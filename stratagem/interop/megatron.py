@@ -18,6 +18,10 @@ a layout must say:
   Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
 - `--tp-comm-overlap` overlaps sequence parallelism's collectives with the GEMMs (Transformer Engine's
   userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8.
+- Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
+  bias-dropout-add, on by default), which prices as `Layout.compile`; Megatron has no `torch.compile`
+  switch, so an exported layout writes none either way and an imported one does not compile (state
+  `compile` on it to price Megatron's fused kernels).
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ def _refusals(layout: Layout, pipeline: int, layers: int | None) -> list[str]:
         )
     if layout.precision == "tf32":
         reasons.append(TF32_REASON)
+    if layout.recompute == "selective-op":
+        reasons.append("selective-op recomputation: Megatron recomputes by module (--recompute-modules), not per op")
     if layout.precision == "bf16":
         reasons.append("bf16 without fp32 main weights: Megatron's --bf16 keeps fp32 main weights (that is amp-bf16)")
     if pipeline > 1 and layout.schedule in ("gpipe", "zero-bubble"):

@@ -15,10 +15,14 @@ same section and field names). What that version does, and so what a layout must
   `pipeline_parallel_microbatch_size`; `global_batch_size` beyond `local × dp` is gradient accumulation;
 - schedules are torch.distributed.pipelining's names; multi-stage ones default to 2 stages per rank,
   others need `pipeline_parallel_layers_per_stage`;
-- async tensor parallelism is `parallelism.enable_async_tensor_parallel` (effective only with
-  `[compile] enable`); fp8 FSDP gathers are `quantize.linear.float8.enable_fsdp_float8_all_gather`,
-  written with `precompute_float8_dynamic_scale_for_fsdp`, which torchtitan recommends beside it for
-  tensorwise scaling.
+- async tensor parallelism is `parallelism.enable_async_tensor_parallel`, which torchtitan runs only with
+  `[compile] enable` and "model" among its components (`maybe_enable_async_tp` raises otherwise), so a
+  layout states `compile` beside it and a config without it is refused; fp8 FSDP gathers are
+  `quantize.linear.float8.enable_fsdp_float8_all_gather`, written with
+  `precompute_float8_dynamic_scale_for_fsdp`, which torchtitan recommends beside it for tensorwise scaling;
+- `[compile] enable` with `components` holding "model" compiles each transformer block (`Layout.compile`);
+- `activation_checkpoint.mode = "selective"` checkpoints per op (`selective_ac_option = "op"`, the layout's
+  `selective-op`) or every n-th layer (an integer option, torchtitan's default "2", which no layout states).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ FROM_SCHEDULE = {
 MULTI_STAGE = ("interleaved1f1b", "zbvzerobubble", "interleavedzerobubble", "loopedbfs", "dualpipev")
 """Schedules that hold several stages per rank (2 unless `pipeline_parallel_layers_per_stage` says)."""
 FLOAT8_CONVERTER = "quantize.linear.float8"
-AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
+AC_MODES = {"none": "none", "selective-op": "selective", "full": "full"}
 
 
 def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
@@ -78,8 +82,10 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
         parallelism["enable_async_tensor_parallel"] = True
     sections: dict[str, dict[str, Any]] = {"training": _training(layout, pipeline), "parallelism": parallelism}
     sections["activation_checkpoint"] = {"mode": AC_MODES[layout.recompute]}
-    if layout.recompute == "selective":
+    if layout.recompute == "selective-op":
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
+    if layout.compile:
+        sections["compile"] = {"enable": True, "components": ["model", "loss"]}
     if layout.precision == "fp8":
         sections["model"] = {"converters": [FLOAT8_CONVERTER]}
         sections["quantize.linear.float8"] = {"recipe_name": "tensorwise"}
@@ -119,9 +125,18 @@ def _refusals(layout: Layout, tensor: int, pipeline: int, context: int, layers: 
         reasons.append("data: DDP states its replicate degree; resolve the layout for a device count first")
     if layout.shard_group is not None and data is None:
         reasons.append("shard_group: HSDP states its replicate degree, which needs the data degree")
+    if layout.recompute == "selective":
+        reasons.append(
+            "selective recomputation of the attention core: torchtitan checkpoints per op (selective-op) or per layer"
+        )
     if tensor > 1 and not layout.sequence_parallel:
         reasons.append(
             "tensor parallelism without sequence parallelism: torchtitan always splits norms along the sequence"
+        )
+    if layout.async_tensor_parallel and not layout.compile:
+        reasons.append(
+            "async tensor parallelism without compile: torchtitan runs it only inside compiled blocks "
+            "(inductor's micro-pipeline pass); state compile on the layout"
         )
     if pipeline > 1 and layout.schedule == "zero-bubble" and layout.virtual_stages == 1:
         reasons.append(
@@ -210,7 +225,14 @@ def layout_from_torchtitan(toml_text: str) -> Layout:
         "precision": _precision(training, model, fsdp=fsdp or context > 1, alone=tensor == pipeline == 1),
         "sequence_parallel": tensor > 1 and bool(par.get("enable_sequence_parallel", True)),
         "async_tensor_parallel": tensor > 1 and bool(par.get("enable_async_tensor_parallel", False)),
+        "compile": _compiled(_section(doc, "compile")),
     }
+    if fields["async_tensor_parallel"] and not fields["compile"]:
+        raise config_error(
+            ENGINE,
+            "parallelism.enable_async_tensor_parallel",
+            "needs [compile] enable with 'model' in its components (torchtitan raises without them)",
+        )
     fields["fp8_all_gather"] = fields["precision"] == "fp8" and zero == 3 and _fp8_all_gather(doc)
     fields |= _batch(training, par, pipeline)
     return Layout.parse(fields)
@@ -256,13 +278,30 @@ def _pipeline_schedule(par: dict[str, Any], pipeline: int) -> tuple[str, int]:
     return FROM_SCHEDULE[key], chunks
 
 
+def _compiled(section: dict[str, Any]) -> bool:
+    enable = section.get("enable", False)
+    if not isinstance(enable, bool):
+        raise config_error(ENGINE, "compile.enable", f"must be true or false, got {enable!r}")
+    components = section.get("components", ["model", "loss"])
+    return enable and isinstance(components, list) and "model" in components
+
+
 def _recompute(ac: dict[str, Any]) -> str:
     mode = ac.get("mode", "selective")
-    if mode not in AC_MODES:
+    if mode not in ("none", "selective", "full"):
         raise config_error(
             ENGINE, "activation_checkpoint.mode", f"{mode!r} has no layout recomputation (none, selective, full)"
         )
-    return AC_MODES[mode]
+    if mode != "selective":
+        return mode
+    option = str(ac.get("selective_ac_option", "2"))
+    if option != "op":
+        raise config_error(
+            ENGINE,
+            "activation_checkpoint.selective_ac_option",
+            f"{option!r} checkpoints every n-th layer, which no layout recomputation states; use 'op'",
+        )
+    return "selective-op"
 
 
 def _precision(training: dict[str, Any], model: dict[str, Any], *, fsdp: bool, alone: bool) -> str:

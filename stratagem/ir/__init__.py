@@ -3,7 +3,7 @@
 from stratagem.ir.catalog import CATALOG, DeviceSpec
 from stratagem.ir.document import SCHEMA_VERSION, Document, canonical_json
 from stratagem.ir.dtypes import DType
-from stratagem.ir.graph import Architecture, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
+from stratagem.ir.graph import Architecture, FusedAttention, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
 from stratagem.ir.resources import Link, Node, ResourceSpec, device_address, parse_device
 from stratagem.ir.strategy import (
     AllReduceSynchronizer,
@@ -43,6 +43,7 @@ __all__ = [
     "DType",
     "DeviceSpec",
     "Document",
+    "FusedAttention",
     "Layer",
     "LayerKind",
     "Link",

@@ -6,6 +6,8 @@ replaces them with measured figures for a machine.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from stratagem.ir.document import Strict
@@ -126,6 +128,24 @@ class DeviceSpec(Strict):
     sjeaugey in NVIDIA/nccl-tests#212 and NVIDIA/nccl#1442). None: no NVLink SHARP (before Hopper, PCIe)."""
     is_gpu: bool = True
 
+    # -- GPU kernels by shape and precision (simulator.compute; docs/simulator.md, "GPU compute") ----------
+    sm_count: int | None = Field(default=None, ge=1, le=4096)
+    """Streaming multiprocessors: a GEMM runs its output as tiles spread over them in waves, and a last
+    wave that fills few of them wastes the rest (NVIDIA, Matrix Multiplication Background User's Guide,
+    "Wave Quantization"). None: no wave quantization (CPUs, unknown parts)."""
+    fp32_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the fp32 peak that IEEE fp32 matmuls (CUDA cores, no tensor cores) reach; None means
+    `matmul_efficiency`, which is then the tensor cores' figure (fp16, bf16, tf32, fp8)."""
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the half-precision peak a fused attention kernel (FlashAttention-style SDPA) reaches
+    in forward, on the FLOPs it does (causal: half the score matrix). None means `matmul_efficiency`."""
+    attention_backward_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """The same for its backward, counted as 2.5 times the forward FLOPs (the kernel recomputes the
+    scores: Dao 2023, FlashAttention-2). None means `attention_efficiency`."""
+    reserved_memory_bytes: float | None = Field(default=None, ge=0)
+    """Device memory a training process holds outside its tensors: the CUDA context, cuBLAS and cuDNN
+    workspaces, NCCL's channel buffers. A candidate fits when its peak plus this fits. None means 0."""
+
     def flops_for(self, dtype: str) -> float:
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
@@ -166,7 +186,59 @@ def _gpu(
         memory_bandwidth=bandwidth_gbs * GIGA,
         comm_overlap=GPU_COMM_OVERLAP,
         nvlink_sharp=nvlink_sharp,
+        **GPU_KERNELS.get(name, {}),
     )
+
+
+# -- GPU kernel figures (simulator.kernels; docs/simulator.md, "GPU compute") ---------------------------
+GPU_RESERVED_BYTES = 1e9
+"""The CUDA context (a few hundred MB with lazily loaded modules), cuBLAS/cuDNN workspaces (tens of MB per
+stream) and NCCL's buffers (`NCCL_BUFFSIZE`, 4 MiB per channel and peer: a few hundred MB): about 1 GB."""
+_VOLTA = {
+    "sm_count": 80,
+    "matmul_efficiency": 0.75,
+    "fp32_matmul_efficiency": 0.9,
+    "reserved_memory_bytes": GPU_RESERVED_BYTES,
+}
+"""V100: 80 SMs (NVIDIA Tesla V100 white paper). Tensor-core GEMMs: no published MAMF measurement; 0.75,
+below the A100's and H100's measured 0.80-0.86. IEEE fp32 GEMMs on CUDA cores keep their FMA pipes busier
+than tensor cores can be fed: 0.9 of the 15.7 TFLOP/s peak, fitted on the DeepSpeed BERT rows (docs/simulator.md)."""
+_AMPERE = {
+    "sm_count": 108,
+    "matmul_efficiency": 0.86,
+    "attention_efficiency": 0.6,
+    "attention_backward_efficiency": 0.5,
+    "reserved_memory_bytes": GPU_RESERVED_BYTES,
+}
+"""A100: 108 SMs; bf16 GEMMs reach 267.9 of 312 TFLOP/s (Bekman, ml-engineering, "Maximum Achievable Matmul
+FLOPS", A100 SXM, CUDA 12.1); FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
+Figs. 4-7; 0.6 and 0.5 for head dimensions 64-128)."""
+_HOPPER = {
+    "sm_count": 132,
+    "matmul_efficiency": 0.8,
+    "attention_efficiency": 0.35,
+    "attention_backward_efficiency": 0.3,
+    "reserved_memory_bytes": GPU_RESERVED_BYTES,
+}
+"""H100/H200: 132 SMs; bf16 GEMMs reach 792.1 of 989 TFLOP/s (the same table, H100 SXM); the FlashAttention-2
+kernel that SDPA runs reaches about 35% of peak on H100 forward, less backward (Shah et al. 2024,
+FlashAttention-3, abstract and Fig. 5)."""
+GPU_KERNELS: dict[str, dict[str, Any]] = {
+    "V100": _VOLTA,
+    "V100-16GB": _VOLTA,
+    "A100-40GB": _AMPERE,
+    "A100-80GB": _AMPERE,
+    "H100": _HOPPER,
+    "H200": _HOPPER,
+    "H100-SXM-96GB-HBM2e": _HOPPER,
+}
+"""Per catalog kind: SM count and kernel efficiencies; T4 keeps the defaults."""
+H100_500W_CLOCK = (500.0 / 700.0) ** (1.0 / 3.0)
+"""torchtitan's H100 (96 GB HBM2e, 2.4 TB/s) runs capped at 500 W (pytorch/torchtitan docs/performance.md).
+The data sheet's 989 TFLOP/s bf16 is 540,672 FLOP per clock (528 tensor cores x 1,024) at the 1.83 GHz the
+700 W part sustains; dynamic power goes as f·V² with V about proportional to f near the top of the DVFS
+curve, so 500 W sustains (500/700)^(1/3) = 0.894 of that clock: 1.64 GHz, 885 TFLOP/s. (The H100 NVL's
+data sheet, 835 TFLOP/s at 350-400 W, is consistent.)"""
 
 
 CATALOG: dict[str, DeviceSpec] = {
@@ -179,6 +251,16 @@ CATALOG: dict[str, DeviceSpec] = {
         _gpu("A100-80GB", 19.5, 312, 80, 2039, tf32=156),
         _gpu("H100", 67, 989, 80, 3350, tf32=494, fp8=1979, nvlink_sharp=NVLINK_SHARP),
         _gpu("H200", 67, 989, 141, 4800, tf32=494, fp8=1979, nvlink_sharp=NVLINK_SHARP),
+        _gpu(
+            "H100-SXM-96GB-HBM2e",
+            67 * H100_500W_CLOCK,
+            989 * H100_500W_CLOCK,
+            96,
+            2400,
+            tf32=494 * H100_500W_CLOCK,
+            fp8=1979 * H100_500W_CLOCK,
+            nvlink_sharp=NVLINK_SHARP,
+        ),
         DeviceSpec(
             name="CPU",
             peak_flops={"float32": 0.5 * TERA, "float16": 0.1 * TERA, "bfloat16": 0.25 * TERA},
@@ -192,7 +274,13 @@ CATALOG: dict[str, DeviceSpec] = {
     ]
 }
 
-ALIASES = {"A100": "A100-40GB", "V100-32GB": "V100", "H100-80GB": "H100", "H200-141GB": "H200"}
+ALIASES = {
+    "A100": "A100-40GB",
+    "V100-32GB": "V100",
+    "H100-80GB": "H100",
+    "H200-141GB": "H200",
+    "H100-96GB": "H100-SXM-96GB-HBM2e",
+}
 
 
 def lookup(name: str) -> DeviceSpec | None:

@@ -49,6 +49,21 @@ class LayerKind(StrEnum):
     other = "other"
 
 
+class FusedAttention(Strict):
+    """The fused attention kernel a layer calls (`scaled_dot_product_attention`). On a GPU it runs as one
+    FlashAttention-style kernel that never writes the s x s scores, whatever capture decomposed it into
+    here; the simulator prices it from these figures instead of the traced ops."""
+
+    flops: Flops
+    """Forward FLOPs of the calls over the full score matrix (QK^T and PV), before causal skipping."""
+    traced_bytes: Bytes
+    """Of the layer's `bytes_moved`, what the traced calls moved (a math decomposition's s x s passes)."""
+    io_bytes: Bytes
+    """Bytes a fused kernel streams in forward: queries, keys and values read, the output written."""
+    causal: bool = False
+    """Causal masking (`is_causal`): a fused kernel skips the tiles above the diagonal, about half the work."""
+
+
 class Layer(Strict):
     name: Name
     """Qualified module name, unique in the graph."""
@@ -68,6 +83,22 @@ class Layer(Strict):
     """Earlier layers this one reads from; empty means it reads the batch."""
     variables: list[Name] = Field(default_factory=list, max_length=MAX_REFERENCES)
     """Variables (parameters) this layer uses."""
+    gpu_activation_bytes: Bytes | None = None
+    """Of `activation_bytes`, what a GPU keeps: its fused dropout saves a one-byte mask where the CPU
+    decomposition this graph was captured through saves an fp32 noise tensor. None means the same."""
+    arithmetic_bytes: Bytes | None = None
+    """What the layer's matmuls, convolutions and lookups move (their operands and results), apart from
+    its element-wise kernels and fused attention. None when capture did not record the split."""
+    elementwise_bytes: Bytes = 0.0
+    """What the layer's element-wise and normalization kernels move on a GPU (everything but its
+    matmuls, convolutions, fused attention and lookups; dropout as PyTorch's one fused kernel): kernels
+    of their own, which stream at memory bandwidth after the arithmetic ones rather than beside them."""
+    fused_elementwise_bytes: Bytes | None = None
+    """What those element-wise kernels move when a compiler fuses each chain between two arithmetic
+    kernels into one (`torch.compile`): a chain reads its inputs once and writes only what a later
+    kernel or backward reads. None when capture did not record it."""
+    attention: FusedAttention | None = None
+    """The fused attention kernel the layer calls, if any."""
 
 
 class Variable(Strict):

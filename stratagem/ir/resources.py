@@ -69,6 +69,7 @@ DEFAULT_INTRA_NODE: dict[str, Link] = {
     "A100-80GB": Link(kind="nvlink", bandwidth_gbps=2400, latency_us=NVLINK_STEP_US, efficiency=0.8),
     "H100": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=NVLINK_STEP_US, efficiency=0.82),
     "H200": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=NVLINK_STEP_US, efficiency=0.82),
+    "H100-SXM-96GB-HBM2e": Link(kind="nvlink", bandwidth_gbps=3600, latency_us=NVLINK_STEP_US, efficiency=0.82),
     "CPU": Link(kind="shared-memory", bandwidth_gbps=80, latency_us=20, efficiency=0.8),
 }
 

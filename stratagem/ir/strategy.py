@@ -176,7 +176,7 @@ class PipelineConfig(Strict):
 
 
 TensorParallelStyle = Literal["colwise", "rowwise", "vocab", "heads"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "selective-op", "full"]
 Precision = Literal["fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp8"]
 
 
@@ -278,7 +278,10 @@ class Strategy(Document):
     `full`: only a block's input is kept through the forward, and the block's forward runs again in
     backward (one more forward per step buys the memory of all but one block's activations).
     `selective`: only the attention core (scores, softmax, dropout: Korthikanti et al. 2022) is dropped and
-    recomputed, the largest activations for the least compute."""
+    recomputed, the largest activations for the least compute.
+    `selective-op`: per-op selective checkpointing of each block, torchtitan's `selective_ac_option = "op"`:
+    the outputs of its fused attention and of every other matmul are kept, everything else (norms,
+    activations, the other matmuls) runs again in backward."""
     precision: Precision = "fp32"
     """Numerics of the step. `fp32`; `tf32` (fp32 storage, TF32 tensor-core matmuls); `amp-fp16`,
     `amp-bf16` (fp32 master weights and optimizer state, half-precision compute and activations);
@@ -294,6 +297,12 @@ class Strategy(Document):
     fp8_all_gather: bool = False
     """With `fp8` precision and ZeRO stage 3: FSDP all-gathers the fp8 Linear layers' weights already cast
     to float8 (1 byte each, half of bf16), as torchao's `enable_fsdp_float8_all_gather`."""
+    compile: bool = False
+    """Each numbered block runs under `torch.compile` (as torchtitan compiles its transformer blocks):
+    every chain of element-wise and normalization ops between two matmuls becomes one fused kernel, which
+    reads its inputs once and writes only what a later kernel or backward needs. Engines with hand-fused
+    kernels for the same chains (Megatron-LM's fused scale-mask-softmax, bias-GeLU, bias-dropout-add and
+    LayerNorm) compute the same way."""
     consistency: Consistency = Field(default_factory=Consistency)
     variables: list[VariableConfig] = Field(max_length=MAX_VARIABLES)
     predicted: PredictedPerformance | None = None

@@ -24,6 +24,7 @@ from torch import nn
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import AllReduceSynchronizer, Strategy, parse_device
 from stratagem.runtime.comm import Comm, flatten, unflatten
+from stratagem.runtime.compile import apply_compile
 from stratagem.runtime.compose import apply_synchronization
 from stratagem.runtime.hybrid import distribute_mesh, needs_mesh
 from stratagem.runtime.optimizer import DistributedOptimizer
@@ -93,6 +94,8 @@ def distribute(
     if scaler is not None:
         scaler.watch(model.parameters())
     apply_precision_forward(model, strategy, device, scaler)
+    if strategy.compile:
+        apply_compile(model)
     return model, apply_synchronization(plan, optimizer, comm=comm, device=device, scaler=scaler)
 
 

@@ -43,6 +43,7 @@ from torch import nn
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import ShardedSynchronizer, Strategy, device_address
 from stratagem.runtime.comm import Comm, Team
+from stratagem.runtime.compile import apply_compile
 from stratagem.runtime.compose import apply_synchronization
 from stratagem.runtime.fsdp import apply_fsdp, fully_sharded_variables, shard_group_of
 from stratagem.runtime.optimizer import DistributedOptimizer
@@ -171,6 +172,8 @@ def distribute_mesh(
         retarget_optimizer(optimizer, replaced)
     if strategy.recompute != "none":
         apply_recomputation(model, strategy.recompute)
+    if strategy.compile:
+        apply_compile(model)
     fsdp_mesh = mesh["replicate", "shard"] if group_size < layout.data else mesh["shard"]
 
     def shard(unit: nn.Module) -> None:

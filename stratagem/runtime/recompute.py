@@ -13,6 +13,9 @@ nn.Sequential — the same units the simulator recomputes and the search cuts pi
   SDPA (the zoo's transformers, Hugging Face's `sdpa` attention) is covered, as torchtitan's op-level
   selective checkpointing covers the ops it lists. A block that computes attention by hand (Hugging
   Face's `eager` attention) or holds none (an embedding stage) keeps all its activations.
+- `selective-op`: per-op selective checkpointing of each block, torchtitan's `selective_ac_option = "op"`
+  (pytorch/torchtitan `distributed/activation_checkpoint.py`): the outputs of fused attention and of every
+  other `mm` are saved, every other op is recomputed in backward (`create_selective_checkpoint_contexts`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from stratagem.errors import UnsupportedStrategyError
 
@@ -39,7 +43,8 @@ def numbered_blocks(model: nn.Module) -> list[str]:
 
 
 def apply_recomputation(model: nn.Module, mode: str = "full") -> list[str]:
-    """Wrap every numbered block's forward for `full` or `selective` recomputation; return the blocks' names."""
+    """Wrap every numbered block's forward for `full`, `selective` or `selective-op` recomputation; return the
+    blocks' names."""
     blocks = numbered_blocks(model)
     if not blocks:
         raise UnsupportedStrategyError(
@@ -48,13 +53,47 @@ def apply_recomputation(model: nn.Module, mode: str = "full") -> list[str]:
     for name in blocks:
         module = model.get_submodule(name)
         # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the wrapper.
-        wrapper = _recomputed if mode == "full" else _attention_recomputed
+        wrapper = {"full": _recomputed, "selective-op": _op_recomputed}.get(mode, _attention_recomputed)
         module.__dict__["forward"] = functools.partial(wrapper, module.forward)
     return blocks
 
 
 def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+SAVED_OPS = (
+    "aten.mm.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+)
+"""Ops whose outputs per-op checkpointing keeps (torchtitan's save list; every second `mm` excepted)."""
+
+
+def _op_recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=_op_policy, **kwargs)
+
+
+def _op_policy() -> tuple[Any, Any]:
+    saved = {op for op in (_aten(name) for name in SAVED_OPS) if op is not None}
+    matmul = torch.ops.aten.mm.default
+    counts: dict[bool, int] = {False: 0, True: 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func == matmul:
+            counts[ctx.is_recompute] += 1
+        keep = func in saved and not (func == matmul and counts[ctx.is_recompute] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _aten(name: str) -> Any:
+    """`aten.mm.default` as an op overload, None where this torch build lacks it."""
+    _, packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet, None), overload, None)
 
 
 def _attention_recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from stratagem.errors import CaptureError
-from stratagem.ir import DType, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
+from stratagem.ir import DType, FusedAttention, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
 from stratagem.ir.document import problems_from_validation_error
 from stratagem.tracing.fake import ir_dtype
 from stratagem.tracing.recorder import LayerRecord, Recorder
@@ -41,7 +41,19 @@ def to_layer(record: LayerRecord) -> Layer:
         output_bytes=record.output_bytes,
         inputs=list(record.inputs),
         variables=list(record.variables),
+        arithmetic_bytes=record.arithmetic_bytes,
+        gpu_activation_bytes=record.activation_bytes - record.gpu_saved_excess,
+        elementwise_bytes=record.elementwise_bytes,
+        fused_elementwise_bytes=record.fused_elementwise_bytes,
+        attention=_attention(record),
     )
+
+
+def _attention(record: LayerRecord) -> FusedAttention | None:
+    call = record.attention
+    if call is None:
+        return None
+    return FusedAttention(flops=call.flops, traced_bytes=call.traced_bytes, io_bytes=call.io_bytes, causal=call.causal)
 
 
 def sparse_parameter_names(model: nn.Module) -> set[str]:

@@ -69,8 +69,11 @@ class OpRecorder(TorchDispatchMode):
         if name in EMBEDDING_OPS:
             self._count_lookups(layer, args)
         if outputs and not func.is_view and name not in _NO_TRAFFIC:
-            layer.bytes_moved += _traffic(name, args, inputs, outputs)
-            layer.categories.add(op_category(name))
+            moved = _traffic(name, args, inputs, outputs)
+            category = op_category(name)
+            layer.bytes_moved += moved
+            layer.categories.add(category)
+            recorder.kernels.op(layer, category, inputs, outputs, moved)
         return layer
 
     def _count_lookups(self, layer: LayerRecord, args: tuple[Any, ...]) -> None:
@@ -109,15 +112,35 @@ class NodeTagger(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        forward = self.recorder.phase is Phase.forward
+        fused = func is F.scaled_dot_product_attention and forward
+        dropout = func is F.dropout and forward and _drops(args, kwargs)
+        if fused:
+            self.recorder.kernels.begin_attention(self.recorder.current_layer(), args, kwargs)
+        if dropout:
+            self.recorder.kernels.begin_dropout(self.recorder.current_layer(), args[0] if args else kwargs.get("input"))
+        out = func(*args, **kwargs)
+        if fused:
+            self.recorder.kernels.end_attention(out)
+        if dropout:
+            self.recorder.kernels.end_dropout(out)
         if self.recorder.phase is Phase.forward:
-            if func is F.scaled_dot_product_attention:
+            if fused:
                 self.recorder.current_layer().categories.add("attention")
             # Arguments too: an in-place op (x[i] = y) rewires its input's grad_fn and returns None.
             tensors = tensors_in((out, args, kwargs))
             if tensors:
                 self.recorder.tag_nodes(tensors)
         return out
+
+
+def _drops(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an `F.dropout(input, p, training, inplace)` call drops anything (training, p > 0, out of place)."""
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+    return bool(training) and not inplace and isinstance(p, (int, float)) and p > 0
 
 
 @contextmanager

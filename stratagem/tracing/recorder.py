@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from stratagem.tracing.fake import storage_key
+from stratagem.tracing.kernels import AttentionCall, KernelTraffic
 
 ROOT_NAME = "<root>"
 LOSS_NAME = "<loss>"
@@ -43,6 +44,14 @@ class LayerRecord:
     variables: dict[str, None] = field(default_factory=dict)
     categories: set[str] = field(default_factory=set)
     """Classes (flops.op_category) of the forward ops that touched data."""
+    arithmetic_bytes: float = 0.0
+    gpu_saved_excess: float = 0.0
+    """Of `activation_bytes`, what a CPU keeps and a GPU's fused kernels do not (dropout's noise beyond
+    its one-byte mask)."""
+    elementwise_bytes: float = 0.0
+    fused_elementwise_bytes: float = 0.0
+    attention: AttentionCall | None = None
+    """The layer's fused attention calls (`stratagem.tracing.kernels`)."""
 
 
 @dataclass
@@ -85,6 +94,7 @@ class Recorder:
         self.consumers: dict[str, str] = {}
         self.lookups: Counter[str] = Counter()
         self.backward_layer: str | None = None
+        self.kernels = KernelTraffic()
 
     # -- where are we -------------------------------------------------------------------------------
 
@@ -180,6 +190,7 @@ class Recorder:
         key = storage_key(tensor)
         if key in self._state_storages or key in self._saved:
             return
+        self.kernels.saved(tensor)
         self._saved.add(key)
         self._keep_alive.append(tensor)
         self.current_layer().activation_bytes += tensor.untyped_storage().nbytes()

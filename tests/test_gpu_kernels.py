@@ -1,0 +1,251 @@
+"""A GPU step priced as the kernels it runs: what capture records per layer (element-wise bytes eager and
+fused, dropout as one kernel, fused attention calls), how the simulator prices them (GEMM waves,
+flash attention, compile, fp8 scaling, per-op checkpointing, backward's gradients), the catalog's 500 W
+H100, and the kernel probes of `stratagem calibrate --gpu` (run here on the CPU at toy sizes)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from layout_helpers import gpt_graph, gpu_cluster, llama_graph
+
+from simulator import compile_context
+from simulator.compute import Knobs, layer_times
+from simulator.encoding import Precision
+from simulator.kernels import fp8_scaling_bytes, wave_utilisation
+from stratagem import Layout, predict
+from stratagem.calibrate.kernels import KernelShapes, kernel_figures, kernel_probes
+from stratagem.calibrate.timing import Stepper
+from stratagem.hf import capture_hf_config
+from stratagem.ir import LayerKind, ModelGraph
+from stratagem.ir.catalog import CATALOG, H100_500W_CLOCK
+
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_positions": 128,
+    "vocab_size": 256,
+}
+
+
+def _without_kernel_fields(graph: ModelGraph) -> ModelGraph:
+    layers = [
+        layer.model_copy(
+            update={
+                "arithmetic_bytes": None,
+                "elementwise_bytes": 0.0,
+                "fused_elementwise_bytes": None,
+                "attention": None,
+            }
+        )
+        for layer in graph.layers
+    ]
+    return graph.replace(layers=layers)
+
+
+# --- capture ----------------------------------------------------------------------------------------
+
+
+def test_sdpa_calls_are_recorded_with_their_flops_and_what_a_flash_kernel_streams() -> None:
+    graph = capture_hf_config(TINY_GPT2, batch=2, seq=128)
+    cores = [layer for layer in graph.layers if layer.attention is not None]
+    assert len(cores) == 2 and all(layer.kind == LayerKind.attention for layer in cores)
+    core = cores[0].attention
+    assert core.causal and core.flops > 0
+    # the CPU math path (dropout on) writes the s x s scores several times; a flash kernel only q, k, v, o
+    assert core.io_bytes < core.traced_bytes
+    eager = capture_hf_config(TINY_GPT2, batch=2, seq=128, attn_implementation="eager")
+    assert not any(layer.attention is not None for layer in eager.layers)
+
+
+def test_dropout_is_one_kernel_and_a_fused_chain_moves_less_than_its_ops() -> None:
+    graph = capture_hf_config(TINY_GPT2, batch=2, seq=128)
+    dropout = graph.layer("transformer.h.0.mlp.dropout")
+    elements = dropout.output_bytes / 4
+    # input and output in fp32, the mask one byte per element, where a CPU runs three kernels
+    assert dropout.elementwise_bytes == pytest.approx(elements * (4 + 4 + 1))
+    assert dropout.bytes_moved > dropout.elementwise_bytes
+    for layer in graph.layers:
+        assert layer.fused_elementwise_bytes is not None
+        assert layer.fused_elementwise_bytes <= layer.elementwise_bytes + 1e-6
+    linear = graph.layer("transformer.h.0.mlp.c_fc")
+    assert linear.arithmetic_bytes == pytest.approx(linear.bytes_moved) and linear.elementwise_bytes == 0
+    # a GPU's fused dropout keeps a 1-byte mask for backward where the CPU decomposition keeps fp32 noise
+    assert dropout.gpu_activation_bytes == pytest.approx(dropout.activation_bytes - elements * (4 - 1))
+    assert linear.gpu_activation_bytes == linear.activation_bytes
+
+
+# --- the simulator ------------------------------------------------------------------------------------
+
+
+def test_a_cpu_prices_a_graph_the_same_with_or_without_the_kernel_split() -> None:
+    graph = gpt_graph()
+    cpu = compile_context(graph, _cpu())
+    plain = compile_context(_without_kernel_fields(graph), _cpu())
+    for split, whole in zip(layer_times(cpu, 0, 1, 1), layer_times(plain, 0, 1, 1), strict=True):
+        np.testing.assert_array_equal(split, whole)
+
+
+def test_on_a_gpu_flash_attention_and_compile_make_the_step_cheaper() -> None:
+    graph = gpt_graph(batch=16, hidden=512, seq=256)
+    context = compile_context(graph, gpu_cluster(1, 8, device="H100"))
+    plain = compile_context(_without_kernel_fields(graph), gpu_cluster(1, 8, device="H100"))
+    attention = context.layer_attention
+    knobs = Knobs(precision=int(Precision.AMP_BF16))
+    fused, traced = layer_times(context, 0, 1, 1, knobs)[0], layer_times(plain, 0, 1, 1, knobs)[0]
+    assert fused[attention].sum() < traced[attention].sum()
+    compiled = layer_times(context, 0, 1, 1, Knobs(precision=int(Precision.AMP_BF16), compile=True))
+    eager = layer_times(context, 0, 1, 1, knobs)
+    assert compiled[0].sum() + compiled[1].sum() < eager[0].sum() + eager[1].sum()
+
+
+def test_tensor_core_convolutions_of_nchw_tensors_pay_their_transposes() -> None:
+    from simulator.compute import NCHW_TRANSPOSE_PASSES
+    from stratagem import zoo
+    from stratagem.tracing import capture
+
+    module, make_batch = zoo.build("resnet50", "small", device="meta")
+    graph = capture(module, make_batch(8), batch_size=8)
+    context = compile_context(graph, gpu_cluster(1, 8, device="V100"))
+    conv = context.layer_conv
+    kinds = context.kinds
+    streamed = kinds.memory_bandwidth[0] * kinds.elementwise_efficiency[0]
+    amp = layer_times(context, 0, 1, 1, Knobs(precision=int(Precision.AMP_FP16)))[0]
+    transposes = NCHW_TRANSPOSE_PASSES * context.kernels.arithmetic_bytes * 0.5 / streamed
+    assert (amp[conv] >= transposes[conv] * (1 - 1e-9)).all()
+
+
+def test_a_gemm_output_of_one_tile_more_than_a_wave_takes_two_waves() -> None:
+    sms = 132
+    full = wave_utilisation(np.array([128.0 * 132]), np.array([128.0]), np.array([4096.0]), sms)
+    over = wave_utilisation(np.array([128.0 * 133]), np.array([128.0]), np.array([4096.0]), sms)
+    assert full[0] == pytest.approx(1.0)
+    assert over[0] == pytest.approx(133 / 264)
+    # fewer tiles than SMs: split along K until the SMs are full
+    split = wave_utilisation(np.array([128.0]), np.array([128.0]), np.array([8192.0]), sms)
+    assert split[0] == pytest.approx(1.0)
+    assert wave_utilisation(np.array([128.0]), np.array([128.0]), np.array([64.0]), sms)[0] == pytest.approx(2 / sms)
+
+
+def test_fp8_scaling_reads_each_operand_for_its_maximum_then_casts_it() -> None:
+    m, n, k = np.array([4.0]), np.array([3.0]), np.array([2.0])
+    forward, backward = fp8_scaling_bytes(m, n, k, compiled=False)
+    assert forward[0] == 5 * (4 * 2 + 3 * 2) and backward[0] == 5 * 4 * 3 + 2 * (4 * 2 + 4 * 3)
+    fused, _ = fp8_scaling_bytes(m, n, k, compiled=True)
+    assert fused[0] == 3 * (4 * 2 + 3 * 2)
+
+
+def test_per_op_checkpointing_costs_between_none_and_full_and_keeps_every_other_matmul() -> None:
+    graph = llama_graph(batch=2, seq=64)
+    cluster = gpu_cluster(1, 8, device="H100")
+    context = compile_context(graph, cluster)
+    blocks = context.layer_recomputed & context.layer_weight_grad
+    kept = blocks & ~context.op_recomputed
+    assert 0 < kept.sum() < blocks.sum()
+    none, op, full = predict(
+        graph, cluster, [Layout(recompute=r, precision="amp-bf16") for r in ("none", "selective-op", "full")]
+    )
+    assert none.step_time_s < op.step_time_s < full.step_time_s
+    assert none.memory_per_device_bytes > op.memory_per_device_bytes > full.memory_per_device_bytes
+
+
+def test_a_language_models_loss_gradients_raise_the_gpu_peak_beyond_its_activations() -> None:
+    from simulator import activations
+
+    context = compile_context(llama_graph(batch=2, seq=64), gpu_cluster(1, 8, device="H100"))
+    shape = activations.Shape(tensor=1)
+    assert activations.backward_extra(context, shape, activations.held(context, shape)) > 0
+
+
+def test_a_gpu_fits_a_step_only_beside_what_the_cuda_context_and_libraries_hold() -> None:
+    graph = gpt_graph(batch=16, hidden=512, seq=256)
+    roomy = gpu_cluster(1, 8, device="H100")
+    peak = predict(graph, roomy, Layout(precision="amp-bf16")).memory_per_device_bytes
+    reserved = CATALOG["H100"].reserved_memory_bytes
+    assert reserved and reserved > 0
+    tight = roomy.replace(devices={"H100": CATALOG["H100"].model_copy(update={"memory_bytes": peak + reserved / 2})})
+    squeezed = predict(graph, tight, Layout(precision="amp-bf16"))
+    assert not squeezed.feasible and "CUDA context" in (squeezed.infeasible_reason or "")
+
+
+# --- the catalog -------------------------------------------------------------------------------------
+
+
+def test_torchtitans_500_watt_h100_runs_at_the_clock_its_power_sustains() -> None:
+    part, h100 = CATALOG["H100-SXM-96GB-HBM2e"], CATALOG["H100"]
+    assert pytest.approx(0.894, abs=1e-3) == H100_500W_CLOCK
+    for dtype in ("float32", "bfloat16", "tf32", "float8"):
+        assert part.peak_flops[dtype] == pytest.approx(h100.peak_flops[dtype] * H100_500W_CLOCK)
+    assert (part.memory_bytes, part.memory_bandwidth, part.sm_count) == (96e9, 2.4e12, 132)
+
+
+# --- calibration probes ------------------------------------------------------------------------------
+
+
+def test_the_kernel_probes_measure_gemms_and_attention_into_efficiencies() -> None:
+    stepper = Stepper(lambda go: go)
+    rates = {name: probe() for name, probe in kernel_probes(stepper, KernelShapes(), "cpu").items()}
+    assert all(math.isfinite(rate) and rate > 0 for rate in rates.values())
+    figures = kernel_figures(rates, bf16_peak=1e15, fp32_peak=1e15, sms=4)
+    for key in ("matmul_efficiency", "fp32_matmul_efficiency", "attention_efficiency", "attention_backward_efficiency"):
+        assert 0 < figures[key] <= 1
+    assert figures["sm_count"] == 4
+
+
+# --- the runtime -------------------------------------------------------------------------------------
+
+
+def test_per_op_checkpointing_keeps_attention_and_recomputes_the_rest_with_the_same_gradients() -> None:
+    from stratagem.runtime.recompute import apply_recomputation
+    from stratagem.zoo import build
+
+    torch.manual_seed(0)
+    model, make_batch = build("gpt", "small")
+    reference = copy.deepcopy(model)
+    apply_recomputation(model, "selective-op")
+    batch = make_batch(4)
+    reference(*batch).backward()
+    loss = model(*batch)
+    calls: dict[str, int] = {}
+
+    class Count(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[func.overloadpacket.__name__] = calls.get(func.overloadpacket.__name__, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        loss.backward()
+    assert "_scaled_dot_product_flash_attention_for_cpu" not in calls, "the attention core ran again"
+    assert calls.get("gelu", 0) > 0, "the element-wise ops were not recomputed"
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+@pytest.mark.slow
+def test_a_compiled_strategy_trains_like_eager_on_one_rank(one_rank) -> None:
+    from runtime_helpers import make_batches, make_model, make_strategy, max_relative_error, train
+
+    from stratagem.runtime import distribute
+
+    batches = make_batches("cnn", steps=2, batch=6)
+    reference = make_model("cnn")
+    train(reference, torch.optim.SGD(reference.parameters(), lr=0.1), batches)
+    model = make_model("cnn")
+    strategy = make_strategy("allreduce_groups", model, 1, compile=True)
+    model, optimizer = distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+    train(model, optimizer, batches)
+    assert max_relative_error(model, reference) < 1e-4
+    compiled = [m for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    assert compiled, "nothing was compiled"
+
+
+def _cpu():
+    from stratagem.ir import Node, ResourceSpec
+
+    return ResourceSpec(name="cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
