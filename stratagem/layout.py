@@ -288,7 +288,7 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
     mesh: Mesh = strategy.effective_mesh
     pipe = strategy.pipeline
     micro_batches = pipe.micro_batches if pipe is not None else 1
-    batch: dict[str, int | None] = {"micro_batches": micro_batches}
+    batch: dict[str, Any] = {"micro_batches": micro_batches}
     if graph is not None:
         step = strategy.step_samples(graph.batch_size)
         if step % micro_batches:
@@ -315,12 +315,12 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
     )
 
 
-def _zero_of(strategy: Strategy) -> tuple[int, int | None]:
+def _zero_of(strategy: Strategy) -> tuple[ZeroLevel, int | None]:
     """The ZeRO level and shard group every variable agrees on, or why there is none."""
     reasons = []
     if strategy.consistency.kind != "bsp":
         reasons.append(f"{strategy.consistency.kind} consistency (a layout trains in lockstep)")
-    kinds: set[tuple[Any, ...]] = set()
+    kinds: set[tuple[ZeroLevel, int | None]] = set()
     for config in strategy.variables:
         if config.partition is not None:
             reasons.append(f"variable {config.var_name!r} is partitioned into {config.partition.shards} shards")

@@ -90,8 +90,8 @@ def predict(
     cluster. Raises InvalidLayoutError / InvalidStrategyError naming the item (`[2].tensor`), and
     UnsupportedStrategyError for a knob the simulator does not price.
     """
-    single = isinstance(what, (Strategy, Layout))
-    items: list[Priceable] = [what] if single else list(what)  # type: ignore[list-item]
+    items: list[Priceable] = [what] if isinstance(what, Strategy | Layout) else list(what)
+    single = isinstance(what, Strategy | Layout)
     shared = SharedParts()
     strategies = [_strategy(graph, resources, item, None if single else i, shared) for i, item in enumerate(items)]
     raw = _simulate(graph, resources, strategies, single=single)
@@ -112,7 +112,7 @@ def _strategy(
             raise
         raise type(error)(
             [Problem(f"[{index}].{p.path}" if p.path else f"[{index}]", p.reason) for p in error.problems]
-        ) from None  # type: ignore[call-arg]
+        ) from None
     where = f"[{index}]: " if index is not None else ""
     raise TypeError(f"{where}expected a Layout or a Strategy, got {type(item).__name__}")
 
@@ -140,7 +140,7 @@ def _renamed(error: InvalidDocumentError, rows: list[int], *, single: bool) -> I
             problems.append(Problem(path, problem.reason))
         else:
             problems.append(problem)
-    return type(error)(problems)  # type: ignore[call-arg]
+    return type(error)(problems)
 
 
 def _refused(

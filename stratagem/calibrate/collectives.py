@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +182,7 @@ def push_and_pull(ranks: Ranks, bucket: DensePSBucket, clock: PhaseClock) -> tup
     return pushed - start, end - pulling
 
 
-def _medians(samples: list[tuple[float, ...]]) -> list[float]:
+def _medians(samples: Sequence[tuple[float, ...]]) -> list[float]:
     return [statistics.median(column) for column in zip(*samples, strict=True)]
 
 

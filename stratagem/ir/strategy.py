@@ -370,25 +370,25 @@ class Strategy(Document):
         """A torchtitan job config (TOML); `graph` gives the batch sizes and the layers per stage."""
         from stratagem.interop.engines import strategy_to
 
-        return strategy_to("torchtitan", self, graph)  # type: ignore[no-any-return]
+        return strategy_to("torchtitan", self, graph)
 
     def to_deepspeed(self, graph: ModelGraph | None = None) -> dict[str, Any]:
         """A DeepSpeed config (`ds_config` dict); `graph` gives the batch sizes."""
         from stratagem.interop.engines import strategy_to
 
-        return strategy_to("deepspeed", self, graph)  # type: ignore[no-any-return]
+        return strategy_to("deepspeed", self, graph)
 
     def to_megatron(self, graph: ModelGraph | None = None) -> list[str]:
         """Megatron-LM's parallelism, batch, recomputation and precision arguments."""
         from stratagem.interop.engines import strategy_to
 
-        return strategy_to("megatron", self, graph)  # type: ignore[no-any-return]
+        return strategy_to("megatron", self, graph)
 
     def to_accelerate(self, graph: ModelGraph | None = None) -> str:
         """An Accelerate config (YAML) with `fsdp_config` / `parallelism_config`."""
         from stratagem.interop.engines import strategy_to
 
-        return strategy_to("accelerate", self, graph)  # type: ignore[no-any-return]
+        return strategy_to("accelerate", self, graph)
 
 
 def strategy_self_problems(strategy: Strategy) -> list[Problem]:

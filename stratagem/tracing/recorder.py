@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,7 +115,7 @@ class Recorder:
     def layer_for_backward(self) -> LayerRecord:
         """The layer whose forward created the autograd node now running; the last layer if untagged."""
         node = torch._C._current_autograd_node()
-        name = node.metadata.get(NODE_TAG) if node is not None else None
+        name = _metadata(node).get(NODE_TAG) if node is not None else None
         self.backward_layer = name
         if name is None:
             return self.layers[-1]
@@ -201,7 +202,7 @@ class Recorder:
         name: str | None = None
         while stack:
             node = stack.pop()
-            metadata = node.metadata
+            metadata = _metadata(node)
             if NODE_TAG in metadata:
                 continue
             if name is None:
@@ -212,3 +213,9 @@ class Recorder:
 
 def tensors_in(value: object) -> list[torch.Tensor]:
     return [x for x in tree_leaves(value) if isinstance(x, torch.Tensor)]
+
+
+def _metadata(node: Any) -> dict[str, Any]:
+    """An autograd node's metadata dict (torch's stubs type the attribute as the method that makes it)."""
+    metadata: dict[str, Any] = node.metadata
+    return metadata
