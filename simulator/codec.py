@@ -30,7 +30,8 @@ from stratagem.ir import (
     Strategy,
     VariableConfig,
 )
-from stratagem.ir.strategy import Recompute, strategy_problems
+from stratagem.ir.strategy import strategy_problems
+from stratagem.ir.strategy_fields import Recompute
 
 if TYPE_CHECKING:
     from simulator.context import SimContext

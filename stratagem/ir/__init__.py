@@ -5,7 +5,8 @@ from stratagem.ir.document import SCHEMA_VERSION, Document, canonical_json
 from stratagem.ir.dtypes import DType
 from stratagem.ir.graph import Architecture, FusedAttention, Layer, LayerKind, ModelGraph, OptimizerSpec, Variable
 from stratagem.ir.resources import Link, Node, ResourceSpec, device_address, parse_device
-from stratagem.ir.strategy import (
+from stratagem.ir.strategy import Strategy, shard_numel, shard_sizes
+from stratagem.ir.strategy_fields import (
     AllReduceSynchronizer,
     Compressor,
     Consistency,
@@ -20,13 +21,10 @@ from stratagem.ir.strategy import (
     PSSynchronizer,
     Recompute,
     ShardedSynchronizer,
-    Strategy,
     Synchronizer,
     TensorParallelLayer,
     VariableConfig,
     ZeroStage,
-    shard_numel,
-    shard_sizes,
 )
 
 __all__ = [
