@@ -147,7 +147,7 @@ def peaks(specs: list[DeviceSpec], dtype: str) -> Peaks:
         attention.append([captured, tf32, fp16, bf16, bf16, bf16])
         sustained = spec.sustained_matmul or 1.0
         tensor = spec.matmul_efficiency * sustained
-        vector = spec.fp32_matmul_efficiency or spec.matmul_efficiency
+        vector = (spec.fp32_matmul_efficiency or spec.matmul_efficiency) * sustained
         plain = dtype == "float32"
         fp32_matmul = vector if plain else tensor
         tf32_matmul = tensor if "tf32" in spec.peak_flops or not plain else vector

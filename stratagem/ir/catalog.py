@@ -140,8 +140,9 @@ class DeviceSpec(Strict):
     """Rate a dense tensor-core kernel holds once the board sits at its power limit over the rate it
     reaches in a short burst at the boost clock (MSMF / MAMF: Bekman, ml-engineering, "Maximum Achievable
     and Sustainable Matmul FLOPS"). A training step keeps the tensor cores busy for seconds, so the clock
-    settles where the power limit holds it; `matmul_efficiency` and the attention efficiencies are burst
-    figures (short benchmark loops), and this scales all three. None means 1 (no power-limited clock)."""
+    settles where the power limit holds it; `matmul_efficiency`, `fp32_matmul_efficiency` and the attention
+    efficiencies are burst figures (short benchmark loops), and this scales each of them (and so every
+    convolution). None means 1 (no power-limited clock)."""
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the half-precision peak a fused attention kernel (FlashAttention-style SDPA) reaches
     in forward, on the FLOPs it does (causal: half the score matrix). None means `matmul_efficiency`."""
