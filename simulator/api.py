@@ -13,7 +13,7 @@ from simulator.step_graph import step_graph
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-SIMULATOR_VERSION = "principled-1.22"
+SIMULATOR_VERSION = "principled-1.23"
 """Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
 
 log = logging.getLogger(__name__)

@@ -145,15 +145,18 @@ def peaks(specs: list[DeviceSpec], dtype: str) -> Peaks:
         matmul.append([captured, tf32, fp16, bf16, bf16, fp8])
         conv.append([tf32, tf32, fp16, bf16, bf16, bf16])
         attention.append([captured, tf32, fp16, bf16, bf16, bf16])
-        tensor = spec.matmul_efficiency
-        vector = spec.fp32_matmul_efficiency or tensor
+        sustained = spec.sustained_matmul or 1.0
+        tensor = spec.matmul_efficiency * sustained
+        vector = (spec.fp32_matmul_efficiency or spec.matmul_efficiency) * sustained
         plain = dtype == "float32"
         fp32_matmul = vector if plain else tensor
         tf32_matmul = tensor if "tf32" in spec.peak_flops or not plain else vector
         matmul_eff.append([fp32_matmul, tf32_matmul, tensor, tensor, tensor, tensor])
         conv_eff.append([spec.conv_efficiency or e for e in (tf32_matmul, tf32_matmul, tensor, tensor, tensor, tensor)])
-        forward = spec.attention_efficiency or tensor
-        backward = spec.attention_backward_efficiency or forward
+        forward = (spec.attention_efficiency or spec.matmul_efficiency) * sustained
+        backward = (
+            spec.attention_backward_efficiency or spec.attention_efficiency or spec.matmul_efficiency
+        ) * sustained
         attention_eff.append([fp32_matmul, tf32_matmul, forward, forward, forward, forward])
         attention_bwd.append([fp32_matmul, tf32_matmul, backward, backward, backward, backward])
     shape = (len(specs), PRECISIONS)

@@ -185,6 +185,24 @@ def test_torchtitans_500_watt_h100_runs_at_the_clock_its_power_sustains() -> Non
     assert (part.memory_bytes, part.memory_bandwidth, part.sm_count) == (96e9, 2.4e12, 132)
 
 
+def test_a_power_limited_clock_slows_gemms_and_attention_but_not_memory_bound_kernels() -> None:
+    graph = gpt_graph(batch=16, hidden=512, seq=256)
+    cluster = gpu_cluster(1, 8, device="H100")
+    h100 = CATALOG["H100"]
+    assert h100.sustained_matmul == pytest.approx(708.5 / 841.9)
+    burst = cluster.replace(devices={"H100": h100.model_copy(update={"sustained_matmul": None})})
+    layout = Layout(precision="amp-bf16")
+    sustained_kinds = compile_context(graph, cluster).kinds.peaks
+    burst_kinds = compile_context(graph, burst).kinds.peaks
+    bf16 = int(Precision.AMP_BF16)
+    for field in ("matmul_efficiency", "conv_efficiency", "attention_efficiency", "attention_backward_efficiency"):
+        ratio = getattr(sustained_kinds, field)[0, bf16] / getattr(burst_kinds, field)[0, bf16]
+        assert ratio == pytest.approx(h100.sustained_matmul)
+    slow, fast = predict(graph, cluster, layout), predict(graph, burst, layout)
+    assert fast.breakdown["compute"] < slow.breakdown["compute"] < fast.breakdown["compute"] / h100.sustained_matmul
+    assert CATALOG["V100"].sustained_matmul is None and CATALOG["CPU"].sustained_matmul is None
+
+
 # --- calibration probes ------------------------------------------------------------------------------
 
 

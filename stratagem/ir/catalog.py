@@ -136,6 +136,13 @@ class DeviceSpec(Strict):
     fp32_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the fp32 peak that IEEE fp32 matmuls (CUDA cores, no tensor cores) reach; None means
     `matmul_efficiency`, which is then the tensor cores' figure (fp16, bf16, tf32, fp8)."""
+    sustained_matmul: float | None = Field(default=None, gt=0, le=1)
+    """Rate a dense tensor-core kernel holds once the board sits at its power limit over the rate it
+    reaches in a short burst at the boost clock (MSMF / MAMF: Bekman, ml-engineering, "Maximum Achievable
+    and Sustainable Matmul FLOPS"). A training step keeps the tensor cores busy for seconds, so the clock
+    settles where the power limit holds it; `matmul_efficiency`, `fp32_matmul_efficiency` and the attention
+    efficiencies are burst figures (short benchmark loops), and this scales each of them (and so every
+    convolution). None means 1 (no power-limited clock)."""
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the half-precision peak a fused attention kernel (FlashAttention-style SDPA) reaches
     in forward, on the FLOPs it does (causal: half the score matrix). None means `matmul_efficiency`."""
@@ -194,6 +201,11 @@ def _gpu(
 GPU_RESERVED_BYTES = 1e9
 """The CUDA context (a few hundred MB with lazily loaded modules), cuBLAS/cuDNN workspaces (tens of MB per
 stream) and NCCL's buffers (`NCCL_BUFFSIZE`, 4 MiB per channel and peer: a few hundred MB): about 1 GB."""
+SUSTAINED_MATMUL = 708.5 / 841.9
+"""`sustained_matmul` of the catalog's Ampere and Hopper parts: an H200 SXM's bf16 GEMM sustains 708.5 TFLOP/s
+at its 700 W limit (1465 MHz) against 841.9 in a boost burst (1980 MHz), one run of mamf-finder (Bekman,
+ml-engineering@082816f, compute/accelerator/README.md, "MAMF" and "MSMF"); a B200 at 1000 W keeps 0.82 of
+its burst. No A100 was measured; a dense GEMM runs it at its 400 W limit too, and the Hopper ratio stands in."""
 _VOLTA = {
     "sm_count": 80,
     "matmul_efficiency": 0.75,
@@ -205,22 +217,25 @@ below the A100's and H100's measured 0.80-0.86. IEEE fp32 GEMMs on CUDA cores ke
 than tensor cores can be fed: 0.9 of the 15.7 TFLOP/s peak, fitted on the DeepSpeed BERT rows (docs/simulator.md)."""
 _AMPERE = {
     "sm_count": 108,
-    "matmul_efficiency": 0.86,
+    "matmul_efficiency": 0.869,
+    "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.6,
     "attention_backward_efficiency": 0.5,
     "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
-"""A100: 108 SMs; bf16 GEMMs reach 267.9 of 312 TFLOP/s (Bekman, ml-engineering, "Maximum Achievable Matmul
-FLOPS", A100 SXM, CUDA 12.1); FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
+"""A100: 108 SMs; bf16 GEMMs reach 271.2 of 312 TFLOP/s in a burst (Bekman, ml-engineering, "Maximum Achievable
+Matmul FLOPS", A100 SXM, torch 2.6), `SUSTAINED_MATMUL` of that at the power limit; FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
 Figs. 4-7; 0.6 and 0.5 for head dimensions 64-128)."""
 _HOPPER = {
     "sm_count": 132,
-    "matmul_efficiency": 0.8,
+    "matmul_efficiency": 0.851,
+    "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.35,
     "attention_backward_efficiency": 0.3,
     "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
-"""H100/H200: 132 SMs; bf16 GEMMs reach 792.1 of 989 TFLOP/s (the same table, H100 SXM); the FlashAttention-2
+"""H100/H200: 132 SMs; bf16 GEMMs reach 841.9 of 989 TFLOP/s in a burst (the same table, H200 SXM, torch 2.13;
+792-795 on H100 SXM with older stacks), `SUSTAINED_MATMUL` of that at the power limit; the FlashAttention-2
 kernel that SDPA runs reaches about 35% of peak on H100 forward, less backward (Shah et al. 2024,
 FlashAttention-3, abstract and Fig. 5)."""
 GPU_KERNELS: dict[str, dict[str, Any]] = {
@@ -235,10 +250,11 @@ GPU_KERNELS: dict[str, dict[str, Any]] = {
 """Per catalog kind: SM count and kernel efficiencies; T4 keeps the defaults."""
 H100_500W_CLOCK = (500.0 / 700.0) ** (1.0 / 3.0)
 """torchtitan's H100 (96 GB HBM2e, 2.4 TB/s) runs capped at 500 W (pytorch/torchtitan docs/performance.md).
-The data sheet's 989 TFLOP/s bf16 is 540,672 FLOP per clock (528 tensor cores x 1,024) at the 1.83 GHz the
-700 W part sustains; dynamic power goes as f·V² with V about proportional to f near the top of the DVFS
-curve, so 500 W sustains (500/700)^(1/3) = 0.894 of that clock: 1.64 GHz, 885 TFLOP/s. (The H100 NVL's
-data sheet, 835 TFLOP/s at 350-400 W, is consistent.)"""
+The data sheet's 989 TFLOP/s bf16 is 540,672 FLOP per clock (528 tensor cores x 1,024) at 1.83 GHz; a dense
+GEMM holds the 700 W part at about 1.47 GHz (`SUSTAINED_MATMUL`). Dynamic power goes as f·V² with V about
+proportional to f near the top of the DVFS curve, so 500 W holds (500/700)^(1/3) = 0.894 of the clock a
+dense GEMM holds at 700 W: the peaks scale by it and `sustained_matmul` applies on top, their product being
+the sustained rate at 500 W."""
 
 
 CATALOG: dict[str, DeviceSpec] = {
