@@ -180,7 +180,7 @@ def to_strategy(context: SimContext, batch: CandidateBatch, index: int, *, build
             schedule=_SCHEDULE_NAMES[Schedule(int(batch.schedule[i]))],  # type: ignore[arg-type]
             virtual_stages=virtual,
         )
-    variables = [_variable_config(context, batch, i, v, consistency) for v in range(context.num_variables)]
+    variables: list[Any] = [_variable_config(context, batch, i, v, consistency) for v in range(context.num_variables)]
     return Strategy(
         graph_id=context.graph.id,
         resources_id=context.resources.id,

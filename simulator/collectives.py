@@ -132,7 +132,7 @@ def nccl_tree_allreduce(
     p = k * m
     depth = np.floor(np.log2(np.maximum(m, 1.0)))
     latency = BASE_LATENCY_US["tree"][protocol] * 1e-6 + 2 * ((k - 1) * step_intra + depth * step_net)
-    factor = TREE_PROTOCOL[protocol] if protocol == 0 else TREE_PROTOCOL[3]
+    factor: Number = TREE_PROTOCOL[protocol] if protocol == 0 else TREE_PROTOCOL[3]
     if protocol == 1:
         factor = np.where(m > 1, TREE_PROTOCOL[2], TREE_PROTOCOL[1])
     per_byte = 2.0 / (TREE_EFFICIENCY * factor * np.asarray(bandwidth))

@@ -115,7 +115,7 @@ def topology(context: SimContext, batch: CandidateBatch) -> Topology:
     ring = _pair(collectives.ring_allreduce(degree, alpha, band))
     tree = _pair(collectives.tree_allreduce(degree, alpha, band))
     nccl = context.kinds.is_gpu[kind]
-    nvlink = np.where(used, context.intra_nvlink, True).all(axis=1)
+    nvlink = np.asarray(np.where(used, context.intra_nvlink, True).all(axis=1))
     protocols: list[Pair] = []
     if nccl.any():
         nccl_ring, nccl_tree, protocols = _nccl_allreduce(
