@@ -61,7 +61,9 @@ def test_per_op_checkpointing_is_offered_wherever_selective_recomputation_is(mon
     assert "selective" in hugging_face.rules.recompute and "selective-op" not in hugging_face.rules.recompute
     assert any("KV cache" in note for note in hugging_face.rules.notes), "the space report says why"
 
-    _, rows, _ = evaluated(monkeypatch, llama_graph(batch=1, seq=64), gpu_cluster(1, 8), runner="engine", global_batch=32)
+    _, rows, _ = evaluated(
+        monkeypatch, llama_graph(batch=1, seq=64), gpu_cluster(1, 8), runner="engine", global_batch=32
+    )
     assert rows.selective_op.any() and rows.selective.any()
     assert not (rows.selective_op & (rows.selective | rows.recompute)).any()
     _, rows, _ = evaluated(monkeypatch, gpt_graph(), gpu_cluster(1, 4))
