@@ -49,6 +49,7 @@ FIT_ORDER = (
     "recompute",
     "zero",
     "shard group",
+    "fp8 all-gather",
     "micro-batch",
     "pipeline",
     "tensor",
