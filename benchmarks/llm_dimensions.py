@@ -3,9 +3,10 @@
 For Llama-3 8B and 70B on H100 (torchtitan's published runs: `torchtitan_benchmarks` rows of
 `shared/published/gpu_measurements.csv`) and Megatron's 145B and 310B GPTs on 1536-1920 A100 (SC'21
 Table 1), each graph captured with `capture_hf_config` on the meta device at micro-batch 1 and the
-row's sequence, on the row's cluster, the search (engine runner, the row's global batch and precision,
-a 2 s budget) is run and both layouts are priced with `stratagem.predict`. Prints one JSON object:
-`rows`, one per distinct published layout (model, GPUs, sequence, layout, precision), with the
+row's sequence, on the row's cluster, the search (engine runner, the row's global batch, precision and
+compile, a 2 s budget) is run and both layouts are priced with `stratagem.predict`. Prints one JSON
+object: `rows`, one per distinct published layout (model, GPUs, sequence, layout, precision, compile,
+async tensor parallelism, fp8 all-gathers), with the
 published layout and its predicted tokens/s/GPU and MFU, the measured tokens/s/GPU, the chosen layout
 and its figures, and the search's seconds; `llama3_70b_64xh100`, the search alone for the 70B on 64 H100
 (no published run: the bf16 run's global batch per GPU, 2 sequences of 8192); `summary`.
@@ -14,9 +15,12 @@ and its figures, and the search's seconds; `llama3_70b_64xh100`, the search alon
 
 Clusters from the rows: H100 nodes of 8 with 400 Gb/s per GPU between nodes (torchtitan's Grand Teton
 H100s are the catalog's `H100-SXM-96GB-HBM2e`, the 96 GB HBM2e part at its 500 W cap); A100-80GB DGX nodes with 8 × 200 Gb/s HDR InfiniBand (SC'21 §5).
-A row's layout is read the way the published benchmark reads it (torchtitan splits norms along the
-sequence under tensor parallelism and checkpoints per op; Megatron's `--fp16` keeps fp32 main weights:
-amp-fp16). Neither layout states `compile`: the search does not choose it, so both are priced eager.
+A row's layout is read the way the published benchmark reads it (`benchmarks.lib.published_layouts`:
+torchtitan splits norms along the sequence under tensor parallelism and checkpoints per op, and states
+`compile`, `async_tp` and `fsdp_float8_all_gather` per row; Megatron's `--fp16` keeps fp32 main weights,
+amp-fp16, and its fused kernels price as compiled blocks). The row's precision and compile are the
+search's inputs (the user's numerics and trainer); async tensor parallelism and fp8 all-gathers are the
+search's to choose.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.published_layouts import FUSED_KERNELS
 from optimizer_service.search import search
 from stratagem import Layout, predict
 from stratagem.hf import capture_hf_config
@@ -74,8 +79,33 @@ class Row:
     def seq(self) -> int:
         return int(self.config["seq"])
 
+    @property
+    def compile(self) -> bool:
+        """torchtitan states it per row; Megatron's fused kernels are what compiled blocks price."""
+        return self.other.get("compile") is True or self.source in FUSED_KERNELS
+
+    @property
+    def async_tp(self) -> bool:
+        return self.other.get("async_tp") is True
+
+    @property
+    def fp8_all_gather(self) -> bool:
+        return self.other.get("fsdp_float8_all_gather") is True
+
     def key(self) -> tuple:
-        return (self.model, self.n_gpus, self.seq, self.precision, self.dp, self.tp, self.pp, self.micro_batch)
+        return (
+            self.model,
+            self.n_gpus,
+            self.seq,
+            self.precision,
+            self.dp,
+            self.tp,
+            self.pp,
+            self.micro_batch,
+            self.compile,
+            self.async_tp,
+            self.fp8_all_gather,
+        )
 
 
 def find_csv(given: str | None) -> Path:
@@ -88,7 +118,7 @@ def find_csv(given: str | None) -> Path:
 
 
 def read_rows(path: Path, models: tuple[str, ...]) -> list[Row]:
-    """The rows of these models, one per distinct layout (compile and async-TP variants state the same one)."""
+    """The rows of these models, one per distinct layout (compile, async-TP and fp8-gather variants each their own)."""
     out: dict[tuple, Row] = {}
     with path.open() as handle:
         for raw in csv.DictReader(handle):
@@ -198,6 +228,9 @@ def published_strategy(row: Row, graph: ModelGraph, resources: ResourceSpec) -> 
         recompute=row.recompute,
         precision=row.precision,
         sequence_parallel=bool(row.other.get("seq_parallel")) or (row.source == SOURCES[0] and row.tp > 1),
+        compile=row.compile,
+        async_tensor_parallel=row.async_tp,
+        fp8_all_gather=row.fp8_all_gather,
     )
     return layout.build(graph, resources).replace(micro_batch_size=row.micro_batch)
 
@@ -221,7 +254,10 @@ def describe(strategy: Strategy) -> dict[str, Any]:
         "zero": sorted(stages),
         "recompute": strategy.recompute,
         "sequence_parallel": strategy.sequence_parallel,
+        "async_tensor_parallel": strategy.async_tensor_parallel,
+        "fp8_all_gather": strategy.fp8_all_gather,
         "precision": strategy.precision,
+        "compile": strategy.compile,
     }
 
 
@@ -239,7 +275,7 @@ def figures(graph: ModelGraph, resources: ResourceSpec, strategy: Strategy) -> d
 
 
 def compare(
-    graph: ModelGraph, resources: ResourceSpec, *, global_batch: int, precision: str, budget: float
+    graph: ModelGraph, resources: ResourceSpec, *, global_batch: int, precision: str, compile: bool, budget: float
 ) -> tuple[Strategy, dict[str, Any]]:
     started = time.perf_counter()
     result = search(
@@ -250,6 +286,7 @@ def compare(
         runner="engine",
         global_batch=global_batch,
         precision=precision,
+        compile=compile,
     )
     seconds = time.perf_counter() - started
     best = result.candidates[0]
@@ -267,7 +304,7 @@ def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[st
     resources = cluster(row.gpu, row.n_gpus, row.gpus_per_node, row.inter_node_gbps)
     published = published_strategy(row, graph, resources)
     chosen, search_record = compare(
-        graph, resources, global_batch=row.global_batch, precision=row.precision, budget=budget
+        graph, resources, global_batch=row.global_batch, precision=row.precision, compile=row.compile, budget=budget
     )
     return {
         "model": row.model,
@@ -276,6 +313,7 @@ def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[st
         "seq": row.seq,
         "global_batch": row.global_batch,
         "precision": row.precision,
+        "compile": row.compile,
         "measured_tokens_per_s_per_gpu": round(row.measured_tokens_per_gpu, 1),
         "published": {"layout": describe(published), **figures(graph, resources, published)},
         "chosen": {"layout": describe(chosen), **figures(graph, resources, chosen)},
@@ -292,9 +330,10 @@ def captured(row: Row, graphs: dict[tuple, ModelGraph]) -> ModelGraph:
 
 
 def rows_70b_64(rows: list[Row]) -> Iterator[Row]:
-    """The 70B's published bf16 run, on 64 H100 instead of 256: the 2 s search-time target."""
+    """The 70B's published bf16 run (compiled, synchronous tensor parallelism), on 64 H100 instead of 256: the
+    2 s search-time target."""
     for row in rows:
-        if row.model == "llama3.1-70b" and row.precision == "amp-bf16":
+        if row.model == "llama3.1-70b" and row.precision == "amp-bf16" and not row.async_tp:
             yield row
             return
 
@@ -308,15 +347,19 @@ def main() -> None:
     rows = read_rows(find_csv(args.csv), tuple(args.only))
     graphs: dict[tuple, ModelGraph] = {}
     out: dict[str, Any] = {"budget_s": args.budget, "rows": []}
-    for row in sorted(rows, key=lambda r: (MODELS.index(r.model), r.n_gpus, r.seq, r.precision)):
+    for row in sorted(rows, key=lambda r: (MODELS.index(r.model), r.n_gpus, r.seq, r.precision, r.compile, r.async_tp)):
         out["rows"].append(run_row(row, args.budget, graphs))
     for row in rows_70b_64(rows):
         graph = captured(row, graphs)
         resources = cluster(row.gpu, 64, 8, row.inter_node_gbps)
         batch = row.global_batch * 64 // row.n_gpus
-        chosen, record = compare(graph, resources, global_batch=batch, precision=row.precision, budget=args.budget)
+        chosen, record = compare(
+            graph, resources, global_batch=batch, precision=row.precision, compile=row.compile, budget=args.budget
+        )
         out["llama3_70b_64xh100"] = {
             "global_batch": batch,
+            "precision": row.precision,
+            "compile": row.compile,
             "chosen": {"layout": describe(chosen), **figures(graph, resources, chosen)},
             "search": {k: v for k, v in record.items() if k != "why"},
             "why_chosen": record["why"].get("sentence"),

@@ -1,5 +1,5 @@
-"""The request's search object states the precision, a fixed global batch and the runner; the job keeps
-them and hands them to the search (in-process: no server, no database)."""
+"""The request's search object states the precision, compile, a fixed global batch and the runner; the job
+keeps them and hands them to the search (in-process: no server, no database)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,19 @@ def test_an_omitted_precision_is_fp32_and_nothing_else_is_fixed() -> None:
         None,
         "stratagem",
     )
+    assert (options.compile, options.allow_compile) == (False, False), "an omitted compile is eager, and fixed"
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("precision", "fp7"), ("global_batch", 0), ("runner", "deepspeed"), ("allow_precision", "sometimes")],
+    [
+        ("precision", "fp7"),
+        ("global_batch", 0),
+        ("runner", "deepspeed"),
+        ("allow_precision", "sometimes"),
+        ("compile", "sometimes"),
+        ("allow_compile", 2),
+    ],
 )
 def test_a_bad_search_field_is_refused_by_name(field: str, value: Any) -> None:
     with pytest.raises(ValidationError) as caught:
@@ -39,9 +47,9 @@ def test_a_bad_search_field_is_refused_by_name(field: str, value: Any) -> None:
     assert any(error["loc"][-1] == field for error in caught.value.errors())
 
 
-def test_the_job_hands_precision_global_batch_and_runner_to_the_search() -> None:
+def test_the_job_hands_precision_compile_global_batch_and_runner_to_the_search() -> None:
     request = _request(
-        precision="amp-bf16", allow_precision=False, global_batch=32, runner="engine", max_candidates=400
+        precision="amp-bf16", allow_precision=False, compile=True, global_batch=32, runner="engine", max_candidates=400
     )
     options = JobOptions.resolve(request, Settings())
     seen: dict[str, Any] = {}
@@ -57,8 +65,9 @@ def test_the_job_hands_precision_global_batch_and_runner_to_the_search() -> None
         32,
         "engine",
     )
+    assert (seen["compile"], seen["allow_compile"]) == (True, False)
     for strategy in outcome.candidates:
-        assert strategy.precision == "amp-bf16"
+        assert strategy.precision == "amp-bf16" and strategy.compile
         assert strategy.effective_mesh.data * strategy.micro_batch_size * strategy.micro_batches == 32
 
 

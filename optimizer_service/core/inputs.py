@@ -95,6 +95,11 @@ class SearchOptions(Body):
     """The numerics the model trains in (`Strategy.precision`); every candidate keeps it unless allow_precision."""
     allow_precision: bool = False
     """Another precision changes the training math, so searching it is opt-in."""
+    compile: bool = False
+    """Whether the user's trainer compiles its blocks (`Strategy.compile`, torchtitan's `[compile]`); every
+    candidate keeps it unless allow_compile."""
+    allow_compile: bool = False
+    """Compiling or not changes the user's training script, so searching it is opt-in."""
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     """Samples per optimizer step over all replicas, fixed: the graph holds one micro-batch, and the search
     chooses the data degree, micro-batch size and count. Omitted: the graph's batch is a replica's step."""
@@ -204,6 +209,8 @@ class SearchBudget(BaseModel):
     allow_async: bool = False
     precision: Precision = "fp32"
     allow_precision: bool = False
+    compile: bool = False
+    allow_compile: bool = False
     global_batch: int | None = Field(default=None, ge=1)
     runner: SearchRunner = "stratagem"
 
@@ -240,6 +247,8 @@ class JobOptions(BaseModel):
                 allow_async=search.allow_async,
                 precision=search.precision,
                 allow_precision=search.allow_precision,
+                compile=search.compile,
+                allow_compile=search.allow_compile,
                 global_batch=search.global_batch,
                 runner=search.runner,
             ),

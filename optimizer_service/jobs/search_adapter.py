@@ -57,6 +57,8 @@ def run_search(
         allow_async=options.search.allow_async,
         allow_precision=options.search.allow_precision,
         precision=options.search.precision,
+        compile=options.search.compile,
+        allow_compile=options.search.allow_compile,
         global_batch=options.search.global_batch,
         runner=options.search.runner,
     )

@@ -46,8 +46,9 @@ def set_allreduce(
 
 def set_mesh(space: Space, batch: CandidateBatch, rows: Rows, meshes: np.ndarray | int) -> None:
     """Rows take mesh choices (indices into `space.meshes`): degrees, micro-batches, schedule, stages,
-    recomputation, sequence parallelism and precision. The replicas stay every compute device, which every
-    mesh covers; a hybrid shard group that no longer fits the data degree inside a node is dropped."""
+    recomputation, sequence parallelism, precision, compile and async tensor parallelism. The replicas
+    stay every compute device, which every mesh covers; a hybrid shard group that no longer fits the data
+    degree inside a node is dropped, and so are fp8 all-gathers at another precision."""
     choice = np.broadcast_to(np.asarray(meshes, dtype=np.intp), rows.shape)
     for index in np.unique(choice).tolist():
         mesh, r = space.meshes[index], rows[choice == index]
@@ -58,9 +59,14 @@ def set_mesh(space: Space, batch: CandidateBatch, rows: Rows, meshes: np.ndarray
             int(mesh.schedule),
             mesh.virtual_stages,
         )
-        batch.recompute[r], batch.selective[r] = mesh.recompute, mesh.selective
+        batch.recompute[r], batch.selective[r], batch.selective_op[r] = (
+            mesh.recompute,
+            mesh.selective,
+            mesh.selective_op,
+        )
         batch.sequence_parallel[r], batch.micro_batch_size[r] = mesh.sequence_parallel, mesh.micro_batch_size
-        batch.precision[r] = mesh.precision
+        batch.precision[r], batch.compile[r], batch.async_tp[r] = mesh.precision, mesh.compile, mesh.async_tp
+        batch.fp8_gather[r] &= mesh.precision == Precision.FP8
         batch.layer_stage[r] = np.asarray(mesh.layer_stage, dtype=np.int8) if mesh.layer_stage else 0
         groups = space.rules.shard_groups(mesh.data, mesh.tensor, mesh.pipeline, mesh.context)
         batch.shard_group[r] = np.where(np.isin(batch.shard_group[r], groups), batch.shard_group[r], 0)
@@ -77,7 +83,9 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
     """Keep every row inside the space's rules. For an engine, the dense variables synchronize as a
     layout states (all all-reduced, or all sharded at one stage). Under a global batch, a row that states no micro-batch size
     takes the first layout (plain data parallelism where the batch allows). A precision the request does
-    not allow (or fp8 with tensor splits where the runner refuses it) becomes the request's. Rows on a
+    not allow (or fp8 with tensor splits where the runner refuses it) becomes the request's, and so does
+    compile; async tensor parallelism stays only where the rules allow it (an engine, tensor > 1, sequence
+    parallelism, compiled blocks), fp8 all-gathers only at fp8 with ZeRO-3 variables. Rows on a
     tensor, pipeline, context, micro-batched or recomputed layout synchronize their data-parallel groups
     with all-reduce or ZeRO only: dense parameter-server variables become all-reduce, hierarchical
     all-reduce and local replication are dropped (the runtime's data-parallel groups inside a mesh have no
@@ -92,6 +100,8 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
     fp8_split = (batch.precision == Precision.FP8) & (batch.tensor > 1) & (not rules.fp8_tensor)
     refused = ~np.isin(batch.precision, rules.precisions) | fp8_split
     batch.precision[refused] = space.precision
+    batch.compile[~np.isin(batch.compile, rules.compiles)] = space.compile
+    _split_knobs(space, batch)
     meshed = np.flatnonzero(
         (batch.tensor > 1)
         | (batch.pipeline > 1)
@@ -99,6 +109,7 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
         | (batch.micro_batches > 1)
         | batch.recompute
         | batch.selective
+        | batch.selective_op
     )
     if meshed.size == 0:
         return
@@ -110,6 +121,14 @@ def respect_mesh(space: Space, batch: CandidateBatch) -> None:
     hierarchical = batch.algorithm[meshed] == Algorithm.HIERARCHICAL
     batch.algorithm[meshed] = np.where(hierarchical, Algorithm.AUTO, batch.algorithm[meshed])
     batch.local_replication[meshed] = False
+
+
+def _split_knobs(space: Space, batch: CandidateBatch) -> None:
+    """Async tensor parallelism where the rules allow it; fp8 all-gathers at fp8 with ZeRO-3 variables."""
+    rules = space.rules
+    batch.async_tp &= rules.async_tp & (batch.tensor > 1) & batch.sequence_parallel & batch.compile
+    stage3 = ((batch.kind == SyncKind.SHARDED) & (batch.zero_stage == 3)).any(axis=1)
+    batch.fp8_gather &= rules.fp8_gather & (batch.precision == Precision.FP8) & stage3
 
 
 def _layout_synchronizers(space: Space, batch: CandidateBatch) -> None:

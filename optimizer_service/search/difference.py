@@ -2,7 +2,8 @@
 
 The neighbours are the ones the descent walks (`neighbours.py`): the same layout with one dimension
 changed (a degree traded with the data degree, the micro-batch size, the schedule, recomputation,
-sequence parallelism, precision, the ZeRO stage or shard group). They are simulated here again, with
+sequence or async tensor parallelism, compile, precision, the ZeRO stage, shard group or fp8
+all-gathers). They are simulated here again, with
 the candidate, so every number quoted is the simulator's for exactly these rows:
 
 - the nearest neighbour is the fastest one that fits: what it would cost to change the dimension that
@@ -48,6 +49,7 @@ FIT_ORDER = (
     "recompute",
     "zero",
     "shard group",
+    "fp8 all-gather",
     "micro-batch",
     "pipeline",
     "tensor",

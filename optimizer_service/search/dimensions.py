@@ -2,25 +2,33 @@
 
 The dimensions a GPU team configures (Megatron-LM's and torchtitan's flags): tensor, pipeline, context
 and data degrees, micro-batch size, pipeline schedule and virtual stages, activation recomputation,
-sequence parallelism, ZeRO stage and hybrid shard group, precision. Who runs the answer decides what is
-legal (`SearchOptions.runner`):
+sequence parallelism, ZeRO stage and hybrid shard group, precision, and the three knobs torchtitan adds:
+`torch.compile` of the blocks, async tensor parallelism and fp8 FSDP all-gathers. Who runs the answer
+decides what is legal (`SearchOptions.runner`):
 
 - `stratagem` — `stratagem.distribute` (the trials run it): the rules of `stratagem.parallel_rules`. A
   model that returns its own loss is cut between its blocks into traced stages that hold no tensor
   splits, no recomputation and no multi-chunk schedule; a model it cannot cut gets no pipeline; it runs
-  no context parallelism (`stratagem.runtime.distribute.context_parallel_refusal`) and no fp8 with
-  tensor parallelism (`stratagem.runtime.precision.precision_refusal`).
+  no context parallelism (`stratagem.runtime.distribute.context_parallel_refusal`), no fp8 with
+  tensor parallelism (`stratagem.runtime.precision.precision_refusal`) and no async tensor parallelism
+  (`async_tensor_parallel_refusal`); it compiles blocks (`stratagem.runtime.compile`) and checkpoints per
+  op, except in a Hugging Face model, whose blocks fill their KV cache in forward so that the replay in
+  backward differs from it (per-op checkpointing refuses that).
 - `engine` — the LLM trainers a strategy exports to (torchtitan, Megatron-LM): every layout of the
-  model's blocks, the checks `Layout.build` makes (`stratagem.layout_build.graph_problems`).
+  model's blocks, the checks `Layout.build` makes (`stratagem.layout_build.graph_problems`), and async
+  tensor parallelism on GPUs (torchtitan's `enable_async_tensor_parallel`, which needs compiled blocks).
 
 Either way: a tensor degree divides a node's devices and the attention (and key/value) heads, and the
 runtime's tensor plan splits every layer the simulator prices as split; context parallelism needs a
 transformer with an architecture on record and a sequence that splits into 2·c pieces (c for a
 non-causal model: ring attention balances causal work over 2·c chunks, Megatron's and torchtitan's
 load balancing); sequence parallelism needs tensor > 1 and attention layers (norms and dropout along
-the sequence); selective recomputation needs attention cores inside the numbered blocks, full
-recomputation numbered blocks; precision is the request's unless `allow_precision`, and fp8 only on
-devices with fp8 tensor cores; a hybrid shard group stays inside one node.
+the sequence); selective recomputation needs attention cores inside the numbered blocks, per-op
+checkpointing (`selective-op`, torchtitan's) is offered beside it where it drops something, full
+recomputation needs numbered blocks; precision is the request's unless `allow_precision`, and fp8 only
+on devices with fp8 tensor cores; compile is the request's unless `allow_compile`; async tensor
+parallelism needs tensor > 1, sequence parallelism and compile; fp8 all-gathers need fp8 and ZeRO-3;
+a hybrid shard group stays inside one node.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ VIRTUAL_STAGES = (2, 4)
 """Chunks per rank tried with interleaved 1F1B (Megatron's SC'21 runs used 2 to 4)."""
 ZERO_BUBBLE_STAGES = (1, 2)
 """Zero-bubble: ZB-H1 (one chunk per rank) and the V-shaped ZBV (two)."""
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective-op", "full")
 PRECISION_NAMES = {
     "fp32": Precision.FP32,
     "tf32": Precision.TF32,
@@ -80,13 +88,19 @@ class Rules:
     multi_chunk: bool
     """Interleaved 1F1B and zero-bubble schedules."""
     recompute: tuple[str, ...]
-    """Recomputation modes this graph has a use for ('none' first)."""
+    """Recomputation modes this graph has a use for and the runner runs ('none' first)."""
     sequence_parallel: bool
     """Offered with tensor > 1."""
     precisions: tuple[int, ...]
     """`Precision` values, the request's first; more only with `allow_precision`."""
     fp8_tensor: bool
     """fp8 with tensor > 1."""
+    compiles: tuple[bool, ...]
+    """`torch.compile` of the blocks, the request's first; both only with `allow_compile`."""
+    async_tp: bool
+    """Async tensor parallelism (with tensor > 1, sequence parallelism and compile)."""
+    fp8_gather: bool
+    """fp8 FSDP all-gathers (with fp8 precision and ZeRO-3)."""
     accumulate: bool
     """Micro-batches without a pipeline (gradient accumulation)."""
     global_batch: int | None
@@ -135,6 +149,14 @@ class Rules:
     def precision_ok(self, precision: int, tensor: int) -> bool:
         return precision in self.precisions and (precision != Precision.FP8 or tensor == 1 or self.fp8_tensor)
 
+    def async_tp_ok(self, tensor: int, *, sequence_parallel: bool, compile: bool) -> bool:
+        """torchtitan pipelines sequence parallelism's collectives inside compiled blocks only."""
+        return self.async_tp and tensor > 1 and sequence_parallel and compile
+
+    def fp8_gather_ok(self, precision: int) -> bool:
+        """Where a ZeRO-3 row may gather its fp8 weights in fp8 (the ZeRO stage is the row's own)."""
+        return self.fp8_gather and precision == Precision.FP8
+
 
 def rules_for(
     context: SimContext,
@@ -142,6 +164,8 @@ def rules_for(
     runner: str = "stratagem",
     precision: int = Precision.FP32,
     allow_precision: bool = False,
+    compile: bool = False,
+    allow_compile: bool = False,
     global_batch: int | None = None,
 ) -> Rules:
     devices = len(context.compute_device_indices)
@@ -163,12 +187,23 @@ def rules_for(
     recompute = ["none"]
     if context.selective_dropped.any():
         recompute.append("selective")
+        refusal = None if engine else op_checkpoint_refusal(context)
+        if refusal is not None:
+            notes.append(f"no per-op checkpointing (selective-op): {refusal}")
+        elif context.op_recomputed.any():
+            recompute.append("selective-op")
     if context.layer_recomputed.any():
         recompute.append("full")
+    gpus = bool(context.kinds.is_gpu[context.device_kind[context.compute_device_indices]].all())
+    precisions = _precisions(context, precision, allow_precision)
     accumulate = engine or graph_accumulation_refusal(context.graph) is None
     contexts = _context_degrees(context, devices) if engine else (1,)
     if not engine:
         notes.append("no context parallelism: stratagem's runtime does not run it (runner 'engine' exports it)")
+        if attention:
+            notes.append(
+                "no async tensor parallelism: stratagem's runtime does not run it (runner 'engine' exports it)"
+            )
     return Rules(
         runner=runner,
         devices=devices,
@@ -181,13 +216,30 @@ def rules_for(
         multi_chunk=multi_chunk,
         recompute=tuple(recompute),
         sequence_parallel=attention,
-        precisions=_precisions(context, precision, allow_precision),
+        precisions=precisions,
         fp8_tensor=engine,
+        compiles=(bool(compile), not compile) if allow_compile else (bool(compile),),
+        async_tp=engine and gpus and attention,
+        fp8_gather=Precision.FP8 in precisions,
         accumulate=accumulate,
         global_batch=global_batch,
         graph_batch=context.batch_size,
         notes=tuple(notes),
     )
+
+
+def op_checkpoint_refusal(context: SimContext) -> str | None:
+    """Why `stratagem.distribute` cannot checkpoint this graph's blocks per op, or None. A Hugging Face
+    model keeps its KV cache on in training unless told otherwise (`use_cache`), so each block's forward
+    appends to the cache and the replay in backward runs on a longer one: per-op checkpointing
+    (`create_selective_checkpoint_contexts`) finds ops the forward did not run and stops."""
+    model_class = context.graph.provenance.get("model_class")
+    if isinstance(model_class, str) and model_class.startswith("transformers."):
+        return (
+            "a Hugging Face model's blocks fill their KV cache in forward, so stratagem's runtime would replay "
+            "them differently in backward (runner 'engine' exports it)"
+        )
+    return None
 
 
 def tensor_degrees(context: SimContext, devices: int, per_node: int, *, engine: bool = False) -> list[int]:

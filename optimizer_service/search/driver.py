@@ -6,7 +6,7 @@
 The phases run in this order, each on whatever budget the previous ones left:
 
 1. baselines — every pre-built builder (AutoDist's and plain data parallel), always evaluated, at the
-   request's precision (and, under a global batch, training it);
+   request's precision and compile (and, under a global batch, training it);
 2. proposals — structured strategies (`proposals.py`), the layouts of `meshes.py` among them;
 3. descent — every one-dimension neighbour of the best layouts, until the best are all explored
    (`descent.py`);
@@ -73,12 +73,15 @@ def search(
     allow_async: bool = False,
     allow_precision: bool = False,
     precision: str = "fp32",
+    compile: bool = False,
+    allow_compile: bool = False,
     global_batch: int | None = None,
     runner: str = "stratagem",
 ) -> SearchResult:
     """Find the fastest predicted strategies for `graph` on `resources` within the budgets.
 
-    `precision` is the numerics the user trains in, searched only with `allow_precision`; `global_batch`
+    `precision` is the numerics the user trains in, searched only with `allow_precision`; `compile`
+    whether the user's trainer compiles its blocks, searched only with `allow_compile`; `global_batch`
     fixes the samples per optimizer step (the graph is then read at the micro-batch, and the search
     chooses the data degree, micro-batch size and count); `runner` says who runs the answer
     (`dimensions.py`: `stratagem`, or `engine` for the trainers a strategy exports to)."""
@@ -87,6 +90,8 @@ def search(
         allow_async=allow_async,
         allow_precision=allow_precision,
         precision=precision,
+        compile=compile,
+        allow_compile=allow_compile,
         global_batch=global_batch,
         runner=runner,
     )
@@ -227,7 +232,7 @@ def _check_layouts(space: Space) -> None:
 
 
 def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, space: Space) -> Baselines:
-    """Every builder's strategy at the request's precision; under a global batch, each replica's step is
+    """Every builder's strategy at the request's precision and compile; under a global batch, each replica's step is
     its share of it in one micro-batch, and where the devices do not divide the batch the builders (plain
     data parallelism over every device) cannot train it and are left out."""
     names, strategies, seconds = [], [], []
@@ -237,9 +242,13 @@ def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, 
     for builder in all_builders():
         started = time.perf_counter()
         strategy = builder.build(graph, resources)
-        if options.precision != strategy.precision or options.global_batch is not None:
+        if (
+            options.precision != strategy.precision
+            or options.compile != strategy.compile
+            or options.global_batch is not None
+        ):
             size = options.global_batch // devices if options.global_batch is not None else None
-            strategy = _restated(strategy, precision=options.precision, micro_batch_size=size)
+            strategy = _restated(strategy, precision=options.precision, compile=options.compile, micro_batch_size=size)
         seconds.append(time.perf_counter() - started)
         if fits_batch:
             strategies.append(strategy)
@@ -250,11 +259,12 @@ def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, 
     )
 
 
-def _restated(strategy: Strategy, *, precision: str, micro_batch_size: int | None) -> Strategy:
-    """The strategy at another precision and micro-batch size, with its content id re-derived. Both
-    values are checked (`space.option_problems`, a positive step share), so the copy skips re-validating
-    a large model's thousands of variable configs, three times the cost of the id."""
-    copy = strategy.model_copy(update={"precision": precision, "micro_batch_size": micro_batch_size, "id": None})
+def _restated(strategy: Strategy, *, precision: str, compile: bool, micro_batch_size: int | None) -> Strategy:
+    """The strategy at another precision, compile and micro-batch size, with its content id re-derived.
+    The values are checked (`space.option_problems`, a positive step share), so the copy skips
+    re-validating a large model's thousands of variable configs, three times the cost of the id."""
+    update = {"precision": precision, "compile": compile, "micro_batch_size": micro_batch_size, "id": None}
+    copy = strategy.model_copy(update=update)
     object.__setattr__(copy, "id", copy.compute_id())
     return copy
 

@@ -82,7 +82,6 @@ def _mesh(batch: CandidateBatch, i: int) -> dict[str, Any]:
     virtual = max(1, int(batch.virtual_stages[i]))
     chunks = pipeline * virtual
     stages = np.bincount(batch.layer_stage[i].astype(np.intp), minlength=chunks)[:chunks] if pipeline > 1 else None
-    recompute = "full" if bool(batch.recompute[i]) else "selective" if bool(batch.selective[i]) else "none"
     return {
         "data": int(batch.data[i]),
         "tensor": int(batch.tensor[i]),
@@ -91,11 +90,19 @@ def _mesh(batch: CandidateBatch, i: int) -> dict[str, Any]:
         "virtual_stages": virtual,
         "micro_batches": int(batch.micro_batches[i]),
         "schedule": SCHEDULE_NAMES[Schedule(int(batch.schedule[i]))],
-        "recompute": recompute,
+        "recompute": _recompute_mode(batch, i),
         "sequence_parallel": bool(batch.sequence_parallel[i]),
+        "async_tensor_parallel": bool(batch.async_tp[i]),
+        "compile": bool(batch.compile[i]),
+        "fp8_all_gather": bool(batch.fp8_gather[i]),
         "micro_batch_size": int(batch.micro_batch_size[i]),
         **({"layers_per_stage": [int(n) for n in stages]} if stages is not None else {}),
     }
+
+
+def _recompute_mode(batch: CandidateBatch, i: int) -> str:
+    flags = (("full", batch.recompute), ("selective", batch.selective), ("selective-op", batch.selective_op))
+    return next((mode for mode, flag in flags if bool(flag[i])), "none")
 
 
 def describe_mesh(mesh: dict[str, Any]) -> str:
@@ -104,13 +111,16 @@ def describe_mesh(mesh: dict[str, Any]) -> str:
     recompute = "full" if recompute is True else "none" if recompute is False else recompute
     context = mesh.get("context", 1)
     plain = mesh["tensor"] == 1 and mesh["pipeline"] == 1 and context == 1 and mesh["micro_batches"] == 1
-    if plain and recompute == "none":
+    if plain and recompute == "none" and not mesh.get("compile") and not mesh.get("fp8_all_gather"):
         return ""
     mesh_text = f"data({mesh['data']}) × tensor({mesh['tensor']}) × pipeline({mesh['pipeline']})"
     parts = [mesh_text + (f" × context({context})" if context > 1 else "")]
     if mesh["tensor"] > 1:
         sequence = ", norms and dropout on 1/tensor of the sequence" if mesh.get("sequence_parallel") else ""
-        parts.append(f"each layer's matmuls split over {mesh['tensor']} devices of a node{sequence}")
+        pipelined = (
+            ", their collectives pipelined with the matmuls (async)" if mesh.get("async_tensor_parallel") else ""
+        )
+        parts.append(f"each layer's matmuls split over {mesh['tensor']} devices of a node{sequence}{pipelined}")
     if context > 1:
         parts.append(f"each sequence split over {context} devices, attention as a ring")
     if mesh["pipeline"] > 1:
@@ -130,6 +140,12 @@ def describe_mesh(mesh: dict[str, Any]) -> str:
         parts.append("activations recomputed block by block in backward")
     elif recompute == "selective":
         parts.append("the attention core recomputed in backward")
+    elif recompute == "selective-op":
+        parts.append("each block checkpointed per op (matmul and attention outputs kept, the rest recomputed)")
+    if mesh.get("compile"):
+        parts.append("each block compiled (element-wise chains fused)")
+    if mesh.get("fp8_all_gather"):
+        parts.append("FSDP gathering the fp8 weights in fp8")
     return ", ".join(parts)
 
 

@@ -4,8 +4,8 @@ Three rules, checked on the final candidates rather than trusted from the search
 1. Never return a strategy predicted slower than the best pre-built one (AutoDist's builders and
    plain data parallel): the service must never make a user worse off than picking a builder.
 2. Lossy compression, non-BSP consistency and another precision change the training math (gradients
-   perturbed, parameters read stale, matmuls rounded differently), so they are returned only when the
-   caller allowed them.
+   perturbed, parameters read stale, matmuls rounded differently), and compiling or not changes the
+   user's training script, so they are returned only when the caller allowed them.
 3. A global batch the caller fixed is part of its numerics: every candidate trains exactly that many
    samples per step (data degree × micro-batch size × micro-batches).
 """
@@ -30,6 +30,8 @@ def respects_options(batch: CandidateBatch, options: SearchOptions) -> np.ndarra
         ok &= batch.consistency == ConsistencyKind.BSP
     if not options.allow_precision:
         ok &= batch.precision == options.precision_value
+    if not options.allow_compile:
+        ok &= batch.compile == options.compile
     if options.global_batch is not None:
         ok &= trains_global_batch(batch, options.global_batch)
     return ok

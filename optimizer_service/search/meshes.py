@@ -1,6 +1,6 @@
 """The mesh choices: data × tensor × pipeline × context factorizations, stage splits, micro-batches,
-schedules, recomputation, sequence parallelism and precision — everything of a layout but how the
-variables synchronize.
+schedules, recomputation, sequence parallelism, precision, compile and async tensor parallelism —
+everything of a layout but how the variables synchronize.
 
 For G compute devices, N per node, under the legal values of `dimensions.Rules`:
 - tensor degree T: divides N (a tensor group fills part of one node, never two: its all-reduces sit on
@@ -25,8 +25,10 @@ For G compute devices, N per node, under the legal values of `dimensions.Rules`:
 - schedule: 1F1B (GPipe where the micro-batches are fewer than the stages), and under a global batch
   interleaved 1F1B with two chunks per rank too;
 - sequence parallelism with every tensor degree > 1 under a global batch (Megatron's and torchtitan's
-  default with tensor parallelism); the descent tries the other value;
-- precision: the request's; the descent tries the others where `allow_precision` admits them.
+  default with tensor parallelism), and async tensor parallelism with it where the rules allow (an engine,
+  compiled blocks); the descent tries the other values;
+- precision and compile: the request's; the descent tries the others where `allow_precision` and
+  `allow_compile` admit them.
 Context degrees, the other interleavings, zero-bubble schedules and micro-batch sizes are reached by
 the descent from these, one dimension at a time. Memory is an estimate here, only for cutting and for
 offering recomputation; the simulator decides what fits.
@@ -70,12 +72,18 @@ SCHEDULE_NAMES = {
     Schedule.ZERO_BUBBLE: "zero-bubble",
 }
 PRECISION_LABELS = {p: p.name.lower().replace("_", "-") for p in Precision}
+RECOMPUTE_LABELS = {
+    "full": "recomputed",
+    "selective": "selective recomputation",
+    "selective-op": "per-op checkpointing",
+}
 
 
 @dataclass(frozen=True)
 class MeshChoice:
     """One layout of the replicas: degrees, stages, micro-batches, schedule, recomputation, sequence
-    parallelism and precision (how the variables synchronize is the row's per-variable business)."""
+    parallelism, precision, compile and async tensor parallelism (how the variables synchronize is the
+    row's per-variable business)."""
 
     data: int
     tensor: int = 1
@@ -96,10 +104,18 @@ class MeshChoice:
     micro_batch_size: int = 0
     """Samples per micro-batch under a global batch (0: the graph's batch is a replica's step)."""
     precision: int = Precision.FP32
+    selective_op: bool = False
+    """Per-op selective checkpointing of the numbered blocks (torchtitan's `selective_ac_option = "op"`)."""
+    compile: bool = False
+    """`torch.compile` of each numbered block."""
+    async_tp: bool = False
+    """Async tensor parallelism: sequence parallelism's collectives pipelined with their matmuls."""
 
     @property
     def recompute_mode(self) -> str:
-        return "full" if self.recompute else "selective" if self.selective else "none"
+        if self.recompute:
+            return "full"
+        return "selective" if self.selective else "selective-op" if self.selective_op else "none"
 
     def label(self) -> str:
         text = f"data({self.data})×tensor({self.tensor})×pipeline({self.pipeline})"
@@ -117,12 +133,19 @@ class MeshChoice:
         elif self.micro_batch_size:
             text += f", {count}"
         if self.sequence_parallel:
-            text += ", sequence parallel"
+            text += ", sequence parallel" + (" (async)" if self.async_tp else "")
         if self.recompute_mode != "none":
-            text += ", recomputed" if self.recompute else ", selective recomputation"
+            text += f", {RECOMPUTE_LABELS[self.recompute_mode]}"
         if self.precision != Precision.FP32:
             text += f", {PRECISION_LABELS[Precision(self.precision)]}"
+        if self.compile:
+            text += ", compiled"
         return text
+
+
+def recompute_flags(mode: str) -> dict[str, bool]:
+    """A recomputation mode as `MeshChoice`'s fields."""
+    return {"recompute": mode == "full", "selective": mode == "selective", "selective_op": mode == "selective-op"}
 
 
 def mesh_choices(context: SimContext, rules: Rules | None = None, cuts: StageCuts | None = None) -> list[MeshChoice]:
@@ -135,7 +158,7 @@ def mesh_choices(context: SimContext, rules: Rules | None = None, cuts: StageCut
     devices = rules.devices
     figures = _LayerFigures(context)
     starts = np.asarray(rules.starts)
-    out = [MeshChoice(data=devices, precision=rules.precisions[0])]
+    out = [MeshChoice(data=devices, precision=rules.precisions[0], compile=rules.compiles[0])]
     for tensor in rules.tensor:
         for pipeline in divisors(devices // tensor):
             if pipeline > rules.max_pipeline(tensor):
@@ -148,7 +171,8 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
     """Under a global batch: every tensor × pipeline factorization whose data degree divides the batch,
     one sample per micro-batch (as many as the replica's step holds where the runtime cannot
     accumulate), 1F1B and interleaved 1F1B with two chunks per rank where legal (Megatron's and
-    torchtitan's usual pipelines), each legal recomputation, sequence parallel with tensor > 1."""
+    torchtitan's usual pipelines), each legal recomputation, sequence parallel with tensor > 1 (async
+    where legal), the request's precision and compile."""
     assert rules.global_batch is not None
     out = []
     for tensor in rules.tensor:
@@ -163,6 +187,8 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
             micro = per_replica // size
             legal = rules.schedules(pipeline, micro)
             schedules = [legal[0]] + [s for s in legal if s == (Schedule.INTERLEAVED, CORE_VIRTUAL_STAGES)]
+            sequence = tensor > 1 and rules.sequence_parallel
+            compile = rules.compiles[0]
             for (schedule, virtual), mode in itertools.product(schedules, rules.recompute_modes(pipeline)):
                 out.append(
                     MeshChoice(
@@ -174,11 +200,12 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
                         virtual_stages=virtual,
                         layer_stage=cuts.balanced(tensor, pipeline * virtual),
                         split="compute" if pipeline > 1 else "",
-                        recompute=mode == "full",
-                        selective=mode == "selective",
-                        sequence_parallel=tensor > 1 and rules.sequence_parallel,
+                        sequence_parallel=sequence,
                         micro_batch_size=size,
                         precision=rules.precisions[0],
+                        compile=compile,
+                        async_tp=rules.async_tp_ok(tensor, sequence_parallel=sequence, compile=compile),
+                        **recompute_flags(mode),
                     )
                 )
     plain = [m for m in out if m.data == rules.devices and m.recompute_mode == "none"]
@@ -213,7 +240,7 @@ def _meshes_for(
 ) -> list[MeshChoice]:
     data = rules.devices // (tensor * pipeline)
     batch = rules.graph_batch
-    precision = rules.precisions[0]
+    precision, compile = rules.precisions[0], rules.compiles[0]
     selective = "selective" in rules.recompute_modes(pipeline)
     if pipeline == 1:
         out = []
@@ -223,9 +250,9 @@ def _meshes_for(
                     data=data,
                     tensor=tensor,
                     micro_batches=m,
-                    recompute=mode == "full",
-                    selective=mode == "selective",
                     precision=precision,
+                    compile=compile,
+                    **recompute_flags(mode),
                 )
             )
         return out
@@ -255,9 +282,9 @@ def _meshes_for(
                     schedule=schedule,
                     layer_stage=tuple(int(s) for s in stage),
                     split=split,
-                    recompute=full,
-                    selective=mode == "selective",
                     precision=precision,
+                    compile=compile,
+                    **recompute_flags(mode),
                 )
             )
     return out

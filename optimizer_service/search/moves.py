@@ -333,8 +333,8 @@ def change_dimension(
     space: Space, batch: CandidateBatch, rows: np.ndarray, rng: np.random.Generator, loads: Loads
 ) -> None:
     """One dimension of the row's layout (a degree, the micro-batch, the schedule, recomputation,
-    sequence parallelism, precision, the ZeRO stage or shard group) to a neighbouring value
-    (`neighbours.py`), the rest kept."""
+    sequence or async tensor parallelism, compile, precision, the ZeRO stage, shard group or fp8
+    all-gathers) to a neighbouring value (`neighbours.py`), the rest kept."""
     picks = rng.permuted(np.tile(np.arange(len(DIMENSIONS)), (len(rows), 1)), axis=1)
     for row, order in zip(rows.tolist(), picks, strict=True):
         for pick in order.tolist():

@@ -1,14 +1,17 @@
 """One-dimension changes of a row's layout: what the descent walks and what the explanation compares.
 
 A row's layout is its `MeshChoice` (degrees, micro-batches, schedule, recomputation, sequence
-parallelism, precision) and its ZeRO setting (`Zero`: how the dense variables synchronize). A neighbour
-changes one dimension and keeps everything else, every variable's synchronizer included, where the
-rules allow (`dimensions.Rules`): a degree trades with the data degree (or tensor with pipeline: the
-model split); a micro-batch size moves to the next divisor of the replica's step; the schedule, the
-recomputation, sequence parallelism, the precision, the ZeRO stage and the hybrid shard group take each
-other legal value. What a change forces is repaired the way a practitioner would: under a global batch
-the micro-batch size shrinks to a divisor of the new step, a schedule the new micro-batch count cannot
-run falls back to 1F1B, stages are re-cut balanced by compute.
+parallelism, precision, compile, async tensor parallelism) and its ZeRO setting (`Zero`: how the dense
+variables synchronize, and whether ZeRO-3 gathers fp8 weights in fp8). A neighbour changes one
+dimension and keeps everything else, every variable's synchronizer included, where the rules allow
+(`dimensions.Rules`): a degree trades with the data degree (or tensor with pipeline: the model split); a
+micro-batch size moves to the next divisor of the replica's step; the schedule, the recomputation,
+sequence parallelism, async tensor parallelism, compile, the precision, the ZeRO stage, the hybrid shard
+group and fp8 all-gathers take each other legal value. What a change forces is repaired the way a
+practitioner would: under a global batch the micro-batch size shrinks to a divisor of the new step, a
+schedule the new micro-batch count cannot run falls back to 1F1B, stages are re-cut balanced by compute,
+async tensor parallelism goes where sequence parallelism or compile goes, fp8 all-gathers where fp8 or
+ZeRO-3 goes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ import numpy as np
 
 from optimizer_service.search.assign import set_allreduce, set_fusion, set_mesh, set_sharded, set_zero
 from optimizer_service.search.dimensions import divisors
-from optimizer_service.search.meshes import PRECISION_LABELS, SCHEDULE_NAMES, MeshChoice, pipeline_micro_batches
+from optimizer_service.search.meshes import (
+    PRECISION_LABELS,
+    SCHEDULE_NAMES,
+    MeshChoice,
+    pipeline_micro_batches,
+    recompute_flags,
+)
 from optimizer_service.search.space import Space
 from simulator.encoding import CandidateBatch, Precision, Schedule, SyncKind
 
@@ -32,7 +41,8 @@ FUSION_BYTES = 25 * 1024 * 1024
 class Zero:
     """How a row's dense variables synchronize: stage 0, all-reduced; 1-3, ZeRO-sharded at that stage
     over groups of `shard_group` data ranks (0: the whole data-parallel group); `mixed`, only some of them
-    sharded (the rest all-reduced or on parameter servers: a per-variable mix)."""
+    sharded (the rest all-reduced or on parameter servers: a per-variable mix); `fp8_gather`, ZeRO-3
+    gathering the fp8 Linears' weights in fp8 (torchao's `enable_fsdp_float8_all_gather`)."""
 
     stage: int
     shard_group: int = 0
@@ -40,6 +50,7 @@ class Zero:
     sharded: int = field(default=0, compare=False)
     """Dense variables sharded (for the words of a mix)."""
     dense: int = field(default=0, compare=False)
+    fp8_gather: bool = False
 
     def words(self) -> str:
         if self.stage == 0:
@@ -47,7 +58,8 @@ class Zero:
         group = f" in groups of {self.shard_group}" if self.shard_group else ""
         name = "FSDP (ZeRO-3)" if self.stage == 3 else f"ZeRO-{self.stage}"
         part = f" for {self.sharded} of {self.dense} dense variables" if self.mixed and self.dense else ""
-        return f"{name}{group}{part}"
+        gather = " with fp8 all-gathers" if self.fp8_gather else ""
+        return f"{name}{group}{part}{gather}"
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,9 @@ def mesh_of_row(space: Space, batch: CandidateBatch, i: int) -> MeshChoice:
         sequence_parallel=bool(batch.sequence_parallel[i]),
         micro_batch_size=int(batch.micro_batch_size[i]),
         precision=int(batch.precision[i]),
+        selective_op=bool(batch.selective_op[i]),
+        compile=bool(batch.compile[i]),
+        async_tp=bool(batch.async_tp[i]),
     )
     index = space.mesh_index.get(found)
     return space.meshes[index] if index is not None else found
@@ -86,7 +101,14 @@ def zero_of_row(space: Space, batch: CandidateBatch, i: int) -> Zero:
         return Zero(0)
     stage = int(np.bincount(batch.zero_stage[i][dense][sharded]).argmax())
     mixed = not bool(sharded.all())
-    return Zero(stage, int(batch.shard_group[i]), mixed, sharded=int(sharded.sum()), dense=len(sharded))
+    return Zero(
+        stage,
+        int(batch.shard_group[i]),
+        mixed,
+        sharded=int(sharded.sum()),
+        dense=len(sharded),
+        fp8_gather=stage == 3 and bool(batch.fp8_gather[i]),
+    )
 
 
 DIMENSIONS = (
@@ -99,9 +121,14 @@ DIMENSIONS = (
     "schedule",
     "recompute",
     "sequence parallel",
+    "async tensor parallel",
+    "compile",
     "precision",
     "zero",
+    "fp8 all-gather",
 )
+ZERO_DIMENSIONS = {"zero": ("zero", "shard group"), "fp8 all-gather": ("fp8 all-gather",)}
+"""The dimensions of the ZeRO setting, by the name a move draws (`zero` covers the shard group too)."""
 
 
 def changes(space: Space, batch: CandidateBatch, i: int, only: str | None = None) -> list[Change]:
@@ -109,9 +136,13 @@ def changes(space: Space, batch: CandidateBatch, i: int, only: str | None = None
     group too)."""
     mesh = mesh_of_row(space, batch, i)
     out = [Change(dimension, mesh=m) for dimension, m in layout_neighbours(space, mesh, only)]
-    if only in (None, "zero"):
+    if only is None or only in ZERO_DIMENSIONS:
         zero = zero_of_row(space, batch, i)
-        out += [Change(dimension, zero=z) for dimension, z in zero_neighbours(space, mesh, zero)]
+        out += [
+            Change(dimension, zero=z)
+            for dimension, z in zero_neighbours(space, mesh, zero)
+            if only is None or dimension in ZERO_DIMENSIONS[only]
+        ]
     return out
 
 
@@ -133,6 +164,7 @@ def apply(space: Space, batch: CandidateBatch, rows: np.ndarray, change: Change)
 
 def write_zero(space: Space, batch: CandidateBatch, rows: np.ndarray, zero: Zero) -> None:
     dense = ~space.context.var_sparse
+    batch.fp8_gather[rows] = zero.fp8_gather
     if zero.stage == 0:
         set_allreduce(batch, rows, dense)
         set_fusion(space, batch, rows, FUSION_BYTES)
@@ -177,11 +209,15 @@ def layout_neighbours(space: Space, mesh: MeshChoice, only: str | None = None) -
     if wanted("recompute"):
         for mode in rules.recompute_modes(p):
             if mode != mesh.recompute_mode:
-                out.append(
-                    ("recompute", complete(space, mesh, recompute=mode == "full", selective=mode == "selective"))
-                )
+                out.append(("recompute", complete(space, mesh, **recompute_flags(mode))))
     if wanted("sequence parallel") and t > 1 and rules.sequence_parallel:
         out.append(("sequence parallel", complete(space, mesh, sequence_parallel=not mesh.sequence_parallel)))
+    if wanted("async tensor parallel") and rules.async_tp_ok(
+        t, sequence_parallel=mesh.sequence_parallel, compile=mesh.compile
+    ):
+        out.append(("async tensor parallel", complete(space, mesh, async_tp=not mesh.async_tp)))
+    if wanted("compile"):
+        out += [("compile", complete(space, mesh, compile=other)) for other in rules.compiles if other != mesh.compile]
     if wanted("precision"):
         for precision in rules.precisions:
             if precision != mesh.precision and rules.precision_ok(precision, t):
@@ -190,23 +226,27 @@ def layout_neighbours(space: Space, mesh: MeshChoice, only: str | None = None) -
 
 
 def zero_neighbours(space: Space, mesh: MeshChoice, zero: Zero) -> list[tuple[str, Zero]]:
+    """Each other ZeRO stage (fp8 all-gathers kept only at stage 3), the shard groups, and fp8 all-gathers
+    switched at ZeRO-3 where the rules allow them."""
     if not (~space.context.var_sparse).any():
         return []
     if zero.stage == 0:
         return [("zero", Zero(stage)) for stage in (1, 2, 3)]
     groups = [0, *space.rules.shard_groups(mesh.data, mesh.tensor, mesh.pipeline, mesh.context)]
-    out = [("zero", replace(zero, stage=stage)) for stage in (1, 2, 3) if stage != zero.stage]
+    out = [("zero", replace(zero, stage=stage, fp8_gather=False)) for stage in (1, 2, 3) if stage != zero.stage]
     out.append(("zero", Zero(0)))
     if zero.mixed:
-        out.append(("zero", Zero(zero.stage, zero.shard_group)))
+        out.append(("zero", Zero(zero.stage, zero.shard_group, fp8_gather=zero.fp8_gather)))
     out += [("shard group", replace(zero, shard_group=g)) for g in groups if g != zero.shard_group]
+    if zero.stage == 3 and space.rules.fp8_gather_ok(mesh.precision):
+        out.append(("fp8 all-gather", replace(zero, fp8_gather=not zero.fp8_gather)))
     return out
 
 
 def complete(space: Space, mesh: MeshChoice, **changes: Any) -> MeshChoice | None:
     """`mesh` with `changes`, repaired to the rules: micro-batches, schedule, recomputation, sequence
-    parallelism and precision kept where still legal, stages re-cut where the split changed; None where
-    no legal layout has these degrees."""
+    parallelism, async tensor parallelism, precision and compile kept where still legal, stages re-cut
+    where the split changed; None where no legal layout has these degrees."""
     want = replace(mesh, **changes)
     rules = space.rules
     t, p, c = want.tensor, want.pipeline, want.context
@@ -224,6 +264,8 @@ def complete(space: Space, mesh: MeshChoice, **changes: Any) -> MeshChoice | Non
     )
     mode = want.recompute_mode if want.recompute_mode in rules.recompute_modes(p) else "none"
     precision = want.precision if rules.precision_ok(want.precision, t) else rules.precisions[0]
+    compile = want.compile if want.compile in rules.compiles else rules.compiles[0]
+    sequence = want.sequence_parallel and t > 1 and rules.sequence_parallel
     same_cut = (t, p, virtual) == (mesh.tensor, mesh.pipeline, mesh.virtual_stages)
     stage = mesh.layer_stage if same_cut else space.cuts.balanced(t, p * virtual)
     return MeshChoice(
@@ -234,13 +276,14 @@ def complete(space: Space, mesh: MeshChoice, **changes: Any) -> MeshChoice | Non
         schedule=schedule,
         layer_stage=stage if p > 1 else (),
         split=(mesh.split if same_cut else "compute") if p > 1 else "",
-        recompute=mode == "full",
         context=c,
         virtual_stages=virtual,
-        selective=mode == "selective",
-        sequence_parallel=want.sequence_parallel and t > 1 and rules.sequence_parallel,
+        sequence_parallel=sequence,
         micro_batch_size=size,
         precision=precision,
+        compile=compile,
+        async_tp=want.async_tp and rules.async_tp_ok(t, sequence_parallel=sequence, compile=compile),
+        **recompute_flags(mode),
     )
 
 
@@ -333,9 +376,20 @@ DIMENSION_WORDS = {
     "schedule": "the pipeline schedule",
     "recompute": "recomputation",
     "sequence parallel": "sequence parallelism",
+    "async tensor parallel": "async tensor parallelism",
+    "compile": "compiling the blocks",
     "precision": "the precision",
     "zero": "the ZeRO stage",
     "shard group": "the hybrid shard group",
+    "fp8 all-gather": "gathering fp8 weights in fp8",
+}
+
+
+RECOMPUTE_WORDS = {
+    "none": "no recomputation",
+    "selective": "selective recomputation",
+    "selective-op": "per-op checkpointing",
+    "full": "full recomputation",
 }
 
 
@@ -363,11 +417,15 @@ def value_words(dimension: str, mesh: MeshChoice, zero: Zero) -> str:
         chunks = f" with {mesh.virtual_stages} chunks per rank" if mesh.virtual_stages > 1 else ""
         return f"the {SCHEDULE_NAMES[Schedule(mesh.schedule)]} schedule{chunks}"
     if dimension == "recompute":
-        return {"none": "no recomputation", "selective": "selective recomputation", "full": "full recomputation"}[
-            mesh.recompute_mode
-        ]
+        return RECOMPUTE_WORDS[mesh.recompute_mode]
     if dimension == "sequence parallel":
         return "sequence parallelism" if mesh.sequence_parallel else "no sequence parallelism"
+    if dimension == "async tensor parallel":
+        return "async tensor parallelism" if mesh.async_tp else "tensor-parallel collectives after their matmuls"
+    if dimension == "compile":
+        return "compiled blocks" if mesh.compile else "eager blocks"
     if dimension == "precision":
         return PRECISION_LABELS[Precision(mesh.precision)]
+    if dimension == "fp8 all-gather":
+        return "fp8 all-gathers" if zero.fp8_gather else "bf16 all-gathers"
     return zero.words()

@@ -12,7 +12,8 @@ below is one idea from the literature, instantiated over a few settings:
 - `by_position`: all-reduce where backward hides it, servers where it cannot;
 - `compressed_allreduce` / `relaxed_ps`: only when the caller allows compression / SSP and ASP;
 - `mesh_layouts`: Megatron-style — every layout the space starts from (`meshes.py`), with fused
-  all-reduce over the data-parallel group, and with the dense variables at ZeRO stage 1, 2 and 3;
+  all-reduce over the data-parallel group, and with the dense variables at ZeRO stage 1, 2 and 3 (at
+  fp8, ZeRO-3 gathering the fp8 weights in fp8, torchtitan's float8 recipe);
 - `autosync_samples`: AutoSync-style sampling, one random choice per (size, sparsity, position) class.
 """
 
@@ -76,6 +77,7 @@ def structured_proposals(space: Space, max_shards: int) -> Proposals:
     ]
     batch = CandidateBatch.allocate(space.context, len(writers), max_shards=max_shards)
     batch.precision[:] = space.precision
+    batch.compile[:] = space.compile
     labels = []
     for i, (label, write) in enumerate(writers):
         write(space, batch, np.array([i]))
@@ -173,7 +175,8 @@ def relaxed_ps(space: Space) -> list[tuple[str, RowWriter]]:
 def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
     """Every layout the space starts from other than plain data parallelism, with all-reduce fused in 25 MB
     buckets over the data-parallel group, and with the dense variables ZeRO-sharded at stages 1, 2 and 3
-    (optimizer state; and gradients; and parameters, FSDP) for layouts short of memory."""
+    (optimizer state; and gradients; and parameters, FSDP) for layouts short of memory; FSDP gathers fp8
+    weights in fp8 where the rules allow it (the descent tries it off)."""
     out = []
     for index in _layout_order(space):
         mesh = space.meshes[index]
@@ -211,6 +214,8 @@ def mesh_row(index: int, *, sharded: bool = False, stage: int = 2) -> RowWriter:
         if sharded:
             set_zero(batch, rows, stage)
         set_mesh(space, batch, rows, index)
+        mesh = space.meshes[index]
+        batch.fp8_gather[rows] = sharded and stage == 3 and space.rules.fp8_gather_ok(mesh.precision)
 
     return write
 
@@ -360,6 +365,7 @@ def autosync_samples(space: Space, n: int, rng: np.random.Generator, max_shards:
     """
     batch = CandidateBatch.allocate(space.context, n, max_shards=max_shards)
     batch.precision[:] = space.precision
+    batch.compile[:] = space.compile
     if n == 0:
         return Proposals(batch, [])
     classes = variable_classes(space)

@@ -54,6 +54,10 @@ def signatures(space: Space, batch: CandidateBatch) -> np.ndarray:
             batch.micro_batch_size,
             batch.precision,
             batch.shard_group,
+            batch.selective_op,
+            batch.compile,
+            batch.async_tp,
+            batch.fp8_gather,
         ],
         axis=1,
     )

@@ -16,8 +16,8 @@ Simplicity, simplest first (`simplicity_of`, from the Strategy document alone):
 3. `searched`: anything else: mixed synchronizers, partitions, a tensor/pipeline/context layout,
    compression, relaxed consistency.
 
-Gradient accumulation, activation recomputation and precision do not count: each is one switch in
-every trainer. Among candidates of one kind the faster is preferred, so "the best builder" is the
+Gradient accumulation, activation recomputation, precision, compile, async tensor parallelism and fp8
+all-gathers do not count: each is one switch in every trainer. Among candidates of one kind the faster is preferred, so "the best builder" is the
 fastest builder within the bar.
 
 The bar is the fastest candidate's own uncertainty: with the learned correction, the upper half of its

@@ -12,13 +12,14 @@ Knobs, per trainable variable:
 Global knobs: consistency (BSP; SSP with a staleness bound and ASP only with `allow_async`) and the
 layout (`MeshChoice`, `meshes.py`: data × tensor × pipeline × context degrees with tensor groups inside
 a node, stage splits balanced by compute, micro-batches, schedule and virtual stages, recomputation,
-sequence parallelism and precision, each within `dimensions.Rules`), plus the ZeRO stage and hybrid
-shard group of the sharded variables.
+sequence parallelism, precision, compile and async tensor parallelism, each within `dimensions.Rules`),
+plus the ZeRO stage, hybrid shard group and fp8 all-gathers of the sharded variables.
 
 Constraints: a sparse variable is held by parameter servers and partitioned along its rows (axis 0),
 because only a server moves just the rows a step touches; lossy compression and non-BSP consistency
 change the training math, so they are off unless the caller allows them, and so is a precision other
-than the request's; under a global batch every candidate trains exactly that many samples per step;
+than the request's; compile is the request's too (whether the user's trainer compiles) unless the caller
+allows the search to change it; under a global batch every candidate trains exactly that many samples per step;
 memory feasibility is the simulator's verdict per candidate, so `space_size` counts candidates before
 that check.
 """
@@ -64,6 +65,12 @@ class SearchOptions:
     allow_precision: bool = False
     precision: str = "fp32"
     """The numerics the user trains in (`Strategy.precision`); the only one offered unless `allow_precision`."""
+    compile: bool = False
+    """Whether the user's trainer compiles its blocks (`Strategy.compile`); every candidate carries it unless
+    `allow_compile`."""
+    allow_compile: bool = False
+    """The search may change `compile`: compiling is a change to the user's training script (compile time,
+    graph breaks in their model), not to its math, but still the user's to make."""
     global_batch: int | None = None
     """Samples per optimizer step over all replicas, part of the user's numerics: every candidate trains
     exactly this many, the graph read at the micro-batch. None: the graph's batch is a replica's step."""
@@ -82,6 +89,8 @@ class SearchOptions:
             "allow_async": self.allow_async,
             "allow_precision": self.allow_precision,
             "precision": self.precision,
+            "compile": self.compile,
+            "allow_compile": self.allow_compile,
             "global_batch": self.global_batch,
             "runner": self.runner,
         }
@@ -92,6 +101,9 @@ def option_problems(options: SearchOptions) -> list[str]:
     problems = []
     if options.precision not in PRECISION_NAMES:
         problems.append(f"precision: {options.precision!r} is not one of {', '.join(PRECISION_NAMES)}")
+    for name in ("compile", "allow_compile"):
+        if not isinstance(getattr(options, name), bool):
+            problems.append(f"{name}: must be true or false, got {getattr(options, name)!r}")
     batch = options.global_batch
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         problems.append(f"global_batch: must be a positive integer or null, got {batch!r}")
@@ -146,6 +158,8 @@ class Space:
             runner=self.options.runner,
             precision=self.options.precision_value,
             allow_precision=self.options.allow_precision,
+            compile=self.options.compile,
+            allow_compile=self.options.allow_compile,
             global_batch=self.options.global_batch,
         )
         self.cuts = StageCuts(context, self.rules)
@@ -168,6 +182,11 @@ class Space:
     def precision(self) -> int:
         """The request's precision (`Precision`): every row carries it unless `allow_precision`."""
         return self.rules.precisions[0]
+
+    @property
+    def compile(self) -> bool:
+        """The request's `compile`: every row carries it unless `allow_compile`."""
+        return self.rules.compiles[0]
 
     @property
     def reference_samples(self) -> float | None:
@@ -268,8 +287,9 @@ def size_of(space: Space) -> SpaceSize:
     notes += mesh_notes(space.context, space.rules)
     notes.append(
         "mesh counts the layouts the search starts from; layouts, the legal layouts the descent walks "
-        "(degrees, micro-batches, schedule, recomputation, sequence parallelism, precision); zero, the ZeRO "
-        "stages and hybrid shard groups"
+        "(degrees, micro-batches, schedule, recomputation, sequence parallelism, precision, compile, async "
+        "tensor parallelism); zero, the ZeRO stages (fp8 all-gathers as a fourth where fp8 is offered) and "
+        "hybrid shard groups"
     )
     return SpaceSize(
         log10_candidates=round(float(counts.per_variable.sum()) + fusion + globals_, 3),
@@ -293,17 +313,28 @@ def _layout_knobs(rules: Rules) -> dict[str, float]:
                 data = rules.devices // (tensor * context * pipeline)
                 micro = _micro_options(rules, data, pipeline)
                 per = sum(len(rules.schedules(pipeline, m)) for m in micro)
-                sp = 2 if tensor > 1 and rules.sequence_parallel else 1
+                split = _split_knobs(rules, tensor)
                 precision = sum(rules.precision_ok(p, tensor) for p in rules.precisions)
-                layouts += per * len(rules.recompute_modes(pipeline)) * sp * precision
+                layouts += per * len(rules.recompute_modes(pipeline)) * split * precision
                 groups = max(groups, len(rules.shard_groups(data, tensor, pipeline, context)))
     return {
         "layouts": math.log10(max(layouts, 1)),
         "context": math.log10(len(rules.context)),
         "recompute": math.log10(len(rules.recompute)),
         "precision": math.log10(len(rules.precisions)),
-        "zero": math.log10(3 * (1 + groups)),
+        "compile": math.log10(len(rules.compiles)),
+        "zero": math.log10((3 + int(rules.fp8_gather)) * (1 + groups)),
     }
+
+
+def _split_knobs(rules: Rules, tensor: int) -> int:
+    """Sequence parallelism × compile × async tensor parallelism on a tensor degree: the legal triples."""
+    out = 0
+    for compile in rules.compiles:
+        out += 1
+        if tensor > 1 and rules.sequence_parallel:
+            out += 1 + int(rules.async_tp_ok(tensor, sequence_parallel=True, compile=compile))
+    return out
 
 
 def _micro_options(rules: Rules, data: int, pipeline: int) -> list[int]:
