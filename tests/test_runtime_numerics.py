@@ -283,3 +283,30 @@ def test_fp8_trains_on_an_fp8_gpu(one_rank) -> None:
         optimizer.zero_grad()
         losses.append(float(loss))
     assert losses[-1] < losses[0]
+
+
+def test_per_op_checkpointing_of_a_hugging_face_model_turns_its_kv_cache_off_and_keeps_its_gradients() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from stratagem.runtime.recompute import apply_recomputation
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
+    checkpointed, plain = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    plain.load_state_dict(checkpointed.state_dict())
+    assert checkpointed.config.use_cache
+    apply_recomputation(checkpointed, "selective-op")
+    assert not checkpointed.config.use_cache
+    ids = torch.randint(0, 64, (2, 8))
+    checkpointed(input_ids=ids, labels=ids).loss.backward()
+    plain(input_ids=ids, labels=ids).loss.backward()
+    for (name, a), b in zip(checkpointed.named_parameters(), plain.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name

@@ -187,10 +187,7 @@ def rules_for(
     recompute = ["none"]
     if context.selective_dropped.any():
         recompute.append("selective")
-        refusal = None if engine else op_checkpoint_refusal(context)
-        if refusal is not None:
-            notes.append(f"no per-op checkpointing (selective-op): {refusal}")
-        elif context.op_recomputed.any():
+        if context.op_recomputed.any():
             recompute.append("selective-op")
     if context.layer_recomputed.any():
         recompute.append("full")
@@ -226,20 +223,6 @@ def rules_for(
         graph_batch=context.batch_size,
         notes=tuple(notes),
     )
-
-
-def op_checkpoint_refusal(context: SimContext) -> str | None:
-    """Why `stratagem.distribute` cannot checkpoint this graph's blocks per op, or None. A Hugging Face
-    model keeps its KV cache on in training unless told otherwise (`use_cache`), so each block's forward
-    appends to the cache and the replay in backward runs on a longer one: per-op checkpointing
-    (`create_selective_checkpoint_contexts`) finds ops the forward did not run and stops."""
-    model_class = context.graph.provenance.get("model_class")
-    if isinstance(model_class, str) and model_class.startswith("transformers."):
-        return (
-            "a Hugging Face model's blocks fill their KV cache in forward, so stratagem's runtime would replay "
-            "them differently in backward (runner 'engine' exports it)"
-        )
-    return None
 
 
 def tensor_degrees(context: SimContext, devices: int, per_node: int, *, engine: bool = False) -> list[int]:

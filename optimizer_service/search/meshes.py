@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -143,7 +144,13 @@ class MeshChoice:
         return text
 
 
-def recompute_flags(mode: str) -> dict[str, bool]:
+class RecomputeFlags(TypedDict):
+    recompute: bool
+    selective: bool
+    selective_op: bool
+
+
+def recompute_flags(mode: str) -> RecomputeFlags:
     """A recomputation mode as `MeshChoice`'s fields."""
     return {"recompute": mode == "full", "selective": mode == "selective", "selective_op": mode == "selective-op"}
 

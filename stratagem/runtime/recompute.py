@@ -50,12 +50,24 @@ def apply_recomputation(model: nn.Module, mode: str = "full") -> list[str]:
         raise UnsupportedStrategyError(
             "recompute: the model has no numbered blocks (children of an nn.ModuleList or nn.Sequential) to recompute"
         )
+    _disable_kv_cache(model)
     for name in blocks:
         module = model.get_submodule(name)
         # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the wrapper.
         wrapper = {"full": _recomputed, "selective-op": _op_recomputed}.get(mode, _attention_recomputed)
         module.__dict__["forward"] = functools.partial(wrapper, module.forward)
     return blocks
+
+
+def _disable_kv_cache(model: nn.Module) -> None:
+    """A Hugging Face model left with `use_cache=True` appends each block's keys and values to a cache
+    in forward, so a block replayed in backward runs other ops than it recorded (per-op checkpointing
+    refuses the replay; full recomputation replays on the filled cache). Training needs no cache: turn
+    it off, as Hugging Face's own gradient checkpointing does."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "use_cache", False) is True:
+            config.use_cache = False
 
 
 def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
