@@ -65,7 +65,7 @@ def measure(repeats: int, elements: int = ELEMENTS) -> dict[str, Any]:
     return {
         "elements": elements,
         **{name: round(value, 4) for name, value in medians.items()},
-        "sqrt_zero_over_one": round(medians["sqrt_zeros_ms"] / medians["sqrt_ones_ms"], 2),
+        "sqrt_zero_over_one": float(f"{medians['sqrt_zeros_ms'] / medians['sqrt_ones_ms']:.3g}"),
         "adam_slowdown": {
             str(share): round(medians[f"adam_zero_share_{share}_ms"] / dense, 2) for share in ZERO_SHARES
         },

@@ -14,7 +14,9 @@ def test_reports_every_zero_share_and_the_slowdowns_it_derives() -> None:
     assert report["adam_slowdown"]["0.0"] == 1.0
     for share in bench.ZERO_SHARES:
         assert report[f"adam_zero_share_{share}_ms"] > 0
-    assert report["sqrt_zero_over_one"] == pytest.approx(report["sqrt_zeros_ms"] / report["sqrt_ones_ms"], rel=0.05)
+    assert report["sqrt_zero_over_one"] == pytest.approx(
+        report["sqrt_zeros_ms"] / report["sqrt_ones_ms"], rel=0.05, abs=2e-3
+    )
 
 
 def test_zero_gradients_leave_the_adam_state_at_zero() -> None:
