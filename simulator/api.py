@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 
 from simulator.codec import check_all, encode
 from simulator.context import SimContext, compile_context
 from simulator.prediction import Prediction, predictions
 from simulator.step_graph import step_graph
+from stratagem.bounded_cache import BoundedCache
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
@@ -19,24 +18,12 @@ SIMULATOR_VERSION = "principled-1.23"
 log = logging.getLogger(__name__)
 
 CACHE_SIZE = 8
-_contexts: OrderedDict[tuple[str | None, str | None], SimContext] = OrderedDict()
-_lock = threading.Lock()
+_contexts: BoundedCache[tuple[str | None, str | None], SimContext] = BoundedCache(CACHE_SIZE)
 
 
 def context_for(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     """A compiled context, reused while the same (graph id, resources id) keeps coming back."""
-    key = (graph.id, resources.id)
-    with _lock:
-        context = _contexts.get(key)
-        if context is not None:
-            _contexts.move_to_end(key)
-            return context
-    context = compile_context(graph, resources)
-    with _lock:
-        _contexts[key] = context
-        while len(_contexts) > CACHE_SIZE:
-            _contexts.popitem(last=False)
-    return context
+    return _contexts.get((graph.id, resources.id), lambda: compile_context(graph, resources))
 
 
 def simulate(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> list[Prediction]:

@@ -53,7 +53,7 @@ _COMPRESSORS = {
     "topk": CompressorKind.TOPK,
 }
 _CONSISTENCIES = {"bsp": ConsistencyKind.BSP, "ssp": ConsistencyKind.SSP, "asp": ConsistencyKind.ASP}
-_PRECISIONS = {
+PRECISION_CODES = {
     "fp32": Precision.FP32,
     "tf32": Precision.TF32,
     "amp-fp16": Precision.AMP_FP16,
@@ -61,7 +61,8 @@ _PRECISIONS = {
     "bf16": Precision.BF16,
     "fp8": Precision.FP8,
 }
-_PRECISION_NAMES = {value: name for name, value in _PRECISIONS.items()}
+"""`Strategy.precision`'s names and the codes a row holds (the search offers the same names)."""
+_PRECISION_NAMES = {value: name for name, value in PRECISION_CODES.items()}
 _SCHEDULES = {
     "1f1b": Schedule.ONE_F_ONE_B,
     "gpipe": Schedule.GPIPE,
@@ -107,7 +108,7 @@ def _encode_row(context: SimContext, b: CandidateBatch, i: int, strategy: Strate
     b.recompute[i] = strategy.recompute == "full"
     b.selective[i] = strategy.recompute == "selective"
     b.selective_op[i] = strategy.recompute == "selective-op"
-    b.precision[i] = _PRECISIONS[strategy.precision]
+    b.precision[i] = PRECISION_CODES[strategy.precision]
     b.sequence_parallel[i] = strategy.sequence_parallel
     b.micro_batch_size[i] = strategy.micro_batch_size or 0
     b.async_tp[i] = strategy.async_tensor_parallel

@@ -320,20 +320,24 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
     if knobs.size:
         shapes: dict[activations.Shape, float] = {}
         for i in knobs.tolist():
-            shape = activations.Shape(
-                tensor=int(batch.tensor[i]),
-                context_parallel=int(batch.context_parallel[i]),
-                sequence_parallel=bool(batch.sequence_parallel[i]),
-                precision=int(batch.precision[i]),
-                selective=bool(batch.selective[i]),
-                recompute=bool(batch.recompute[i]),
-                selective_op=bool(batch.selective_op[i]),
-                gpu=bool(gpu[i]),
-            )
+            shape = _row_shape(batch, i, gpu=bool(gpu[i]))
             if shape not in shapes:
                 shapes[shape] = float(activations.held(context, shape).sum()) + activations.rebuilt(context, shape)
             out[i] = shapes[shape]
     return out
+
+
+def _row_shape(batch: CandidateBatch, i: int, *, gpu: bool) -> activations.Shape:
+    return activations.Shape(
+        tensor=int(batch.tensor[i]),
+        context_parallel=int(batch.context_parallel[i]),
+        sequence_parallel=bool(batch.sequence_parallel[i]),
+        precision=int(batch.precision[i]),
+        selective=bool(batch.selective[i]),
+        recompute=bool(batch.recompute[i]),
+        selective_op=bool(batch.selective_op[i]),
+        gpu=gpu,
+    )
 
 
 def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) -> np.ndarray:
@@ -344,16 +348,7 @@ def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) 
     gpu = np.array([spec.is_gpu for spec in context.kinds.specs], dtype=bool)[topo.kind]
     shapes: dict[activations.Shape, float] = {}
     for i in np.flatnonzero(gpu).tolist():
-        shape = activations.Shape(
-            tensor=int(batch.tensor[i]),
-            context_parallel=int(batch.context_parallel[i]),
-            sequence_parallel=bool(batch.sequence_parallel[i]),
-            precision=int(batch.precision[i]),
-            selective=bool(batch.selective[i]),
-            recompute=bool(batch.recompute[i]),
-            selective_op=bool(batch.selective_op[i]),
-            gpu=True,
-        )
+        shape = _row_shape(batch, i, gpu=True)
         if shape not in shapes:
             shapes[shape] = activations.backward_extra(context, shape, activations.held(context, shape))
         out[i] = shapes[shape]

@@ -12,12 +12,11 @@ graph records; the weights a layer reads are not, and stay.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from stratagem.bounded_cache import BoundedCache
 from stratagem.ir import ModelGraph
 
 if TYPE_CHECKING:
@@ -26,25 +25,14 @@ if TYPE_CHECKING:
 
 CACHED = 16
 
-_graphs: OrderedDict[tuple[str | None, int], ModelGraph] = OrderedDict()
-_lock = threading.Lock()
+_graphs: BoundedCache[tuple[str | None, int], ModelGraph] = BoundedCache(CACHED)
 
 
 def step_graph(graph: ModelGraph, samples: int) -> ModelGraph:
     """`graph` scaled to `samples` per replica step (cached per graph and sample count)."""
     if samples == graph.batch_size:
         return graph
-    key = (graph.id, samples)
-    with _lock:
-        found = _graphs.get(key)
-    if found is not None:
-        return found
-    scaled = _scaled(graph, samples)
-    with _lock:
-        _graphs[key] = scaled
-        while len(_graphs) > CACHED:
-            _graphs.popitem(last=False)
-    return scaled
+    return _graphs.get((graph.id, samples), lambda: _scaled(graph, samples))
 
 
 def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:

@@ -9,11 +9,10 @@ sharded at the layout's ZeRO level.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from stratagem.architecture import architecture_of
+from stratagem.bounded_cache import BoundedCache
 from stratagem.errors import InvalidLayoutError, Problem
 from stratagem.ir import (
     AllReduceSynchronizer,
@@ -198,9 +197,8 @@ def ddp_buckets(graph: ModelGraph) -> list[int]:
     return bucket
 
 
-_SPLITS: OrderedDict[str | None, list[Split]] = OrderedDict()
-_LOCK = threading.Lock()
 CACHED_GRAPHS = 8
+_SPLITS: BoundedCache[str | None, list[Split]] = BoundedCache(CACHED_GRAPHS)
 
 
 def tensor_plan_for(graph: ModelGraph, degree: int) -> list[TensorParallelLayer]:
@@ -208,12 +206,5 @@ def tensor_plan_for(graph: ModelGraph, degree: int) -> list[TensorParallelLayer]
     (pricing many layouts of one model plans it once)."""
     if degree <= 1:
         return []
-    with _LOCK:
-        splits = _SPLITS.get(graph.id)
-    if splits is None:
-        splits = candidate_splits(graph)
-        with _LOCK:
-            _SPLITS[graph.id] = splits
-            while len(_SPLITS) > CACHED_GRAPHS:
-                _SPLITS.popitem(last=False)
+    splits = _SPLITS.get(graph.id, lambda: candidate_splits(graph))
     return [split.layer for split in splits if split.length % degree == 0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -35,6 +35,14 @@ async def ingested(state: ServiceState, kind: Kind, request: Request) -> dict[st
         raise unavailable("the database is not ready")
     body = await request.body()
     return await state.ingest.run(kind, body, request.headers.get("content-type"), state.factory)
+
+
+async def uploaded(state: ServiceState, kind: Kind, request: Request, response: Response) -> dict[str, Any]:
+    """`ingested` for an upload of a content-addressed document: 201 when it is new, 200 when the same
+    document was stored before (so a client may upload unconditionally)."""
+    stored = await ingested(state, kind, request)
+    response.status_code = 201 if stored.pop("created") else 200
+    return stored
 
 
 def openapi_with_bodies(app: FastAPI, bodies: list[type[BaseModel]]) -> dict[str, Any]:

@@ -108,7 +108,9 @@ class SearchOptions(Body):
     strategy exports to, torchtitan and Megatron-LM: every layout of the model's blocks, context parallelism)."""
 
 
-class OptimizeInput(Body):
+class ProblemInput(Body):
+    """The model and the cluster a request is about, each given inline or by the id of a stored one."""
+
     graph: ModelGraph | None = None
     graph_id: ContentId | None = None
     resources: ResourcesInput | None = None
@@ -116,6 +118,18 @@ class OptimizeInput(Body):
     resource_id: ContentId | None = None
     device: str = Field(default="T4", min_length=1, max_length=64)
     """GPU kind of the nodes of an AutoDist resource spec, which does not say."""
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> Self:
+        for document, reference in (("graph", "graph_id"), ("resources", "resource_id")):
+            given = [name for name in (document, reference) if getattr(self, name) is not None]
+            if len(given) != 1:
+                how = "both were given" if given else "neither was given"
+                raise ValueError(f"{document}: give exactly one of '{document}' and '{reference}'; {how}")
+        return self
+
+
+class OptimizeInput(ProblemInput):
     max_trials: int | None = Field(default=None, ge=0, le=64)
     """Real trials of the best candidates; 0 answers from the simulator alone."""
     objective: Literal["throughput"] = "throughput"
@@ -123,19 +137,6 @@ class OptimizeInput(Body):
     current: CurrentInput | None = None
     """The configuration the user runs today (a Layout, its short form, or a Strategy): priced beside the
     answer, which states its predicted speed-up over it. Checked against the graph and cluster at submission."""
-
-    @model_validator(mode="after")
-    def _one_of_each(self) -> Self:
-        _check_one_of_each(self)
-        return self
-
-
-def _check_one_of_each(request: BaseModel) -> None:
-    for document, reference in (("graph", "graph_id"), ("resources", "resource_id")):
-        given = [name for name in (document, reference) if getattr(request, name) is not None]
-        if len(given) != 1:
-            how = "both were given" if given else "neither was given"
-            raise ValueError(f"{document}: give exactly one of '{document}' and '{reference}'; {how}")
 
 
 def _layout_text(value: Any) -> Any:
@@ -145,23 +146,15 @@ def _layout_text(value: Any) -> Any:
 LayoutInput = Annotated[Layout, BeforeValidator(_layout_text)]
 
 
-class PredictInput(Body):
+class PredictInput(ProblemInput):
     """Up to 64 layouts or strategies to price on one cluster, synchronously, storing nothing."""
 
-    graph: ModelGraph | None = None
-    graph_id: ContentId | None = None
-    resources: ResourcesInput | None = None
-    """A ResourceSpec, or the text of an AutoDist resource_spec.yml."""
-    resource_id: ContentId | None = None
-    device: str = Field(default="T4", min_length=1, max_length=64)
-    """GPU kind of the nodes of an AutoDist resource spec, which does not say."""
     layouts: list[LayoutInput] = Field(default_factory=list, max_length=MAX_PREDICT_ITEMS)
     """Layout documents, or their short form `"dp=8,tp=4,pp=2,mb=1,gbs=512,precision=amp-bf16"`."""
     strategies: list[Strategy] = Field(default_factory=list, max_length=MAX_PREDICT_ITEMS)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        _check_one_of_each(self)
         count = len(self.layouts) + len(self.strategies)
         if not 1 <= count <= MAX_PREDICT_ITEMS:
             raise ValueError(f"layouts: give 1 to {MAX_PREDICT_ITEMS} layouts and strategies in all, got {count}")

@@ -30,7 +30,7 @@ from optimizer_service.core.documents import (
     store_resources,
 )
 from optimizer_service.core.errors import document_rejected, not_found, queue_full, rejected
-from optimizer_service.core.inputs import JobOptions, OptimizeInput, PredictInput
+from optimizer_service.core.inputs import JobOptions, OptimizeInput, ProblemInput
 from optimizer_service.settings import Settings
 from stratagem.errors import InvalidDocumentError, UnsupportedStrategyError
 from stratagem.ir import MeasuredPerformance, ModelGraph, PredictedPerformance, ResourceSpec, Strategy
@@ -112,14 +112,14 @@ def current_configuration(session: Session, request: OptimizeInput) -> Layout | 
     return current
 
 
-def graph_document(session: Session, request: OptimizeInput | PredictInput) -> ModelGraph:
+def graph_document(session: Session, request: ProblemInput) -> ModelGraph:
     """The request's graph: inline, or the stored one it names."""
     if request.graph is not None:
         return request.graph
     return load_graph(get_graph_row(session, str(request.graph_id), loc=["body", "graph_id"]))
 
 
-def resources_document(session: Session, request: OptimizeInput | PredictInput) -> ResourceSpec:
+def resources_document(session: Session, request: ProblemInput) -> ResourceSpec:
     """The request's cluster: inline, AutoDist YAML text read as such, or the stored one it names."""
     if request.resource_id is not None:
         return load_resources(get_resources_row(session, request.resource_id, loc=["body", "resource_id"]))

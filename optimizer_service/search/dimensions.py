@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.codec import PRECISION_CODES
 from simulator.context import SimContext
 from simulator.encoding import Precision, Schedule
 from stratagem.architecture import architecture_of
@@ -57,14 +58,7 @@ VIRTUAL_STAGES = (2, 4)
 ZERO_BUBBLE_STAGES = (1, 2)
 """Zero-bubble: ZB-H1 (one chunk per rank) and the V-shaped ZBV (two)."""
 RECOMPUTE = ("none", "selective", "selective-op", "full")
-PRECISION_NAMES = {
-    "fp32": Precision.FP32,
-    "tf32": Precision.TF32,
-    "amp-fp16": Precision.AMP_FP16,
-    "amp-bf16": Precision.AMP_BF16,
-    "bf16": Precision.BF16,
-    "fp8": Precision.FP8,
-}
+PRECISION_NAMES = PRECISION_CODES
 RUNNERS = ("stratagem", "engine")
 
 

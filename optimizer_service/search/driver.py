@@ -20,10 +20,7 @@ so pass `time_budget_s=None` (or a generous one) when runs must be comparable.
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -36,6 +33,7 @@ from optimizer_service.search.proposals import autosync_samples, structured_prop
 from optimizer_service.search.space import SearchOptions, Space, option_problems
 from simulator import SimContext, context_for, encode, to_strategy
 from stratagem.builders import all_builders
+from stratagem.collector import collector_paused
 from stratagem.errors import InvalidDocumentError, Problem, StratagemError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
@@ -95,7 +93,7 @@ def search(
         global_batch=global_batch,
         runner=runner,
     )
-    with _collector_paused():
+    with collector_paused():
         return _search(
             graph,
             resources,
@@ -106,21 +104,6 @@ def search(
             progress=progress,
             options=options,
         )
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused for the search: the search allocates objects fast enough to
-    trigger full collections, and in a process holding a captured graph and a service each one took
-    0.2-0.3 s, a sixth of a 2 s budget at a random moment. Reference counting still frees nearly
-    everything; the cycles left wait for the next collection after the search."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _search(

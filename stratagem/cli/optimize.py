@@ -27,6 +27,7 @@ from stratagem.cli.capture import (
     parse_overrides,
     resolve_builder,
 )
+from stratagem.cli.configs import CONFIG_FILES, add_format_argument, config_layout
 from stratagem.cli.files import check_output, json_reason, parse_json, read_text, write_text
 from stratagem.cli.jobs import candidates_table, connect, connection_options, positive_int
 from stratagem.errors import CaptureError, InvalidResourceSpecError, Problem, StratagemError
@@ -76,15 +77,9 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="the trainer config you run today, priced beside the answer: torchtitan .toml, DeepSpeed .json, "
-        "Accelerate .yaml, or a file of Megatron-LM arguments",
+        help=f"the trainer config you run today, priced beside the answer: {CONFIG_FILES}",
     )
-    parser.add_argument(
-        "--current-config-format",
-        choices=("torchtitan", "deepspeed", "megatron", "accelerate"),
-        default=None,
-        help="read --current-config as this engine's (default: by suffix)",
-    )
+    add_format_argument(parser, "--current-config", "--current-config")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the job (default 3600)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("-o", "--output", type=Path, default=None, help="where to write the best strategy JSON")
@@ -136,11 +131,7 @@ def current_layout(args: argparse.Namespace) -> Any:
     if args.current is not None:
         return Layout.from_string(args.current)
     if args.current_config is not None:
-        from stratagem.cli.predict import config_layout
-
-        if not args.current_config.exists():
-            raise StratagemError(f"--current-config: {args.current_config}: no such file")
-        return config_layout(args.current_config, args.current_config_format)
+        return config_layout(args.current_config, args.current_config_format, "--current-config")
     if args.current_config_format is not None:
         raise StratagemError("--current-config-format: says how to read --current-config, which was not given")
     return None

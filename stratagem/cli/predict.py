@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from stratagem.cli.capture import add_builder_arguments, optimizer_kind
+from stratagem.cli.configs import CONFIG_FILES, add_format_argument, config_layout
 from stratagem.cli.files import json_reason, parse_json, read_text
 from stratagem.cli.jobs import positive_int
 from stratagem.cli.optimize import capture_model, read_resources
 from stratagem.errors import CaptureError, InvalidDocumentError, StratagemError, UnsupportedStrategyError
 
-ENGINE_SUFFIXES = {".toml": "torchtitan", ".json": "deepspeed", ".yaml": "accelerate", ".yml": "accelerate"}
-"""A `--config` file's engine by suffix; anything else is read as Megatron-LM arguments."""
 LABEL_WIDTH = 22
 
 
@@ -50,15 +49,9 @@ def register(subparsers: Any) -> None:
         default=[],
         type=Path,
         metavar="FILE",
-        help="a trainer config priced as its layout, repeatable: torchtitan .toml, DeepSpeed .json, "
-        "Accelerate .yaml, or a file of Megatron-LM arguments",
+        help=f"a trainer config priced as its layout, repeatable: {CONFIG_FILES}",
     )
-    parser.add_argument(
-        "--config-format",
-        choices=("torchtitan", "deepspeed", "megatron", "accelerate"),
-        default=None,
-        help="read every --config as this engine's (default: by suffix)",
-    )
+    add_format_argument(parser, "--config", "every --config")
     parser.add_argument("--batch", type=positive_int, default=None, help="micro-batch to capture a model at")
     parser.add_argument("--seq", type=positive_int, default=None, help="sequence length of a Hugging Face config")
     add_builder_arguments(parser)
@@ -103,20 +96,6 @@ def _by_origin(error: InvalidDocumentError | UnsupportedStrategyError, origins: 
         else:
             lines.append(f"{path}: {reason}" if reason else path)
     return "; ".join(lines)
-
-
-def config_layout(path: Path, engine: str | None) -> Any:
-    from stratagem.layout import Layout
-
-    text = read_text(path, "--config")
-    engine = engine or ENGINE_SUFFIXES.get(path.suffix.lower(), "megatron")
-    readers = {
-        "torchtitan": Layout.from_torchtitan,
-        "deepspeed": Layout.from_deepspeed,
-        "megatron": lambda words: Layout.from_megatron(words.replace("\\\n", " ")),
-        "accelerate": Layout.from_accelerate,
-    }
-    return readers[engine](text)
 
 
 def load_model(args: argparse.Namespace, layouts: list[Any]) -> Any:

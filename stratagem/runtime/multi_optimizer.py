@@ -24,6 +24,15 @@ import torch
 from stratagem.errors import StratagemError
 
 
+def closure_loss(closure: Callable[[], float] | None) -> float | None:
+    """`Optimizer.step`'s closure evaluated as torch's own optimizers do (with gradients on, since
+    `step` itself runs under `no_grad`)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class MultiOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         parts = list(optimizers)
@@ -42,10 +51,7 @@ class MultiOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for part in self.optimizers:
             part.step()
         return loss

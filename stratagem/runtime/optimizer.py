@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from stratagem.runtime.executor import GradReadiness
+from stratagem.runtime.multi_optimizer import closure_loss
 from stratagem.runtime.stats import StatsRecorder, SyncStats
 from stratagem.runtime.updates import ReplicatedShards, skipping_updates
 
@@ -54,10 +55,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._stats.begin_step()
         apply = self.scaler.ready() if self.scaler is not None else True
         with skipping_updates(not apply):

@@ -141,7 +141,22 @@ def stage_module(model: nn.Module, children: list[str]) -> nn.Sequential:
     return nn.Sequential(OrderedDict((name, model.get_submodule(name)) for name in children))
 
 
-class PipelinedModel(nn.Module):
+class _HeldChunks:
+    """Whether this rank holds the pipeline's first chunk (reads the inputs) or its last (the loss)."""
+
+    indices: list[int]
+    num_stages: int
+
+    @property
+    def is_first(self) -> bool:
+        return 0 in self.indices
+
+    @property
+    def is_last(self) -> bool:
+        return self.num_stages - 1 in self.indices
+
+
+class PipelinedModel(_HeldChunks, nn.Module):
     """This rank's stage (its chunks), trained a whole step at a time: every rank calls `train_step`
     with the same arguments; the rank holding the first chunk reads the inputs, the one holding the
     last the targets, the others neither. `stage` holds every chunk of this rank (its parameters);
@@ -174,14 +189,6 @@ class PipelinedModel(nn.Module):
         scored = self.numerics.loss_fn(_scoring_outputs(loss_fn))
         schedule = schedule_class(config)
         self.schedule = schedule(stages if _multi(config) else stages[0], config.micro_batches, loss_fn=scored)
-
-    @property
-    def is_first(self) -> bool:
-        return 0 in self.indices
-
-    @property
-    def is_last(self) -> bool:
-        return self.num_stages - 1 in self.indices
 
     def train_step(self, *inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of every micro-batch; the mean micro-batch loss on the last stage, else None."""
@@ -292,7 +299,7 @@ def _owning_module(parameter: str, named: set[str]) -> str:
     return candidate or module
 
 
-class TracedPipelinedModel(nn.Module):
+class TracedPipelinedModel(_HeldChunks, nn.Module):
     """This rank's stage of a model that returns its own loss, cut at the beginning of blocks by
     torch.distributed.pipelining's tracer (`parallel_rules.block_cuts`), trained as usual:
     `loss = model(*batch); loss.backward()`. Forward runs the whole step (every micro-batch's forward
@@ -339,14 +346,6 @@ class TracedPipelinedModel(nn.Module):
         self.numerics = numerics or StepNumerics()
         self.schedule: Any = None
         self.shapes: list[tuple[int, ...]] = []
-
-    @property
-    def is_first(self) -> bool:
-        return 0 in self.indices
-
-    @property
-    def is_last(self) -> bool:
-        return self.num_stages - 1 in self.indices
 
     def forward(self, *batch: torch.Tensor) -> torch.Tensor:
         shapes = [tuple(t.shape) for t in batch]

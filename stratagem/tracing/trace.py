@@ -3,7 +3,6 @@ operator trace (forward, backward and an optimizer step, op by op) beside it."""
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_leaves
 
 from stratagem.architecture import zoo_architecture
+from stratagem.collector import collector_paused
 from stratagem.errors import CaptureError, InvalidGraphError, Problem, StratagemError
 from stratagem.ir import ModelGraph, OptimizerSpec
 from stratagem.parallel_rules import BLOCK_LISTS
@@ -55,7 +55,7 @@ def capture(
     names it and `graph.trace` holds it (see `docs/capture.md`).
     """
     _check_arguments(model, batch_size, optimizer)
-    with _collector_paused():
+    with collector_paused():
         return _capture(model, example_inputs, batch_size, optimizer, loss_fn, name, trace)
 
 
@@ -99,20 +99,6 @@ def _capture(
     if operator_trace is not None:
         graph.attach_trace(operator_trace)
     return graph
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Capture allocates hundreds of thousands of short-lived objects, each allocation burst triggering
-    a full collection that walks every fake tensor of the model (0.2 s a time on a 7B decoder); the
-    cycles it leaves are few and are collected after it."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _zoo_name(model: nn.Module) -> str | None:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from models import GraphRow
-from optimizer_service.api.bodies import ingested
+from optimizer_service.api.bodies import uploaded
 from optimizer_service.api.deps import SessionDep, StateDep, WriteAuthDep, require_read_key
 from optimizer_service.api.routes.documents_common import Limit, Offset, checked_id, graph_summary
 from optimizer_service.api.schemas import ErrorPublic, GraphPublic, GraphsPublic
@@ -69,8 +69,7 @@ def graph_public(row: GraphRow, request: Request) -> GraphPublic:
 )
 async def upload_graph(request: Request, response: Response, state: StateDep, _: WriteAuthDep) -> GraphPublic:
     """The body (a `ModelGraph`, or `{graph, trace}`) is parsed, validated and stored off the event loop."""
-    stored = await ingested(state, "graph", request)
-    response.status_code = 201 if stored.pop("created") else 200
+    stored = await uploaded(state, "graph", request, response)
     return GraphPublic(url=str(request.url_for("get_graph", graph_id=stored["id"])), **stored)
 
 

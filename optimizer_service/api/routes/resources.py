@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from models import ResourceSpecRow
-from optimizer_service.api.bodies import ingested, json_body
+from optimizer_service.api.bodies import json_body, uploaded
 from optimizer_service.api.deps import SessionDep, StateDep, WriteAuthDep, require_read_key
 from optimizer_service.api.routes.documents_common import Limit, Offset, checked_id, resources_summary
 from optimizer_service.api.schemas import ErrorPublic, ResourceSpecPublic, ResourceSpecsPublic
@@ -35,8 +35,7 @@ async def upload_resources(
     request: Request, response: Response, state: StateDep, _: WriteAuthDep
 ) -> ResourceSpecPublic:
     """The body (a `ResourceSpec`) is parsed, validated and stored off the event loop."""
-    stored = await ingested(state, "resources", request)
-    response.status_code = 201 if stored.pop("created") else 200
+    stored = await uploaded(state, "resources", request, response)
     url = str(request.url_for("get_resources", resource_id=stored["id"]))
     return ResourceSpecPublic(url=url, **stored)
 
