@@ -8,18 +8,9 @@ import pytest
 from sample_documents import make_cpu_cluster, make_mlp_graph
 
 from stratagem.builders import DataParallel
-from trial_runner import FaultWorkload, Outcome, RayBackend, ReplayWorkload, run_trial
+from trial_runner import FaultWorkload, Outcome, ReplayWorkload, run_trial
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_backend():
-    ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_AUTH_MODE", "disabled")
-        with RayBackend(init_kwargs={"num_cpus": 2}) as backend:
-            yield backend, ray
 
 
 @pytest.fixture(scope="module")
