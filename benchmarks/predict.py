@@ -43,6 +43,7 @@ LLAMA3_70B = {
     "max_position_embeddings": 8192,
     "tie_word_embeddings": False,
 }
+"""Llama-3 70B (meta-llama/Meta-Llama-3-70B config.json): grouped-query attention, 8 key/value heads."""
 GLOBAL_BATCH = 512
 TARGET_S = 1.0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import stratagem
+from benchmarks.lib.serving import service_environment, start_serve, wait_healthy
 from stratagem.ir import ModelGraph
 from stratagem.runtime.launch import free_port
 
@@ -54,7 +54,18 @@ def main() -> None:
     cluster = stratagem.ResourceSpec.from_autodist_yaml(ROOT / "examples" / "specs" / "4x_t4.yml", device="T4")
     with tempfile.TemporaryDirectory(prefix="stratagem-load-") as directory:
         port = free_port()
-        server = start_server(port, Path(directory) / "load.db", workers=args.workers)
+        server = start_serve(
+            port,
+            f"sqlite:///{Path(directory) / 'load.db'}",
+            "--workers",
+            str(args.workers),
+            "--trials-backend",
+            "none",
+            "--log-level",
+            "warning",
+            env=service_environment(STRATAGEM_POLL_INTERVAL_S="0.05", STRATAGEM_PROGRESS_INTERVAL_S="0.2"),
+            stdout=subprocess.DEVNULL,
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, server)
@@ -76,46 +87,6 @@ def small_graph(batch: int) -> ModelGraph:
     """A captured two-layer MLP; the batch size makes each of the graphs distinct."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     return stratagem.capture(model, (torch.randn(batch, 64),), batch_size=batch, name=f"mlp-b{batch}")
-
-
-def start_server(port: int, database: Path, *, workers: int) -> subprocess.Popen[bytes]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")
-    }
-    env.update({"STRATAGEM_POLL_INTERVAL_S": "0.05", "STRATAGEM_PROGRESS_INTERVAL_S": "0.2"})
-    command = [
-        sys.executable,
-        "-m",
-        "stratagem",
-        "serve",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--trials-backend",
-        "none",
-        "--database-url",
-        f"sqlite:///{database}",
-        "--log-level",
-        "warning",
-    ]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-
-
-def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited with status {server.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the server never became healthy")
 
 
 async def run_load(url: str, graphs: list[ModelGraph], cluster: stratagem.ResourceSpec) -> dict[str, Any]:

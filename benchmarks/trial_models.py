@@ -33,6 +33,12 @@ def _tokens(batch_size: int, length: int = SEQ) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch_size, length))
 
 
+def _causal_batch(batch_size: int) -> dict[str, torch.Tensor]:
+    """A causal language model's batch: its labels are its input ids (the model shifts them)."""
+    ids = _tokens(batch_size)
+    return {"input_ids": ids, "labels": ids}
+
+
 def hf_gpt2() -> Built:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -41,11 +47,7 @@ def hf_gpt2() -> Built:
     )
     model = GPT2LMHeadModel(config)
 
-    def make_batch(batch_size: int) -> dict[str, torch.Tensor]:
-        ids = _tokens(batch_size)
-        return {"input_ids": ids, "labels": ids}
-
-    return model, make_batch, _hf_loss
+    return model, _causal_batch, _hf_loss
 
 
 def hf_llama() -> Built:
@@ -64,11 +66,7 @@ def hf_llama() -> Built:
     )
     model = LlamaForCausalLM(config)
 
-    def make_batch(batch_size: int) -> dict[str, torch.Tensor]:
-        ids = _tokens(batch_size)
-        return {"input_ids": ids, "labels": ids}
-
-    return model, make_batch, _hf_loss
+    return model, _causal_batch, _hf_loss
 
 
 def hf_t5() -> Built:

@@ -13,6 +13,9 @@ Clusters:
 - `t4_2x4`: 2 nodes x 4 T4 GPUs, 50 Gbit/s between nodes (AWS g4dn.12xlarge, as in AutoDist's benchmarks).
 - `t4_16x4`: 16 such nodes.
 
+Trials: `trial_setup` is a small MLP, two CPU ranks and DataParallel's strategy; `ray_backend` a real
+local Ray of 2 CPUs, started once per test module that asks for it.
+
 The `make_*` functions in `sample_documents` build the same documents at other sizes
 (`from sample_documents import make_mlp_graph`).
 
@@ -27,6 +30,7 @@ Records cut from real measurements live in `tests/data/` (see its README).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sample_documents import (
@@ -37,7 +41,8 @@ from sample_documents import (
     make_t4_cluster,
 )
 
-from stratagem.ir import ModelGraph, ResourceSpec
+from stratagem.builders import DataParallel
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 pytest_plugins = ["service_fixtures"]
 
@@ -100,3 +105,22 @@ def one_rank() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def trial_setup() -> tuple[ModelGraph, ResourceSpec, Strategy]:
+    graph = make_mlp_graph(batch_size=8, widths=(64, 64, 10))
+    resources = make_cpu_cluster(2)
+    return graph, resources, DataParallel().build(graph, resources)
+
+
+@pytest.fixture(scope="module")
+def ray_backend() -> Iterator[tuple[Any, Any]]:
+    """A real local Ray of 2 CPUs for the module's trials, and the `ray` module; skipped without Ray."""
+    ray = pytest.importorskip("ray")
+    from trial_runner import RayBackend
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        with RayBackend(init_kwargs={"num_cpus": 2}) as backend:
+            yield backend, ray

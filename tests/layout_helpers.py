@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from stratagem.ir import ModelGraph, Node, ResourceSpec
+from stratagem.ir import ModelGraph, Node, ResourceSpec, Strategy
 
 SMALL_LLAMA = {
     "model_type": "llama",
@@ -47,3 +47,19 @@ def gpu_cluster(nodes: int = 2, gpus: int = 8, device: str = "H100") -> Resource
         ],
         network={"kind": "infiniband", "bandwidth_gbps": 400, "latency_us": 5},
     )
+
+
+def mixed_shard_synchronizers(graph: ModelGraph, cluster: ResourceSpec) -> Strategy:
+    """All-reduce with the first variable split in two, one half all-reduced and one through a PS: a
+    strategy the simulator cannot price."""
+    from stratagem.builders import AllReduce
+    from stratagem.ir import AllReduceSynchronizer, Partition, PSSynchronizer, VariableConfig
+
+    base = AllReduce().build(graph, cluster)
+    halves = VariableConfig(
+        var_name=base.variables[0].var_name,
+        synchronizer=AllReduceSynchronizer(),
+        partition=Partition(axis=0, shards=2),
+        shard_synchronizers=[AllReduceSynchronizer(), PSSynchronizer(reduction_destination="10.0.0.1:CPU:0")],
+    )
+    return base.replace(variables=[halves, *base.variables[1:]])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from stratagem.ir import Layer, ModelGraph, Node, ResourceSpec, Variable
+from stratagem.ir import DeviceSpec, Layer, Link, ModelGraph, Node, ResourceSpec, Variable
 
 FLOAT32 = 4
 
@@ -161,4 +161,16 @@ def make_t4_cluster(nodes: int, gpus_per_node: int = 4, bandwidth_gbps: float = 
 def make_cpu_cluster(cpus: int = 2) -> ResourceSpec:
     return ResourceSpec(
         name=f"cpu-1x{cpus}", nodes=[Node(address="127.0.0.1", chief=True, cpus=list(range(cpus)), device="CPU")]
+    )
+
+
+def make_loopback_cpus(name: str, device: DeviceSpec, bandwidth_gbps: float, latency_us: float = 100.0) -> ResourceSpec:
+    """Two CPU ranks of one host on loopback, with the device kind `device`: what calibration describes."""
+    link = Link(kind="loopback", bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, efficiency=1.0)
+    return ResourceSpec(
+        name=name,
+        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
+        network=link,
+        intra_node=link,
+        devices={"CPU": device},
     )

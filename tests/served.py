@@ -7,23 +7,20 @@ the developer's shell may carry, plus what the test passes.
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from benchmarks.lib.serving import service_environment, wait_healthy
+from stratagem.runtime.launch import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Served:
@@ -32,10 +29,9 @@ class Served:
     def __init__(self, database_url: str, log_path: Path, **settings: object) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAGEM_") and k != "RAY_ADDRESS"}
-        env["DATABASE_URL"] = database_url
         # lower-case keys are service settings; upper-case ones plain environment variables (TMPDIR)
-        env.update({k if k.isupper() else f"STRATAGEM_{k.upper()}": str(v) for k, v in settings.items()})
+        variables = {k if k.isupper() else f"STRATAGEM_{k.upper()}": str(v) for k, v in settings.items()}
+        env = service_environment(DATABASE_URL=database_url, **variables)
         self._log = open(log_path, "ab")  # noqa: SIM115 (kept open for the process's lifetime)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "optimizer_service", "--port", str(self.port), "--log-level", "warning"],
@@ -47,17 +43,31 @@ class Served:
         self.log_path = log_path
 
     def wait_healthy(self, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the service exited with {self.process.returncode}: {self.log()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"the service never became healthy: {self.log()}")
+        wait_healthy(self.url, self.process, timeout_s=timeout_s, log=self.log)
+
+    def post_watching_health(self, path: str, body: bytes) -> tuple[httpx.Response, float, list[float]]:
+        """POST a JSON `body` while `/healthz` is polled every 20 ms, each poll asserted 200: the answer,
+        the seconds it took, and every poll's latency."""
+        answer: dict[str, Any] = {}
+
+        def post() -> None:
+            started = time.perf_counter()
+            answer["response"] = httpx.post(
+                f"{self.url}{path}", content=body, headers={"content-type": "application/json"}, timeout=240
+            )
+            answer["seconds"] = time.perf_counter() - started
+
+        poster = threading.Thread(target=post)
+        latencies: list[float] = []
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            poster.start()
+            while poster.is_alive():
+                started = time.perf_counter()
+                assert http.get("/healthz").status_code == 200
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.02)
+        poster.join()
+        return answer["response"], answer["seconds"], latencies
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)

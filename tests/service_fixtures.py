@@ -22,8 +22,11 @@ from fastapi.testclient import TestClient
 from service_helpers import service_settings
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 
+import migrations
 from optimizer_service.app import create_app
+from optimizer_service.db import make_engine, make_session_factory
 
 ADMIN_URL = os.environ.get("STRATAGEM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -101,6 +104,15 @@ def database_url(request: pytest.FixtureRequest) -> str:
 
 
 MakeClient = Callable[..., TestClient]
+
+
+@pytest.fixture
+def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    """ORM sessions on this test's database, migrated to the head revision; no app, no workers."""
+    engine = make_engine(database_url)
+    migrations.upgrade(engine)
+    yield make_session_factory(engine)
+    engine.dispose()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
 from optimizer_service.jobs.trials import TrialRunnerExecutor
 from optimizer_service.search import search
 from optimizer_service.settings import Settings
-from stratagem.ir import ModelGraph, ResourceSpec
+from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 from stratagem.runtime.launch import free_port
 from trial_runner import FakeBackend
 
@@ -57,6 +57,24 @@ def optimize_body(
         "search": QUICK_SEARCH,
         **extra,
     }
+
+
+def upload(client: TestClient, graph: ModelGraph, resources: ResourceSpec) -> tuple[str, str]:
+    """Store a graph and a resource spec; their ids."""
+    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
+    resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
+    return graph_id, resource_id
+
+
+def record_trial(
+    client: TestClient, graph: ModelGraph, resources: ResourceSpec, strategy: Strategy, **fields: Any
+) -> dict[str, Any]:
+    """`POST /v1/trials` of `strategy` with `fields` (step times, outcome...), its documents stored first."""
+    graph_id, resource_id = upload(client, graph, resources)
+    body = {"graph_id": graph_id, "resource_id": resource_id, "strategy": strategy.model_dump(mode="json"), **fields}
+    response = client.post("/v1/trials", json=body)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
 
 
 def wait_for(client: TestClient, url: str, statuses: set[str], timeout_s: float = 30.0) -> dict[str, Any]:

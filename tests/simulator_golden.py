@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from sample_documents import make_loopback_cpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -109,14 +110,7 @@ def calibrated_cpu() -> ResourceSpec:
         comm_latency_contention=1.5,
         is_gpu=False,
     )
-    link = Link(kind="loopback", bandwidth_gbps=6.0, latency_us=150.0, efficiency=1.0)
-    return ResourceSpec(
-        name="cpu-calibrated",
-        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
-        network=link,
-        intra_node=link,
-        devices={"CPU": device},
-    )
+    return make_loopback_cpus("cpu-calibrated", device, bandwidth_gbps=6.0, latency_us=150.0)
 
 
 def clusters() -> dict[str, ResourceSpec]:

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from cli_helpers import run_cli
 from sample_documents import make_cpu_cluster, make_embedding_graph, make_mlp_graph, make_t4_cluster
 from service_helpers import QUICK_SEARCH, closed_port_url, served
 
 import stratagem
+from benchmarks.lib.serving import service_environment, start_serve, wait_healthy
 from stratagem.cli import trials as trials_cli
 from stratagem.ir import ModelGraph, Strategy
 from stratagem.runtime.launch import free_port
@@ -436,37 +434,22 @@ def test_serve_refuses_bad_settings_before_starting(capsys: pytest.CaptureFixtur
 @pytest.mark.slow
 def test_serve_runs_the_service_with_the_options_given_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")
-    }
-    env["STRATAGEM_WORKERS"] = "1"  # the option below wins over the environment
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stratagem",
-            "serve",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--trials-backend",
-            "none",
-            "--database-url",
-            f"sqlite:///{tmp_path / 'served.db'}",
-            "--log-level",
-            "info",
-        ],
-        cwd=ROOT,
-        env=env,
+    server = start_serve(
+        port,
+        f"sqlite:///{tmp_path / 'served.db'}",
+        "--workers",
+        "2",
+        "--trials-backend",
+        "none",
+        "--log-level",
+        "info",
+        env=service_environment(STRATAGEM_WORKERS="1"),  # the option wins over the environment
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        health = _wait_healthy(f"http://127.0.0.1:{port}", server)
+        health = wait_healthy(f"http://127.0.0.1:{port}", server)
         assert health["workers"] == 2 and health["database"] == "ok"
         with stratagem.Client(f"http://127.0.0.1:{port}") as client:
             job = client.optimize(make_mlp_graph(), make_t4_cluster(2), max_trials=0, search=QUICK_SEARCH).wait(60)
@@ -477,23 +460,6 @@ def test_serve_runs_the_service_with_the_options_given_and_stops_on_sigterm(tmp_
     assert server.returncode in (0, -signal.SIGTERM), output
     assert (tmp_path / "served.db").exists()
     assert "Application shutdown complete" in output and "Traceback" not in output
-
-
-def _wait_healthy(address: str, server: subprocess.Popen[str], timeout_s: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(
-                f"the server exited with {server.returncode}: {server.stdout.read() if server.stdout else ''}"
-            )
-        try:
-            response = httpx.get(f"{address}/healthz", timeout=1)
-            if response.status_code == 200:
-                return dict(response.json())
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server never became healthy")
 
 
 def test_serve_without_the_service_extras_says_how_to_install_them(

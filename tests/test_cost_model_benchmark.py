@@ -10,26 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sample_documents import make_loopback_cpus
 
 from benchmarks.lib.cases import comm_graph
 from benchmarks.lib.learned import learning_curve, load_adjusted, load_trials, lowshot, noise_floor, separable_pairs
 from benchmarks.lib.records import trial_documents
 from simulator.metrics import kendall_tau_on_pairs
 from stratagem.builders import PS, AllReduce, PartitionedPS
-from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
+from stratagem.ir import DeviceSpec, ResourceSpec
 
 
 def calibrated(bandwidth_gbps: float) -> ResourceSpec:
     """Two CPU ranks as `stratagem.calibrate` describes them; each round's calibration differs a little."""
     device = DeviceSpec(name="CPU", peak_flops={"float32": 50e9}, memory_bytes=8e9, memory_bandwidth=8e9, is_gpu=False)
-    link = Link(kind="loopback", bandwidth_gbps=bandwidth_gbps, latency_us=100.0, efficiency=1.0)
-    return ResourceSpec(
-        name="calibrated-test",
-        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
-        network=link,
-        intra_node=link,
-        devices={"CPU": device},
-    )
+    return make_loopback_cpus("calibrated-test", device, bandwidth_gbps)
 
 
 ROUNDS = {"PS": [0.30, 0.33, 0.31], "PartitionedPS": [0.20, 0.21, 0.26], "AllReduce": [0.10, 0.12, 0.11]}

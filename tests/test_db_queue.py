@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
-import pytest
 from sample_documents import make_mlp_graph, make_t4_cluster
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-import migrations
 from models import Job, JobPhase, JobStatus, utcnow
 from optimizer_service.core.documents import store_graph, store_resources
-from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs import queue
 from optimizer_service.jobs.types import Progress
 
 
-@pytest.fixture
-def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    migrations.upgrade(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
-
-
-def _queue_jobs(factory: sessionmaker[Session], count: int) -> list[uuid.UUID]:
-    with factory.begin() as session:
+def _queue_jobs(session_factory: sessionmaker[Session], count: int) -> list[uuid.UUID]:
+    with session_factory.begin() as session:
         graph, _ = store_graph(session, make_mlp_graph())
         resources, _ = store_resources(session, make_t4_cluster(1))
         ids = [uuid.uuid4() for _ in range(count)]
@@ -37,15 +25,15 @@ def _queue_jobs(factory: sessionmaker[Session], count: int) -> list[uuid.UUID]:
     return ids
 
 
-def test_concurrent_claimers_take_each_job_exactly_once(factory: sessionmaker[Session]) -> None:
-    ids = _queue_jobs(factory, 24)
+def test_concurrent_claimers_take_each_job_exactly_once(session_factory: sessionmaker[Session]) -> None:
+    ids = _queue_jobs(session_factory, 24)
     claims: dict[str, list[uuid.UUID]] = {}
     barrier = threading.Barrier(6)
 
     def claimer(name: str) -> None:
         barrier.wait()
         mine = claims.setdefault(name, [])
-        while (claim := queue.claim_next(factory, name)) is not None:
+        while (claim := queue.claim_next(session_factory, name)) is not None:
             mine.append(claim.job_id)
 
     threads = [threading.Thread(target=claimer, args=(f"worker-{i}",)) for i in range(6)]
@@ -55,7 +43,7 @@ def test_concurrent_claimers_take_each_job_exactly_once(factory: sessionmaker[Se
         thread.join(60)
     claimed = [job_id for jobs in claims.values() for job_id in jobs]
     assert sorted(claimed) == sorted(ids)
-    with factory() as session:
+    with session_factory() as session:
         rows = session.scalars(select(Job)).all()
     assert {row.status for row in rows} == {JobStatus.running}
     assert {row.phase for row in rows} == {JobPhase.searching}  # a running job never reads "queued"
@@ -64,38 +52,38 @@ def test_concurrent_claimers_take_each_job_exactly_once(factory: sessionmaker[Se
     assert all(row.worker_id == owner[row.id] for row in rows)
 
 
-def test_claims_go_oldest_first(factory: sessionmaker[Session]) -> None:
-    ids = _queue_jobs(factory, 3)
-    with factory.begin() as session:
+def test_claims_go_oldest_first(session_factory: sessionmaker[Session]) -> None:
+    ids = _queue_jobs(session_factory, 3)
+    with session_factory.begin() as session:
         for age, job_id in enumerate(ids):
             session.execute(update(Job).where(Job.id == job_id).values(created_at=utcnow() - timedelta(minutes=age)))
-    order = [queue.claim_next(factory, "w") for _ in ids]
+    order = [queue.claim_next(session_factory, "w") for _ in ids]
     assert [c.job_id for c in order if c] == list(reversed(ids))
 
 
-def test_only_the_owner_can_write_progress_or_finish(factory: sessionmaker[Session]) -> None:
-    (job_id,) = _queue_jobs(factory, 1)
-    assert queue.claim_next(factory, "owner") is not None
+def test_only_the_owner_can_write_progress_or_finish(session_factory: sessionmaker[Session]) -> None:
+    (job_id,) = _queue_jobs(session_factory, 1)
+    assert queue.claim_next(session_factory, "owner") is not None
     progress = Progress(phase=JobPhase.searching, candidates_evaluated=7)
-    assert queue.write_progress(factory, job_id, "intruder", progress) is None
-    assert queue.write_progress(factory, job_id, "owner", progress) is False
-    assert not queue.finish_unsuccessfully(factory, job_id, "intruder", JobStatus.failed, "no", progress)
-    assert queue.finish_unsuccessfully(factory, job_id, "owner", JobStatus.failed, "boom", progress)
-    with factory() as session:
+    assert queue.write_progress(session_factory, job_id, "intruder", progress) is None
+    assert queue.write_progress(session_factory, job_id, "owner", progress) is False
+    assert not queue.finish_unsuccessfully(session_factory, job_id, "intruder", JobStatus.failed, "no", progress)
+    assert queue.finish_unsuccessfully(session_factory, job_id, "owner", JobStatus.failed, "boom", progress)
+    with session_factory() as session:
         job = session.get(Job, job_id)
         assert job is not None
         assert (job.status, job.error, job.progress["candidates_evaluated"]) == (JobStatus.failed, "boom", 7)
 
 
-def test_stale_running_jobs_are_requeued_then_failed_after_max_attempts(factory: sessionmaker[Session]) -> None:
-    (job_id,) = _queue_jobs(factory, 1)
+def test_stale_running_jobs_are_requeued_then_failed_after_max_attempts(session_factory: sessionmaker[Session]) -> None:
+    (job_id,) = _queue_jobs(session_factory, 1)
     for attempt in (1, 2):
-        claim = queue.claim_next(factory, f"dead-worker-{attempt}")
+        claim = queue.claim_next(session_factory, f"dead-worker-{attempt}")
         assert claim is not None and claim.attempt == attempt
-        with factory.begin() as session:
+        with session_factory.begin() as session:
             session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(minutes=5)))
-        counts = queue.recover_stale(factory, stale_after_s=60, max_attempts=2)
-        with factory() as session:
+        counts = queue.recover_stale(session_factory, stale_after_s=60, max_attempts=2)
+        with session_factory() as session:
             job = session.get(Job, job_id)
             assert job is not None
             if attempt == 1:
@@ -109,8 +97,8 @@ def test_stale_running_jobs_are_requeued_then_failed_after_max_attempts(factory:
                 assert "giving up after 2 attempts" in (job.error or "")
 
 
-def test_fresh_heartbeats_are_left_alone(factory: sessionmaker[Session]) -> None:
-    (job_id,) = _queue_jobs(factory, 1)
-    assert queue.claim_next(factory, "alive") is not None
-    queue.heartbeat(factory, [job_id], "alive")
-    assert queue.recover_stale(factory, stale_after_s=60, max_attempts=2) == {"requeued": 0, "failed": 0}
+def test_fresh_heartbeats_are_left_alone(session_factory: sessionmaker[Session]) -> None:
+    (job_id,) = _queue_jobs(session_factory, 1)
+    assert queue.claim_next(session_factory, "alive") is not None
+    queue.heartbeat(session_factory, [job_id], "alive")
+    assert queue.recover_stale(session_factory, stale_after_s=60, max_attempts=2) == {"requeued": 0, "failed": 0}

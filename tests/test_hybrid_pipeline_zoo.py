@@ -16,14 +16,13 @@ import pytest
 import torch
 from runtime_helpers import relative_error, run_ranks
 from zoo_training import (
-    STEPS,
-    batch_of,
     build,
     cpu_node,
     graph_of,
     make_optimizer,
     searched_layouts,
     train_alone,
+    train_rank,
 )
 
 from stratagem.errors import UnsupportedStrategyError
@@ -64,13 +63,7 @@ def worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any
         model, make_batch = build(case["model"])
         runner, optimizer = distribute(model, make_optimizer(model), strategy, rank=rank)
         index, _ = data_parallel_rank(strategy, rank)
-        losses = []
-        for step in range(STEPS):
-            loss = runner(*batch_of(make_batch, step, index))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(float(loss.detach()))
+        losses = train_rank(runner, optimizer, make_batch, index)
         held = sorted(runner.held)
         out[label] = {
             "params": {n: model.get_parameter(n).tolist() for n in held},

@@ -25,8 +25,6 @@ from zoo_training import (
     BATCH,
     MODELS,
     OVERRIDES,
-    STEPS,
-    batch_of,
     build,
     cpu_node,
     graph_of,
@@ -34,6 +32,7 @@ from zoo_training import (
     planned_layout,
     searched_layouts,
     train_alone,
+    train_rank,
 )
 
 from stratagem.ir import ModelGraph, Strategy
@@ -63,13 +62,7 @@ def worker(rank: int, world_size: int, payload: dict[str, Any]) -> dict[str, Any
         model, make_batch = build(case["model"])
         model, optimizer = distribute(model, make_optimizer(model), strategy, rank=rank)
         index, size = data_parallel_rank(strategy, rank)
-        losses = []
-        for step in range(STEPS):
-            loss = model(*batch_of(make_batch, step, index))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(float(loss.detach()))
+        losses = train_rank(model, optimizer, make_batch, index)
         params = {n: p.tolist() for n, p in gathered_parameters(getattr(model, "module", model)).items()}
         out[label] = {
             "params": params,

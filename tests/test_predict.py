@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from layout_helpers import gpt_graph, gpu_cluster, llama_graph
+from layout_helpers import gpt_graph, gpu_cluster, llama_graph, mixed_shard_synchronizers
 from sample_documents import make_cpu_cluster, make_mlp_graph, make_t4_cluster
 
 import stratagem
 from stratagem import InvalidLayoutError, Layout, Prediction, UnsupportedStrategyError, predict
 from stratagem.builders import AllReduce, PartitionedPS
-from stratagem.ir import CATALOG, AllReduceSynchronizer, Node, Partition, PSSynchronizer, ResourceSpec, VariableConfig
+from stratagem.ir import CATALOG, Node, ResourceSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,14 +83,7 @@ def test_a_bad_item_in_a_list_is_named_by_its_index() -> None:
     with pytest.raises(InvalidLayoutError) as error:
         predict(graph, cluster, [Layout(), Layout(), Layout(tensor=8)])
     assert error.value.problems[0].path == "[2].tensor"
-    base = AllReduce().build(graph, cluster)
-    halves = VariableConfig(
-        var_name=base.variables[0].var_name,
-        synchronizer=AllReduceSynchronizer(),
-        partition=Partition(axis=0, shards=2),
-        shard_synchronizers=[AllReduceSynchronizer(), PSSynchronizer(reduction_destination="10.0.0.1:CPU:0")],
-    )
-    mixed = base.replace(variables=[halves, *base.variables[1:]])
+    mixed = mixed_shard_synchronizers(graph, cluster)
     with pytest.raises(UnsupportedStrategyError, match=r"^\[1\]: variable .* different synchronizer kinds"):
         predict(graph, cluster, [Layout(), mixed])
 

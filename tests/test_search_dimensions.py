@@ -177,25 +177,13 @@ def test_the_explanation_names_the_dimension_that_made_the_difference() -> None:
     assert nearest is None or nearest["slower"] >= -1e-9, "the winner is no slower than its neighbours"
 
 
-LLAMA_70B = {
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-}
-"""Llama-3 70B (meta-llama/Meta-Llama-3-70B config.json): grouped-query attention, 8 key/value heads."""
-
-
 @functools.cache
 def llama_70b() -> ModelGraph:
+    """Llama-3 70B's shapes (the benchmark's config) at one sequence of 8192 tokens."""
+    from benchmarks.predict import LLAMA3_70B
     from stratagem.hf import capture_hf_config
 
-    return capture_hf_config(LLAMA_70B, batch=1, seq=8192)
+    return capture_hf_config(LLAMA3_70B, batch=1, seq=8192)
 
 
 def test_a_70b_decoder_on_64_h100_weighs_the_layouts_practitioners_run(monkeypatch) -> None:

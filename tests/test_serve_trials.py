@@ -7,22 +7,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from sample_documents import make_cpu_cluster, make_mlp_graph
 from service_helpers import QUICK_SEARCH
 
 import stratagem
+from benchmarks.lib.serving import service_environment, start_serve, wait_healthy
 from optimizer_service.cli.serve import trials_note, with_embedded_trials
 from optimizer_service.jobs.trials import make_trial_executor
 from optimizer_service.settings import Settings
 from stratagem.runtime.launch import free_port
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -57,25 +54,17 @@ def test_a_backend_or_a_ray_address_that_is_given_is_kept(clean_environment, mon
 @pytest.mark.slow
 def test_serve_with_no_flags_says_where_trials_run_and_runs_them(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("STRATAGEM_") and k not in ("DATABASE_URL", "RAY_ADDRESS")
-    }
-    env["SERVE_TRIALS_TEST"] = marker = str(port)
-    command = [
-        sys.executable,
-        "-m",
-        "stratagem",
-        "serve",
-        "--port",
-        str(port),
-        "--database-url",
+    marker = str(port)
+    server = start_serve(
+        port,
         f"sqlite:///{tmp_path / 's.db'}",
-    ]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=service_environment(SERVE_TRIALS_TEST=marker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}", server)
+        wait_healthy(f"http://127.0.0.1:{port}", server, timeout_s=120)
         with stratagem.Client(f"http://127.0.0.1:{port}") as client:
             job = client.optimize(make_mlp_graph(), make_cpu_cluster(2), max_trials=1, search=QUICK_SEARCH).wait(600)
             assert job.status == "succeeded", job.data
@@ -102,17 +91,3 @@ def _processes_marked(marker: str) -> list[int]:
         if f"SERVE_TRIALS_TEST={marker}".encode() in environ:
             found.append(int(entry.name))
     return found
-
-
-def _wait_healthy(address: str, server: subprocess.Popen[str], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"the server exited: {server.stdout.read() if server.stdout else ''}")
-        try:
-            if httpx.get(f"{address}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError("the server never became healthy")

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from sample_documents import make_mlp_graph, make_t4_cluster
-from service_helpers import MeanRatioTrainer
+from service_helpers import MeanRatioTrainer, upload
 from sqlalchemy import select
 
 from models import CostModelVersion
@@ -21,8 +21,7 @@ from stratagem.ir import ResourceSpec
 
 def _record_trials(client: TestClient, times: list[float], *, resources: ResourceSpec | None = None) -> None:
     graph, resources = make_mlp_graph(), resources or make_t4_cluster(2)
-    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
-    resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
+    graph_id, resource_id = upload(client, graph, resources)
     strategies = [DataParallel().build(graph, resources), AllReduce().build(graph, resources)]
     for i, step in enumerate(times):
         body = {

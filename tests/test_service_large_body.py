@@ -7,10 +7,7 @@ answers all through it instead of stalling for the seconds validation takes.
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -26,31 +23,11 @@ def test_healthz_keeps_answering_while_a_15_mb_graph_is_validated(sqlite_url: st
     served = Served(sqlite_url, tmp_path / "service.log", workers=0)
     try:
         served.wait_healthy()
-        upload: dict[str, Any] = {}
-
-        def post() -> None:
-            started = time.perf_counter()
-            response = httpx.post(
-                f"{served.url}/v1/graphs", content=body, headers={"content-type": "application/json"}, timeout=240
-            )
-            upload.update(status=response.status_code, text=response.text[:300], seconds=time.perf_counter() - started)
-
-        poster = threading.Thread(target=post)
-        latencies: list[float] = []
-        with httpx.Client(base_url=served.url, timeout=30) as http:
-            poster.start()
-            while poster.is_alive():
-                started = time.perf_counter()
-                assert http.get("/healthz").status_code == 200
-                latencies.append(time.perf_counter() - started)
-                time.sleep(0.02)
-        poster.join()
+        upload, seconds, latencies = served.post_watching_health("/v1/graphs", body)
         stored = httpx.get(f"{served.url}/v1/graphs", timeout=30).json()["data"]
     finally:
         served.stop()
-    assert upload["status"] == 201, upload
+    assert upload.status_code == 201, upload.text[:300]
     assert stored[0]["num_layers"] == LAYERS
     assert len(latencies) > 10, latencies
-    assert max(latencies) < STALL_S, (
-        f"/healthz stalled {max(latencies):.2f} s during a {upload['seconds']:.1f} s upload"
-    )
+    assert max(latencies) < STALL_S, f"/healthz stalled {max(latencies):.2f} s during a {seconds:.1f} s upload"

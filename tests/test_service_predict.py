@@ -4,24 +4,20 @@ through the real service."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 import tomllib
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from layout_helpers import gpt_graph, gpu_cluster
+from layout_helpers import gpt_graph, gpu_cluster, mixed_shard_synchronizers
 from sample_documents import make_mlp_graph, make_t4_cluster
 from served import Served
-from service_helpers import STALL_S, large_graph_body
+from service_helpers import STALL_S, large_graph_body, record_trial
 
 from optimizer_service.core.ingest import INLINE_BYTES
 from stratagem import Layout
 from stratagem.builders import PS, AllReduce
-from stratagem.ir import AllReduceSynchronizer, Partition, PSSynchronizer, Strategy, VariableConfig
 
 
 def _documents() -> dict[str, object]:
@@ -79,14 +75,7 @@ def test_a_bad_layout_is_422_at_its_place_in_the_request(make_client) -> None:
 
 def test_a_strategy_the_simulator_cannot_price_is_422_at_its_place(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    base = AllReduce().build(gpt_graph(), gpu_cluster(2, 8))
-    halves = VariableConfig(
-        var_name=base.variables[0].var_name,
-        synchronizer=AllReduceSynchronizer(),
-        partition=Partition(axis=0, shards=2),
-        shard_synchronizers=[AllReduceSynchronizer(), PSSynchronizer(reduction_destination="10.0.0.1:CPU:0")],
-    )
-    mixed = base.replace(variables=[halves, *base.variables[1:]])
+    mixed = mixed_shard_synchronizers(gpt_graph(), gpu_cluster(2, 8))
     body = {**_documents(), "layouts": ["dp=16"], "strategies": [mixed.model_dump(mode="json")]}
     [(loc, message)] = _problems(client.post("/v1/predict", json=body))
     assert loc == ["body", "strategies", 0] and "different synchronizer kinds" in message
@@ -112,23 +101,11 @@ def test_the_request_needs_one_graph_one_cluster_and_1_to_64_items(make_client) 
     assert missing.status_code == 404 and missing.json()["detail"][0]["loc"] == ["body", "graph_id"]
 
 
-def _store(client: TestClient, strategy: Strategy, graph, cluster) -> None:
-    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
-    resource_id = client.post("/v1/resources", json=cluster.model_dump(mode="json")).json()["id"]
-    body = {
-        "graph_id": graph_id,
-        "resource_id": resource_id,
-        "strategy": strategy.model_dump(mode="json"),
-        "step_times_s": [0.2],
-    }
-    assert client.post("/v1/trials", json=body).status_code == 201
-
-
 def test_a_stored_strategy_downloads_as_each_trainers_config(make_client) -> None:
     client: TestClient = make_client(workers=0)
     graph, cluster = gpt_graph(), gpu_cluster(2, 8)
     strategy = Layout.from_string("tp=2,sp,zero=3,mb=2,gbs=64,precision=amp-bf16").build(graph, cluster)
-    _store(client, strategy, graph, cluster)
+    record_trial(client, graph, cluster, strategy, step_times_s=[0.2])
     url = f"/v1/strategies/{strategy.id}"
     titan = client.get(url, params={"format": "torchtitan"})
     assert titan.status_code == 200 and titan.headers["content-type"].startswith("application/toml")
@@ -143,7 +120,7 @@ def test_a_stored_strategy_downloads_as_each_trainers_config(make_client) -> Non
     accelerate = client.get(url, params={"format": "accelerate"})
     assert accelerate.status_code == 422 and "tp_plan" in accelerate.json()["detail"]
     plain = Layout.from_string("dp=16,zero=2,mb=2,gbs=32").build(graph, cluster)
-    _store(client, plain, graph, cluster)
+    record_trial(client, graph, cluster, plain, step_times_s=[0.2])
     config = json.loads(client.get(f"/v1/strategies/{plain.id}", params={"format": "deepspeed"}).text)
     assert config["zero_optimization"] == {"stage": 2} and config["train_batch_size"] == 32
     assert (
@@ -156,7 +133,7 @@ def test_the_strategy_page_offers_each_download_or_says_why_not(make_client) -> 
     client: TestClient = make_client(workers=0)
     graph, cluster = gpt_graph(), gpu_cluster(2, 8)
     strategy = Layout.from_string("tp=2,sp,zero=3,mb=2,gbs=64,precision=amp-bf16").build(graph, cluster)
-    _store(client, strategy, graph, cluster)
+    record_trial(client, graph, cluster, strategy, step_times_s=[0.2])
     page = client.get(f"/strategies/{strategy.id}").text
     assert f"/v1/strategies/{strategy.id}?format=torchtitan" in page
     assert f"/v1/strategies/{strategy.id}?format=megatron" in page
@@ -195,25 +172,8 @@ def test_healthz_keeps_answering_while_a_large_inline_graph_is_priced(sqlite_url
     served = Served(sqlite_url, tmp_path / "service.log", workers=0)
     try:
         served.wait_healthy()
-        priced: dict[str, object] = {}
-
-        def post() -> None:
-            response = httpx.post(
-                f"{served.url}/v1/predict", content=request, headers={"content-type": "application/json"}, timeout=240
-            )
-            priced.update(status=response.status_code, text=response.text[:300])
-
-        poster = threading.Thread(target=post)
-        latencies: list[float] = []
-        with httpx.Client(base_url=served.url, timeout=30) as http:
-            poster.start()
-            while poster.is_alive():
-                started = time.perf_counter()
-                assert http.get("/healthz").status_code == 200
-                latencies.append(time.perf_counter() - started)
-                time.sleep(0.02)
-        poster.join()
+        priced, _, latencies = served.post_watching_health("/v1/predict", request)
     finally:
         served.stop()
-    assert priced["status"] == 200, priced
+    assert priced.status_code == 200, priced.text[:300]
     assert len(latencies) > 10 and max(latencies) < STALL_S, latencies

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from sample_documents import make_mlp_graph, make_t4_cluster
 
 import stratagem
+from benchmarks.lib.serving import service_environment, wait_healthy
 from stratagem.errors import NotFoundError
 from stratagem.runtime.launch import free_port
 
@@ -23,14 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_the_served_app_answers_the_sdk_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'served.db'}",
-        "STRATAGEM_WORKERS": "1",
-        "STRATAGEM_SEARCH_TIME_BUDGET_S": "0.5",
-        "STRATAGEM_MAX_TRIALS": "0",
-    }
-    env.pop("RAY_ADDRESS", None)
+    env = service_environment(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'served.db'}",
+        STRATAGEM_WORKERS="1",
+        STRATAGEM_SEARCH_TIME_BUDGET_S="0.5",
+        STRATAGEM_MAX_TRIALS="0",
+    )
     server = subprocess.Popen(
         [sys.executable, "-m", "optimizer_service", "--port", str(port), "--log-level", "info"],
         cwd=ROOT,
@@ -41,15 +37,7 @@ def test_the_served_app_answers_the_sdk_and_stops_cleanly(tmp_path: Path) -> Non
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("the server never became healthy")
+        wait_healthy(url, server)
         graph, resources = make_mlp_graph(), make_t4_cluster(2)
         with stratagem.Client(url) as client:
             job = client.optimize(graph, resources, max_trials=0).wait(timeout=60)

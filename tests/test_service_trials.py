@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from fastapi.testclient import TestClient
 from sample_documents import make_cpu_cluster, make_mlp_graph, make_t4_cluster
-from service_helpers import fake_executor, optimize_body, service_settings
+from service_helpers import fake_executor, optimize_body, record_trial, service_settings, upload
 
 from optimizer_service.app import create_app
 from optimizer_service.jobs.trials import workload_for
@@ -16,27 +14,14 @@ from stratagem.ir import Strategy
 from trial_runner import Outcome, ReplayWorkload, TrialSpec, ZooWorkload
 
 
-def _upload(client: TestClient, graph: Any, resources: Any) -> tuple[str, str]:
-    graph_id = client.post("/v1/graphs", json=graph.model_dump(mode="json")).json()["id"]
-    resource_id = client.post("/v1/resources", json=resources.model_dump(mode="json")).json()["id"]
-    return graph_id, resource_id
-
-
 def test_a_trial_measured_elsewhere_is_recorded_with_its_summaries(make_client) -> None:
     client: TestClient = make_client(workers=0)
     graph, resources = make_mlp_graph(batch_size=16), make_t4_cluster(2)
-    graph_id, resource_id = _upload(client, graph, resources)
     strategy = DataParallel().build(graph, resources)
-    body = {
-        "graph_id": graph_id,
-        "resource_id": resource_id,
-        "strategy": strategy.model_dump(mode="json"),
-        "step_times_s": [0.4, 0.1, 0.2, 0.3, 0.5],
-        "peak_memory_bytes": 1e9,
-    }
-    response = client.post("/v1/trials", json=body)
-    assert response.status_code == 201, response.text
-    trial = response.json()
+    trial = record_trial(
+        client, graph, resources, strategy, step_times_s=[0.4, 0.1, 0.2, 0.3, 0.5], peak_memory_bytes=1e9
+    )
+    graph_id = trial["graph_id"]
     assert (trial["outcome"], trial["median_s"], trial["p90_s"], trial["backend"]) == ("ok", 0.3, 0.5, "external")
     assert trial["samples_per_s"] == pytest.approx(16 * 8 / 0.3)
     assert trial["strategy_id"] == strategy.id
@@ -49,23 +34,15 @@ def test_a_trial_measured_elsewhere_is_recorded_with_its_summaries(make_client) 
 def test_a_failed_trial_is_recorded_without_a_step_time(make_client) -> None:
     client: TestClient = make_client(workers=0)
     graph, resources = make_mlp_graph(), make_t4_cluster(1)
-    graph_id, resource_id = _upload(client, graph, resources)
     strategy = AllReduce().build(graph, resources)
-    body = {
-        "graph_id": graph_id,
-        "resource_id": resource_id,
-        "strategy": strategy.model_dump(mode="json"),
-        "outcome": "oom",
-        "error": "CUDA out of memory on rank 3",
-    }
-    trial = client.post("/v1/trials", json=body).json()
+    trial = record_trial(client, graph, resources, strategy, outcome="oom", error="CUDA out of memory on rank 3")
     assert (trial["outcome"], trial["median_s"], trial["error"]) == ("oom", None, "CUDA out of memory on rank 3")
 
 
 def test_a_trial_is_checked_against_its_graph_and_cluster(make_client) -> None:
     client: TestClient = make_client(workers=0)
     graph, resources = make_mlp_graph(), make_t4_cluster(1)
-    graph_id, resource_id = _upload(client, graph, resources)
+    graph_id, resource_id = upload(client, graph, resources)
     foreign = DataParallel().build(graph, make_t4_cluster(2))
     body = {
         "graph_id": graph_id,
@@ -87,7 +64,7 @@ def test_a_trial_is_checked_against_its_graph_and_cluster(make_client) -> None:
 
 def test_a_trial_filter_naming_nothing_stored_is_404_not_an_empty_page(make_client) -> None:
     client: TestClient = make_client(workers=0)
-    graph_id, _ = _upload(client, make_mlp_graph(), make_t4_cluster(1))
+    graph_id, _ = upload(client, make_mlp_graph(), make_t4_cluster(1))
     assert client.get("/v1/trials", params={"graph_id": graph_id}).json()["count"] == 0  # stored, no trials yet: empty
     for params, loc in (
         ({"job_id": "00000000-0000-4000-8000-000000000000"}, ["query", "job_id"]),

@@ -10,7 +10,7 @@ import lzma
 
 import numpy as np
 import pytest
-from sample_documents import make_embedding_graph, make_mlp_graph
+from sample_documents import make_embedding_graph, make_loopback_cpus, make_mlp_graph
 
 from benchmarks.lib.records import Measured, Trial, read_records, record_line
 from benchmarks.lib.scoring import (
@@ -54,14 +54,7 @@ def cpu_spec(**device: float | None) -> ResourceSpec:
         "is_gpu": False,
         **device,
     }
-    link = Link(kind="loopback", bandwidth_gbps=4.0, latency_us=100.0, efficiency=1.0)
-    return ResourceSpec(
-        name="cpu-test",
-        nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")],
-        network=link,
-        intra_node=link,
-        devices={"CPU": DeviceSpec(name="CPU", **figures)},
-    )
+    return make_loopback_cpus("cpu-test", DeviceSpec(name="CPU", **figures), bandwidth_gbps=4.0)
 
 
 # -- metrics and records --------------------------------------------------------------------------------
@@ -231,20 +224,24 @@ def test_resolved_pairs_score_only_the_order_the_rounds_establish():
 # -- calibration figures ----------------------------------------------------------------------------------
 
 
-def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
-    figures = {
+def calibrated(**figures: float) -> dict[str, float]:
+    """One rank's calibration figures, as `stratagem.calibrate` records them, with `figures` in place."""
+    return {
         "matmul_flops": 80e9,
         "bf16_flops": 300e9,
         "conv_flops": 40e9,
         "copy_bandwidth": 8e9,
         "elementwise_rate": 2e9,
         "norm_rate": 1e9,
-        "optimizer_rate": 12e9,
+        "optimizer_rate": 4e9,
         "layer_overhead_s": 30e-6,
-        "overlap": -0.05,
-        "cast_rate": 6e9,
-        "select_rate": 0.08e9,
+        "overlap": 0.0,
+        **figures,
     }
+
+
+def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
+    figures = calibrated(optimizer_rate=12e9, overlap=-0.05, cast_rate=6e9, select_rate=0.08e9)
     device = device_spec(figures, memory_bytes=4e9)
     assert device.name == DEVICE_KIND and not device.is_gpu
     assert device.flops_for("float32") == 80e9 and device.matmul_efficiency == 1.0
@@ -259,17 +256,7 @@ def test_calibrated_figures_become_efficiencies_of_the_measured_rates():
 
 
 def test_ranks_without_a_spare_core_take_the_shared_core_figures_instead_of_a_measured_overlap():
-    figures = {
-        "matmul_flops": 80e9,
-        "bf16_flops": 300e9,
-        "conv_flops": 40e9,
-        "copy_bandwidth": 8e9,
-        "elementwise_rate": 2e9,
-        "norm_rate": 1e9,
-        "optimizer_rate": 4e9,
-        "layer_overhead_s": 30e-6,
-        "overlap": 0.4,
-    }
+    figures = calibrated(overlap=0.4)
     shared = device_spec({**figures, "spare_cores": 0}, memory_bytes=4e9)
     assert (shared.comm_overlap, shared.comm_latency_contention) == (
         SHARED_CORE_OVERLAP,
@@ -282,20 +269,7 @@ def test_ranks_without_a_spare_core_take_the_shared_core_figures_instead_of_a_me
 
 
 def test_root_collectives_may_beat_the_all_reduce_bandwidth_and_tensor_costs_pass_through():
-    figures = {
-        "matmul_flops": 80e9,
-        "bf16_flops": 300e9,
-        "conv_flops": 40e9,
-        "copy_bandwidth": 8e9,
-        "elementwise_rate": 2e9,
-        "norm_rate": 1e9,
-        "optimizer_rate": 4e9,
-        "layer_overhead_s": 30e-6,
-        "overlap": 0.0,
-        "reduce_efficiency": 0.9,
-        "broadcast_efficiency": 2.4,
-        "optimizer_tensor_s": 25e-6,
-    }
+    figures = calibrated(reduce_efficiency=0.9, broadcast_efficiency=2.4, optimizer_tensor_s=25e-6)
     device = device_spec(figures, memory_bytes=4e9)
     assert device.reduce_efficiency == pytest.approx(0.9)
     assert device.broadcast_efficiency == pytest.approx(
@@ -633,19 +607,12 @@ def test_compression_passes_over_large_tensors_follow_the_same_size_law():
 def test_the_lowrank_probes_give_powersgd_its_own_size_law():
     small, large = LOWRANK_MATRIX_BYTES
     knee, base = 8e6, 10e9
-    figures = {
-        "matmul_flops": 80e9,
-        "bf16_flops": 300e9,
-        "conv_flops": 40e9,
-        "copy_bandwidth": 20e9,
-        "elementwise_rate": 2e9,
-        "norm_rate": 1e9,
-        "optimizer_rate": 5e9,
-        "layer_overhead_s": 30e-6,
-        "overlap": 0.0,
-        "lowrank_rate": base / (1 + small / knee),
-        "lowrank_large_rate": base / (1 + large / knee),
-    }
+    figures = calibrated(
+        copy_bandwidth=20e9,
+        optimizer_rate=5e9,
+        lowrank_rate=base / (1 + small / knee),
+        lowrank_large_rate=base / (1 + large / knee),
+    )
     device = device_spec(figures, memory_bytes=4e9)
     assert device.lowrank_knee_bytes == pytest.approx(knee) and device.lowrank_efficiency == pytest.approx(base / 20e9)
     assert size_law(5e9, 5e9, LOWRANK_MATRIX_BYTES) == (5e9, None)
@@ -658,18 +625,7 @@ def test_optimizer_size_law_recovers_the_knee_from_the_two_probes():
     rate, fitted = optimizer_size_law(rate_small, rate_large)
     assert fitted == pytest.approx(knee) and rate == pytest.approx(base)
     assert optimizer_size_law(10e9, 9.9e9) == (10e9, None)  # no slower per byte: no knee
-    figures = {
-        "matmul_flops": 80e9,
-        "bf16_flops": 300e9,
-        "conv_flops": 40e9,
-        "copy_bandwidth": 20e9,
-        "elementwise_rate": 2e9,
-        "norm_rate": 1e9,
-        "optimizer_rate": rate_small,
-        "optimizer_large_rate": rate_large,
-        "layer_overhead_s": 30e-6,
-        "overlap": 0.0,
-    }
+    figures = calibrated(copy_bandwidth=20e9, optimizer_rate=rate_small, optimizer_large_rate=rate_large)
     device = device_spec(figures, memory_bytes=4e9)
     assert device.optimizer_knee_bytes == pytest.approx(knee) and device.optimizer_efficiency == pytest.approx(
         base / 20e9

@@ -5,21 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from sample_documents import make_cpu_cluster, make_mlp_graph
+from sample_documents import make_cpu_cluster
 
 from stratagem import zoo
-from stratagem.builders import PS, DataParallel
+from stratagem.builders import PS
 from stratagem.tracing import capture
 from trial_runner import FaultWorkload, LocalBackend, Outcome, ReplayWorkload, ZooWorkload, run_trial
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def setup():
-    graph = make_mlp_graph(batch_size=8, widths=(64, 64, 10))
-    resources = make_cpu_cluster(2)
-    return graph, resources, DataParallel().build(graph, resources)
 
 
 def _alive(pid: int) -> bool:
@@ -30,8 +23,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_healthy_replay_trial_measures_every_step_memory_and_the_sync_split(setup):
-    graph, resources, strategy = setup
+def test_a_healthy_replay_trial_measures_every_step_memory_and_the_sync_split(trial_setup):
+    graph, resources, strategy = trial_setup
     result = run_trial(
         ReplayWorkload(graph), resources, strategy, warmup=1, steps=4, timeout=120, backend=LocalBackend()
     )
@@ -75,15 +68,15 @@ def test_a_zoo_model_trains_under_a_parameter_server_strategy():
     assert all("ps" in r.wait_by_kind_s for r in result.ranks)
 
 
-def test_a_strategy_for_another_model_is_refused_by_the_runtime_as_invalid(setup):
-    _, resources, strategy = setup  # names fc1.weight ..., which gpt does not have
+def test_a_strategy_for_another_model_is_refused_by_the_runtime_as_invalid(trial_setup):
+    _, resources, strategy = trial_setup  # names fc1.weight ..., which gpt does not have
     result = run_trial(ZooWorkload("gpt", batch_size=2), resources, strategy, warmup=0, steps=1, timeout=120)
     assert result.outcome == Outcome.invalid
     assert "fc1.weight" in result.error
 
 
-def test_a_rank_that_raises_is_a_crash_with_its_error_and_its_peer_is_stopped(setup):
-    graph, resources, strategy = setup
+def test_a_rank_that_raises_is_a_crash_with_its_error_and_its_peer_is_stopped(trial_setup):
+    graph, resources, strategy = trial_setup
     workload = FaultWorkload(inner=ReplayWorkload(graph), fault="raise", rank=1, step=1)
     result = run_trial(workload, resources, strategy, warmup=1, steps=3, timeout=120)
     assert result.outcome == Outcome.crash and result.failed_rank == 1
@@ -91,24 +84,24 @@ def test_a_rank_that_raises_is_a_crash_with_its_error_and_its_peer_is_stopped(se
     assert result.wall_s < 60
 
 
-def test_an_absurd_allocation_is_an_oom_outcome(setup):
-    graph, resources, strategy = setup
+def test_an_absurd_allocation_is_an_oom_outcome(trial_setup):
+    graph, resources, strategy = trial_setup
     workload = FaultWorkload(inner=ReplayWorkload(graph), fault="oom", rank=0, step=0)
     result = run_trial(workload, resources, strategy, warmup=1, steps=2, timeout=120)
     assert result.outcome == Outcome.oom and result.failed_rank == 0
     assert "can't allocate memory" in result.error
 
 
-def test_a_rank_that_dies_without_a_report_is_a_crash_with_its_exit_status(setup):
-    graph, resources, strategy = setup
+def test_a_rank_that_dies_without_a_report_is_a_crash_with_its_exit_status(trial_setup):
+    graph, resources, strategy = trial_setup
     workload = FaultWorkload(inner=ReplayWorkload(graph), fault="exit", rank=1, step=1)
     result = run_trial(workload, resources, strategy, warmup=1, steps=2, timeout=120)
     assert result.outcome == Outcome.crash and result.failed_rank == 1
     assert "exited with status 17" in result.error
 
 
-def test_a_rank_that_sleeps_forever_is_a_timeout_and_every_process_is_killed(setup):
-    graph, resources, strategy = setup
+def test_a_rank_that_sleeps_forever_is_a_timeout_and_every_process_is_killed(trial_setup):
+    graph, resources, strategy = trial_setup
     backend = LocalBackend()
     workload = FaultWorkload(inner=ReplayWorkload(graph), fault="hang", rank=1, step=None)
     result = run_trial(workload, resources, strategy, timeout=12, backend=backend)
@@ -118,8 +111,8 @@ def test_a_rank_that_sleeps_forever_is_a_timeout_and_every_process_is_killed(set
     assert len(backend.last_pids) == 2 and not any(_alive(pid) for pid in backend.last_pids)
 
 
-def test_a_step_that_stops_advancing_is_a_hang_long_before_the_time_limit(setup):
-    graph, resources, strategy = setup
+def test_a_step_that_stops_advancing_is_a_hang_long_before_the_time_limit(trial_setup):
+    graph, resources, strategy = trial_setup
     workload = FaultWorkload(inner=ReplayWorkload(graph), fault="hang", rank=1, step=3)
     result = run_trial(workload, resources, strategy, warmup=1, steps=4, timeout=300, min_stall_s=3.0)
     assert result.outcome == Outcome.hang

@@ -5,28 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from sample_documents import make_cpu_cluster, make_mlp_graph
 
-from stratagem.builders import DataParallel
-from trial_runner import FaultWorkload, Outcome, RayBackend, ReplayWorkload, run_trial
+from trial_runner import FaultWorkload, Outcome, ReplayWorkload, run_trial
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_backend():
-    ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_AUTH_MODE", "disabled")
-        with RayBackend(init_kwargs={"num_cpus": 2}) as backend:
-            yield backend, ray
-
-
-@pytest.fixture(scope="module")
-def setup():
-    graph = make_mlp_graph(batch_size=8, widths=(64, 64, 10))
-    resources = make_cpu_cluster(2)
-    return graph, resources, DataParallel().build(graph, resources)
 
 
 def _cpus_back(ray, expected: float = 2.0, within_s: float = 15.0) -> bool:
@@ -43,9 +25,9 @@ def _groups_left(ray) -> list[str]:
     return [g["placement_group_id"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 
 
-def test_a_healthy_trial_runs_one_actor_per_rank_and_releases_the_placement_group(ray_backend, setup):
+def test_a_healthy_trial_runs_one_actor_per_rank_and_releases_the_placement_group(ray_backend, trial_setup):
     backend, ray = ray_backend
-    graph, resources, strategy = setup
+    graph, resources, strategy = trial_setup
     result = run_trial(ReplayWorkload(graph), resources, strategy, warmup=1, steps=3, timeout=120, backend=backend)
     assert result.outcome == Outcome.ok, result.error
     assert result.backend == "ray" and result.world_size == 2
@@ -55,9 +37,9 @@ def test_a_healthy_trial_runs_one_actor_per_rank_and_releases_the_placement_grou
     assert _cpus_back(ray)
 
 
-def test_a_trial_past_its_time_limit_has_its_actors_killed_and_its_placement_group_removed(ray_backend, setup):
+def test_a_trial_past_its_time_limit_has_its_actors_killed_and_its_placement_group_removed(ray_backend, trial_setup):
     backend, ray = ray_backend
-    graph, resources, strategy = setup
+    graph, resources, strategy = trial_setup
     workload = FaultWorkload(inner=ReplayWorkload(graph), fault="hang", step=None)
     result = run_trial(workload, resources, strategy, timeout=20, backend=backend)
     assert result.outcome == Outcome.timeout

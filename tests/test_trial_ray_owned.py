@@ -26,15 +26,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def ray_backend():
-    ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_AUTH_MODE", "disabled")
-        with RayBackend(init_kwargs={"num_cpus": 2}) as backend:
-            yield backend, ray
-
-
 def _owned(ray, owner: str) -> list[str]:  # type: ignore[no-untyped-def]
     return [
         entry["name"]

@@ -104,6 +104,18 @@ def planned_layout(
     return Strategy.parse(strategy).validate_for(graph, resources).model_dump(mode="json")
 
 
+def train_rank(model: Any, optimizer: torch.optim.Optimizer, make_batch: Any, slice_index: int) -> list[float]:
+    """STEPS steps of one rank, distributed `model` on its data-parallel slice; each step's loss."""
+    losses = []
+    for step in range(STEPS):
+        loss = model(*batch_of(make_batch, step, slice_index))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def train_alone(name: str, data: int, micro_batches: int) -> tuple[dict[str, torch.Tensor], list[list[float]]]:
     """One process on every data-parallel slice of each step, each slice the mean of its micro-batches' losses."""
     model, make_batch = build(name)

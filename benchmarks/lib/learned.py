@@ -42,6 +42,7 @@ from simulator.learned import (
     score,
 )
 from simulator.metrics import kendall_tau_on_pairs, kendall_tau_within_groups, mape, top1_regret
+from stratagem.builders import BUILDERS
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 SIZES = (0, 5, 10, 20, 50)
@@ -416,19 +417,8 @@ LOWSHOT_MODES = {
 """mode: (train on the other jobs' trials first, refit the cost model after each of this job's trials).
 Without a refit, the default update scales every prediction by the job's shared measured/predicted bias."""
 
-BASELINE_BUILDERS = frozenset(
-    {
-        "PS",
-        "PSLoadBalancing",
-        "PartitionedPS",
-        "UnevenPartitionedPS",
-        "AllReduce",
-        "PartitionedAR",
-        "RandomAxisPartitionAR",
-        "Parallax",
-        "DataParallel",
-    }
-)
+BASELINE_BUILDERS = frozenset(BUILDERS)
+"""Candidates named after a registered builder are baselines: a low-shot plan measures one of them early."""
 
 
 def lowshot(

@@ -134,6 +134,11 @@ def _megatron_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
     """Megatron's GPT as GPT-2: learned positions over the sequence (`--max-position-embeddings 2048` in
     examples/sc21/CONFIG.sh), tied input and output embeddings (Megatron's default), GeLU, the row's
     ffn (4h) and its padded vocabulary (51200)."""
+    return _gpt2(cfg, positions=cfg["seq"], activation="gelu")
+
+
+def _gpt2(cfg: dict[str, Any], *, positions: int, activation: str) -> dict[str, Any]:
+    """The row's shape in transformers' GPT2Config, with its language-model head."""
     return {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
@@ -141,9 +146,20 @@ def _megatron_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
         "n_embd": cfg["hidden"],
         "n_head": cfg["heads"],
         "n_inner": cfg["ffn"],
-        "n_positions": cfg["seq"],
+        "n_positions": positions,
         "vocab_size": cfg["vocab"],
-        "activation_function": "gelu",
+        "activation_function": activation,
+    }
+
+
+def _bert_named(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The row's shape under the field names BERT's config gave its descendants (DeBERTa, Llama)."""
+    return {
+        "num_hidden_layers": cfg["layers"],
+        "hidden_size": cfg["hidden"],
+        "num_attention_heads": cfg["heads"],
+        "intermediate_size": cfg["ffn"],
+        "vocab_size": cfg["vocab"],
     }
 
 
@@ -153,12 +169,8 @@ def _llama(cfg: dict[str, Any], seq: int) -> dict[str, Any]:
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": cfg["layers"],
-        "hidden_size": cfg["hidden"],
-        "num_attention_heads": cfg["heads"],
+        **_bert_named(cfg),
         "num_key_value_heads": cfg["kv_heads"],
-        "intermediate_size": cfg["ffn"],
-        "vocab_size": cfg["vocab"],
         **LLAMA3_ROPE,
         "max_position_embeddings": max(LLAMA3_ROPE["max_position_embeddings"], seq),
     }
@@ -184,17 +196,7 @@ def _hugging_face(cfg: dict[str, Any], hf_model: str) -> dict[str, Any]:
     glue = "GLUE" in str(cfg.get("task", ""))
     if hf_model.startswith("gpt2"):
         # openai-community/gpt2* config.json: learned positions over 1024 tokens, gelu_new, tied embeddings.
-        return {
-            "model_type": "gpt2",
-            "architectures": ["GPT2LMHeadModel"],
-            "n_layer": cfg["layers"],
-            "n_embd": cfg["hidden"],
-            "n_head": cfg["heads"],
-            "n_inner": cfg["ffn"],
-            "n_positions": 1024,
-            "vocab_size": cfg["vocab"],
-            "activation_function": "gelu_new",
-        }
+        return _gpt2(cfg, positions=1024, activation="gelu_new")
     head = {"architectures": [], **GLUE_HEAD} if glue else {}
     if hf_model.startswith("distilbert"):
         # distilbert/distilbert-base-uncased config.json: 512 positions, sinusoidal off, GeLU.
@@ -214,11 +216,7 @@ def _hugging_face(cfg: dict[str, Any], hf_model: str) -> dict[str, Any]:
         head["architectures"] = ["BertForSequenceClassification"] if glue else ["BertForMaskedLM"]
         return {
             "model_type": "bert",
-            "num_hidden_layers": cfg["layers"],
-            "hidden_size": cfg["hidden"],
-            "num_attention_heads": cfg["heads"],
-            "intermediate_size": cfg["ffn"],
-            "vocab_size": cfg["vocab"],
+            **_bert_named(cfg),
             "max_position_embeddings": 512,
             "type_vocab_size": 2,
             **head,
@@ -227,11 +225,7 @@ def _hugging_face(cfg: dict[str, Any], hf_model: str) -> dict[str, Any]:
         head["architectures"] = ["DebertaV2ForSequenceClassification"] if glue else ["DebertaV2ForMaskedLM"]
         return {
             "model_type": "deberta-v2",
-            "num_hidden_layers": cfg["layers"],
-            "hidden_size": cfg["hidden"],
-            "num_attention_heads": cfg["heads"],
-            "intermediate_size": cfg["ffn"],
-            "vocab_size": cfg["vocab"],
+            **_bert_named(cfg),
             **DEBERTA_V2_XXLARGE,
             **head,
         }

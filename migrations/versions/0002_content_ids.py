@@ -82,9 +82,10 @@ def upgrade() -> None:
     specs = _rewrite_named(bind, SPECS, lambda data: ResourceSpec.model_validate(data))
     strategies = _rewrite_strategies(bind, graphs, specs)
     ids = {**graphs, **specs, **strategies}
-    _repoint_jobs(bind, graphs, specs, strategies, ids)
+    documents = {"graph_id": graphs, "resource_id": specs}
+    _repoint(bind, JOBS, {**documents, "best_strategy_id": strategies}, "result", ids)
     _repoint_candidates(bind, strategies)
-    _repoint_trials(bind, graphs, specs, strategies, ids)
+    _repoint(bind, TRIALS, {**documents, "strategy_id": strategies}, "details", ids)
     _repoint_cost_models(bind, ids)
     _delete(bind, STRATEGIES, strategies)
     _delete(bind, GRAPHS, graphs)
@@ -102,13 +103,9 @@ def _rewrite_named(bind: sa.Connection, table: sa.TableClause, parse: Any) -> di
         document = _parsed(table.name, row["id"], row["json"], parse)
         if document is None:
             continue
-        new_id, data = str(document.id), document.model_dump(mode="json")
-        if new_id == row["id"]:
-            bind.execute(sa.update(table).where(table.c.id == row["id"]).values(json=data))
-            continue
-        if not bind.execute(sa.select(table.c.id).where(table.c.id == new_id)).first():
-            bind.execute(sa.insert(table).values(id=new_id, name=row["name"], json=data, created_at=row["created_at"]))
-        moved[row["id"]] = new_id
+        new_id = _store(bind, table, row, document, name=row["name"])
+        if new_id is not None:
+            moved[row["id"]] = new_id
     return moved
 
 
@@ -131,14 +128,22 @@ def _rewrite_strategies(bind: sa.Connection, graphs: dict[str, str], specs: dict
         if document is None:  # kept as it was, but pointing at its graph and spec under their new ids
             bind.execute(sa.update(STRATEGIES).where(STRATEGIES.c.id == row["id"]).values(**columns))
             continue
-        new_id, stored = str(document.id), document.model_dump(mode="json")
-        if new_id == row["id"]:
-            bind.execute(sa.update(STRATEGIES).where(STRATEGIES.c.id == row["id"]).values(json=stored, **columns))
-            continue
-        if not bind.execute(sa.select(STRATEGIES.c.id).where(STRATEGIES.c.id == new_id)).first():
-            bind.execute(sa.insert(STRATEGIES).values(id=new_id, json=stored, created_at=row["created_at"], **columns))
-        moved[row["id"]] = new_id
+        new_id = _store(bind, STRATEGIES, row, document, **columns)
+        if new_id is not None:
+            moved[row["id"]] = new_id
     return moved
+
+
+def _store(bind: sa.Connection, table: sa.TableClause, row: sa.RowMapping, document: Any, **columns: Any) -> str | None:
+    """`row` rewritten as `document` with `columns`: in place while its id is unchanged, else as a new row
+    (one only, when two old documents are one under the new id). The new id, if it moved."""
+    new_id, data = str(document.id), document.model_dump(mode="json")
+    if new_id == row["id"]:
+        bind.execute(sa.update(table).where(table.c.id == row["id"]).values(json=data, **columns))
+        return None
+    if not bind.execute(sa.select(table.c.id).where(table.c.id == new_id)).first():
+        bind.execute(sa.insert(table).values(id=new_id, json=data, created_at=row["created_at"], **columns))
+    return new_id
 
 
 def _parsed(table: str, ident: str, data: Any, parse: Any) -> Any:
@@ -150,21 +155,15 @@ def _parsed(table: str, ident: str, data: Any, parse: Any) -> Any:
         return None
 
 
-def _repoint_jobs(
-    bind: sa.Connection,
-    graphs: dict[str, str],
-    specs: dict[str, str],
-    strategies: dict[str, str],
-    ids: dict[str, str],
+def _repoint(
+    bind: sa.Connection, table: sa.TableClause, columns: dict[str, dict[str, str]], document: str, ids: dict[str, str]
 ) -> None:
-    for row in bind.execute(sa.select(JOBS)).mappings().all():
-        values = {
-            "graph_id": graphs.get(row["graph_id"], row["graph_id"]),
-            "resource_id": specs.get(row["resource_id"], row["resource_id"]),
-            "best_strategy_id": strategies.get(row["best_strategy_id"], row["best_strategy_id"]),
-            "result": _renamed(row["result"], ids),
-        }
-        bind.execute(sa.update(JOBS).where(JOBS.c.id == row["id"]).values(**values))
+    """Point each row's id `columns` at the new ids (each through its own old -> new map) and rename every
+    old id in its JSON `document` column."""
+    for row in bind.execute(sa.select(table)).mappings().all():
+        values = {column: moved.get(row[column], row[column]) for column, moved in columns.items()}
+        values[document] = _renamed(row[document], ids)
+        bind.execute(sa.update(table).where(table.c.id == row["id"]).values(**values))
 
 
 def _repoint_candidates(bind: sa.Connection, strategies: dict[str, str]) -> None:
@@ -179,23 +178,6 @@ def _repoint_candidates(bind: sa.Connection, strategies: dict[str, str]) -> None
             bind.execute(sa.delete(CANDIDATES).where(CANDIDATES.c.id == row["id"]))
         else:
             bind.execute(sa.update(CANDIDATES).where(CANDIDATES.c.id == row["id"]).values(strategy_id=new_id))
-
-
-def _repoint_trials(
-    bind: sa.Connection,
-    graphs: dict[str, str],
-    specs: dict[str, str],
-    strategies: dict[str, str],
-    ids: dict[str, str],
-) -> None:
-    for row in bind.execute(sa.select(TRIALS)).mappings().all():
-        values = {
-            "graph_id": graphs.get(row["graph_id"], row["graph_id"]),
-            "resource_id": specs.get(row["resource_id"], row["resource_id"]),
-            "strategy_id": strategies.get(row["strategy_id"], row["strategy_id"]),
-            "details": _renamed(row["details"], ids),
-        }
-        bind.execute(sa.update(TRIALS).where(TRIALS.c.id == row["id"]).values(**values))
 
 
 def _repoint_cost_models(bind: sa.Connection, ids: dict[str, str]) -> None:

@@ -18,6 +18,7 @@ MakeBatch = Callable[[int], tuple[torch.Tensor, ...]]
 Built = tuple[nn.Module, MakeBatch]
 DeviceLike = torch.device | str | None
 MakeTensors = Callable[[int, torch.device], tuple[torch.Tensor, ...]]
+Stem = Literal["imagenet", "cifar"]
 
 MATERIALIZE_LIMIT = 2_000_000_000
 """Parameters above which a builder refuses any device but meta: 8 GB of fp32 weights."""
@@ -115,3 +116,35 @@ def image_batch(image_size: int, num_classes: int) -> MakeTensors:
         return images, torch.randint(0, num_classes, (batch_size,), device=device)
 
     return make
+
+
+def build_image_classifier(
+    name: str,
+    model: Callable[[Any], nn.Module],
+    presets: dict[str, Any],
+    size: str,
+    device: DeviceLike,
+    overrides: dict[str, Any],
+) -> Built:
+    """A CNN builder: `model(config)` built on `device`, fed random images of the config's `image_size`
+    and labels below its `num_classes`."""
+    config = resolve_config(presets, size, overrides)
+    with on_device(device):
+        module = model(config)
+    make = batch_maker(device, image_batch(config.image_size, config.num_classes))
+    return finish(module, make, name, size, overrides, config)
+
+
+def image_stem(channels: int, stem: Stem) -> nn.Sequential:
+    """ResNet's and DenseNet's first layers: `imagenet`, a 7x7 stride-2 convolution and a 3x3 stride-2
+    max-pool; `cifar`, one 3x3 convolution, which keeps a 32x32 image's resolution."""
+    if stem == "imagenet":
+        return nn.Sequential(
+            nn.Conv2d(3, channels, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+    return nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(inplace=True)
+    )

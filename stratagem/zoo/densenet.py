@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.zoo.common import (
-    Built,
-    DeviceLike,
-    batch_maker,
-    finish,
-    image_batch,
-    on_device,
-    resolve_config,
-)
+from stratagem.zoo.common import Built, DeviceLike, Stem, build_image_classifier, image_stem
 
 
 @dataclass(frozen=True)
@@ -32,7 +24,7 @@ class DenseNetConfig:
     """A dense layer's 1x1 convolution widens to bottleneck × growth channels before its 3x3 (DenseNet-B)."""
     image_size: int = 224
     num_classes: int = 1000
-    stem: Literal["imagenet", "cifar"] = "imagenet"
+    stem: Stem = "imagenet"
     """`imagenet`: 7x7 stride-2 conv and max-pool; `cifar`: one 3x3 conv, for 32x32 images."""
 
 
@@ -87,17 +79,7 @@ class DenseNet(nn.Module):
     def __init__(self, config: DenseNetConfig) -> None:
         super().__init__()
         channels = config.init_features
-        if config.stem == "imagenet":
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, channels, 7, stride=2, padding=3, bias=False),
-                nn.BatchNorm2d(channels),
-                nn.ReLU(inplace=True),
-                nn.MaxPool2d(3, stride=2, padding=1),
-            )
-        else:
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(inplace=True)
-            )
+        self.stem = image_stem(channels, config.stem)
         stages: list[nn.Module] = []
         for index, layers in enumerate(config.blocks):
             stages.append(DenseBlock(layers, channels, config.growth, config.bottleneck))
@@ -118,8 +100,4 @@ class DenseNet(nn.Module):
 def densenet121(size: str = "small", *, device: DeviceLike = None, **overrides: Any) -> Built:
     """DenseNet-121-like CNN: four dense blocks of 6, 12, 24 and 16 layers (growth 32, 8.0M parameters);
     small: one 8-channel-growth layer per block, 32x32 images."""
-    config = resolve_config(DENSENET_PRESETS, size, overrides)
-    with on_device(device):
-        module = DenseNet(config)
-    make = batch_maker(device, image_batch(config.image_size, config.num_classes))
-    return finish(module, make, "densenet121", size, overrides, config)
+    return build_image_classifier("densenet121", DenseNet, DENSENET_PRESETS, size, device, overrides)

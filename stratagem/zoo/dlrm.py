@@ -10,15 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.zoo.common import (
-    Built,
-    DeviceLike,
-    batch_maker,
-    check_materializable,
-    finish,
-    on_device,
-    resolve_config,
-)
+from stratagem.zoo.common import Built, DeviceLike, batch_maker, check_materializable, finish, on_device, resolve_config
 
 
 @dataclass(frozen=True)

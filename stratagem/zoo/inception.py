@@ -10,15 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.zoo.common import (
-    Built,
-    DeviceLike,
-    batch_maker,
-    finish,
-    image_batch,
-    on_device,
-    resolve_config,
-)
+from stratagem.zoo.common import Built, DeviceLike, build_image_classifier
 
 Kernel = int | tuple[int, int]
 
@@ -214,8 +206,4 @@ class InceptionV3(nn.Module):
 def inception_v3(size: str = "small", *, device: DeviceLike = None, **overrides: Any) -> Built:
     """Inception-v3-like CNN: the factorized stem, three 35x35, four 17x17 and two 8x8 Inception modules
     with two grid reductions (23.8M parameters at 299x299); small: channels / 16, 75x75 images."""
-    config = resolve_config(INCEPTION_PRESETS, size, overrides)
-    with on_device(device):
-        module = InceptionV3(config)
-    make = batch_maker(device, image_batch(config.image_size, config.num_classes))
-    return finish(module, make, "inception_v3", size, overrides, config)
+    return build_image_classifier("inception_v3", InceptionV3, INCEPTION_PRESETS, size, device, overrides)

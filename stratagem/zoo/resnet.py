@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.zoo.common import (
-    Built,
-    DeviceLike,
-    batch_maker,
-    finish,
-    image_batch,
-    on_device,
-    resolve_config,
-)
+from stratagem.zoo.common import Built, DeviceLike, Stem, build_image_classifier, image_stem
 
 
 @dataclass(frozen=True)
@@ -28,7 +20,7 @@ class ResNetConfig:
     """Channels of the first stage; each later stage doubles it, bottlenecks expand 4x."""
     image_size: int = 224
     num_classes: int = 1000
-    stem: Literal["imagenet", "cifar"] = "imagenet"
+    stem: Stem = "imagenet"
     """`imagenet`: 7x7 stride-2 conv and max-pool; `cifar`: one 3x3 conv, for 32x32 images."""
 
 
@@ -69,17 +61,7 @@ class ResNet(nn.Module):
     def __init__(self, config: ResNetConfig) -> None:
         super().__init__()
         w = config.width
-        if config.stem == "imagenet":
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False),
-                nn.BatchNorm2d(w),
-                nn.ReLU(inplace=True),
-                nn.MaxPool2d(3, stride=2, padding=1),
-            )
-        else:
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)
-            )
+        self.stem = image_stem(w, config.stem)
         stages: list[nn.Module] = []
         channels = w
         for index, count in enumerate(config.blocks):
@@ -100,8 +82,4 @@ class ResNet(nn.Module):
 
 def resnet50(size: str = "small", *, device: DeviceLike = None, **overrides: Any) -> Built:
     """ResNet-50-like CNN with bottleneck blocks; small: 8 base channels, one block per stage, 32x32."""
-    config = resolve_config(RESNET_PRESETS, size, overrides)
-    with on_device(device):
-        module = ResNet(config)
-    make = batch_maker(device, image_batch(config.image_size, config.num_classes))
-    return finish(module, make, "resnet50", size, overrides, config)
+    return build_image_classifier("resnet50", ResNet, RESNET_PRESETS, size, device, overrides)

@@ -9,15 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.zoo.common import (
-    Built,
-    DeviceLike,
-    batch_maker,
-    finish,
-    image_batch,
-    on_device,
-    resolve_config,
-)
+from stratagem.zoo.common import Built, DeviceLike, build_image_classifier
 
 
 @dataclass(frozen=True)
@@ -68,8 +60,4 @@ class VGG(nn.Module):
 
 def vgg16(size: str = "small", *, device: DeviceLike = None, **overrides: Any) -> Built:
     """VGG-16-like CNN: 13 3x3 convolutions in 5 stages and a 3-layer classifier; small: 8 base channels."""
-    config = resolve_config(VGG_PRESETS, size, overrides)
-    with on_device(device):
-        module = VGG(config)
-    make = batch_maker(device, image_batch(config.image_size, config.num_classes))
-    return finish(module, make, "vgg16", size, overrides, config)
+    return build_image_classifier("vgg16", VGG, VGG_PRESETS, size, device, overrides)
