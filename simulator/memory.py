@@ -318,26 +318,46 @@ def _flat_activations(context: SimContext, batch: CandidateBatch, tensor: np.nda
         | gpu
     )
     if knobs.size:
-        shapes: dict[activations.Shape, float] = {}
-        for i in knobs.tolist():
-            shape = _row_shape(batch, i, gpu=bool(gpu[i]))
-            if shape not in shapes:
-                shapes[shape] = float(activations.held(context, shape).sum()) + activations.rebuilt(context, shape)
-            out[i] = shapes[shape]
+        shapes, inverse = _row_shapes(batch, knobs, gpu[knobs])
+        held = [float(activations.held(context, shape).sum()) + activations.rebuilt(context, shape) for shape in shapes]
+        out[knobs] = np.array(held)[inverse]
     return out
 
 
-def _row_shape(batch: CandidateBatch, i: int, *, gpu: bool) -> activations.Shape:
-    return activations.Shape(
-        tensor=int(batch.tensor[i]),
-        context_parallel=int(batch.context_parallel[i]),
-        sequence_parallel=bool(batch.sequence_parallel[i]),
-        precision=int(batch.precision[i]),
-        selective=bool(batch.selective[i]),
-        recompute=bool(batch.recompute[i]),
-        selective_op=bool(batch.selective_op[i]),
-        gpu=gpu,
-    )
+def _row_shapes(batch: CandidateBatch, rows: np.ndarray, gpu: np.ndarray) -> tuple[list[activations.Shape], np.ndarray]:
+    """The distinct activation shapes among `rows`, and each row's index into them: a batch holds
+    thousands of rows but a handful of shapes, each priced once. A shape is one row of `keys`."""
+    keys = np.stack(
+        [
+            batch.tensor[rows],
+            batch.context_parallel[rows],
+            batch.sequence_parallel[rows],
+            batch.precision[rows],
+            batch.selective[rows],
+            batch.recompute[rows],
+            batch.selective_op[rows],
+            gpu,
+        ],
+        axis=1,
+    ).astype(np.int64)
+    packed = np.zeros(len(rows), dtype=np.int64)
+    for column in keys.T:
+        packed = packed * (int(column.max()) + 1) + column
+    _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+    shapes = [
+        activations.Shape(
+            tensor=int(t),
+            context_parallel=int(c),
+            sequence_parallel=bool(sp),
+            precision=int(p),
+            selective=bool(sel),
+            recompute=bool(rc),
+            selective_op=bool(op),
+            gpu=bool(g),
+        )
+        for t, c, sp, p, sel, rc, op, g in keys[first].tolist()
+    ]
+    return shapes, inverse.reshape(-1)
 
 
 def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) -> np.ndarray:
@@ -346,12 +366,11 @@ def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) 
     with them included."""
     out = np.zeros(len(batch))
     gpu = np.array([spec.is_gpu for spec in context.kinds.specs], dtype=bool)[topo.kind]
-    shapes: dict[activations.Shape, float] = {}
-    for i in np.flatnonzero(gpu).tolist():
-        shape = _row_shape(batch, i, gpu=True)
-        if shape not in shapes:
-            shapes[shape] = activations.backward_extra(context, shape, activations.held(context, shape))
-        out[i] = shapes[shape]
+    rows = np.flatnonzero(gpu)
+    if rows.size:
+        shapes, inverse = _row_shapes(batch, rows, np.ones(rows.size, dtype=bool))
+        extra = [activations.backward_extra(context, shape, activations.held(context, shape)) for shape in shapes]
+        out[rows] = np.array(extra)[inverse]
     return out
 
 
