@@ -135,6 +135,16 @@ def test_every_candidate_trains_the_fixed_global_batch(monkeypatch) -> None:
         assert (batch % 16 == 0) == bool(result.baselines)
 
 
+def test_a_search_out_of_time_before_anything_fits_goes_on_until_something_does() -> None:
+    """With no builder able to train the batch (40 on 16 devices) and the clock gone before the first
+    proposal, as on a loaded machine, the answer is still a layout that fits, not 'nothing fits'."""
+    graph, resources = llama_graph(batch=1, seq=64), gpu_cluster(2, 8)
+    result = search(graph, resources, runner="engine", global_batch=40, time_budget_s=1e-4, max_candidates=20000)
+    assert not result.baselines
+    assert result.candidates and result.stopped_by == "time"
+    assert all(np.isfinite(c.predicted.step_time_s) for c in result.candidates)
+
+
 def test_without_a_global_batch_the_graph_batch_is_a_replica_step() -> None:
     graph, resources = llama_graph(batch=4, seq=64), gpu_cluster(1, 8)
     result = search(graph, resources, **BUDGET)

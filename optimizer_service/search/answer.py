@@ -171,8 +171,13 @@ def _pick(
     )
     if archive is None or len(allowed) == 0:
         reason = baselines.data_parallel.infeasible_reason if baselines.data_parallel else "no baseline"
+        limit = "max_candidates" if evaluator.remaining == 0 else "time_budget_s"
+        budget = (
+            f"; the search stopped at its {limit}, and a larger one may find a candidate" if evaluator.exhausted else ""
+        )
         raise InfeasibleStrategyError(
-            f"no candidate fits on this cluster after {evaluator.evaluated} evaluated; plain data parallel: {reason}"
+            f"no candidate fits on this cluster after {evaluator.evaluated} evaluated; plain data parallel: "
+            f"{reason}{budget}"
         )
     groups = group_variants(variant_keys(space.context, archive.batch.take(allowed)), archive.scores[allowed])
     by_row = {int(allowed[g.representative]): Group(g.key, [int(allowed[m]) for m in g.members]) for g in groups}

@@ -172,17 +172,23 @@ class Evaluator:
         self.report(phase)
         return scores
 
-    def evaluate_in_pieces(self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str) -> None:
+    def evaluate_in_pieces(
+        self, batch: CandidateBatch, labels: list[str] | np.ndarray, phase: str, *, until_feasible: bool = False
+    ) -> None:
         """`evaluate` in pieces the clock allows (`affordable`; FIRST_PIECE rows before the pace is known),
         so a large batch of rows that are slow to price (each new step size compiles its step's graph)
-        stops at the time budget."""
+        stops at the time budget. `until_feasible` goes on past the clock while nothing found fits: a
+        loaded machine must not turn "out of time" into "nothing fits"."""
         labels = np.asarray(labels, dtype=object)
         start = 0
-        while start < len(batch) and not self.exhausted:
+        while start < len(batch) and (not self.exhausted or (until_feasible and self._needs_a_feasible_row())):
             size = self.affordable(len(batch) - start) if self._seconds_per_row is not None else FIRST_PIECE
             rows = np.arange(start, min(start + size, len(batch)))
             self.evaluate(batch.take(rows), labels[rows], phase)
             start = int(rows[-1]) + 1
+
+    def _needs_a_feasible_row(self) -> bool:
+        return self.remaining > 0 and not np.isfinite(self.best_score)
 
     def _pace(self, rows: int) -> None:
         """Seconds per row, making and simulating included (time since the previous batch ended); forced
