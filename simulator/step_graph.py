@@ -18,6 +18,7 @@ import numpy as np
 
 from stratagem.bounded_cache import BoundedCache
 from stratagem.ir import ModelGraph
+from stratagem.ir.document import content_hash
 
 if TYPE_CHECKING:
     from simulator.context import SimContext
@@ -77,7 +78,11 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
         else variable
         for variable in graph.variables
     ]
-    return graph.replace(batch_size=samples, layers=layers, variables=variables)
+    # Every figure above is a scaled copy of a validated one, so the graph is not validated again (on a
+    # 300B decoder that costs more than pricing a search's first layouts); its id names the graph it
+    # scales and the sample count, as it is never stored.
+    derived = content_hash({"step_graph_of": graph.id, "samples": samples})
+    return graph.model_copy(update={"batch_size": samples, "layers": layers, "variables": variables, "id": derived})
 
 
 def step_samples(context: SimContext, batch: CandidateBatch) -> np.ndarray:
