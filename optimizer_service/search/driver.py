@@ -151,8 +151,8 @@ def _search_budget(time_budget_s: float | None, build_seconds: list[float], top_
     answer, whose cost is mostly making top_k Strategy objects: about what a typical builder took to
     make one (the median, which a first call's one-time costs do not skew), plus three for the
     predictions and words."""
-    if time_budget_s is None:
-        return None
+    if time_budget_s is None or not build_seconds:
+        return time_budget_s
     return max(time_budget_s - float(np.median(build_seconds)) * (top_k + 3), 1e-3)
 
 
@@ -217,12 +217,12 @@ def _check_layouts(space: Space) -> None:
 def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, space: Space) -> Baselines:
     """Every builder's strategy at the request's precision and compile; under a global batch, each replica's step is
     its share of it in one micro-batch, and where the devices do not divide the batch the builders (plain
-    data parallelism over every device) cannot train it and are left out."""
+    data parallelism over every device) cannot train it and are not built."""
     names, strategies, seconds = [], [], []
     options = space.options
     devices = len(context.compute_device_indices)
     fits_batch = options.global_batch is None or options.global_batch % devices == 0
-    for builder in all_builders():
+    for builder in all_builders() if fits_batch else []:
         started = time.perf_counter()
         strategy = builder.build(graph, resources)
         if (
@@ -233,9 +233,8 @@ def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, 
             size = options.global_batch // devices if options.global_batch is not None else None
             strategy = _restated(strategy, precision=options.precision, compile=options.compile, micro_batch_size=size)
         seconds.append(time.perf_counter() - started)
-        if fits_batch:
-            strategies.append(strategy)
-            names.append(builder.name)
+        strategies.append(strategy)
+        names.append(builder.name)
     batch = encode(context, strategies, validate=False)
     return Baselines(
         names, strategies, batch.with_max_shards(max(batch.max_shards, space.max_shards)), build_seconds=seconds

@@ -36,8 +36,10 @@ def normalized_step(
     return step_time * reference / (batch.data * step_samples(context, batch))
 
 
-FIRST_PIECE = 64
-"""Rows of the first piece `evaluate_in_pieces` takes, before it knows the pace."""
+FIRST_PIECE = 16
+"""Rows of the first piece `evaluate_in_pieces` takes, before it knows the pace: a row whose step graph
+must be compiled first costs tens of milliseconds on a thousand-GPU layout, so a larger first piece can
+spend a 2 s budget on its own."""
 _HASH_SEED = 0x5EED
 PER_MIX = 16
 """Most archived candidates with one synchronizer mix (the same kind for every variable) on one layout."""

@@ -190,15 +190,22 @@ def mesh_layouts(space: Space) -> list[tuple[str, RowWriter]]:
 
 
 def _layout_order(space: Space) -> list[int]:
-    """The order layouts are proposed in. Under a global batch they come before every other family, and
-    the widest tensor degree first (Megatron's recipe: tensor parallelism fills a node, then pipeline
-    stages are added), so a large cluster whose step graphs are slow to compile prices the usual
-    layouts before its time budget runs out."""
+    """The order layouts are proposed in. Under a global batch they come before every other family:
+    each tensor × pipeline split once before any split's variants (micro-batch, context, schedule), the
+    widest tensor degree first (Megatron's recipe: tensor parallelism fills a node, then pipeline stages
+    are added). A large cluster whose step graphs are slow to compile may price only a few dozen layouts
+    in its time budget; those must include the pipeline depths that fit a large model's memory."""
     indices = list(range(len(space.meshes)))
     if space.rules.global_batch is None:
         return indices
     meshes = space.meshes
-    return [0, *sorted(indices[1:], key=lambda i: (-meshes[i].tensor, meshes[i].pipeline, i))]
+    seen: dict[tuple[int, int], int] = {}
+    variant = {}
+    for i in indices[1:]:
+        split = (meshes[i].tensor, meshes[i].pipeline)
+        variant[i] = seen.get(split, 0)
+        seen[split] = variant[i] + 1
+    return [0, *sorted(indices[1:], key=lambda i: (variant[i], -meshes[i].tensor, meshes[i].pipeline, i))]
 
 
 # --- row writers -----------------------------------------------------------------------------------
