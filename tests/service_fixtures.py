@@ -96,9 +96,10 @@ def sqlite_url(tmp_path: Any) -> str:
     return f"sqlite:///{tmp_path / 'stratagem.db'}"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.slow])])
 def database_url(request: pytest.FixtureRequest) -> str:
-    """Each backend in turn: a fresh SQLite file, then a fresh PostgreSQL database."""
+    """Each backend in turn: a fresh SQLite file, then a fresh PostgreSQL database (a real server, so
+    the integration suite's; the quick suite runs the same tests on SQLite)."""
     name = "sqlite_url" if request.param == "sqlite" else "postgres_url"
     return str(request.getfixturevalue(name))
 

@@ -175,6 +175,7 @@ def test_load_shared_by_a_round_is_divided_out(tmp_path):
         assert s.folded().measured_step_time_s == pytest.approx(base[s.name])
 
 
+@pytest.mark.slow
 def test_the_served_curve_is_the_correction_where_the_service_would_put_it_in_use():
     """With a bias the correction can learn (the synthetic jobs' PS traffic 2.5x dearer than simulated),
     cross-validation on its own training trials always promotes it, so what is served is the correction;

@@ -88,6 +88,7 @@ def test_a_bad_item_in_a_list_is_named_by_its_index() -> None:
         predict(graph, cluster, [Layout(), mixed])
 
 
+@pytest.mark.slow
 def test_importing_the_library_and_its_predict_module_does_not_load_the_simulator() -> None:
     code = (
         "import sys, stratagem\n"

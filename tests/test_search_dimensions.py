@@ -196,6 +196,7 @@ def llama_70b() -> ModelGraph:
     return capture_hf_config(LLAMA3_70B, batch=1, seq=8192)
 
 
+@pytest.mark.slow
 def test_a_70b_decoder_on_64_h100_weighs_the_layouts_practitioners_run(monkeypatch) -> None:
     """tp=8 × pp=2 with selective recomputation (Megatron's recipe), FSDP with full recomputation
     (torchtitan's), tp=4 × pp=4 interleaved: all three priced, ranked, and none beats the answer."""

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "hunter2-secret"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "url", [f"mysql://admin:{PASSWORD}@db.internal/prod", f"postgresql://admin:{PASSWORD}@127.0.0.1:1/prod"]
 )

@@ -64,6 +64,7 @@ SUPERVISOR = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
 def test_a_rank_dies_when_its_supervisor_is_killed_with_sigkill() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR], stdout=subprocess.PIPE, text=True, env=env)
