@@ -44,11 +44,12 @@ layers price as one roofline, as on a CPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from stratagem.ir import LayerKind, ModelGraph
+from stratagem.ir import LayerKind, ModelGraph, Variable
 
 TILE = 128
 """Side of the output tile a half-precision cuBLAS GEMM computes per thread block (the guide's 128 x 128)."""
@@ -95,7 +96,7 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
         dtype=float,
     )
     calls = [layer.attention for layer in layers]
-    numels = {v.name: (v.numel, len(v.shape)) for v in graph.variables}
+    variables = graph.variables_by_name()
     return KernelArrays(
         arithmetic_bytes=np.array(
             [
@@ -112,7 +113,9 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
         attention_traced_bytes=np.array([c.traced_bytes if c else 0.0 for c in calls], dtype=float),
         attention_io_bytes=np.array([c.io_bytes if c else 0.0 for c in calls], dtype=float),
         attention_causal=np.array([bool(c and c.causal) for c in calls], dtype=bool),
-        gemm=np.array([gemm_dims(graph, i, numels) for i in range(len(layers))], dtype=float).reshape(len(layers), 3),
+        gemm=np.array([gemm_dims(graph, i, variables) for i in range(len(layers))], dtype=float).reshape(
+            len(layers), 3
+        ),
         split=any(layer.arithmetic_bytes is not None for layer in layers),
     )
 
@@ -135,14 +138,14 @@ def fp8_scaling_bytes(m: np.ndarray, n: np.ndarray, k: np.ndarray, *, compiled: 
     return forward, backward
 
 
-def gemm_dims(graph: ModelGraph, index: int, numels: dict[str, tuple[int, int]]) -> tuple[float, float, float]:
+def gemm_dims(graph: ModelGraph, index: int, variables: Mapping[str, Variable]) -> tuple[float, float, float]:
     """(M, N, K) of a matmul or convolution layer's GEMM (a convolution as its implicit GEMM), from
     `2·M·N·K` = its forward FLOPs, `M·N` = its output's elements and `N·K` = its weight's (the largest
-    variable of rank 2 or more); zeros when any is missing. `numels`: each variable's (elements, rank)."""
+    variable of rank 2 or more); zeros when any is missing."""
     layer = graph.layers[index]
     if layer.kind not in (LayerKind.matmul, LayerKind.conv) or layer.attention is not None:
         return 0.0, 0.0, 0.0
-    weights = [numels[name][0] for name in layer.variables if numels[name][1] >= 2]
+    weights = [variables[name].numel for name in layer.variables if len(variables[name].shape) >= 2]
     outputs = layer.output_bytes / graph.dtype.itemsize
     if not weights or outputs < 1 or layer.fwd_flops <= 0:
         return 0.0, 0.0, 0.0

@@ -135,7 +135,7 @@ def _search(
     rng = np.random.default_rng(seed)
     shards = baselines.batch.max_shards
     evaluator.evaluate(baselines.batch, [f"builder:{name}" for name in baselines.names], "baselines", force=True)
-    if space.num_variables and (not evaluator.exhausted or not np.isfinite(evaluator.best_score)):
+    if space.num_variables and (not evaluator.exhausted or evaluator.needs_a_feasible_row):
         proposals = structured_proposals(space, shards)
         evaluator.evaluate_in_pieces(proposals.batch, proposals.labels, "proposals", until_feasible=True)
         _reserve_for_answer(evaluator, space, time_budget_s, top_k)

@@ -183,13 +183,15 @@ class Evaluator:
         loaded machine must not turn "out of time" into "nothing fits"."""
         labels = np.asarray(labels, dtype=object)
         start = 0
-        while start < len(batch) and (not self.exhausted or (until_feasible and self._needs_a_feasible_row())):
+        while start < len(batch) and (not self.exhausted or (until_feasible and self.needs_a_feasible_row)):
             size = self.affordable(len(batch) - start) if self._seconds_per_row is not None else FIRST_PIECE
             rows = np.arange(start, min(start + size, len(batch)))
             self.evaluate(batch.take(rows), labels[rows], phase)
             start = int(rows[-1]) + 1
 
-    def _needs_a_feasible_row(self) -> bool:
+    @property
+    def needs_a_feasible_row(self) -> bool:
+        """Nothing evaluated fits yet, and the candidate budget allows more."""
         return self.remaining > 0 and not np.isfinite(self.best_score)
 
     def _pace(self, rows: int) -> None:

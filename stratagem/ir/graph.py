@@ -230,7 +230,9 @@ class ModelGraph(Document):
         return self
 
     def variable(self, name: str) -> Variable:
-        return self._variables_by_name()[name]
+        """One lookup; a caller asking for many variables takes `variables_by_name()` once instead (an index
+        kept on the graph would make equal graphs compare unequal, as pydantic compares private state)."""
+        return self.variables_by_name()[name]
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
@@ -238,7 +240,7 @@ class ModelGraph(Document):
                 return layer
         raise KeyError(name)
 
-    def _variables_by_name(self) -> dict[str, Variable]:
+    def variables_by_name(self) -> dict[str, Variable]:
         return {v.name: v for v in self.variables}
 
     @property
