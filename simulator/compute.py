@@ -39,7 +39,13 @@ import numpy as np
 
 from simulator.context import SimContext
 from simulator.encoding import Precision
-from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, fp8_scaling_bytes, wave_utilisation
+from simulator.kernels import (
+    CAUSAL_SHARE,
+    FLASH_BACKWARD_FLOPS,
+    WINOGRAD_MULTIPLY_SHARE,
+    fp8_scaling_bytes,
+    wave_utilisation,
+)
 
 NCHW_TRANSPOSE_PASSES = 2.0
 """A tensor-core convolution of NCHW tensors (PyTorch's default memory format) reads and writes its input
@@ -147,9 +153,14 @@ def gpu_kernels(
     backward_bytes = np.where(context.layer_embedding, 1.0, BACKWARD_BYTES_FACTOR)
     attention = kernels.attention_flops
     rate = peak * efficiency
-    fwd = np.maximum((context.fwd_flops - attention) * share / (rate * forward_waves), arithmetic * share / byte_rate)
+    fwd_flops, bwd_flops = context.fwd_flops, context.bwd_flops
+    if kernels.winograd.any() and peaks.conv[kind, p] <= k.specs[kind].flops_for("float32"):
+        # IEEE fp32 convolutions: Winograd forward and for the input gradient (half of backward's FLOPs).
+        fwd_flops = np.where(kernels.winograd, fwd_flops * WINOGRAD_MULTIPLY_SHARE, fwd_flops)
+        bwd_flops = np.where(kernels.winograd, bwd_flops * (1.0 + WINOGRAD_MULTIPLY_SHARE) / 2.0, bwd_flops)
+    fwd = np.maximum((fwd_flops - attention) * share / (rate * forward_waves), arithmetic * share / byte_rate)
     bwd = np.maximum(
-        np.maximum(context.bwd_flops - 2.0 * attention, 0.0) * share / (rate * backward_waves),
+        np.maximum(bwd_flops - 2.0 * attention, 0.0) * share / (rate * backward_waves),
         backward_bytes * arithmetic * share / byte_rate,
     )
     fwd = fwd + elementwise * share / streamed

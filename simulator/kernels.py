@@ -32,6 +32,12 @@ one after another, so their times add (Williams et al. 2009's roofline holds per
   fp8 copies of the input and of that gradient (`fp8_scaling_bytes`). Compiled, the maximum fuses into
   the cast's pass.
 
+- A 3 x 3 stride-1 convolution in IEEE fp32 (CUDA cores: fp32 on a GPU without TF32) runs cuDNN's fused
+  Winograd kernel F(2 x 2, 3 x 3), forward and for its input gradient: 16 multiplies of transformed tiles
+  make four outputs where the direct method takes 36 (Lavin & Gray 2016, "Fast Algorithms for
+  Convolutional Neural Networks", section 4), so those passes do `WINOGRAD_MULTIPLY_SHARE` of the FLOPs the
+  graph counts; the transforms stay in registers. The weight gradient's Winograd is cuDNN's unfused kind,
+  which stages its transforms through memory, and is not counted on.
 - A convolution on tensor cores (half precision, or TF32 where the kind has it) of PyTorch's default NCHW
   tensors pays cuDNN's transposes to and from NHWC: its traffic twice more (`compute.NCHW_TRANSPOSE_PASSES`).
 - Under `amp-*` autocast casts every weighted layer's fp32 weight to half precision in each micro-batch's
@@ -49,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stratagem.ir import LayerKind, ModelGraph, Variable
+from stratagem.ir import Layer, LayerKind, ModelGraph, Variable
 
 TILE = 128
 """Side of the output tile a half-precision cuBLAS GEMM computes per thread block (the guide's 128 x 128)."""
@@ -59,6 +65,9 @@ K_STEP = 32
 """Depth of one main-loop step of a half-precision tile (32 along K): the least a split-K part can take."""
 CAUSAL_SHARE = 0.5
 """Share of the score matrix a causal fused kernel computes."""
+WINOGRAD_MULTIPLY_SHARE = 16.0 / 36.0
+"""Multiplies of Winograd's F(2 x 2, 3 x 3) per multiply of the direct 3 x 3 convolution: a 4 x 4 tile
+of transformed input times the transformed filter, element-wise, gives a 2 x 2 output tile (Lavin & Gray 2016)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,8 @@ class KernelArrays:
     """[L] whether the calls are causal."""
     gemm: np.ndarray
     """[L, 3] M, N, K of a layer's GEMM (a matmul or convolution with a weight); 0 where unknown."""
+    winograd: np.ndarray
+    """[L] 3 x 3 stride-1 convolutions, which cuDNN runs as Winograd in IEEE fp32 (`winograd_eligible`)."""
     split: bool
     """Whether capture recorded the split (else GPU layers price as one roofline each)."""
 
@@ -97,6 +108,7 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
     )
     calls = [layer.attention for layer in layers]
     variables = graph.variables_by_name()
+    outputs = {layer.name: layer.output_bytes for layer in layers}
     return KernelArrays(
         arithmetic_bytes=np.array(
             [
@@ -116,6 +128,7 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
         gemm=np.array([gemm_dims(graph, i, variables) for i in range(len(layers))], dtype=float).reshape(
             len(layers), 3
         ),
+        winograd=np.array([winograd_eligible(layer, variables, outputs) for layer in layers], dtype=bool),
         split=any(layer.arithmetic_bytes is not None for layer in layers),
     )
 
@@ -155,6 +168,20 @@ def gemm_dims(graph: ModelGraph, index: int, variables: Mapping[str, Variable]) 
     if min(m, n, k) < 1:
         return 0.0, 0.0, 0.0
     return m, n, k
+
+
+def winograd_eligible(layer: Layer, variables: Mapping[str, Variable], outputs: Mapping[str, float]) -> bool:
+    """A convolution with one 3 x 3 filter bank whose output keeps its input's spatial size (stride 1): the
+    elements per channel of the one layer it reads equal its own. Grouped filters fail the check (their
+    weight's second dimension is not the input's channels), as they fail cuDNN's Winograd."""
+    if layer.kind != LayerKind.conv or len(layer.inputs) != 1 or layer.inputs[0] not in outputs:
+        return False
+    filters = [variables[name].shape for name in layer.variables if len(variables[name].shape) == 4]
+    if len(filters) != 1 or filters[0][2:] != [3, 3]:
+        return False
+    c_out, c_in = filters[0][0], filters[0][1]
+    per_channel_in, per_channel_out = outputs[layer.inputs[0]] / c_in, layer.output_bytes / c_out
+    return per_channel_out > 0 and math.isclose(per_channel_in, per_channel_out, rel_tol=1e-9)
 
 
 def wave_utilisation(rows: np.ndarray, cols: np.ndarray, depth: np.ndarray, sms: float) -> np.ndarray:

@@ -121,6 +121,48 @@ def test_tensor_core_convolutions_of_nchw_tensors_pay_their_transposes() -> None
     assert (amp[conv] >= transposes[conv] * (1 - 1e-9)).all()
 
 
+def test_fp32_three_by_three_stride_one_convolutions_run_winograd_where_there_are_no_tensor_cores() -> None:
+    from simulator.kernels import WINOGRAD_MULTIPLY_SHARE
+    from stratagem import zoo
+    from stratagem.tracing import capture
+
+    module, make_batch = zoo.build("resnet50", "small", device="meta")
+    graph = capture(module, make_batch(64), batch_size=64)  # device-bound: no layer waits on the host
+    variables = graph.variables_by_name()
+    context = compile_context(graph, gpu_cluster(1, 8, device="V100"))
+    eligible = context.kernels.winograd
+    names = [layer.name for layer in graph.layers]
+    filters = {
+        layer.name: [variables[v].shape[2:] for v in layer.variables if len(variables[v].shape) == 4]
+        for layer in graph.layers
+    }
+    assert eligible.any() and all(filters[names[i]] == [[3, 3]] for i in np.flatnonzero(eligible))
+    assert not eligible[names.index("stem.0")]  # 7 x 7
+    strided = [i for i, name in enumerate(names) if filters[name] == [[3, 3]] and name.endswith(".0.conv2") and i > 0]
+    assert any(not eligible[i] for i in strided)  # the first block of a later stage halves its input
+    assert all(not eligible[i] for i, name in enumerate(names) if filters[name] == [[1, 1]])
+
+    direct = copy.copy(context.kernels)
+    object.__setattr__(direct, "winograd", np.zeros_like(eligible))
+    plain = compile_context(graph, gpu_cluster(1, 8, device="V100"))
+    object.__setattr__(plain, "kernels", direct)
+    fwd, bwd = layer_times(context, 0, 1, 1)
+    fwd_direct, bwd_direct = layer_times(plain, 0, 1, 1)
+    assert (fwd[eligible] < fwd_direct[eligible]).all() and (bwd[eligible] < bwd_direct[eligible]).all()
+    assert np.allclose(fwd[~eligible], fwd_direct[~eligible]) and np.allclose(bwd[~eligible], bwd_direct[~eligible])
+    largest = int(np.argmax(np.where(eligible, context.fwd_flops, 0.0)))
+    assert fwd[largest] == pytest.approx(WINOGRAD_MULTIPLY_SHARE * fwd_direct[largest])  # compute-bound
+
+    # On tensor cores (half precision, or TF32 on an A100) cuDNN runs no Winograd.
+    amp = int(Precision.AMP_FP16)
+    assert np.allclose(
+        layer_times(context, 0, 1, 1, Knobs(precision=amp))[0], layer_times(plain, 0, 1, 1, Knobs(precision=amp))[0]
+    )
+    a100, a100_plain = (compile_context(graph, gpu_cluster(1, 8, device="A100-80GB")) for _ in range(2))
+    object.__setattr__(a100_plain, "kernels", direct)
+    assert np.allclose(layer_times(a100, 0, 1, 1)[0], layer_times(a100_plain, 0, 1, 1)[0])
+
+
 def test_a_gemm_output_of_one_tile_more_than_a_wave_takes_two_waves() -> None:
     sms = 132
     full = wave_utilisation(np.array([128.0 * 132]), np.array([128.0]), np.array([4096.0]), sms)
