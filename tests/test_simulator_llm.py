@@ -304,22 +304,23 @@ def test_context_parallel_ranks_compute_and_hold_one_cth_of_every_layer():
     np.testing.assert_allclose(held, context.activation_bytes / 2)
 
 
-def test_ring_attention_hides_its_sends_behind_the_blocks_until_the_link_is_too_slow():
+def test_context_parallel_exchange_hides_behind_the_first_block_until_the_link_is_too_slow():
     graph = block_graph(blocks=2)
-    row = [{"context_parallel": 2, "data": 1}]
-    fast = compile_context(graph, gpus(nodes=2, per_node=1, gbps=3200))
-    slow = compile_context(graph, gpus(nodes=2, per_node=1, gbps=0.1))
+    row = [{"context_parallel": 4, "data": 1}]
+    fast = compile_context(graph, gpus(nodes=4, per_node=1, gbps=3200))
+    slow = compile_context(graph, gpus(nodes=4, per_node=1, gbps=0.1))
     hidden = simulate_batch(fast, candidates(fast, row))
     exposed = simulate_batch(slow, candidates(slow, row))
     assert component(exposed, "context_parallel")[0] > component(hidden, "context_parallel")[0]
-    fwd, bwd = layer_times(slow, 0, 1, 1, Knobs(context_parallel=2))
+    fwd, bwd = layer_times(slow, 0, 1, 1, Knobs(context_parallel=4))
     topo = topology(slow, candidates(slow, row))
     alpha, per_byte = topo.cp[0][0], topo.cp[1][0]
-    kv = slow.attention_kv_bytes / 2
-    expected = sum(
-        max(alpha + kv[i] * per_byte - fwd[i] / 2, 0) + max(alpha + 2 * kv[i] * per_byte - bwd[i] / 2, 0)
-        for i in np.flatnonzero(slow.layer_attention)
-    )
+    kv = slow.attention_kv_bytes / 4
+    expected = 0.0
+    for i in np.flatnonzero(slow.layer_attention):
+        send = alpha + kv[i] * per_byte
+        gather = 3 * send  # the other three blocks, in one all-gather behind the first block
+        expected += max(gather - fwd[i] / 4, 0) + max(gather - bwd[i] / 4, 0) + 3 * max(send - bwd[i] / 4, 0)
     assert component(exposed, "context_parallel")[0] == pytest.approx(expected, rel=1e-9)
 
 
