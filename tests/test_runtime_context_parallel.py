@@ -268,6 +268,38 @@ def test_each_rank_holds_two_chunks_placed_for_causal_load_balance() -> None:
     assert len(set(seen)) == 1
 
 
+@pytest.mark.slow
+def test_a_zoo_gpt_trial_with_context_parallelism_runs_each_rank_on_its_piece_of_the_sequence() -> None:
+    from sample_documents import make_cpu_cluster
+
+    from stratagem import zoo
+    from stratagem.builders import DataParallel
+    from stratagem.ir import Strategy
+    from stratagem.tracing import capture
+    from trial_runner import LocalBackend, Outcome, ZooWorkload, run_trial
+
+    module, make_batch = zoo.build("gpt", "small")
+    graph = capture(module, make_batch(4), batch_size=4, optimizer="adam")
+    resources = make_cpu_cluster(2)
+    document = DataParallel().build(graph, resources).model_dump(mode="json", exclude_none=True)
+    document.pop("id", None)
+    document["mesh"] = {"data": 1, "context": 2}
+    result = run_trial(
+        ZooWorkload("gpt", batch_size=4),
+        resources,
+        Strategy.parse(document),
+        warmup=1,
+        steps=2,
+        timeout=180,
+        backend=LocalBackend(),
+    )
+    assert result.outcome == Outcome.ok, result.error
+    assert len(result.step_times_s) == 2 and all(t > 0 for t in result.step_times_s)
+    assert result.samples_per_s == pytest.approx(4 / result.median_s)  # one data index: 4 samples a step
+    assert result.undistributed_step_s is None  # the undistributed step is timed for data-parallel meshes only
+    assert all(r.wire_bytes.get("allreduce", 0) > 0 for r in result.ranks)
+
+
 def test_context_ranks_sit_between_the_stage_and_the_tensor_index_and_synchronize_with_the_data_ranks() -> None:
     from stratagem.runtime import MeshLayout
 
