@@ -3,7 +3,8 @@
 What needs several ranks is `test_runtime_llm_dimensions.py`; here: what each precision does to the
 model and its steps, that an overflowed fp16 step changes nothing anywhere, that selective
 recomputation repeats the attention core and nothing else, and that what cannot run on these devices
-is refused before any collective with the reason. The fp8 test runs only on a GPU with fp8 tensor
+is refused before any collective with the reason (context parallelism of a model whose attention it cannot reach, a
+sequence that does not split into two chunks per context rank). The fp8 test runs only on a GPU with fp8 tensor
 cores and torchao (a lent H100); elsewhere its refusal is what is tested.
 """
 
@@ -53,20 +54,59 @@ def test_fp8_is_refused_on_a_cpu_replica_because_it_needs_fp8_tensor_cores(one_r
         distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), whole(model, precision="fp8"))
 
 
-def test_context_parallelism_is_refused_with_the_reason_for_the_device(one_rank) -> None:
-    from stratagem.runtime.distribute import context_parallel_refusal
-
-    model = make_model("cnn")
-    strategy = Strategy.parse(
+def context_strategy(model: nn.Module, pipeline: dict[str, Any] | None = None) -> Strategy:
+    """Context 2 (times the pipeline's stages) over all-reduced variables."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    stages = len(pipeline["stages"]) if pipeline else 1
+    return Strategy.parse(
         {
-            "replicas": [f"10.0.0.1:CPU:{i}" for i in range(2)],
-            "mesh": {"data": 1, "context": 2},
-            "variables": [{"var_name": n, "synchronizer": {"kind": "allreduce"}} for n, _ in model.named_parameters()],
+            "replicas": [f"10.0.0.1:CPU:{i}" for i in range(2 * stages)],
+            "mesh": {"data": 1, "context": 2, "pipeline": stages},
+            "variables": [{"var_name": n, "synchronizer": {"kind": "allreduce"}} for n in names],
+            **({"pipeline": pipeline} if pipeline else {}),
         }
     )
-    with pytest.raises(UnsupportedStrategyError, match="ring attention runs only on CUDA's flash and memory-efficient"):
-        distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
-    assert "not run by this runtime" in context_parallel_refusal("GPU")
+
+
+def test_context_parallelism_refuses_a_model_whose_attention_it_cannot_reach(one_rank) -> None:
+    model = make_model("cnn")
+    with pytest.raises(
+        UnsupportedStrategyError, match=r"mesh\.context: CNN holds no attention context parallelism can reach"
+    ):
+        distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), context_strategy(model))
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x, x, x)[0]
+
+    encoder = Encoder()
+    with pytest.raises(UnsupportedStrategyError, match="computes attention in MultiheadAttention"):
+        distribute(encoder, torch.optim.SGD(encoder.parameters(), lr=0.1), context_strategy(encoder))
+
+
+def test_context_parallelism_with_pipeline_stages_is_refused(one_rank) -> None:
+    from llm_cases import build
+
+    model = build("zoo-gpt")
+    stages = {"stages": [["embed", "positions", "blocks.0"], ["blocks.1", "final_norm", "head"]], "micro_batches": 2}
+    with pytest.raises(UnsupportedStrategyError, match=r"mesh.context \(2\) with mesh.pipeline \(2\)"):
+        distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), context_strategy(model, pipeline=stages))
+
+
+def test_a_sequence_that_does_not_split_into_two_chunks_per_context_rank_is_refused() -> None:
+    from llm_cases import build
+
+    from stratagem.runtime import context_shard
+
+    plan = context_strategy(build("zoo-gpt"))
+    with pytest.raises(UnsupportedStrategyError, match=r"mesh.context \(2\).*6 positions.*4 equal chunks"):
+        context_shard(plan, 0, torch.arange(12).view(2, 6))
+    (piece,) = context_shard(plan, 1, torch.arange(16).view(2, 8))
+    assert piece.tolist() == [[2, 3, 4, 5], [10, 11, 12, 13]]
 
 
 def test_amp_fp16_with_error_feedback_compression_is_refused(one_rank) -> None:

@@ -20,7 +20,9 @@ from torch import nn
 
 from stratagem.errors import InvalidDocumentError, Problem
 from stratagem.ir import Strategy
+from stratagem.runtime.context_parallel import context_shard
 from stratagem.runtime.hybrid import needs_mesh
+from stratagem.runtime.mesh_layout import context_parallel_rank
 from stratagem.runtime.multi_optimizer import MultiOptimizer
 from trial_runner.replay import ReplayModel, replay_batch_maker, replay_loss
 from trial_runner.workloads import ZOO_ALLOW_LIST, FaultWorkload, ReplayWorkload, ZooWorkload
@@ -54,6 +56,18 @@ def batch_for(
     if isinstance(batch, torch.Tensor):
         batch = (batch,)
     return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
+
+
+def rank_batch(
+    built: BuiltWorkload, strategy: Strategy, *, seed: int, rank: int, step: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """`rank`'s batch at `step`. With context parallelism the ranks of one context group train on the same
+    samples (drawn from the seed of the group's first rank), each on its positions of every sequence."""
+    index, size = context_parallel_rank(strategy, rank)
+    if size == 1:
+        return batch_for(built, seed=seed, rank=rank, step=step, device=device)
+    first = rank - index * strategy.effective_mesh.tensor
+    return context_shard(strategy, rank, *batch_for(built, seed=seed, rank=first, step=step, device=device))
 
 
 PRIMING_STEP = -1

@@ -22,7 +22,14 @@ import torch.distributed as dist
 
 from stratagem.errors import InfeasibleStrategyError, InvalidDocumentError, UnsupportedStrategyError
 from stratagem.runtime import SyncStats, distribute, replica_device
-from trial_runner.build import BuiltWorkload, batch_for, build_workload, make_optimizer, prime_optimizer_state
+from trial_runner.build import (
+    BuiltWorkload,
+    batch_for,
+    build_workload,
+    make_optimizer,
+    prime_optimizer_state,
+    rank_batch,
+)
 from trial_runner.lifeline import die_with_parent
 from trial_runner.measure import current_memory_bytes, peak_memory_bytes, reset_peak_memory
 from trial_runner.result import Outcome, Progress, RankReport
@@ -96,9 +103,8 @@ def _train(
     for step in range(spec.warmup + spec.steps):
         warm = step < spec.warmup
         built.before_step(step, rank)
-        seconds = _train_step(
-            model, optimizer, built, batch_for(built, seed=spec.seed, rank=rank, step=step, device=device), device
-        )
+        batch = rank_batch(built, spec.strategy, seed=spec.seed, rank=rank, step=step, device=device)
+        seconds = _train_step(model, optimizer, built, batch, device)
         (report.warmup_times_s if warm else report.step_times_s).append(seconds)
         if not warm:
             _record_sync(report, getattr(optimizer, "sync_stats", None))
@@ -146,7 +152,7 @@ def _average_waits(report: RankReport) -> None:
 
 def _is_data_parallel(spec: TrialSpec) -> bool:
     mesh = spec.strategy.effective_mesh
-    return mesh.tensor == 1 and mesh.pipeline == 1
+    return mesh.tensor == 1 and mesh.pipeline == 1 and mesh.context == 1
 
 
 def _measure_undistributed(spec: TrialSpec, rank: int, device: torch.device) -> list[float]:

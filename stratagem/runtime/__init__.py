@@ -6,10 +6,11 @@ does the communication. `init_from_env()` joins a process group started by `stra
 torchrun. See docs/runtime.md.
 """
 
+from stratagem.runtime.context_parallel import context_positions, context_shard
 from stratagem.runtime.data import local_batch
 from stratagem.runtime.distribute import distribute, load_strategy, replica_device
-from stratagem.runtime.hybrid import MeshLayout, data_parallel_rank
 from stratagem.runtime.launch import DistEnv, init_from_env, launch
+from stratagem.runtime.mesh_layout import MeshLayout, context_parallel_rank, data_parallel_rank
 from stratagem.runtime.multi_optimizer import MultiOptimizer
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import Plan, resolve_plan
@@ -23,6 +24,9 @@ __all__ = [
     "PipelinedModel",
     "Plan",
     "SyncStats",
+    "context_parallel_rank",
+    "context_positions",
+    "context_shard",
     "data_parallel_rank",
     "distribute",
     "init_from_env",

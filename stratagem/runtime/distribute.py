@@ -55,8 +55,9 @@ def distribute(
     """Make `model` and `optimizer` train under `strategy` on this rank; train with them as usual.
 
     Each rank feeds its own slice of the global batch; gradients are averaged over ranks, so N ranks
-    on N slices compute what one process computes on the whole batch. With a tensor or pipeline mesh
-    the slice is the data-parallel group's (`data_parallel_rank`), and a pipelined strategy returns a
+    on N slices compute what one process computes on the whole batch. With a tensor, pipeline or context
+    mesh the slice is the data-parallel group's (`data_parallel_rank`; with a context degree each rank then
+    keeps its positions of each sequence, `context_shard`), and a pipelined strategy returns a
     `PipelinedModel` trained with `model.train_step(*inputs, target=...)` and `loss_fn(output, target)`.
     """
     if not dist.is_available() or not dist.is_initialized():
@@ -71,7 +72,7 @@ def distribute(
     if needs_mesh(strategy):
         if process_group is not None and world_size != dist.get_world_size():
             raise UnsupportedStrategyError(
-                "a tensor or pipeline mesh spans the default process group; pass process_group=None"
+                "a tensor, pipeline or context mesh spans the default process group; pass process_group=None"
             )
         device = place_model(model, strategy.replicas[me])
         prepare_numerics(model, strategy, device)
@@ -108,8 +109,6 @@ def refuse_unrunnable(strategy: Strategy) -> None:
     precision = precision_refusal(strategy, kind)
     if precision is not None:
         reasons.append(precision)
-    if strategy.effective_mesh.context > 1:
-        reasons.append(context_parallel_refusal(kind))
     async_tp = async_tensor_parallel_refusal(strategy, kind)
     if async_tp is not None:
         reasons.append(async_tp)
@@ -124,22 +123,6 @@ def refuse_unrunnable(strategy: Strategy) -> None:
         )
     if reasons:
         raise UnsupportedStrategyError("; ".join(reasons))
-
-
-def context_parallel_refusal(kind: str) -> str:
-    """Why mesh.context > 1 does not run on replicas of `kind`."""
-    if kind == "CPU":
-        return (
-            "context parallelism (mesh.context > 1) is torch.distributed.tensor.experimental.context_parallel, "
-            "whose ring attention runs only on CUDA's flash and memory-efficient SDPA kernels; a CPU replica "
-            "(gloo) has neither"
-        )
-    return (
-        "context parallelism (mesh.context > 1) is not run by this runtime: context_parallel must stay open "
-        "across the caller's backward, and every position-dependent tensor of the model (rotary tables, learned "
-        "position indices, masks) must be split with the sequence, as torchtitan passes its freqs_cis; a "
-        "module's forward computing positions from its local piece's length would be silently wrong"
-    )
 
 
 def prepare_numerics(model: nn.Module, strategy: Strategy, device: torch.device) -> None:

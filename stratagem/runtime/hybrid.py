@@ -1,51 +1,55 @@
-"""Hybrid parallelism: a data × pipeline × tensor mesh over the replicas, then per-variable synchronizers.
+"""Hybrid parallelism: a data × pipeline × context × tensor mesh over the replicas, then per-variable
+synchronizers.
 
-`distribute` hands a strategy whose mesh has a tensor or pipeline degree (or micro-batches) to
+`distribute` hands a strategy whose mesh has a tensor, pipeline or context degree (or micro-batches) to
 `distribute_mesh`. Ranks sit on the mesh as the strategy says, tensor innermost:
-`rank = (d · P + p) · T + t`, so a tensor group is T consecutive replicas (one node) and a
-data-parallel group is every rank with the same (p, t).
+`rank = ((d · P + p) · C + c) · T + t` (`mesh_layout.py`), so a tensor group is T consecutive
+replicas (one node) and the ranks synchronizing a parameter are every rank with the same (p, t):
+data × context.
 
 Order of composition, and why:
 1. Check everything that can be refused (layout, coverage, the loss function a pipeline needs) before
    any collective, so every rank refuses alike.
 2. Broadcast rank 0's whole model to every rank, while parameters are still plain tensors: the tensor
-   splits then scatter identical weights, and every stage starts from what one process would.
+   splits then scatter identical weights, and every stage starts from what one process would. With a
+   context degree the model's attention then gathers keys and values over its context group
+   (`context_parallel.py`; no parameter changes).
 3. Split the tensor-parallel modules (DTensor; with sequence parallelism, the norms too) on the whole
    model and point the optimizer at the new parameters — every rank of a tensor group must split the
    same modules in the same order. Then wrap the numbered blocks for recomputation (full or the
    attention core), around the split modules' own communication, then shard the ZeRO-3 variables with
-   FSDP2 over the data-parallel mesh dimension(s) — torchtitan's order: TP, activation checkpointing, FSDP.
+   FSDP2 over the data-parallel and context mesh dimensions — torchtitan's order: TP, activation
+   checkpointing, FSDP.
 4. Cut this rank's pipeline chunks out of the split model (an nn.Sequential between its children; a
    model that returns its loss between its blocks, traced on the first step) — or, for micro-batches
    without stages on a model that is no nn.Sequential, wrap it to accumulate inside forward. The
    strategy's precision wraps the model's forward, or a pipeline's schedule.
-5. Synchronize what the stage holds over its data-parallel group with the per-variable executors
+5. Synchronize what the stage holds over its data × context group with the per-variable executors
    (all-reduce, parameter server, ZeRO-1/2) exactly as for pure data parallelism: each rank of the group
    holds the same shard of every split parameter, so the executors work on local shards. FSDP2's
    parameters are synchronized by FSDP2 and stepped by the user's optimizer.
 With micro-batches a parameter's gradient accumulates over several backward passes, so the executors
 launch at the optimizer step instead of inside backward.
 
-The device mesh is (replicate, shard, pipeline, tensor): the data-parallel degree D is split into
-D/g groups of g consecutive data ranks for hybrid sharding (`shard_group` g; g = D without one), and
-the data-parallel process group is the two flattened.
+The device mesh is (replicate, shard, pipeline, context, tensor) (`mesh_layout.device_meshes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import ShardedSynchronizer, Strategy, device_address
-from stratagem.runtime.comm import Comm, Team
+from stratagem.runtime.comm import Comm
 from stratagem.runtime.compile import apply_compile
 from stratagem.runtime.compose import apply_synchronization
+from stratagem.runtime.context_parallel import ContextGroup, apply_context_parallel, context_refusal
 from stratagem.runtime.fsdp import apply_fsdp, fully_sharded_variables, shard_group_of
+from stratagem.runtime.mesh_layout import MeshLayout, data_parallel_rank, device_meshes, shard_teams
 from stratagem.runtime.optimizer import DistributedOptimizer
 from stratagem.runtime.plan import check_coverage, resolve_plan
 from stratagem.runtime.precision import LossScaler, StepNumerics, apply_precision_forward, fsdp_mixed_precision
@@ -55,51 +59,12 @@ from stratagem.runtime.sharded import ShardTeams
 if TYPE_CHECKING:
     from stratagem.runtime.pipeline_parallel import LossFn
 
-MESH_AXES = ("data", "pipeline", "tensor")
-DEVICE_MESH_AXES = ("replicate", "shard", "pipeline", "tensor")
-
-
-@dataclass(frozen=True)
-class MeshLayout:
-    """Where each rank sits on the data × pipeline × tensor mesh (tensor innermost)."""
-
-    data: int
-    pipeline: int
-    tensor: int
-
-    @classmethod
-    def of(cls, strategy: Strategy) -> MeshLayout:
-        mesh = strategy.effective_mesh
-        return cls(mesh.data, mesh.pipeline, mesh.tensor)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return self.data, self.pipeline, self.tensor
-
-    def coordinates(self, rank: int) -> tuple[int, int, int]:
-        """(data index, stage, tensor index) of `rank`."""
-        d, rest = divmod(rank, self.pipeline * self.tensor)
-        p, t = divmod(rest, self.tensor)
-        return d, p, t
-
-    def data_group(self, rank: int) -> list[int]:
-        """The ranks holding the same stage and tensor shard as `rank`, in data order."""
-        _, p, t = self.coordinates(rank)
-        return [(d * self.pipeline + p) * self.tensor + t for d in range(self.data)]
-
-
-def data_parallel_rank(strategy: Strategy, rank: int) -> tuple[int, int]:
-    """(index, size) of `rank`'s data-parallel group: which slice of the global batch it trains on.
-
-    The ranks of one tensor group and of one pipeline feed the same slice.
-    """
-    layout = MeshLayout.of(strategy)
-    return layout.coordinates(rank)[0], layout.data
+__all__ = ["MeshLayout", "data_parallel_rank", "distribute_mesh", "needs_mesh"]
 
 
 def needs_mesh(strategy: Strategy) -> bool:
-    """Whether the strategy needs more than the pure data-parallel runtime: splits, stages, micro-batches,
-    recomputation, FSDP2 (ZeRO-3) or hybrid shard groups (which need the device mesh's sub-groups)."""
+    """Whether the strategy needs more than the pure data-parallel runtime: splits, stages, context groups,
+    micro-batches, recomputation, FSDP2 (ZeRO-3) or hybrid shard groups (which need the device mesh's sub-groups)."""
     mesh = strategy.effective_mesh
     micro = strategy.pipeline.micro_batches if strategy.pipeline is not None else 1
     sharding = any(
@@ -107,7 +72,14 @@ def needs_mesh(strategy: Strategy) -> bool:
         for c in strategy.variables
         for s in c.synchronizers
     )
-    return mesh.tensor > 1 or mesh.pipeline > 1 or micro > 1 or strategy.recompute != "none" or sharding
+    return (
+        mesh.tensor > 1
+        or mesh.pipeline > 1
+        or mesh.context > 1
+        or micro > 1
+        or strategy.recompute != "none"
+        or sharding
+    )
 
 
 def distribute_mesh(
@@ -123,8 +95,6 @@ def distribute_mesh(
 ) -> tuple[nn.Module, DistributedOptimizer]:
     """The hybrid half of `distribute`: `model` is already on `device`; `broadcast` copies rank 0's model."""
     # DTensor and pipelining cost about 2 s of imports; only meshes need them.
-    from torch.distributed.device_mesh import init_device_mesh
-
     from stratagem.runtime.pipeline_parallel import (
         AccumulatedModel,
         PipelinedModel,
@@ -159,12 +129,11 @@ def distribute_mesh(
         model, Comm(None, rank=rank, node_of_rank=[device_address(d) for d in strategy.replicas], node_groups=False)
     )
     group_size = shard_group_of(strategy) or layout.data
-    mesh = init_device_mesh(
-        device.type,
-        (layout.data // group_size, group_size, layout.pipeline, layout.tensor),
-        mesh_dim_names=DEVICE_MESH_AXES,
-    )
-    data_mesh = _data_mesh(mesh, layout.data, group_size)
+    meshes = device_meshes(device, layout, group_size)
+    mesh = meshes.mesh
+    if layout.context > 1:
+        group = ContextGroup(mesh["context"].get_group(), layout.context_index(rank), layout.context)
+        apply_context_parallel(model, group)
     if layout.tensor > 1:
         replaced = apply_tensor_parallel(
             model, mesh["tensor"], strategy.tensor_parallel, sequence_parallel=strategy.sequence_parallel
@@ -174,12 +143,11 @@ def distribute_mesh(
         apply_recomputation(model, strategy.recompute)
     if strategy.compile:
         apply_compile(model)
-    fsdp_mesh = mesh["replicate", "shard"] if group_size < layout.data else mesh["shard"]
 
     def shard(unit: nn.Module) -> None:
         if fully_sharded:
             mp_policy = fsdp_mixed_precision(strategy)
-            retarget_optimizer(optimizer, apply_fsdp(unit, fully_sharded, fsdp_mesh, mp_policy=mp_policy))
+            retarget_optimizer(optimizer, apply_fsdp(unit, fully_sharded, meshes.fsdp, mp_policy=mp_policy))
 
     if chunks is None:
         shard(model)
@@ -234,42 +202,20 @@ def distribute_mesh(
     )
     if scaler is not None:
         scaler.watch(synchronized.parameters(), sharded=fsdp_params)
-    teams = _shard_teams(mesh, layout, rank, group_size) if group_size < layout.data else None
+    teams = shard_teams(meshes, layout, rank, group_size) if group_size < layout.data else None
     optimizer_out = _synchronize(
         synchronized,
         optimizer,
         strategy,
         layout,
         rank,
-        data_mesh.get_group(),
+        meshes.data.get_group(),
         device,
         fully_sharded=fsdp_params,
         scaler=scaler,
         teams=teams,
     )
     return runner, optimizer_out
-
-
-def _data_mesh(mesh: Any, data: int, group_size: int) -> Any:
-    """The data-parallel mesh dimension: replicate × shard flattened (each alone when the other is 1)."""
-    if group_size == data:
-        return mesh["shard"]
-    if group_size == 1:
-        return mesh["replicate"]
-    return mesh["replicate", "shard"]._flatten("data")
-
-
-def _shard_teams(mesh: Any, layout: MeshLayout, rank: int, group_size: int) -> ShardTeams:
-    """This rank's hybrid shard group and replicate group, as teams of data-parallel ranks (0..D-1)."""
-    d, _, _ = layout.coordinates(rank)
-    members = layout.data_group(rank)
-    start = d - d % group_size
-    shard = list(range(start, start + group_size))
-    replicate = list(range(d % group_size, layout.data, group_size))
-    return ShardTeams(
-        shard=Team(shard, [members[i] for i in shard], mesh["shard"].get_group()),
-        replicate=Team(replicate, [members[i] for i in replicate], mesh["replicate"].get_group()),
-    )
 
 
 def _block_cuts(strategy: Strategy, model: nn.Module) -> list[str] | None:
@@ -360,6 +306,17 @@ def _check(
     traced: bool = False,
 ) -> None:
     layout = MeshLayout.of(strategy)
+    if layout.context > 1 and layout.pipeline > 1:
+        raise UnsupportedStrategyError(
+            f"mesh.context ({layout.context}) with mesh.pipeline ({layout.pipeline}) is not run by this runtime: "
+            "a pipeline stage runs children of an nn.Sequential or a graph traced from the model, which carry neither "
+            "the context-parallel attention nor the global positions it sets before the model's forward; use "
+            "mesh.pipeline 1 with context parallelism here (torchtitan and Megatron run both)"
+        )
+    if layout.context > 1:
+        refusal = context_refusal(model)
+        if refusal is not None:
+            raise UnsupportedStrategyError(refusal)
     if world_size != len(strategy.replicas):
         raise UnsupportedStrategyError(
             f"the strategy has {len(strategy.replicas)} replicas (rank i runs replicas[i]) but the process group has {world_size} ranks"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,9 +93,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float, is_causal: bool) -> torch.Tensor:
+    """The attention core over whole sequences (context parallelism puts its own in `Attention.attend`)."""
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+
+
 class Attention(nn.Module):
     cos: torch.Tensor  # rotary tables, registered as buffers when positions are "rope"
     sin: torch.Tensor
+    positions: torch.Tensor | None = None
+    """Where in the sequence each token of the input sits (rotary rows); None: 0..seq-1. Set by the
+    runtime when the input is a piece of each sequence (context parallelism)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -104,6 +113,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(config.hidden, 3 * config.hidden, bias=config.bias)
         self.out = nn.Linear(config.hidden, config.hidden, bias=config.bias)
         self.rope = config.positions == "rope"
+        self.attend: Callable[..., torch.Tensor] = attend
         if self.rope:
             head_dim = config.hidden // config.heads
             inverse = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -116,11 +126,12 @@ class Attention(nn.Module):
         # Views sized by the head count and the local tensors, so a tensor-parallel split (fewer heads per rank) just works.
         q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         if self.rope:
-            cos, sin = self.cos[:seq], self.sin[:seq]
+            rows = slice(0, seq) if self.positions is None else self.positions
+            cos, sin = self.cos[rows], self.sin[rows]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.causal)
+        y = self.attend(q, k, v, dropout_p=dropout, is_causal=self.causal)
         return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -166,6 +177,9 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Token (and position, token-type) embeddings, blocks, and a language-model head with its loss."""
 
+    position_ids: torch.Tensor | None = None
+    """The learned position of each input token; None: 0..seq-1 (see `Attention.positions`)."""
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         if config.sparse_embeddings and config.tie_embeddings:
@@ -185,7 +199,10 @@ class Transformer(nn.Module):
         tokens, labels = batch[0], batch[-1]
         x = self.embed(tokens)
         if self.positions is not None:
-            x = x + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+            ids = (
+                torch.arange(tokens.shape[1], device=tokens.device) if self.position_ids is None else self.position_ids
+            )
+            x = x + self.positions(ids)
         if self.token_types is not None:
             x = x + self.token_types(batch[1])
         if self.embed_norm is not None:
