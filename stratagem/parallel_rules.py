@@ -201,6 +201,26 @@ def pipeline_refusal(model_class: str | None, *, returns_loss: bool) -> Refusal 
     )
 
 
+CONTEXT_PARALLEL_CLASSES = ("transformers.", "stratagem.zoo.transformer.")
+"""Class paths whose attention the runtime's context parallelism reaches: Hugging Face models (through
+transformers' AttentionInterface) and the zoo's transformers (`stratagem.runtime.context_parallel`, which
+decides on the live module)."""
+
+
+def context_parallel_refusal(model_class: str | None, *, pipeline: int = 1) -> Refusal | None:
+    """Whether the runtime runs context parallelism on a model of `model_class` (its class path; None when
+    unknown) beside `pipeline` stages."""
+    if model_class is None or not model_class.startswith(CONTEXT_PARALLEL_CLASSES):
+        shown = "an unknown class" if model_class is None else model_class.rsplit(".", 1)[-1]
+        return Refusal(
+            f"the runtime's context parallelism replaces the attention of Hugging Face models and of the zoo's "
+            f"transformers; the model is {shown}"
+        )
+    if pipeline > 1:
+        return Refusal("the runtime runs context parallelism without pipeline stages")
+    return None
+
+
 PipelineRoute = Literal["children", "blocks"]
 
 
@@ -332,6 +352,11 @@ def _input_rows(graph: ModelGraph) -> list[int | None] | None:
         return None
     shapes = [item.get("shape") if isinstance(item, dict) else None for item in inputs]
     return [shape[0] if isinstance(shape, list) and shape else None for shape in shapes]
+
+
+def graph_context_parallel_refusal(graph: ModelGraph) -> Refusal | None:
+    """`context_parallel_refusal` for a captured graph (capture records the model's class)."""
+    return context_parallel_refusal(_model_class(graph))
 
 
 def _model_class(graph: ModelGraph) -> str | None:

@@ -182,3 +182,15 @@ def test_micro_batches_without_a_loss_function_are_refused(one_rank) -> None:
     )
     with pytest.raises(UnsupportedStrategyError, match=r"needs distribute\(\.\.\., loss_fn=\.\.\.\)"):
         distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+
+
+def test_context_parallelism_is_planned_only_for_attention_the_runtime_reaches_and_without_stages() -> None:
+    from stratagem.parallel_rules import context_parallel_refusal
+
+    assert context_parallel_refusal("transformers.models.llama.modeling_llama.LlamaForCausalLM") is None
+    assert context_parallel_refusal("stratagem.zoo.transformer.Transformer") is None
+    unknown = context_parallel_refusal("my_project.models.MyGPT")
+    assert unknown is not None and "MyGPT" in str(unknown)
+    assert context_parallel_refusal(None) is not None
+    staged = context_parallel_refusal("stratagem.zoo.transformer.Transformer", pipeline=2)
+    assert staged is not None and "pipeline" in str(staged)

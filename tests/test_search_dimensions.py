@@ -96,13 +96,27 @@ def test_an_llm_is_offered_every_dimension_where_legal(monkeypatch) -> None:
 def test_the_stratagem_runner_offers_only_what_its_runtime_runs(monkeypatch) -> None:
     graph, resources = llama_graph(batch=4, seq=64), gpu_cluster(1, 8)
     space = Space(compile_context(graph, resources), SearchOptions())
-    assert space.rules.context == (1,), "the runtime refuses context parallelism"
+    assert space.rules.context == (1, 2, 4, 8), "the runtime gathers a Hugging Face model's keys and values"
     assert space.rules.deepest == 1, "a Hugging Face model is neither an nn.Sequential nor returns a 0-d loss"
     assert space.rules.tensor == (1,), "its plan cannot split grouped-query attention"
     _, rows, _ = evaluated(monkeypatch, graph, resources)
-    assert (rows.pipeline == 1).all() and (rows.context_parallel == 1).all() and (rows.tensor == 1).all()
+    assert (rows.pipeline == 1).all() and (rows.tensor == 1).all()
     engine = Space(compile_context(graph, resources), SearchOptions(runner="engine"))
     assert engine.rules.tensor == (1, 2, 4) and engine.rules.deepest > 1 and len(engine.rules.context) > 1
+    assert engine.rules.max_pipeline(1, 2) > 1 and space.rules.max_pipeline(1, 2) == 1
+
+
+def test_the_stratagem_runner_splits_the_sequence_or_cuts_stages_never_both(monkeypatch) -> None:
+    from stratagem import zoo
+    from stratagem.tracing import capture
+
+    module, make_batch = zoo.build("gpt", "small", device="meta", seq=64)
+    graph, resources = capture(module, make_batch(8), batch_size=8), gpu_cluster(1, 8)
+    rules = Space(compile_context(graph, resources), SearchOptions()).rules
+    assert len(rules.context) > 1 and rules.deepest > 1 and not rules.pipeline_context
+    _, rows, _ = evaluated(monkeypatch, graph, resources)
+    assert (rows.context_parallel > 1).any() and (rows.pipeline > 1).any()
+    assert not ((rows.context_parallel > 1) & (rows.pipeline > 1)).any()
 
 
 def test_precision_is_searched_only_when_allowed(monkeypatch) -> None:

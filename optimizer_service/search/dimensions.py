@@ -9,7 +9,8 @@ decides what is legal (`SearchOptions.runner`):
 - `stratagem` — `stratagem.distribute` (the trials run it): the rules of `stratagem.parallel_rules`. A
   model that returns its own loss is cut between its blocks into traced stages that hold no tensor
   splits, no recomputation and no multi-chunk schedule; a model it cannot cut gets no pipeline; it runs
-  no context parallelism (`stratagem.runtime.distribute.context_parallel_refusal`), no fp8 with
+  context parallelism on Hugging Face models and the zoo's transformers, without pipeline stages
+  (`stratagem.parallel_rules.context_parallel_refusal`), no fp8 with
   tensor parallelism (`stratagem.runtime.precision.precision_refusal`) and no async tensor parallelism
   (`async_tensor_parallel_refusal`); it compiles blocks (`stratagem.runtime.compile`) and checkpoints per
   op, except in a Hugging Face model, whose blocks fill their KV cache in forward so that the replay in
@@ -20,9 +21,9 @@ decides what is legal (`SearchOptions.runner`):
 
 Either way: a tensor degree divides a node's devices and the attention (and key/value) heads, and the
 runtime's tensor plan splits every layer the simulator prices as split; context parallelism needs a
-transformer with an architecture on record and a sequence that splits into 2·c pieces (c for a
-non-causal model: ring attention balances causal work over 2·c chunks, Megatron's and torchtitan's
-load balancing); sequence parallelism needs tensor > 1 and attention layers (norms and dropout along
+transformer with an architecture on record and a sequence that splits into 2·c pieces (blockwise
+attention balances causal work over 2·c chunks, Megatron's, torchtitan's and the runtime's load
+balancing; the runtime keeps them for a non-causal model too); sequence parallelism needs tensor > 1 and attention layers (norms and dropout along
 the sequence); selective recomputation needs attention cores inside the numbered blocks, per-op
 checkpointing (`selective-op`, torchtitan's) is offered beside it where it drops something, full
 recomputation needs numbered blocks; precision is the request's unless `allow_precision`, and fp8 only
@@ -45,6 +46,7 @@ from stratagem.parallel_rules import (
     Refusal,
     block_of,
     graph_accumulation_refusal,
+    graph_context_parallel_refusal,
     graph_pipeline_route,
 )
 from stratagem.tensor_plan import Split, candidate_splits, covered_layers
@@ -73,6 +75,8 @@ class Rules:
     """Tensor degrees, 1 first."""
     context: tuple[int, ...]
     """Context degrees, 1 first."""
+    pipeline_context: bool
+    """Context parallelism inside pipeline stages."""
     starts: tuple[int, ...]
     """Layers where a pipeline stage may begin (the first layer first); one entry: no pipeline."""
     pipeline_tensor: bool
@@ -108,9 +112,12 @@ class Rules:
     def deepest(self) -> int:
         return min(len(self.starts), MAX_STAGES)
 
-    def max_pipeline(self, tensor: int) -> int:
-        """Most stages for a tensor degree (1 where stages cannot hold tensor splits)."""
-        return 1 if tensor > 1 and not self.pipeline_tensor else self.deepest
+    def max_pipeline(self, tensor: int, context: int = 1) -> int:
+        """Most stages for a tensor and context degree (1 where stages cannot hold tensor splits, or
+        context parallelism where the runner does not run it beside stages)."""
+        if (tensor > 1 and not self.pipeline_tensor) or (context > 1 and not self.pipeline_context):
+            return 1
+        return self.deepest
 
     def recompute_modes(self, pipeline: int) -> tuple[str, ...]:
         return self.recompute if pipeline == 1 or self.pipeline_recompute else ("none",)
@@ -188,9 +195,12 @@ def rules_for(
     gpus = bool(context.kinds.is_gpu[context.device_kind[context.compute_device_indices]].all())
     precisions = _precisions(context, precision, allow_precision)
     accumulate = engine or graph_accumulation_refusal(context.graph) is None
-    contexts = _context_degrees(context, devices) if engine else (1,)
+    contexts = _context_degrees(context, devices)
     if not engine:
-        notes.append("no context parallelism: stratagem's runtime does not run it (runner 'engine' exports it)")
+        refusal = graph_context_parallel_refusal(context.graph)
+        if refusal is not None and len(contexts) > 1:
+            contexts = (1,)
+            notes.append(f"no context parallelism: {refusal}")
         if attention:
             notes.append(
                 "no async tensor parallelism: stratagem's runtime does not run it (runner 'engine' exports it)"
@@ -201,6 +211,7 @@ def rules_for(
         per_node=per_node,
         tensor=tuple(tensor_degrees(context, devices, per_node, engine=engine)),
         context=contexts,
+        pipeline_context=engine,
         starts=tuple(int(s) for s in starts),
         pipeline_tensor=pipeline_tensor,
         pipeline_recompute=pipeline_recompute,
@@ -261,8 +272,7 @@ def _context_degrees(context: SimContext, devices: int) -> tuple[int, ...]:
     arch = architecture_of(context.graph)
     if arch is None or not context.layer_attention.any():
         return (1,)
-    pieces = 2 if arch.causal else 1
-    return tuple(c for c in divisors(devices) if c <= MAX_CONTEXT and arch.seq % (pieces * c) == 0)
+    return tuple(c for c in divisors(devices) if c <= MAX_CONTEXT and arch.seq % (2 * c) == 0)
 
 
 def _precisions(context: SimContext, precision: int, allow: bool) -> tuple[int, ...]:

@@ -190,7 +190,7 @@ def layout_neighbours(space: Space, mesh: MeshChoice, only: str | None = None) -
     if wanted("tensor"):
         out += [("tensor", _degrees(space, mesh, tensor=other)) for other in _adjacent(list(rules.tensor), t)]
     if wanted("pipeline"):
-        depths = [q for q in divisors(rules.devices // (t * c)) if q <= rules.max_pipeline(t)]
+        depths = [q for q in divisors(rules.devices // (t * c)) if q <= rules.max_pipeline(t, c)]
         out += [("pipeline", _degrees(space, mesh, pipeline=other)) for other in _adjacent(depths, p)]
     if wanted("context"):
         out += [("context", _degrees(space, mesh, context=other)) for other in _adjacent(list(rules.context), c)]
@@ -250,7 +250,7 @@ def complete(space: Space, mesh: MeshChoice, **changes: Any) -> MeshChoice | Non
     want = replace(mesh, **changes)
     rules = space.rules
     t, p, c = want.tensor, want.pipeline, want.context
-    if t not in rules.tensor or c not in rules.context or p > rules.max_pipeline(t):
+    if t not in rules.tensor or c not in rules.context or p > rules.max_pipeline(t, c):
         return None
     if t * p * c * want.data != rules.devices or want.data < 1:
         return None

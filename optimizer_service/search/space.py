@@ -308,7 +308,7 @@ def _layout_knobs(rules: Rules) -> dict[str, float]:
     for tensor in rules.tensor:
         for context in rules.context:
             for pipeline in divisors(rules.devices // (tensor * context)):
-                if pipeline > rules.max_pipeline(tensor):
+                if pipeline > rules.max_pipeline(tensor, context):
                     break
                 data = rules.devices // (tensor * context * pipeline)
                 micro = _micro_options(rules, data, pipeline)

@@ -8,8 +8,9 @@ each attention all-gathers K and V over the context group (the kv heads as they 
 query heads are repeated, so only the small K/V travel) and computes its local queries against the
 whole K/V with a boolean mask built from global positions (query position ≥ key position). The
 gather's backward reduce-scatters dK/dV, so gradients are exact. Each K/V block crosses C−1 links,
-the bytes of a ring; what a ring adds is overlap with the attention's compute, which the gather does
-not have (the simulator prices the ring: `simulator/context_parallel.py`).
+the bytes of a ring or of torchtitan's default all-gather rotation, which issues the gather behind the
+attention over the rank's own block (what the simulator prices: `simulator/context_parallel.py`); here
+the attention waits for the whole gather.
 
 Every other layer works token by token on the rank's own positions. What depends on where a token
 sits is handed the global positions: Hugging Face models get `position_ids` through a forward pre-hook
