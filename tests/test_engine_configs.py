@@ -32,6 +32,7 @@ TORCHTITAN_FIELDS = {
         "pipeline_parallel_microbatch_size",
         "pipeline_parallel_layers_per_stage",
         "context_parallel_degree",
+        "context_parallel_rotate_method",
         "enable_async_tensor_parallel",
     },
     "activation_checkpoint": {"mode", "selective_ac_option"},
@@ -157,6 +158,9 @@ def test_torchtitan_writes_fsdp_hsdp_and_the_pipeline_in_its_own_words() -> None
     hybrid = tomllib.loads(Layout.from_string("dp=16,zero=3,shard=8,mb=2,gbs=32,precision=fp8").to_torchtitan())
     assert hybrid["parallelism"]["data_parallel_replicate_degree"] == 2
     assert hybrid["parallelism"]["data_parallel_shard_degree"] == 8
+    assert "context_parallel_rotate_method" not in hybrid["parallelism"]
+    context = tomllib.loads(Layout.from_string("cp=2,zero=3,mb=2,gbs=16").to_torchtitan())["parallelism"]
+    assert context["context_parallel_rotate_method"] == "allgather", "the rotation the simulator prices"
     assert hybrid["model"]["converters"] == ["quantize.linear.float8"]
     assert hybrid["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
     text = "tp=2,pp=2,sp,zero=2,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=bf16"

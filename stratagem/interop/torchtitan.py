@@ -78,6 +78,8 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
                 )
             parallelism["pipeline_parallel_layers_per_stage"] = layers // chunks
     parallelism["context_parallel_degree"] = context
+    if context > 1:
+        parallelism["context_parallel_rotate_method"] = "allgather"  # torchtitan's default, what is priced
     if layout.async_tensor_parallel:
         parallelism["enable_async_tensor_parallel"] = True
     sections: dict[str, dict[str, Any]] = {"training": _training(layout, pipeline), "parallelism": parallelism}
