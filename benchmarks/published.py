@@ -29,11 +29,11 @@ from benchmarks.lib import published_layouts as setup
 from benchmarks.lib import published_rows as rows_
 from benchmarks.lib.published_capture import Captured, GraphCache, default_cache_dir, describe
 from benchmarks.lib.published_learned import Priced, leave_one_source_out
-from benchmarks.lib.published_models import model_spec
+from benchmarks.lib.published_models import model_spec, training_graph
 from benchmarks.lib.published_rows import Row
 from benchmarks.lib.published_scoring import kendall_tau_by_group, mape, max_abs_scaling_error, scaling_errors
 from benchmarks.lib.published_trials import Exportable, export_trials
-from stratagem import Layout, Prediction, ResourceSpec
+from stratagem import Layout, ModelGraph, Prediction, ResourceSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT.parent / "shared" / "published" / "gpu_measurements.csv"
@@ -45,6 +45,8 @@ TOP_COMPONENTS = 3
 class RowResult:
     row: Row
     captured: Captured | None = None
+    graph: ModelGraph | None = None
+    """The captured graph as the row's framework trains it (`published_models.training_graph`)."""
     resources: ResourceSpec | None = None
     layout: Layout | None = None
     prediction: Prediction | None = None
@@ -73,8 +75,9 @@ def run_row(row: Row, cache: GraphCache) -> RowResult:
     except (ValueError, stratagem.StratagemError) as error:
         result.misses.append(f"mapping: {error}")
         return result
+    result.graph = training_graph(result.captured.graph, row)
     try:
-        result.prediction = stratagem.predict(result.captured.graph, result.resources, result.layout)
+        result.prediction = stratagem.predict(result.graph, result.resources, result.layout)
     except stratagem.UnsupportedStrategyError as error:
         result.misses.append(f"simulator: {error}")
     except stratagem.StratagemError as error:
@@ -229,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.no_learned:
         priced = [
-            Priced(r.row, r.captured.graph, r.resources, r.prediction)
+            Priced(r.row, r.graph, r.resources, r.prediction)
             for r in results
-            if r.scored and r.captured is not None and r.resources is not None and r.prediction is not None
+            if r.scored and r.graph is not None and r.resources is not None and r.prediction is not None
         ]
         document["leave_one_source_out"] = leave_one_source_out(priced)
     if args.export_trials is not None:
@@ -251,13 +254,11 @@ def write_trials(results: list[RowResult], path: Path, *, csv_name: str, version
     for r in results:
         if r.unexpressed:
             left_out.append({"id": r.row.id, "reasons": r.unexpressed})
-        elif r.captured is None or r.resources is None or r.layout is None:
+        elif r.graph is None or r.resources is None or r.layout is None:
             left_out.append({"id": r.row.id, "reasons": r.misses})
         else:
             items.append(
-                Exportable(
-                    r.row, r.captured.graph, r.resources, r.layout, r.prediction, version if r.prediction else None
-                )
+                Exportable(r.row, r.graph, r.resources, r.layout, r.prediction, version if r.prediction else None)
             )
     with path.open("w", encoding="utf-8") as stream:
         report = export_trials(items, stream, source=f"published:{csv_name}", left_out=left_out)

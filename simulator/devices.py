@@ -133,10 +133,29 @@ class DeviceArrays:
         return np.add.reduceat(per_device, self.node_starts, axis=1)
 
 
-def kinds_of(resources: ResourceSpec, dtype: str, *, sparse: bool) -> tuple[DeviceKinds, np.ndarray]:
-    """The device kinds of the cluster's devices, and each device's kind index."""
+LOOP_UPDATE_KERNELS: dict[str, int] = {
+    "sgd": 1,
+    "momentum": 3,
+    "adagrad": 4,
+    "rmsprop": 5,
+    "adam": 7,
+    "adamw": 8,
+    "lamb": 12,
+}
+"""Element-wise kernels a for-loop update launches per tensor (torch.optim's `_single_tensor_*` paths,
+without weight decay for the L2 optimizers): SGD's `add_`; momentum's `mul_`, `add_` and the step; Adam's
+`lerp_` for the first moment, `mul_` and `addcmul_` for the second, `sqrt`, `div` and `add_` for the
+denominator and `addcdiv_` for the step, AdamW's decoupled decay beside them (transformers 4.12's `AdamW`
+launches the same); LAMB's trust ratio adds two norms and their quotient."""
+
+
+def kinds_of(
+    resources: ResourceSpec, dtype: str, *, loop: bool = False, loop_kernels: int = LOOP_UPDATE_KERNELS["adam"]
+) -> tuple[DeviceKinds, np.ndarray]:
+    """The device kinds of the cluster's devices, and each device's kind index. `loop`: the optimizer
+    steps one tensor at a time, launching `loop_kernels` element-wise kernels for each (`_tensor_seconds`)."""
     kind_names, device_kind = _device_kinds(resources, resources.all_devices)
-    return _kinds_table(resources, kind_names, dtype, sparse=sparse), device_kind
+    return _kinds_table(resources, kind_names, dtype, loop=loop, loop_kernels=loop_kernels), device_kind
 
 
 def device_arrays(
@@ -185,9 +204,14 @@ def _device_kind_name(resources: ResourceSpec, node: Node, device: str) -> str:
     return "CPU"
 
 
-def _tensor_seconds(spec: DeviceSpec, sparse: bool) -> float:
-    if sparse and spec.optimizer_loop_tensor_s is not None:
+def _tensor_seconds(spec: DeviceSpec, *, loop: bool, loop_kernels: int) -> float:
+    """Seconds an update pays per tensor beyond its bytes: the loop figure calibration measured; on a GPU
+    without one, a for-loop update's kernels, each as long as the host takes to issue it (they are far
+    shorter on the device); else the kind's multi-tensor figure (0 on a GPU)."""
+    if loop and spec.optimizer_loop_tensor_s is not None:
         return spec.optimizer_loop_tensor_s
+    if loop and spec.is_gpu:
+        return loop_kernels * spec.launch_overhead_s
     return spec.optimizer_tensor_s or 0.0
 
 
@@ -202,10 +226,12 @@ def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str
     return names, kind
 
 
-def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, sparse: bool = False) -> DeviceKinds:
-    """The kinds' figures as arrays. A graph with a sparse gradient updates every tensor through the
-    optimizer's per-tensor loop (PyTorch's multi-tensor optimizers fall back to it for a parameter group
-    holding a sparse gradient), so its per-tensor cost is the kind's loop figure where one was measured."""
+def _kinds_table(
+    resources: ResourceSpec, names: list[str], dtype: str, *, loop: bool = False, loop_kernels: int = 0
+) -> DeviceKinds:
+    """The kinds' figures as arrays. A graph whose optimizer runs one tensor at a time (`for-loop`), or
+    with a sparse gradient (PyTorch's multi-tensor optimizers fall back to the loop for a parameter group
+    holding one), pays the kind's loop figure per tensor (`_tensor_seconds`)."""
     specs = []
     for i, name in enumerate(names):
         try:
@@ -236,7 +262,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, *, spars
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
         gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
         half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
-        optimizer_tensor_s=np.array([_tensor_seconds(s, sparse) for s in specs]),
+        optimizer_tensor_s=np.array([_tensor_seconds(s, loop=loop, loop_kernels=loop_kernels) for s in specs]),
         reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),

@@ -309,3 +309,21 @@ def _cpu():
     from stratagem.ir import Node, ResourceSpec
 
     return ResourceSpec(name="cpu", nodes=[Node(address="127.0.0.1", chief=True, cpus=[0, 1], device="CPU")])
+
+
+def test_a_for_loop_optimizer_pays_its_kernels_per_tensor_on_a_gpu() -> None:
+    from simulator.devices import LOOP_UPDATE_KERNELS
+
+    graph = gpt_graph()
+    loop = graph.replace(optimizer=graph.optimizer.model_copy(update={"implementation": "for-loop"}))
+    cluster = gpu_cluster(1, 8, device="V100")
+    layout = Layout(data=8)
+    tensors = len([v for v in graph.variables if v.trainable])
+    multi, looped = predict(graph, cluster, layout), predict(loop, cluster, layout)
+    per_tensor = LOOP_UPDATE_KERNELS[graph.optimizer.kind] * CATALOG["V100"].launch_overhead_s
+    extra = looped.breakdown["optimizer_update"] - multi.breakdown["optimizer_update"]
+    assert extra == pytest.approx(tensors * per_tensor, rel=1e-6)
+    # Under ZeRO each rank steps flat shards of its buckets, far fewer tensors than the model holds.
+    sharded = Layout(data=8, zero=1)
+    shards = predict(loop, cluster, sharded).breakdown["optimizer_update"]
+    assert 0 < shards - predict(graph, cluster, sharded).breakdown["optimizer_update"] < extra / 4

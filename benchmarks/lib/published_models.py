@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks.lib.published_layouts import pipeline_micro_batch
 from benchmarks.lib.published_rows import Row
+from stratagem import ModelGraph
 
 
 @dataclass(frozen=True)
@@ -230,3 +231,26 @@ def _hugging_face(cfg: dict[str, Any], hf_model: str) -> dict[str, Any]:
             **head,
         }
     raise ValueError(f"model_config: no Hugging Face mapping for {hf_model!r}")
+
+
+def optimizer_implementation(row: Row) -> str:
+    """How the row's framework steps its optimizer (`OptimizerSpec.implementation`). Hugging Face's Trainer
+    4.12 (the DeepSpeed source's runs) builds transformers' own `AdamW`, a loop over the parameters
+    (transformers/optimization.py); run without DeepSpeed, or by DeepSpeed without ZeRO in fp32 (which
+    steps the client optimizer over the model's parameters), it steps one tensor at a time. DeepSpeed's
+    fp16 and ZeRO optimizers step flat buffers, and the other sources' engines multi-tensor optimizers
+    (Megatron-LM's and DeepSpeed's fused Adam, torchtitan's foreach AdamW); NVIDIA's ResNet-50 recipe is
+    taken as the multi-tensor default too."""
+    if row.source != "deepspeed_autotuning_hf":
+        return "multi-tensor"
+    plain = row.other.get("variant") == "baseline_hf_ddp"
+    unsharded_fp32 = row.zero_stage == 0 and row.precision.startswith("fp32")
+    return "for-loop" if plain or unsharded_fp32 else "multi-tensor"
+
+
+def training_graph(graph: ModelGraph, row: Row) -> ModelGraph:
+    """The captured graph with the optimizer implementation the row's framework runs."""
+    implementation = optimizer_implementation(row)
+    if graph.optimizer.implementation == implementation:
+        return graph
+    return graph.replace(optimizer=graph.optimizer.model_copy(update={"implementation": implementation}))

@@ -54,9 +54,11 @@ class DeviceSpec(Strict):
     updates slower than its bytes say, and a flat buffer (a ZeRO shard, a server's bucket) pays once.
     None means 0 (fused multi-tensor updates on GPUs)."""
     optimizer_loop_tensor_s: float | None = Field(default=None, ge=0)
-    """Seconds per tensor of the per-tensor (for-loop) update that PyTorch's optimizers fall back to for
-    a parameter group holding a sparse gradient, where `optimizer_tensor_s` was measured on their
-    multi-tensor path (the default on CUDA). None means `optimizer_tensor_s`."""
+    """Seconds per tensor of the per-tensor (for-loop) update: a graph's `OptimizerSpec.implementation`
+    `for-loop`, or the loop PyTorch's optimizers fall back to for a parameter group holding a sparse
+    gradient, where `optimizer_tensor_s` was measured on their multi-tensor path (the default on CUDA).
+    None means `optimizer_tensor_s` on a CPU, and on a GPU the loop's kernels at `launch_overhead_s` each
+    (`simulator.devices.LOOP_UPDATE_KERNELS`)."""
     cast_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of memory bandwidth a dtype conversion (fp32 to fp16/bf16 and back, as fp16 compression
     does) reaches; a CPU without vector conversion units converts element by element. None means

@@ -173,17 +173,29 @@ OPTIMIZER_STATE_SLOTS: dict[str, int] = {
 }
 
 
+OptimizerImplementation = Literal["multi-tensor", "for-loop"]
+
+
 class OptimizerSpec(Strict):
     kind: OptimizerKind = "adam"
     state_bytes_per_param: float = Field(default=8.0, ge=0)
     """Optimizer state per parameter (Adam in fp32: two moments, 8 bytes)."""
+    implementation: OptimizerImplementation = "multi-tensor"
+    """How the update visits the parameters. `multi-tensor`: each operation launches once for many
+    tensors (PyTorch's `foreach` and `fused` paths, its default on CUDA; the flat buffers of DeepSpeed's and
+    Megatron-LM's optimizers). `for-loop`: each operation launches once per tensor (`foreach=False`;
+    transformers' own `AdamW`, which its Trainer stepped in version 4.12)."""
 
     @classmethod
-    def of(cls, kind: str, param_itemsize: int = 4) -> OptimizerSpec:
+    def of(cls, kind: str, param_itemsize: int = 4, implementation: str = "multi-tensor") -> OptimizerSpec:
         if kind not in OPTIMIZER_STATE_SLOTS:
             known = ", ".join(OPTIMIZER_STATE_SLOTS)
             raise InvalidGraphError([Problem("optimizer.kind", f"unknown optimizer {kind!r} (known: {known})")])
-        return cls(kind=kind, state_bytes_per_param=OPTIMIZER_STATE_SLOTS[kind] * param_itemsize)  # type: ignore[arg-type]
+        return cls(
+            kind=kind,  # type: ignore[arg-type]
+            state_bytes_per_param=OPTIMIZER_STATE_SLOTS[kind] * param_itemsize,
+            implementation=implementation,  # type: ignore[arg-type]
+        )
 
 
 class ModelGraph(Document):
