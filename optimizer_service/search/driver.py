@@ -214,15 +214,23 @@ def _check_layouts(space: Space) -> None:
     )
 
 
+ENGINE_BUILDERS = frozenset({"AllReduce", "DataParallel"})
+"""The builders whose strategies an engine runs (`stratagem.layout.layout_of`: every variable all-reduced,
+none partitioned); the others place variables on parameter servers or partition them, which no
+exported trainer does, and building them for a large model costs most of a short search's budget."""
+
+
 def _baselines(graph: ModelGraph, resources: ResourceSpec, context: SimContext, space: Space) -> Baselines:
-    """Every builder's strategy at the request's precision and compile; under a global batch, each replica's step is
-    its share of it in one micro-batch, and where the devices do not divide the batch the builders (plain
-    data parallelism over every device) cannot train it and are not built."""
+    """Every builder's strategy (for the `engine` runner, every one an engine runs) at the request's
+    precision and compile; under a global batch, each replica's step is its share of it in one micro-batch,
+    and where the devices do not divide the batch the builders (plain data parallelism over every device)
+    cannot train it and are not built."""
     names, strategies, seconds = [], [], []
     options = space.options
     devices = len(context.compute_device_indices)
     fits_batch = options.global_batch is None or options.global_batch % devices == 0
-    for builder in all_builders() if fits_batch else []:
+    builders = [b for b in all_builders() if options.runner != "engine" or b.name in ENGINE_BUILDERS]
+    for builder in builders if fits_batch else []:
         started = time.perf_counter()
         strategy = builder.build(graph, resources)
         if (

@@ -9,6 +9,7 @@ was. A default is therefore part of the schema and never changes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -160,18 +161,29 @@ def _with_tags(value: Any, content: Any) -> Any:
     """`content`, a defaults-excluded dump of `value`, with each union member's tag put back: a
     sharded synchronizer at its defaults and an all-reduce one at theirs would otherwise both dump as
     `{}` and share an id."""
-    if isinstance(value, BaseModel) and isinstance(content, dict):
-        for name, item in content.items():
-            content[name] = _with_tags(getattr(value, name), item)
-        for name, field in type(value).model_fields.items():
-            tag = get_args(field.annotation)
-            if get_origin(field.annotation) is Literal and len(tag) == 1:
-                content.setdefault(name, tag[0])
-    elif isinstance(value, list | tuple) and isinstance(content, list):
+    if isinstance(content, dict):
+        if isinstance(value, BaseModel):
+            for name, item in content.items():
+                if isinstance(item, dict | list):
+                    content[name] = _with_tags(getattr(value, name), item)
+            for name, tag in _tags(type(value)):
+                content.setdefault(name, tag)
+        elif isinstance(value, dict):
+            return {key: _with_tags(value[key], item) for key, item in content.items()}
+    elif isinstance(content, list) and isinstance(value, list | tuple):
         return [_with_tags(v, c) for v, c in zip(value, content, strict=True)]
-    elif isinstance(value, dict) and isinstance(content, dict):
-        return {key: _with_tags(value[key], item) for key, item in content.items()}
     return content
+
+
+@functools.cache
+def _tags(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
+    """The model's fields typed as one literal (a union member's tag), with that literal."""
+    tags = []
+    for name, field in model.model_fields.items():
+        tag = get_args(field.annotation)
+        if get_origin(field.annotation) is Literal and len(tag) == 1:
+            tags.append((name, tag[0]))
+    return tuple(tags)
 
 
 def _document_kinds() -> list[type[Document]]:
