@@ -55,7 +55,7 @@ HALF_GRADIENTS = {Precision.BF16, Precision.FP8}
 """Precisions whose gradients are reduced in 16 bits (at the device's `half_reduce_efficiency`)."""
 
 
-def _bytes(precision: Precision, captured: float, *, gradient: bool) -> float:
+def _bytes(precision: Precision, captured: float | np.ndarray, *, gradient: bool) -> float | np.ndarray:
     if precision in CAPTURED:
         return captured
     if precision in (Precision.AMP_FP16, Precision.AMP_BF16):
@@ -91,21 +91,23 @@ def precision_table(graph_itemsize: float, var_itemsize: np.ndarray) -> Precisio
     members = list(Precision)
     return PrecisionTable(
         activation=np.array([_bytes(p, graph_itemsize, gradient=False) / graph_itemsize for p in members]),
-        gradient=np.stack([np.array([_bytes(p, s, gradient=True) / s for s in var_itemsize]) for p in members])
-        if var_itemsize.size
-        else np.ones((PRECISIONS, 0)),
-        parameter=np.stack([np.array([_bytes(p, s, gradient=True) / s for s in var_itemsize]) for p in members])
-        if var_itemsize.size
-        else np.ones((PRECISIONS, 0)),
-        gathered=np.stack([np.array([_bytes(p, s, gradient=False) / s for s in var_itemsize]) for p in members])
-        if var_itemsize.size
-        else np.ones((PRECISIONS, 0)),
+        gradient=_per_variable(var_itemsize, gradient=True),
+        parameter=_per_variable(var_itemsize, gradient=True),
+        gathered=_per_variable(var_itemsize, gradient=False),
         master=np.array([MASTER_BYTES if p in HALF_GRADIENTS else 0.0 for p in members]),
         weight_copy=np.array(
             [AMP_WEIGHT_COPY_BYTES if p in (Precision.AMP_FP16, Precision.AMP_BF16) else 0.0 for p in members]
         ),
         half_gradients=np.array([p in HALF_GRADIENTS for p in members]),
         graph_gradient=np.array([_bytes(p, graph_itemsize, gradient=True) / graph_itemsize for p in members]),
+    )
+
+
+def _per_variable(var_itemsize: np.ndarray, *, gradient: bool) -> np.ndarray:
+    """[P, V] bytes per captured byte of each variable at each precision."""
+    itemsize = np.asarray(var_itemsize, dtype=np.float64)
+    return np.stack(
+        [np.broadcast_to(_bytes(p, itemsize, gradient=gradient), itemsize.shape) / itemsize for p in Precision]
     )
 
 
