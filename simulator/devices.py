@@ -149,9 +149,7 @@ denominator and `addcdiv_` for the step, AdamW's decoupled decay beside them (tr
 launches the same); LAMB's trust ratio adds two norms and their quotient."""
 
 
-def kinds_of(
-    resources: ResourceSpec, dtype: str, *, loop: bool = False, loop_kernels: int = LOOP_UPDATE_KERNELS["adam"]
-) -> tuple[DeviceKinds, np.ndarray]:
+def kinds_of(resources: ResourceSpec, dtype: str, *, loop: bool, loop_kernels: int) -> tuple[DeviceKinds, np.ndarray]:
     """The device kinds of the cluster's devices, and each device's kind index. `loop`: the optimizer
     steps one tensor at a time, launching `loop_kernels` element-wise kernels for each (`_tensor_seconds`)."""
     kind_names, device_kind = _device_kinds(resources, resources.all_devices)
@@ -227,7 +225,7 @@ def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str
 
 
 def _kinds_table(
-    resources: ResourceSpec, names: list[str], dtype: str, *, loop: bool = False, loop_kernels: int = 0
+    resources: ResourceSpec, names: list[str], dtype: str, *, loop: bool, loop_kernels: int
 ) -> DeviceKinds:
     """The kinds' figures as arrays. A graph whose optimizer runs one tensor at a time (`for-loop`), or
     with a sparse gradient (PyTorch's multi-tensor optimizers fall back to the loop for a parameter group

@@ -209,16 +209,26 @@ decides on the live module)."""
 
 def context_parallel_refusal(model_class: str | None, *, pipeline: int = 1) -> Refusal | None:
     """Whether the runtime runs context parallelism on a model of `model_class` (its class path; None when
-    unknown) beside `pipeline` stages."""
+    unknown) beside `pipeline` stages (`context_pipeline_refusal`)."""
     if model_class is None or not model_class.startswith(CONTEXT_PARALLEL_CLASSES):
         shown = "an unknown class" if model_class is None else model_class.rsplit(".", 1)[-1]
         return Refusal(
             f"the runtime's context parallelism replaces the attention of Hugging Face models and of the zoo's "
             f"transformers; the model is {shown}"
         )
-    if pipeline > 1:
-        return Refusal("the runtime runs context parallelism without pipeline stages")
-    return None
+    return context_pipeline_refusal(2, pipeline)
+
+
+def context_pipeline_refusal(context: int, pipeline: int) -> Refusal | None:
+    """Why the runtime does not run `context` ranks per sequence beside `pipeline` stages, or None."""
+    if context <= 1 or pipeline <= 1:
+        return None
+    return Refusal(
+        f"mesh.context ({context}) with mesh.pipeline ({pipeline}) is not run by this runtime: a pipeline stage "
+        "runs children of an nn.Sequential or a graph traced from the model, which carry neither the "
+        "context-parallel attention nor the global positions it sets before the model's forward; use "
+        "mesh.pipeline 1 with context parallelism here (torchtitan and Megatron run both)"
+    )
 
 
 PipelineRoute = Literal["children", "blocks"]

@@ -44,6 +44,7 @@ from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import ShardedSynchronizer, Strategy, device_address
+from stratagem.parallel_rules import context_pipeline_refusal
 from stratagem.runtime.comm import Comm
 from stratagem.runtime.compile import apply_compile
 from stratagem.runtime.compose import apply_synchronization
@@ -306,13 +307,9 @@ def _check(
     traced: bool = False,
 ) -> None:
     layout = MeshLayout.of(strategy)
-    if layout.context > 1 and layout.pipeline > 1:
-        raise UnsupportedStrategyError(
-            f"mesh.context ({layout.context}) with mesh.pipeline ({layout.pipeline}) is not run by this runtime: "
-            "a pipeline stage runs children of an nn.Sequential or a graph traced from the model, which carry neither "
-            "the context-parallel attention nor the global positions it sets before the model's forward; use "
-            "mesh.pipeline 1 with context parallelism here (torchtitan and Megatron run both)"
-        )
+    staged = context_pipeline_refusal(layout.context, layout.pipeline)
+    if staged is not None:
+        raise UnsupportedStrategyError(str(staged))
     if layout.context > 1:
         refusal = context_refusal(model)
         if refusal is not None:

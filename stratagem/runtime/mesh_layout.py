@@ -40,10 +40,6 @@ class MeshLayout:
         mesh = strategy.effective_mesh
         return cls(mesh.data, mesh.pipeline, mesh.tensor, mesh.context)
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return self.data, self.pipeline, self.tensor
-
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """(data index, stage, tensor index) of `rank`; its context index is `context_index`."""
         d, rest = divmod(rank, self.pipeline * self.context * self.tensor)
