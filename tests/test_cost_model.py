@@ -112,6 +112,25 @@ def test_trials_from_several_sources_fold_by_source_so_a_level_each_source_share
     assert by_source.scale_ < 0.3 < by_job.scale_
 
 
+def test_a_source_of_a_few_trials_weighs_as_much_as_one_of_many_in_the_share_applied():
+    """Two sources share a bias the correction learns (72 trials); a third of four trials has none. Each
+    source is left out in turn and weighs the same, so the third's four trials lower the share applied
+    where, counted as four of 76, they would not."""
+
+    def placed(source: str, records: list) -> list:
+        return [r.model_copy(update={"source": source, "group_id": f"{source}-{r.group_id}"}) for r in records]
+
+    biased = {"compute": 1.6, "allreduce": 1.0, "ps": 1.0}
+    shared = placed("big", synthetic_records(n_groups=8, per_group=8, seed=1, bias=biased)) + placed(
+        "ally", synthetic_records(n_groups=2, per_group=4, seed=2, bias=biased)
+    )
+    odd = placed(
+        "odd", synthetic_records(n_groups=1, per_group=4, seed=3, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
+    )
+    assert CostModel(**SMALL).fit(shared).scale_ > 0.95
+    assert CostModel(**SMALL).fit(shared + odd).scale_ < 0.9
+
+
 def test_documents_saved_before_the_scale_existed_load_with_their_version(records):
     legacy = CostModel(**SMALL, shrink_folds=0).fit(records[:40])
     document = json.loads(legacy.to_json())

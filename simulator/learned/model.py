@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Self
 
@@ -149,11 +150,14 @@ class CostModel:
     def _cross_validated_scale(self, matrix: FeatureMatrix) -> float:
         """Trials measured in several places (published sources, other deployments) are folded by
         place, so the share applied is what holds where the model has not been: a correction that only
-        learns each place's own level shrinks towards the simulator."""
-        folds = _fold_labels(matrix)
+        learns each place's own level shrinks towards the simulator. Each place is then a fold of its
+        own (leave one place out) and weighs the same in the fit of the share, so a place with many
+        trials cannot set what is applied everywhere else."""
+        folds, by_place = _fold_labels(matrix)
         distinct = len(set(folds))
         if self.shrink_folds < 2 or distinct < 2:
             return 1.0
+        splits = distinct if by_place else min(self.shrink_folds, distinct)
         inner = {**self.get_params(), "shrink_folds": 0, "n_bootstrap": 1}
         folded = FeatureMatrix(
             X=matrix.X,
@@ -163,10 +167,14 @@ class CostModel:
             groups=folds,
             sources=matrix.sources,
         )
-        predicted = out_of_fold(lambda: CostModel(**inner), folded, n_splits=min(self.shrink_folds, distinct))
+        predicted = out_of_fold(lambda: CostModel(**inner), folded, n_splits=splits)
         correction = np.log(predicted) - np.log(matrix.simulated_s)
-        power = float(correction @ correction)
         residual = np.log(matrix.measured_s) - np.log(matrix.simulated_s)
+        if by_place:
+            counts = Counter(folds)
+            correction = correction / np.sqrt([counts[f] for f in folds])
+            residual = residual / np.sqrt([counts[f] for f in folds])
+        power = float(correction @ correction)
         return float(np.clip(residual @ correction / power, 0.0, 1.0)) if power > 0 else 1.0
 
     def _fit_ensemble(self, matrix: FeatureMatrix) -> None:
@@ -320,13 +328,13 @@ def retrain_needed(n_new_trials: int, every: int = 20) -> bool:
     return n_new_trials >= every
 
 
-def _fold_labels(matrix: FeatureMatrix) -> list[str]:
-    """The rows' sources when they come from two or more, else their jobs."""
+def _fold_labels(matrix: FeatureMatrix) -> tuple[list[str], bool]:
+    """The rows' sources when they come from two or more (and True), else their jobs (and False)."""
     sources = matrix.sources or []
     known = {source for source in sources if source is not None}
     if len(known) >= 2:
-        return [source or "" for source in sources]
-    return list(matrix.groups)
+        return [source or "" for source in sources], True
+    return list(matrix.groups), False
 
 
 def _as_matrix(data: Data, names: Sequence[str]) -> FeatureMatrix:
