@@ -11,6 +11,11 @@ main components, memory, capture time), per source and overall: MAPE of the step
 over series of one model on growing GPU counts, Kendall tau within one model on one cluster, and
 leave-one-source-out scores of the learned correction. A row the project cannot express, or that the
 simulator refuses, is a miss with its reason; misses are not scored.
+
+Beside them, apart from every target (`deepspeed_engine_timed`): the DeepSpeed source's runs as
+DeepSpeed's own timers measured them, forward, backward and step without the Trainer's loop
+(`benchmarks/lib/published_engine_timed.py`), scored the same way, with what each end-to-end row spent
+outside the engine.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import stratagem
 from benchmarks.lib import published_layouts as setup
 from benchmarks.lib import published_rows as rows_
 from benchmarks.lib.published_capture import Captured, GraphCache, default_cache_dir, describe
+from benchmarks.lib.published_engine_timed import engine_timed_rows, outside_engine
 from benchmarks.lib.published_learned import Priced, leave_one_source_out
 from benchmarks.lib.published_models import model_spec, training_graph
 from benchmarks.lib.published_rows import Row
@@ -237,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             if r.scored and r.graph is not None and r.resources is not None and r.prediction is not None
         ]
         document["leave_one_source_out"] = leave_one_source_out(priced)
+    engine_rows = engine_timed_rows(rows)
+    if engine_rows:
+        document["deepspeed_engine_timed"] = engine_timed(rows, [run_row(row, cache) for row in engine_rows])
     if args.export_trials is not None:
         document["export"] = write_trials(
             results, args.export_trials, csv_name=args.csv.name, version=SIMULATOR_VERSION
@@ -247,6 +256,28 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(text + "\n")
     print(text)
     return 0
+
+
+def engine_timed(rows: list[Row], results: list[RowResult]) -> dict[str, Any]:
+    """The engine-timed DeepSpeed runs: scores, each run's ratio, and the end-to-end rows' time outside the engine."""
+    return {
+        "note": "DeepSpeed's forward + backward + step timers (the autotuner's metric), not the Trainer's end to end",
+        "scores": scores(results),
+        "outside_engine": outside_engine(rows),
+        "rows": [
+            {
+                "id": r.row.id,
+                "model": r.row.model,
+                "zero_stage": r.row.zero_stage,
+                "micro_batch": r.row.micro_batch,
+                "measured_step_s": _round(r.row.measured_step_s),
+                "predicted_step_s": _round(r.predicted_s),
+                "ratio": _round(r.predicted_s / r.row.measured_step_s) if r.predicted_s else None,
+                "miss_reasons": r.misses,
+            }
+            for r in results
+        ],
+    }
 
 
 def write_trials(results: list[RowResult], path: Path, *, csv_name: str, version: str) -> dict[str, Any]:

@@ -246,6 +246,32 @@ def test_every_row_is_scored_or_listed_as_a_miss_with_its_reasons(tmp_path, caps
     assert counted == sum(len(reasons) for reasons in misses.values())
     overall = out["summary"]["overall"]
     assert overall["rows"] == 4 and overall["scored"] + overall["missed"] == 4
+    engine = out["deepspeed_engine_timed"]
+    assert [(r["model"], r["zero_stage"]) for r in engine["rows"]] == [
+        *(("distilbert-base-uncased", stage) for stage in range(4)),
+        ("gpt2", 0),
+        ("gpt2", 1),
+    ]
+    assert engine["scores"]["scored"] == 6 and all(0.5 < r["ratio"] < 2 for r in engine["rows"])
+
+
+def test_deepspeeds_engine_timed_runs_copy_their_models_row_at_the_timed_stage_and_micro_batch(rows) -> None:
+    from benchmarks.lib.published_engine_timed import SOURCE, engine_timed_rows, outside_engine
+
+    timed = engine_timed_rows(list(rows.values()))
+    assert [(r.model, r.zero_stage, r.micro_batch) for r in timed] == [
+        *(("distilbert-base-uncased", stage, 256) for stage in range(4)),
+        ("gpt2", 0, 11),
+        ("gpt2", 1, 15),
+    ]
+    for row in timed:
+        base = next(r for r in rows.values() if r.source == row.source and r.model == row.model)
+        assert row.id.startswith(f"{SOURCE}:") and (row.precision, row.config) == (base.precision, base.config)
+        assert row.global_batch == 16 * row.micro_batch and row.measured_metric == "engine_timed_samples_per_s"
+        assert row.measured_step_s == pytest.approx(row.global_batch / row.measured_value)
+    assert timed[0].measured_step_s == pytest.approx(4096 / 5759.96)
+    # the fixture holds no autotuned end-to-end row, so no time outside the engine is read
+    assert outside_engine(list(rows.values())) == []
 
 
 def test_the_csv_must_exist(tmp_path) -> None:
