@@ -34,10 +34,13 @@ from simulator import collectives, compression, fsdp
 from simulator.context import SimContext
 from simulator.encoding import Algorithm, CandidateBatch, CompressorKind, Precision, SyncKind
 from simulator.pipeline import ComputePhase
+from simulator.precision import HALF_GRADIENTS
 from simulator.timeline import fifo_dense
 from simulator.topology import Topology
 from stratagem.topk_selection import full_selection
 
+HALF_GRADIENT_CODES = np.array(sorted(int(p) for p in HALF_GRADIENTS))
+"""Precisions whose gradients travel in 16 bits (`simulator.precision.HALF_GRADIENTS`)."""
 SPARSE_ALLREDUCE_COLLECTIVES = 2
 """All-gathers per sparse variable: indices and values (their sizes vary per step), after one
 all-gather of every sparse variable's row count."""
@@ -370,7 +373,7 @@ def _group_seconds(
     the wire but all-gathered (`TOPK_COLLECTIVES`), every rank receiving its p - 1 peers' entries."""
     half = (compressor == CompressorKind.FP16) | (compressor == CompressorKind.BF16)
     precision = batch.precision.take(row)
-    half |= (compressor == CompressorKind.NONE) & ((precision == Precision.BF16) | (precision == Precision.FP8))
+    half |= (compressor == CompressorKind.NONE) & np.isin(precision, HALF_GRADIENT_CODES)
     seconds, latency = _allreduce_cost(
         topo, row, algorithm, np.where(half, nbytes / topo.half_reduce.take(row), nbytes)
     )

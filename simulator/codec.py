@@ -60,6 +60,7 @@ PRECISION_CODES = {
     "amp-bf16": Precision.AMP_BF16,
     "bf16": Precision.BF16,
     "fp8": Precision.FP8,
+    "fp16": Precision.FP16,
 }
 """`Strategy.precision`'s names and the codes a row holds (the search offers the same names)."""
 _PRECISION_NAMES = {value: name for name, value in PRECISION_CODES.items()}

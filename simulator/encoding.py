@@ -125,6 +125,7 @@ class Precision(IntEnum):
     AMP_BF16 = 3
     BF16 = 4
     FP8 = 5
+    FP16 = 6
 
 
 PER_CANDIDATE: dict[str, Any] = {
@@ -362,7 +363,7 @@ def _value_problems(b: CandidateBatch, context: SimContext) -> list[Problem]:
     )
     problems += _first_bad("schedule", (b.schedule < 0) | (b.schedule > 3), "unknown schedule")
     problems += _schedule_problems(b)
-    problems += _first_bad("precision", (b.precision < 0) | (b.precision > 5), "unknown precision")
+    problems += _first_bad("precision", (b.precision < 0) | (b.precision > max(Precision)), "unknown precision")
     problems += _first_bad(
         "selective", b.selective & b.recompute, "selective and full recomputation exclude each other"
     )

@@ -13,6 +13,7 @@ computes in IEEE fp32.
 | `amp-fp16`, `amp-bf16` | fp16 / bf16 | fp16 / bf16 | fp16 / bf16 | 2 B | fp32 | fp32 param + fp32 grad + fp32 state, and the half copies of the weights autocast saves for backward (2 B) |
 | `bf16` | bf16 | bf16 | bf16 | 2 B | bf16 | bf16 param + bf16 grad + fp32 master (4 B) + fp32 state |
 | `fp8` | fp8 | bf16 | bf16 | 2 B | bf16 | as `bf16` |
+| `fp16` | fp16 | fp16 | fp16 | 2 B | fp16 | as `bf16` |
 
 - `fp32` follows PyTorch's defaults: `torch.backends.cuda.matmul.allow_tf32` is False and
   `torch.backends.cudnn.allow_tf32` is True, so matmuls run in IEEE fp32 and convolutions through
@@ -29,6 +30,10 @@ computes in IEEE fp32.
   e4m3/e5m2 GEMMs at twice the bf16 tensor rate on H100/H200; attention, convolutions and everything
   else stay bf16. A device without fp8 tensor cores (A100 and older, CPUs) cannot run it: the
   candidate is infeasible.
+- `fp16` is `bf16` in fp16 (Megatron-LM `--fp16`, DeepSpeed `fp16.enabled`: the engine halves the model
+  and its fp16 or ZeRO optimizer steps fp32 master copies): the 16-bit mode of GPUs without bf16 tensor
+  cores (V100, T4), at their fp16 tensor rate. Dynamic loss scaling's overflow check is one pass over
+  the gradients, left out.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ input gradient in backward: a half copy of the parameters lives through forward 
 
 CAPTURED = {Precision.FP32, Precision.TF32}
 """Precisions that run the model in its captured dtype."""
-HALF_GRADIENTS = {Precision.BF16, Precision.FP8}
+HALF_GRADIENTS = {Precision.BF16, Precision.FP8, Precision.FP16}
 """Precisions whose gradients are reduced in 16 bits (at the device's `half_reduce_efficiency`)."""
 
 
@@ -144,23 +149,25 @@ def peaks(specs: list[DeviceSpec], dtype: str) -> Peaks:
         tf32 = spec.peak_flops.get("tf32", captured) if dtype == "float32" else captured
         fp16, bf16 = spec.flops_for("float16"), spec.flops_for("bfloat16")
         fp8 = spec.peak_flops.get("float8", bf16)
-        matmul.append([captured, tf32, fp16, bf16, bf16, fp8])
-        conv.append([tf32, tf32, fp16, bf16, bf16, bf16])
-        attention.append([captured, tf32, fp16, bf16, bf16, bf16])
+        matmul.append([captured, tf32, fp16, bf16, bf16, fp8, fp16])
+        conv.append([tf32, tf32, fp16, bf16, bf16, bf16, fp16])
+        attention.append([captured, tf32, fp16, bf16, bf16, bf16, fp16])
         sustained = spec.sustained_matmul or 1.0
         tensor = spec.matmul_efficiency * sustained
         vector = (spec.fp32_matmul_efficiency or spec.matmul_efficiency) * sustained
         plain = dtype == "float32"
         fp32_matmul = vector if plain else tensor
         tf32_matmul = tensor if "tf32" in spec.peak_flops or not plain else vector
-        matmul_eff.append([fp32_matmul, tf32_matmul, tensor, tensor, tensor, tensor])
-        conv_eff.append([spec.conv_efficiency or e for e in (tf32_matmul, tf32_matmul, tensor, tensor, tensor, tensor)])
+        matmul_eff.append([fp32_matmul, tf32_matmul, tensor, tensor, tensor, tensor, tensor])
+        conv_eff.append(
+            [spec.conv_efficiency or e for e in (tf32_matmul, tf32_matmul, tensor, tensor, tensor, tensor, tensor)]
+        )
         forward = (spec.attention_efficiency or spec.matmul_efficiency) * sustained
         backward = (
             spec.attention_backward_efficiency or spec.attention_efficiency or spec.matmul_efficiency
         ) * sustained
-        attention_eff.append([fp32_matmul, tf32_matmul, forward, forward, forward, forward])
-        attention_bwd.append([fp32_matmul, tf32_matmul, backward, backward, backward, backward])
+        attention_eff.append([fp32_matmul, tf32_matmul, forward, forward, forward, forward, forward])
+        attention_bwd.append([fp32_matmul, tf32_matmul, backward, backward, backward, backward, backward])
     shape = (len(specs), PRECISIONS)
     return Peaks(
         matmul=np.array(matmul, dtype=float).reshape(shape),

@@ -33,6 +33,7 @@ PEAK_KEYS: dict[str, tuple[str, ...]] = {
     "amp-bf16": ("bfloat16", "float16"),
     "bf16": ("bfloat16", "float16"),
     "fp8": ("float8", "float8_e4m3fn"),
+    "fp16": ("float16",),
 }
 """The catalog's `peak_flops` keys a precision's matmuls run at, first found wins; a device without
 any (fp8 before Hopper) has no MFU for that precision."""

@@ -106,7 +106,7 @@ ROUND_TRIPS = {
     ],
     "deepspeed": [
         "zero=1,mb=2,gbs=64,precision=amp-bf16",
-        "tp=2,zero=3,mb=2,gbs=64,precision=amp-fp16,recompute=full",
+        "tp=2,zero=3,mb=2,gbs=64,precision=fp16,recompute=full",
         "pp=2,zero=1,mb=2,gbs=64,recompute=full",
         "dp=16,zero=3,shard=8,mb=2,gbs=32",
         "dp=16,mb=2,gbs=32",
@@ -116,7 +116,7 @@ ROUND_TRIPS = {
         "tp=2,sp,mb=2,gbs=64,zero=3,precision=fp8,fp8_ag",
         "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8",
         "cp=2,mb=2,gbs=64,zero=3,recompute=full",
-        "zero=2,mb=2,gbs=32,precision=amp-fp16",
+        "zero=2,mb=2,gbs=32,precision=fp16",
     ],
     "accelerate": [
         "zero=3,precision=amp-bf16",
@@ -131,6 +131,15 @@ ROUND_TRIPS = {
 
 def _cases() -> list[tuple[str, str]]:
     return [(engine, text) for engine, texts in ROUND_TRIPS.items() for text in texts]
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "megatron"])
+def test_autocast_fp16_exports_to_the_engines_fp16_which_reads_back_as_an_fp16_model(engine: str) -> None:
+    """Neither engine has an autocast switch: `fp16.enabled` and `--fp16` halve the model and step fp32
+    master copies, so what an amp-fp16 layout exports to imports as `fp16`."""
+    exported = getattr(Layout.from_string("zero=1,mb=2,gbs=32,precision=amp-fp16"), f"to_{engine}")()
+    assert exported == getattr(Layout.from_string("zero=1,mb=2,gbs=32,precision=fp16"), f"to_{engine}")()
+    assert getattr(Layout, f"from_{engine}")(exported).precision == "fp16"
 
 
 @pytest.mark.parametrize(("engine", "text"), _cases())
@@ -228,6 +237,8 @@ def test_accelerate_configs_are_yaml_with_fsdp2_and_the_parallelism_config() -> 
         ("torchtitan", "dp=4,tp=2,sp", "torchtitan runs DDP only as the sole parallelism"),
         ("torchtitan", "dp=8,zero=1", "zero 1: FSDP2 shards parameters and gradients with the optimizer state"),
         ("torchtitan", "dp=8,precision=amp-fp16", "mixed_precision_param takes bfloat16 or float32 only"),
+        ("torchtitan", "dp=8,precision=fp16", "mixed_precision_param takes bfloat16 or float32 only"),
+        ("accelerate", "dp=8,precision=fp16", "mixed_precision fp16 is autocast over fp32 weights"),
         ("torchtitan", "dp=1,tp=8,sp,precision=amp-bf16", "without it trains in fp32"),
         ("torchtitan", "dp=4,pp=2,zero=3,schedule=zero-bubble", "zero-bubble with one chunk per rank"),
         ("torchtitan", "dp=8,precision=tf32", "no config key turns on TF32 matmuls"),
@@ -349,7 +360,7 @@ def test_torchtitans_llama3_8b_config_reads_as_fsdp_over_the_rest_of_the_cluster
 
 def test_megatrons_gpt3_175b_arguments_read_as_tp8_pp16_on_any_cluster_they_divide() -> None:
     layout = Layout.from_megatron(MEGATRON_GPT3_175B)
-    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=amp-fp16"
+    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=fp16"
     assert layout.resolved(1536).data == 12
 
 

@@ -48,8 +48,8 @@ def test_megatron_interleaving_and_its_16_bit_model_become_the_layout(rows) -> N
     assert (layout.data, layout.tensor, layout.pipeline, layout.context) == (32, 8, 4, 1)
     assert (layout.micro_batch, layout.micro_batches, layout.global_batch) == (2, 28, 1792)
     assert (layout.schedule, layout.virtual_stages) == ("interleaved-1f1b", 3)
-    # Megatron's --fp16 trains an fp16 model beside fp32 main weights, no autocast: the IR's 16-bit `bf16`
-    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "bf16", False)
+    # Megatron's --fp16 trains an fp16 model beside fp32 main weights, no autocast: the IR's `fp16`
+    assert (layout.zero, layout.recompute, layout.precision, layout.sequence_parallel) == (0, "full", "fp16", False)
 
 
 def test_bloom_is_zero_1_in_16_bit_bf16_on_twelve_uneven_stages(rows) -> None:
@@ -106,6 +106,17 @@ def test_every_published_flag_is_stated_compile_and_fused_kernels_included(rows)
     # Megatron's fused softmax, bias-GeLU and bias-dropout-add kernels are what compile prices
     assert published_layouts.layout(rows["megatron_sc21_table1:1"]).compile
     assert not published_layouts.layout(rows["deepspeed_autotuning_hf:1"]).compile
+
+
+def test_deepspeeds_fp16_runs_are_fp16_models_and_the_trainers_own_fp16_is_autocast(rows) -> None:
+    """DeepSpeed's `fp16.enabled` halves the model and steps fp32 master copies; the Trainer's `--fp16`
+    without DeepSpeed is native AMP over fp32 weights."""
+    import dataclasses
+
+    deepspeed = rows["deepspeed_autotuning_hf:2"]
+    assert deepspeed.precision == "fp16" and published_layouts.layout(deepspeed).precision == "fp16"
+    plain = dataclasses.replace(deepspeed, other={**deepspeed.other, "variant": "baseline_hf_ddp"})
+    assert published_layouts.layout(plain).precision == "amp-fp16"
 
 
 def test_each_source_captures_the_attention_and_compute_dtype_its_runs_used(rows) -> None:

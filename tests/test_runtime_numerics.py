@@ -54,6 +54,12 @@ def test_fp8_is_refused_on_a_cpu_replica_because_it_needs_fp8_tensor_cores(one_r
         distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), whole(model, precision="fp8"))
 
 
+def test_an_fp16_model_with_fp32_master_weights_is_refused_and_pointed_to_the_engines(one_rank) -> None:
+    model = make_model("cnn")
+    with pytest.raises(UnsupportedStrategyError, match=r"precision 'fp16'.*master weights.*DeepSpeed or Megatron-LM"):
+        distribute(model, torch.optim.SGD(model.parameters(), lr=0.1), whole(model, precision="fp16"))
+
+
 def context_strategy(model: nn.Module, pipeline: dict[str, Any] | None = None) -> Strategy:
     """Context 2 (times the pipeline's stages) over all-reduced variables."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]

@@ -128,8 +128,11 @@ def test_precision_is_searched_only_when_allowed(monkeypatch) -> None:
     result, rows, _ = evaluated(
         monkeypatch, graph, resources, runner="engine", global_batch=32, precision="fp32", allow_precision=True
     )
-    assert {Precision.FP32, Precision.AMP_BF16, Precision.FP8} <= set(rows.precision.tolist())
+    assert {Precision.FP32, Precision.AMP_BF16, Precision.FP8, Precision.FP16} <= set(rows.precision.tolist())
     assert all(c.precision in PRECISION_NAMES for c in result.candidates)
+    # an fp16 model beside fp32 master weights is an engine's mode: stratagem's runtime keeps no master copy
+    _, rows, _ = evaluated(monkeypatch, graph, resources, global_batch=32, precision="fp32", allow_precision=True)
+    assert Precision.AMP_BF16 in set(rows.precision.tolist()) and Precision.FP16 not in set(rows.precision.tolist())
 
 
 def test_every_candidate_trains_the_fixed_global_batch(monkeypatch) -> None:

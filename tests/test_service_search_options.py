@@ -47,6 +47,12 @@ def test_a_bad_search_field_is_refused_by_name(field: str, value: Any) -> None:
     assert any(error["loc"][-1] == field for error in caught.value.errors())
 
 
+def test_an_fp16_model_is_asked_of_the_engine_runner_only() -> None:
+    with pytest.raises(ValidationError, match=r"precision: 'fp16'.*runner 'engine', or amp-fp16"):
+        _request(precision="fp16")
+    assert JobOptions.resolve(_request(precision="fp16", runner="engine"), Settings()).search.precision == "fp16"
+
+
 def test_the_job_hands_precision_compile_global_batch_and_runner_to_the_search() -> None:
     request = _request(
         precision="amp-bf16", allow_precision=False, compile=True, global_batch=32, runner="engine", max_candidates=400

@@ -258,6 +258,7 @@ def test_fp32_convolutions_run_at_tf32_as_cudnn_allows_by_default_and_cpus_have_
         (Precision.AMP_BF16, 4 + 4 + 8 + HALF),  # fp32 param, grad, Adam; the half copy autocast saves
         (Precision.BF16, 2 + 2 + 4 + 8),  # ZeRO's 2 + 2 + 12
         (Precision.FP8, 2 + 2 + 4 + 8),
+        (Precision.FP16, 2 + 2 + 4 + 8),
     ],
 )
 def test_each_precision_keeps_its_bytes_per_parameter(precision, per_param):
@@ -266,7 +267,7 @@ def test_each_precision_keeps_its_bytes_per_parameter(precision, per_param):
     result = simulate_batch(context, candidates(context, [{"data": 8, "precision": precision}]))
     assert result.memory[0] == pytest.approx(numel * per_param, rel=1e-12)
     sharded = candidates(context, [{"data": 8, "precision": precision, "kind": SyncKind.SHARDED, "zero_stage": 1}])
-    master = 4 if precision in (Precision.BF16, Precision.FP8) else 0
+    master = 4 if precision in (Precision.BF16, Precision.FP8, Precision.FP16) else 0
     optimizer = (8 + master) * numel
     assert simulate_batch(context, sharded).memory[0] == pytest.approx(numel * per_param - optimizer * 7 / 8, rel=1e-12)
 
@@ -279,6 +280,26 @@ def test_amp_reduces_fp32_gradients_and_bf16_reduces_half_of_them():
     )
     wire = simulate_batch(context, batch, detail=True).detail["allreduce_bytes"]
     assert wire[1] == pytest.approx(wire[0]) and wire[2] == pytest.approx(wire[0] / 2)
+
+
+def test_an_fp16_model_computes_at_the_fp16_tensor_rate_and_reduces_half_the_gradient_bytes_of_amp():
+    """A V100 has fp16 tensor cores and no bf16: an fp16 model (DeepSpeed's `fp16.enabled`) computes at
+    the rate autocast's fp16 matmuls do, without autocast's weight casts, and reduces fp16 gradients."""
+    v100 = compile_context(matmul_graph(), gpus("V100", per_node=1))
+    times = {p: layer_times(v100, 0, 1, 1, Knobs(precision=p))[0][0] for p in Precision}
+    assert times[Precision.FP16] <= times[Precision.AMP_FP16]
+    assert times[Precision.FP32] / times[Precision.FP16] > 5 and times[Precision.BF16] > 5 * times[Precision.FP16]
+    context = compile_context(gpt(), gpus("V100"))
+    batch = candidates(
+        context, [{"data": 8, "precision": Precision.AMP_FP16}, {"data": 8, "precision": Precision.FP16}]
+    )
+    wire = simulate_batch(context, batch, detail=True).detail["allreduce_bytes"]
+    assert wire[1] == pytest.approx(wire[0] / 2)
+    a100 = compile_context(gpt(), gpus("A100-80GB"))
+    same = simulate_batch(
+        a100, candidates(a100, [{"data": 8, "precision": p} for p in (Precision.BF16, Precision.FP16)])
+    )
+    assert same.step_time[1] == pytest.approx(same.step_time[0], rel=1e-9) and same.memory[1] == same.memory[0]
 
 
 def test_half_precision_activations_halve_the_tensor_parallel_bytes():

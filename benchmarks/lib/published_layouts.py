@@ -67,14 +67,17 @@ def cluster(row: Row) -> ResourceSpec:
 PRECISIONS = (
     ("bf16 + float8", "fp8"),
     ("amp_fp16", "amp-fp16"),
-    ("fp16", "amp-fp16"),
+    ("fp16", "fp16"),
     ("bf16", "amp-bf16"),
     ("fp32", "fp32"),
 )
-"""Source wording to `Layout.precision`, first prefix wins (after `SIXTEEN_BIT_MODELS`). DeepSpeed's
-`fp16` runs (a V100 has no bf16, so the IR's 16-bit `bf16` cannot state them) and Hugging Face's AMP keep
-fp32 weights (amp-fp16); torchtitan's FSDP2 (`mixed_precision_param = "bfloat16"` over fp32 shards)
-likewise (amp-bf16); torchtitan's float8 linears beside bf16 are `fp8`."""
+"""Source wording to `Layout.precision`, first prefix wins (after `SIXTEEN_BIT_MODELS` and the Trainer's
+own runs). DeepSpeed's `fp16` runs train an fp16 model beside fp32 master weights (`fp16.enabled`: the
+engine halves the model and its ZeRO or fp16 optimizer steps fp32 copies); DLPerf's AMP keeps fp32 weights
+(amp-fp16); torchtitan's FSDP2 (`mixed_precision_param = "bfloat16"` over fp32 shards) likewise
+(amp-bf16); torchtitan's float8 linears beside bf16 are `fp8`."""
+AUTOCAST_VARIANTS = ("baseline_hf_ddp",)
+"""Runs whose `fp16` is Hugging Face Trainer's `--fp16` without DeepSpeed: native AMP over fp32 weights."""
 TORCHTITAN_INTERLEAVED_CHUNKS = 2
 """torchtitan's multi-stage schedules hold 2 stages per rank unless `pipeline_parallel_layers_per_stage`
 says otherwise (stratagem/interop/torchtitan.py, MULTI_STAGE)."""
@@ -82,15 +85,16 @@ says otherwise (stratagem/interop/torchtitan.py, MULTI_STAGE)."""
 
 SIXTEEN_BIT_MODELS = ("megatron_sc21_table1", "bigscience_bloom176b")
 """Sources whose engine trains a 16-bit model beside fp32 main weights and optimizer state, with no
-autocast: Megatron-LM's `--fp16` (Float16Module, fp16 gradients all-reduced by its local DDP) and
-Megatron-DeepSpeed's `--bf16` (BLOOM). That is the IR's `bf16` precision (`simulator.precision`); on an
-A100 fp16 and bf16 run at the same rate and take the same bytes."""
+autocast: Megatron-LM's `--fp16` (Float16Module, fp16 gradients all-reduced by its local DDP), the IR's
+`fp16`, and Megatron-DeepSpeed's `--bf16` (BLOOM), priced as the IR's `bf16` (`simulator.precision`)."""
 
 
 def precision(row: Row) -> str:
     text = row.precision.strip().lower()
     if row.source in SIXTEEN_BIT_MODELS and text in ("fp16", "bf16"):
-        return "bf16"
+        return text
+    if text.startswith("fp16") and row.other.get("variant") in AUTOCAST_VARIANTS:
+        return "amp-fp16"
     for prefix, name in PRECISIONS:
         if text.startswith(prefix):
             return name

@@ -107,6 +107,15 @@ class SearchOptions(Body):
     """Who runs the answer: `stratagem` (stratagem.distribute, the trials) or `engine` (the trainers a
     strategy exports to, torchtitan and Megatron-LM: every layout of the model's blocks, context parallelism)."""
 
+    @model_validator(mode="after")
+    def _runner_runs_the_precision(self) -> Self:
+        if self.precision == "fp16" and self.runner != "engine":
+            raise ValueError(
+                "precision: 'fp16' (an fp16 model beside fp32 master weights) runs in DeepSpeed or Megatron-LM, "
+                "not in stratagem's runtime: ask for runner 'engine', or amp-fp16"
+            )
+        return self
+
 
 class ProblemInput(Body):
     """The model and the cluster a request is about, each given inline or by the id of a stored one."""

@@ -26,8 +26,9 @@ attention balances causal work over 2·c chunks, Megatron's, torchtitan's and th
 balancing; the runtime keeps them for a non-causal model too); sequence parallelism needs tensor > 1 and attention layers (norms and dropout along
 the sequence); selective recomputation needs attention cores inside the numbered blocks, per-op
 checkpointing (`selective-op`, torchtitan's) is offered beside it where it drops something, full
-recomputation needs numbered blocks; precision is the request's unless `allow_precision`, and fp8 only
-on devices with fp8 tensor cores; compile is the request's unless `allow_compile`; async tensor
+recomputation needs numbered blocks; precision is the request's unless `allow_precision`, fp8 only
+on devices with fp8 tensor cores and fp16 (an fp16 model beside fp32 master weights, which the runtime
+does not keep) only for the `engine` runner; compile is the request's unless `allow_compile`; async tensor
 parallelism needs tensor > 1, sequence parallelism and compile; fp8 all-gathers need fp8 and ZeRO-3;
 a hybrid shard group stays inside one node.
 """
@@ -193,7 +194,7 @@ def rules_for(
     if context.layer_recomputed.any():
         recompute.append("full")
     gpus = bool(context.kinds.is_gpu[context.device_kind[context.compute_device_indices]].all())
-    precisions = _precisions(context, precision, allow_precision)
+    precisions = _precisions(context, precision, allow_precision, engine=engine)
     accumulate = engine or graph_accumulation_refusal(context.graph) is None
     contexts = _context_degrees(context, devices)
     if not engine:
@@ -275,12 +276,14 @@ def _context_degrees(context: SimContext, devices: int) -> tuple[int, ...]:
     return tuple(c for c in divisors(devices) if c <= MAX_CONTEXT and arch.seq % (2 * c) == 0)
 
 
-def _precisions(context: SimContext, precision: int, allow: bool) -> tuple[int, ...]:
+def _precisions(context: SimContext, precision: int, allow: bool, *, engine: bool) -> tuple[int, ...]:
     if not allow:
         return (int(precision),)
     kinds = context.device_kind[context.compute_device_indices]
     fp8 = bool(context.kinds.peaks.fp8[kinds].all())
-    others = [int(p) for p in Precision if p != precision and (p != Precision.FP8 or fp8)]
+    others = [
+        int(p) for p in Precision if p != precision and (p != Precision.FP8 or fp8) and (p != Precision.FP16 or engine)
+    ]
     return (int(precision), *others)
 
 

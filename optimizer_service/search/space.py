@@ -109,6 +109,11 @@ def option_problems(options: SearchOptions) -> list[str]:
         problems.append(f"global_batch: must be a positive integer or null, got {batch!r}")
     if options.runner not in RUNNERS:
         problems.append(f"runner: {options.runner!r} is not one of {', '.join(RUNNERS)}")
+    elif options.precision == "fp16" and options.runner != "engine":
+        problems.append(
+            "precision: 'fp16' (an fp16 model beside fp32 master weights) runs in DeepSpeed or Megatron-LM, not in "
+            "stratagem's runtime: ask for runner 'engine', or amp-fp16"
+        )
     return problems
 
 

@@ -80,6 +80,8 @@ def _refusals(layout: Layout, tensor: int, context: int) -> list[str]:
         reasons.append(TF32_REASON)
     if layout.precision == "bf16":
         reasons.append("bf16 without fp32 weights: mixed_precision bf16 is autocast over fp32 weights (amp-bf16)")
+    if layout.precision == "fp16":
+        reasons.append("an fp16 model: mixed_precision fp16 is autocast over fp32 weights (amp-fp16)")
     if (layout.pipeline or 1) > 1:
         reasons.append("pipeline parallelism: only through the Megatron-LM plugin; export to Megatron-LM instead")
     if layout.recompute in ("selective", "selective-op"):

@@ -9,8 +9,9 @@ must say:
   so an imported layout leaves it unset; with a pipeline the accumulation steps are its micro-batches;
 - `zero_optimization.stage` 0–3; hybrid sharding is MiCS (`mics_shard_size`, stage 3 only);
   the pipeline engine refuses stages 2 and 3;
-- `bf16.enabled` / `fp16.enabled` compute in half precision with fp32 master weights (amp); neither
-  pure bf16 nor fp8 nor TF32 has a key;
+- `fp16.enabled` trains an fp16 model with fp32 master weights (`fp16`), and is the nearest key to
+  autocast's `amp-fp16`, which exports to it too; `bf16.enabled` stands for `amp-bf16`; neither pure bf16
+  nor fp8 nor TF32 has a key;
 - tensor parallelism is AutoTP training (`tensor_parallel.autotp_size`), without sequence parallelism;
   the pipeline runs DeepSpeed's own 1F1B schedule (`pipeline.stages`); context parallelism has no key
   (DeepSpeed-Ulysses is a different scheme);
@@ -61,7 +62,7 @@ def layout_to_deepspeed(layout: Layout) -> dict[str, Any]:
         zero["mics_shard_size"] = layout.shard_group
     config["zero_optimization"] = zero
     config["bf16"] = {"enabled": layout.precision == "amp-bf16"}
-    config["fp16"] = {"enabled": layout.precision == "amp-fp16"}
+    config["fp16"] = {"enabled": layout.precision in ("amp-fp16", "fp16")}
     if tensor > 1:
         config["tensor_parallel"] = {"autotp_size": tensor}
     if pipeline > 1:
@@ -172,4 +173,4 @@ def _precision(config: dict[str, Any]) -> str:
         enabled[name] = value is True
     if enabled["bf16"]:
         return "amp-bf16"
-    return "amp-fp16" if enabled["fp16"] else "fp32"
+    return "fp16" if enabled["fp16"] else "fp32"

@@ -14,7 +14,8 @@ a layout must say:
   `--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params` is zero 2|3;
 - `--recompute-granularity selective` recomputes the core attention (its default `--recompute-modules`),
   `full` every layer (`--recompute-method uniform --recompute-num-layers 1`);
-- `--bf16` / `--fp16` compute in half precision with fp32 main weights (amp); fp8 is Transformer
+- `--fp16` trains an fp16 model with fp32 main weights (`fp16`), and the nearest Megatron has to
+  autocast's `amp-fp16`, which exports to it too; `--bf16` stands for `amp-bf16`; fp8 is Transformer
   Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
 - `--tp-comm-overlap` overlaps sequence parallelism's collectives with the GEMMs (Transformer Engine's
   userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8.
@@ -84,6 +85,7 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str
     args += {
         "amp-bf16": ["--bf16"],
         "amp-fp16": ["--fp16"],
+        "fp16": ["--fp16"],
         "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
     }.get(layout.precision, [])
     if layout.fp8_all_gather:
@@ -241,7 +243,7 @@ def _precision(values: dict[str, str], switches: set[str]) -> str:
     if "--bf16" in switches:
         return "amp-bf16"
     if "--fp16" in switches:
-        return "amp-fp16"
+        return "fp16"
     return "fp32"
 
 

@@ -107,8 +107,8 @@ def _refusals(layout: Layout, tensor: int, pipeline: int, context: int, layers: 
     precision = layout.precision
     if precision == "tf32":
         reasons.append(TF32_REASON)
-    if precision == "amp-fp16":
-        reasons.append("amp-fp16: mixed_precision_param takes bfloat16 or float32 only")
+    if precision in ("amp-fp16", "fp16"):
+        reasons.append(f"{precision}: mixed_precision_param takes bfloat16 or float32 only")
     fsdp = (layout.zero >= 2 and (layout.data is None or layout.data > 1)) or context > 1
     if precision in ("amp-bf16", "fp8") and not fsdp and (tensor > 1 or pipeline > 1):
         reasons.append(

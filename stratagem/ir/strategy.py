@@ -73,7 +73,9 @@ class Strategy(Document):
     precision: Precision = "fp32"
     """Numerics of the step. `fp32`; `tf32` (fp32 storage, TF32 tensor-core matmuls); `amp-fp16`,
     `amp-bf16` (fp32 master weights and optimizer state, half-precision compute and activations);
-    `bf16` (everything in bf16); `fp8` (fp8 matmuls with per-tensor scaling, bf16 elsewhere)."""
+    `bf16` (everything in bf16); `fp8` (fp8 matmuls with per-tensor scaling, bf16 elsewhere); `fp16` (an fp16
+    model, its gradients reduced in fp16, fp32 master weights and optimizer state, dynamic loss scaling:
+    Megatron-LM's `--fp16`, DeepSpeed's `fp16.enabled`, the way to train in 16 bits on GPUs without bf16)."""
     sequence_parallel: bool = False
     """With tensor parallelism: norms and dropout work on 1/tensor of the sequence, and each block's
     all-reduces become reduce-scatter plus all-gather (Korthikanti et al. 2022)."""

@@ -170,7 +170,7 @@ TensorParallelStyle = Literal["colwise", "rowwise", "vocab", "heads"]
 Recompute = Literal["none", "selective", "selective-op", "full"]
 
 
-Precision = Literal["fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp8"]
+Precision = Literal["fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp8", "fp16"]
 
 
 class TensorParallelLayer(Strict):

@@ -41,6 +41,11 @@ FP8_CAPABILITY = (8, 9)
 
 def precision_refusal(strategy: Strategy, device_kind: str) -> str | None:
     """Why this runtime cannot run the strategy's precision on a replica of `device_kind` (CPU or GPU), or None."""
+    if strategy.precision == "fp16":
+        return (
+            "precision 'fp16' trains an fp16 model beside fp32 master weights, which this runtime does not keep; "
+            "export it to DeepSpeed or Megatron-LM, or train in amp-fp16"
+        )
     if strategy.precision != "fp8":
         return None
     if device_kind != "GPU":
