@@ -186,16 +186,18 @@ class RayBackend:
         import ray
 
         self.connect()
-        killed = 0
+        # Every handle first: killing one rank makes its trial kill the others, which would then be gone.
+        handles = []
         for entry in ray.util.list_named_actors(all_namespaces=True):
             if entry.get("namespace") != ACTOR_NAMESPACE or not str(entry.get("name", "")).startswith(f"{owner}/"):
                 continue
             try:
-                ray.kill(ray.get_actor(entry["name"], namespace=ACTOR_NAMESPACE), no_restart=True)
-                killed += 1
-            except ValueError:  # it ended between the listing and the kill
+                handles.append(ray.get_actor(entry["name"], namespace=ACTOR_NAMESPACE))
+            except ValueError:  # it ended between the listing and now
                 continue
-        return killed
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+        return len(handles)
 
     def run(self, spec: TrialSpec) -> TrialResult:
         import ray
