@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one call (docs/simulator.md, "Calibration"): the CUDA tests, the kernels
-# of the published torchtitan rows at their own shapes, and one-rank trials of zoo models beside their
-# predictions. Each result lands in OUT (default ./gpu-check) as JSON or text; a step that fails is
+# of the published torchtitan rows at their own shapes, what the caching allocator reserves beyond a
+# step's peak, and one-rank trials of zoo models beside their predictions. Each result lands in OUT (default ./gpu-check) as JSON or text; a step that fails is
 # reported and the next one runs.
 #
 #   OUT=/some/folder bash benchmarks/gpu_check.sh
@@ -22,6 +22,9 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 
 timeout 150 python3 -m benchmarks.gpu_kernel_shapes > "$OUT/gpu_kernel_shapes.json" 2> "$OUT/gpu_kernel_shapes.err"
 echo "gpu_kernel_shapes: exit $?"
+
+timeout 120 python3 -m benchmarks.gpu_memory_reserve > "$OUT/gpu_memory_reserve.json" 2> "$OUT/gpu_memory_reserve.err"
+echo "gpu_memory_reserve: exit $?"
 
 timeout 150 python3 -m pytest -q -p no:cacheprovider -rs -m "slow or not slow" tests/test_trial_cuda.py \
     "tests/test_runtime_numerics.py::test_fp8_trains_on_an_fp8_gpu" > "$OUT/cuda_tests.txt" 2>&1
