@@ -67,6 +67,8 @@ MEGATRON_FLAGS = {
     "--num-distributed-optimizer-instances",
     "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
     "--recompute-granularity",
     "--recompute-method",
     "--recompute-num-layers",
@@ -210,6 +212,14 @@ def test_megatron_arguments_use_megatrons_own_flags() -> None:
     assert pairs["--recompute-granularity"] == "selective" and pairs["--fp8-format"] == "hybrid"
     assert "--sequence-parallel" in args and "--use-distributed-optimizer" in args and "--bf16" in args
     assert render("megatron", args).startswith("--tensor-model-parallel-size 2 \\\n--pipeline-model-parallel-size 2")
+
+
+@pytest.mark.parametrize(("zero", "param_gather"), [(0, False), (1, False), (2, False), (3, True)])
+def test_megatron_is_told_to_overlap_what_the_simulator_prices_overlapped(zero: int, param_gather: bool) -> None:
+    """Megatron reduces gradients after backward unless `--overlap-grad-reduce` (and gathers a zero-3
+    unit's parameters only when needed unless `--overlap-param-gather`); the simulator overlaps both."""
+    args = Layout.from_string(f"dp=8,zero={zero},mb=1,gbs=8").to_megatron()
+    assert "--overlap-grad-reduce" in args and ("--overlap-param-gather" in args) == param_gather
 
 
 def test_accelerate_configs_are_yaml_with_fsdp2_and_the_parallelism_config() -> None:

@@ -18,7 +18,10 @@ a layout must say:
   autocast's `amp-fp16`, which exports to it too; `--bf16` stands for `amp-bf16`; fp8 is Transformer
   Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
 - `--tp-comm-overlap` overlaps sequence parallelism's collectives with the GEMMs (Transformer Engine's
-  userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8.
+  userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8;
+- `--overlap-grad-reduce` (and at zero 3 `--overlap-param-gather`) is written into every export, as the
+  simulator prices the data-parallel collectives overlapped; Megatron's default is not to overlap them,
+  and an imported command line is priced overlapped whether it says so or not.
 - Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
   bias-dropout-add, on by default), which prices as `Layout.compile`; Megatron has no `torch.compile`
   switch, so an exported layout writes none either way and an imported one does not compile (state
@@ -133,15 +136,20 @@ def _batch(layout: Layout) -> list[str]:
 
 
 def _sharding(layout: Layout) -> list[str]:
+    """The data-parallel flags. The simulator prices the gradient reduction overlapped with backward (and,
+    at zero 3, each unit's gather with the compute before it), which Megatron does only when asked:
+    `overlap_grad_reduce` and `overlap_param_gather` default to False (`DistributedDataParallelConfig`)."""
+    args = ["--overlap-grad-reduce"]
     if layout.zero == 1:
-        args = ["--use-distributed-optimizer"]
+        args.append("--use-distributed-optimizer")
         if layout.shard_group is not None and layout.data is not None:
             args += ["--num-distributed-optimizer-instances", str(layout.data // layout.shard_group)]
-        return args
-    if layout.zero >= 2:
+    elif layout.zero >= 2:
         strategy = "optim_grads" if layout.zero == 2 else "optim_grads_params"
-        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
-    return []
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+        if layout.zero == 3:
+            args.append("--overlap-param-gather")
+    return args
 
 
 def layout_from_megatron(args: str | list[str]) -> Layout:
