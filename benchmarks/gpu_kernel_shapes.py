@@ -27,7 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from simulator.encoding import Precision
 from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, wave_utilisation
+from simulator.precision import peaks
 from stratagem.calibrate.gpu import catalog_kind
 from stratagem.ir import DeviceSpec
 from stratagem.ir.catalog import CATALOG
@@ -80,7 +82,7 @@ def modelled_gemm_share(spec: DeviceSpec, m: int, n: int, k: int) -> float:
     waves = wave_utilisation(
         np.array([float(m)]), np.array([float(n)]), np.array([float(k)]), float(spec.sm_count or 0)
     )
-    return float(spec.matmul_efficiency * (spec.sustained_matmul or 1.0) * waves[0])
+    return float(peaks([spec], "bfloat16").matmul_efficiency[0, Precision.BF16] * waves[0])
 
 
 def gemm_cases(spec: DeviceSpec) -> list[dict[str, Any]]:
@@ -126,11 +128,9 @@ def _gemm_row(spec: DeviceSpec, case: str, precision: str, m: int, n: int, k: in
 def attention_cases(spec: DeviceSpec) -> list[dict[str, Any]]:
     rows = []
     peak = spec.flops_for("bfloat16")
-    sustained = spec.sustained_matmul or 1.0
-    forward_share = (spec.attention_efficiency or spec.matmul_efficiency) * sustained
-    backward_share = (
-        spec.attention_backward_efficiency or spec.attention_efficiency or spec.matmul_efficiency
-    ) * sustained
+    priced = peaks([spec], "bfloat16")
+    forward_share = float(priced.attention_efficiency[0, Precision.BF16])
+    backward_share = float(priced.attention_backward_efficiency[0, Precision.BF16])
     for name, batch, queries, keys, causal in ATTENTION:
         q = torch.randn(batch, HEADS, queries, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(batch, HEADS, keys, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -263,20 +263,8 @@ def engine_timed(rows: list[Row], results: list[RowResult]) -> dict[str, Any]:
     return {
         "note": "DeepSpeed's forward + backward + step timers (the autotuner's metric), not the Trainer's end to end",
         "scores": scores(results),
-        "outside_engine": outside_engine(rows),
-        "rows": [
-            {
-                "id": r.row.id,
-                "model": r.row.model,
-                "zero_stage": r.row.zero_stage,
-                "micro_batch": r.row.micro_batch,
-                "measured_step_s": _round(r.row.measured_step_s),
-                "predicted_step_s": _round(r.predicted_s),
-                "ratio": _round(r.predicted_s / r.row.measured_step_s) if r.predicted_s else None,
-                "miss_reasons": r.misses,
-            }
-            for r in results
-        ],
+        "outside_engine": outside_engine(rows, [r.row for r in results]),
+        "rows": [row_json(r) | {"zero_stage": r.row.zero_stage, "micro_batch": r.row.micro_batch} for r in results],
     }
 
 

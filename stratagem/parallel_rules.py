@@ -231,6 +231,19 @@ def context_pipeline_refusal(context: int, pipeline: int) -> Refusal | None:
     )
 
 
+def master_weights_refusal(precision: str) -> Refusal | None:
+    """Why the runtime does not train in `precision` (the reason names the value, its field left to the
+    caller), or None: an fp16 model beside fp32 master weights is DeepSpeed's and Megatron-LM's mode, and
+    the runtime keeps no master copy (the search offers it to the `engine` runner alone, and a job asks
+    for it with that runner)."""
+    if precision != "fp16":
+        return None
+    return Refusal(
+        "'fp16' trains an fp16 model beside fp32 master weights, which this runtime does not keep: it runs in "
+        "DeepSpeed or Megatron-LM; ask for runner 'engine', or amp-fp16"
+    )
+
+
 PipelineRoute = Literal["children", "blocks"]
 
 

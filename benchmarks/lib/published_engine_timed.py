@@ -96,10 +96,10 @@ def engine_timed_rows(rows: list[Row]) -> list[Row]:
     return out
 
 
-def outside_engine(rows: list[Row]) -> list[dict[str, Any]]:
-    """For each end-to-end autotuned row whose configuration DeepSpeed also timed: the seconds per step
-    the Trainer's loop spends outside the engine."""
-    timed = {(r.model, r.zero_stage, r.micro_batch): r for r in engine_timed_rows(rows)}
+def outside_engine(rows: list[Row], engine_timed: list[Row]) -> list[dict[str, Any]]:
+    """For each end-to-end autotuned row whose configuration DeepSpeed also timed (`engine_timed`, from
+    `engine_timed_rows`): the seconds per step the Trainer's loop spends outside the engine."""
+    timed = {(r.model, r.zero_stage, r.micro_batch): r for r in engine_timed}
     out = []
     for row in rows:
         if row.source != "deepspeed_autotuning_hf" or not str(row.other.get("variant", "")).endswith("autotuned"):

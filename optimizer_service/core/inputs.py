@@ -18,6 +18,7 @@ from optimizer_service.settings import Settings, TrialsBackend
 from stratagem.ir import ModelGraph, Precision, ResourceSpec, Strategy
 from stratagem.ir.limits import MAX_NAME_CHARS, MAX_YAML_CHARS
 from stratagem.layout import Layout
+from stratagem.parallel_rules import master_weights_refusal
 from trial_runner.result import Outcome
 
 ContentId = Annotated[
@@ -109,11 +110,9 @@ class SearchOptions(Body):
 
     @model_validator(mode="after")
     def _runner_runs_the_precision(self) -> Self:
-        if self.precision == "fp16" and self.runner != "engine":
-            raise ValueError(
-                "precision: 'fp16' (an fp16 model beside fp32 master weights) runs in DeepSpeed or Megatron-LM, "
-                "not in stratagem's runtime: ask for runner 'engine', or amp-fp16"
-            )
+        refusal = master_weights_refusal(self.precision) if self.runner != "engine" else None
+        if refusal is not None:
+            raise ValueError(f"precision: {refusal}")
         return self
 
 

@@ -38,6 +38,7 @@ from simulator.context import SimContext, compile_context
 from simulator.encoding import CompressorKind, ConsistencyKind
 from stratagem.builders import ps_servers
 from stratagem.ir import ModelGraph, ResourceSpec
+from stratagem.parallel_rules import master_weights_refusal
 
 ALGORITHMS = 4
 """auto, ring, tree, hierarchical (`simulator.encoding.Algorithm`)."""
@@ -109,11 +110,8 @@ def option_problems(options: SearchOptions) -> list[str]:
         problems.append(f"global_batch: must be a positive integer or null, got {batch!r}")
     if options.runner not in RUNNERS:
         problems.append(f"runner: {options.runner!r} is not one of {', '.join(RUNNERS)}")
-    elif options.precision == "fp16" and options.runner != "engine":
-        problems.append(
-            "precision: 'fp16' (an fp16 model beside fp32 master weights) runs in DeepSpeed or Megatron-LM, not in "
-            "stratagem's runtime: ask for runner 'engine', or amp-fp16"
-        )
+    elif options.runner != "engine" and (refusal := master_weights_refusal(options.precision)) is not None:
+        problems.append(f"precision: {refusal}")
     return problems
 
 

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from stratagem.ir import Strategy
+from stratagem.parallel_rules import master_weights_refusal
 from stratagem.runtime.plan import local_tensor
 
 HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -41,11 +42,9 @@ FP8_CAPABILITY = (8, 9)
 
 def precision_refusal(strategy: Strategy, device_kind: str) -> str | None:
     """Why this runtime cannot run the strategy's precision on a replica of `device_kind` (CPU or GPU), or None."""
-    if strategy.precision == "fp16":
-        return (
-            "precision 'fp16' trains an fp16 model beside fp32 master weights, which this runtime does not keep; "
-            "export it to DeepSpeed or Megatron-LM, or train in amp-fp16"
-        )
+    master = master_weights_refusal(strategy.precision)
+    if master is not None:
+        return f"precision {master}"
     if strategy.precision != "fp8":
         return None
     if device_kind != "GPU":
