@@ -92,43 +92,96 @@ def test_job_shifts_that_no_feature_explains_leave_the_model_near_the_simulator(
     assert np.abs(model.predict_log_ratio(records)[0]).max() < np.abs(unshrunk.predict_log_ratio(records)[0]).max()
 
 
+def _placed(records: list, level: dict[str, float], place_of) -> list:
+    return [
+        r.model_copy(
+            update={
+                "source": place_of(r),
+                "measured_step_time_s": r.measured_step_time_s * level[place_of(r)],
+            }
+        )
+        for r in records
+    ]
+
+
+def _two_jobs_per_source(record) -> str:
+    return f"source-{int(record.group_id.split('-')[1]) // 2}"
+
+
 def test_trials_from_several_sources_fold_by_source_so_a_level_each_source_shares_is_not_applied():
     """Two jobs per source, every source measured at its own multiple of the simulator: folded by job,
     a source's other job teaches its level and looks transferable; folded by source, it does not."""
     records = synthetic_records(n_groups=12, per_group=6, seed=4, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
     rng = np.random.default_rng(1)
     level = {f"source-{s}": float(np.exp(rng.normal(0, 0.4))) for s in range(6)}
-    placed = [
-        r.model_copy(
-            update={
-                "source": f"source-{int(r.group_id.split('-')[1]) // 2}",
-                "measured_step_time_s": r.measured_step_time_s * level[f"source-{int(r.group_id.split('-')[1]) // 2}"],
-            }
-        )
-        for r in records
-    ]
+    placed = _placed(records, level, _two_jobs_per_source)
     by_source = CostModel(**SMALL).fit(placed)
     by_job = CostModel(**SMALL).fit([r.model_copy(update={"source": None}) for r in placed])
     assert by_source.scale_ < 0.3 < by_job.scale_
+    assert by_job.place_levels_ == {}
+
+
+def test_each_source_keeps_its_own_level_and_a_source_without_trials_gets_none():
+    """A source's level is its own (its clocks, its harness, what its timer counts): its rows get it back,
+    shrunk by `prior_strength` trials, and a row of a source without trials gets the simulator, with an
+    interval widened by how far the levels spread."""
+    records = synthetic_records(n_groups=12, per_group=6, seed=4, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
+    level = {f"source-{s}": factor for s, factor in enumerate([0.7, 0.8, 0.9, 1.1, 1.25, 1.4])}
+    placed = _placed(records, level, _two_jobs_per_source)
+    model = CostModel(**SMALL).fit(placed)
+    n = 2 * 6
+    for source, factor in level.items():
+        assert model.place_levels_[source] == pytest.approx(np.log(factor) * n / (n + model.prior_strength), abs=0.02)
+    known, known_std = model.predict_log_ratio(placed)
+    expected = np.array([model.place_levels_[r.source] for r in placed])
+    assert np.abs(known - expected).max() < 0.05
+    elsewhere = [r.model_copy(update={"source": "a-new-cluster"}) for r in placed]
+    unknown, unknown_std = model.predict_log_ratio(elsewhere)
+    assert np.abs(unknown).max() < 0.05
+    assert model.level_log_std_ > 0.15 and np.all(unknown_std > known_std)
 
 
 def test_a_source_of_a_few_trials_weighs_as_much_as_one_of_many_in_the_share_applied():
-    """Two sources share a bias the correction learns (72 trials); a third of four trials has none. Each
-    source is left out in turn and weighs the same, so the third's four trials lower the share applied
-    where, counted as four of 76, they would not."""
+    """Two sources share an error that varies within each (72 trials); a third of four trials has none.
+    Each source is left out in turn and weighs the same, so the third's four trials lower the share
+    applied where, counted as four of 76, they would not. Every source is measured at the simulator's
+    level on average, so what is shared is the within-source shape, not a level."""
 
     def placed(source: str, records: list) -> list:
-        return [r.model_copy(update={"source": source, "group_id": f"{source}-{r.group_id}"}) for r in records]
+        ratio = np.exp(np.mean([np.log(r.measured_step_time_s / r.simulated_step_time_s) for r in records]))
+        return [
+            r.model_copy(
+                update={
+                    "source": source,
+                    "group_id": f"{source}-{r.group_id}",
+                    "measured_step_time_s": r.measured_step_time_s / ratio,
+                }
+            )
+            for r in records
+        ]
 
-    biased = {"compute": 1.6, "allreduce": 1.0, "ps": 1.0}
+    biased = {"compute": 1.0, "allreduce": 1.0, "ps": 3.0}
     shared = placed("big", synthetic_records(n_groups=8, per_group=8, seed=1, bias=biased)) + placed(
         "ally", synthetic_records(n_groups=2, per_group=4, seed=2, bias=biased)
     )
     odd = placed(
         "odd", synthetic_records(n_groups=1, per_group=4, seed=3, bias={"compute": 1.0, "allreduce": 1.0, "ps": 1.0})
     )
-    assert CostModel(**SMALL).fit(shared).scale_ > 0.95
-    assert CostModel(**SMALL).fit(shared + odd).scale_ < 0.9
+    assert CostModel(**SMALL).fit(shared).scale_ > 0.9
+    assert CostModel(**SMALL).fit(shared + odd).scale_ < 0.8
+
+
+def test_place_levels_survive_the_json_round_trip_and_bad_ones_are_refused_by_name(records):
+    placed = [r.model_copy(update={"source": "even" if i % 2 else "odd"}) for i, r in enumerate(records[:40])]
+    model = CostModel(**SMALL).fit(placed)
+    document = json.loads(model.to_json())
+    assert set(document["place_levels"]) == {"even", "odd"}
+    restored = CostModel.from_json(model.to_json())
+    assert restored.place_levels_ == model.place_levels_ and restored.version_ == model.version_
+    for before, after in zip(model.predict_interval(placed), restored.predict_interval(placed), strict=True):
+        assert np.array_equal(before, after)
+    with pytest.raises(InvalidCostModelError, match="place_levels"):
+        CostModel.from_json(json.dumps({**document, "place_levels": {"even": "fast"}}))
 
 
 def test_documents_saved_before_the_scale_existed_load_with_their_version(records):

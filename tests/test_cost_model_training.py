@@ -22,6 +22,7 @@ class Sample:
     strategy: Strategy
     measured_step_time_s: float
     group: str
+    place: str | None = None
 
 
 def _graph(width: int) -> ModelGraph:

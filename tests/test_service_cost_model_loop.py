@@ -24,10 +24,10 @@ from models import CostModelVersion
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
 from optimizer_service.core.inputs import JobOptions, SearchBudget
 from optimizer_service.db import make_engine, make_session_factory
-from optimizer_service.jobs.correction import LoadedCostModel
+from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
 from optimizer_service.jobs.pipeline import run_pipeline
 from optimizer_service.jobs.trials import TrialRunnerExecutor
-from optimizer_service.jobs.types import Interruption, JobInterrupted, TrialRecord
+from optimizer_service.jobs.types import Interruption, JobInterrupted, RankedCandidate, TrialRecord
 from simulator.learned import CostModel, make_record
 from stratagem.builders import AllReduce, DataParallel, all_builders
 from stratagem.ir import ModelGraph, PredictedPerformance, ResourceSpec, Strategy
@@ -227,6 +227,47 @@ def test_with_a_cost_model_the_pipeline_ranks_by_the_corrected_time_and_keeps_th
     ps_heavy = max(ratios, key=lambda r: r[1])
     no_ps = [ratio for ratio, share in ratios if share == 0]
     assert ps_heavy[1] > 0.2 and no_ps and ps_heavy[0] > 1.3 * max(no_ps), ratios
+
+
+def test_candidates_take_the_level_of_the_place_where_the_jobs_trials_run() -> None:
+    """Trials from this service's runner measured 3x the simulator, imported published ones 1x: a job
+    whose trials run here is corrected by this runner's level, one elsewhere by neither."""
+    resources = make_t4_cluster(2)
+    records = []
+    for index, (rows, place, factor) in enumerate(
+        [(20_000, "fake", SLOWDOWN), (80_000, "fake", SLOWDOWN), (40_000, "paper", 1.0), (160_000, "paper", 1.0)]
+    ):
+        graph = make_embedding_graph(rows=rows)
+        for strategy, prediction in zip(
+            graph_strategies := [b.build(graph, resources) for b in all_builders()],
+            simulator.simulate(graph, resources, graph_strategies),
+            strict=True,
+        ):
+            records.append(
+                make_record(
+                    graph,
+                    resources,
+                    strategy,
+                    prediction,
+                    measured_step_time_s=factor * prediction.step_time_s,
+                    group_id=f"job-{index}",
+                    source=place,
+                )
+            )
+    model = LoadedCostModel(version="cm-places", model=CostModel(n_bootstrap=4).fit(records))
+    graph = make_embedding_graph(rows=50_000)
+
+    def factors(place: str | None) -> list[float]:
+        candidates = [RankedCandidate(strategy=s, source="test") for s in builders_predicted(graph, resources)]
+        raw = {c.strategy.id: c.strategy.predicted.step_time_s for c in candidates}  # type: ignore[union-attr]
+        correct_candidates(graph, resources, candidates, model, place=place)
+        return [
+            c.strategy.predicted.step_time_s / raw[c.strategy.id] for c in candidates if c.strategy.predicted.feasible
+        ]  # type: ignore[union-attr]
+
+    here, elsewhere = factors("fake"), factors(None)
+    assert here and all(2.0 < f < SLOWDOWN * 1.05 for f in here), here
+    assert all(0.7 < f < 1.4 for f in elsewhere), elsewhere
 
 
 def fixed_search(strategies: list[Strategy]) -> Any:

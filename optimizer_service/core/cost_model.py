@@ -46,6 +46,9 @@ class TrialSample:
     that a problem optimized twice, trials recorded outside a job and trials imported from another
     deployment (which arrive without their job) never put one strategy's measurements on both sides of
     a fold."""
+    place: str
+    """Where it was measured: the trial's backend, which names the trial runner here and the source of a
+    trial imported from elsewhere (a published run names its paper or benchmark there)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ def training_samples(session: Session) -> list[TrialSample]:
                 measured_step_time_s=float(trial.median_s or 0.0),
                 predicted_step_time_s=trial.predicted_step_time_s,
                 group=default_group_id(graph, resources),
+                place=trial.backend,
             )
         )
     return samples

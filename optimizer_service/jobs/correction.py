@@ -12,6 +12,10 @@ bootstrap ensemble. What a corrected candidate carries afterwards:
   the simulator's account of where the time goes stays readable;
 - `provenance.cost_model_version`: the version that corrected it.
 
+A cost model trained on trials from several places (this service's runner, imported published runs)
+keeps each place's level apart; the candidates are queried as measured where the job's trials run
+(`place`, the trial backend), so that place's level applies and no other's does.
+
 The candidates are simulated again here because a training record needs what `PredictedPerformance`
 drops (each parameter server's load); the model's factor (corrected / simulated) is then applied to
 the search's own prediction, so a candidate's numbers stay consistent with its breakdown.
@@ -39,14 +43,19 @@ class LoadedCostModel:
 
 
 def correct_candidates(
-    graph: ModelGraph, resources: ResourceSpec, candidates: Sequence[RankedCandidate], cost_model: LoadedCostModel
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    candidates: Sequence[RankedCandidate],
+    cost_model: LoadedCostModel,
+    *,
+    place: str | None = None,
 ) -> dict[str, Interval]:
     """Rewrite each feasible candidate's prediction with the correction; its (low, mid, high) by strategy id.
 
     Candidates the simulator refuses now (or predicts infeasible) keep the simulator's prediction and get no interval.
     """
     eligible = [(c, raw) for c in candidates if (raw := _correctable_step_time(c.strategy)) is not None]
-    queries = _queries(graph, resources, [c.strategy for c, _ in eligible])
+    queries = _queries(graph, resources, [c.strategy for c, _ in eligible], place or "query")
     if not queries:
         return {}
     by_id = {str(c.strategy.id): (c, raw) for c, raw in eligible}
@@ -68,14 +77,16 @@ def _correctable_step_time(strategy: Strategy) -> float | None:
     return predicted.step_time_s
 
 
-def _queries(graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy]) -> dict[str, TrainingRecord]:
+def _queries(
+    graph: ModelGraph, resources: ResourceSpec, strategies: list[Strategy], place: str
+) -> dict[str, TrainingRecord]:
     """A record without a measurement per strategy, built the way training records are (same simulator)."""
     queries: dict[str, TrainingRecord] = {}
     for strategy, prediction in zip(strategies, simulator.simulate_each(graph, resources, strategies), strict=True):
         if prediction is None or not prediction.feasible or prediction.step_time_s <= 0:
             continue
         queries[str(strategy.id)] = make_record(
-            graph, resources, strategy, prediction, simulator_version=simulator.SIMULATOR_VERSION, source="query"
+            graph, resources, strategy, prediction, simulator_version=simulator.SIMULATOR_VERSION, source=place
         )
     return queries
 

@@ -53,7 +53,12 @@ class PricedCurrent:
 
 
 def price_current(
-    graph: ModelGraph, resources: ResourceSpec, current: Layout | Strategy, cost_model: LoadedCostModel | None
+    graph: ModelGraph,
+    resources: ResourceSpec,
+    current: Layout | Strategy,
+    cost_model: LoadedCostModel | None,
+    *,
+    place: str | None = None,
 ) -> PricedCurrent:
     """The current configuration as a candidate with its prediction (corrected where the model applies).
     Raises the library's errors when it cannot be built or priced."""
@@ -74,7 +79,7 @@ def price_current(
     strategy = strategy.model_copy(update={"predicted": predicted, "provenance": provenance})
     candidate = RankedCandidate(strategy=strategy, source=CURRENT)
     if cost_model is not None and predicted.feasible and predicted.step_time_s > 0:
-        candidate.strategy = _corrected(graph, resources, strategy, cost_model)
+        candidate.strategy = _corrected(graph, resources, strategy, cost_model, place)
     return PricedCurrent(candidate=candidate, label=prediction.label, global_batch=prediction.global_batch)
 
 
@@ -84,12 +89,14 @@ def price_for_job(
     current: Layout | Strategy | None,
     cost_model: LoadedCostModel | None,
     notes: list[str],
+    *,
+    place: str | None = None,
 ) -> PricedCurrent | None:
     """`price_current` for a job: a configuration that cannot be priced now costs a note, not the answer."""
     if current is None:
         return None
     try:
-        return price_current(graph, resources, current, cost_model)
+        return price_current(graph, resources, current, cost_model, place=place)
     except StratagemError as error:
         notes.append(f"your current configuration could not be priced: {error}")
     except Exception as error:  # a correction that cannot predict it must not cost the user their answer
@@ -158,13 +165,15 @@ def speedup_over(answer: Strategy, current: Strategy) -> float | None:
     return mine.samples_per_s / theirs.samples_per_s
 
 
-def _corrected(graph: ModelGraph, resources: ResourceSpec, strategy: Strategy, cost_model: LoadedCostModel) -> Strategy:
+def _corrected(
+    graph: ModelGraph, resources: ResourceSpec, strategy: Strategy, cost_model: LoadedCostModel, place: str | None
+) -> Strategy:
     """The correction on the graph the simulator priced: the whole step of a strategy that states its
     micro-batch size (`simulator.step_graph`)."""
     priced = step_graph(graph, strategy.step_samples(graph.batch_size))
     probe = strategy if priced is graph else strategy.model_copy(update={"graph_id": priced.id})
     corrected = RankedCandidate(strategy=probe, source=CURRENT)
-    correct_candidates(priced, resources, [corrected], cost_model)
+    correct_candidates(priced, resources, [corrected], cost_model, place=place)
     return strategy.model_copy(
         update={"predicted": corrected.strategy.predicted, "provenance": corrected.strategy.provenance}
     )

@@ -83,9 +83,10 @@ def run_pipeline(
     candidates = _distinct_candidates(outcome)
     if not candidates:
         raise JobInterrupted("the search returned no candidate strategy", why=Interruption.failed)
-    intervals = _correct(graph, resources, candidates, cost_model, state)
+    place = trials.backend if trials is not None else None
+    intervals = _correct(graph, resources, candidates, cost_model, state, place)
     _rank_by_prediction(candidates)
-    current = price_for_job(graph, resources, options.current, cost_model, state.notes)
+    current = price_for_job(graph, resources, options.current, cost_model, state.notes, place=place)
     state.timings_s["ranking"] = clock.lap()
     phase = _trial_phase(
         graph, resources, options, candidates, intervals, state, progress, cancelled, trials, on_trial, recorded or []
@@ -175,12 +176,14 @@ def _correct(
     candidates: list[RankedCandidate],
     cost_model: LoadedCostModel | None,
     state: Progress,
+    place: str | None,
 ) -> dict[str, Interval]:
-    """Apply the cost model in use; one that cannot predict leaves the simulator's ranking, with a note."""
+    """Apply the cost model in use, as measured at `place` (where the job's trials run); one that cannot
+    predict leaves the simulator's ranking, with a note."""
     if cost_model is None:
         return {}
     try:
-        intervals = correct_candidates(graph, resources, candidates, cost_model)
+        intervals = correct_candidates(graph, resources, candidates, cost_model, place=place)
     except Exception as error:  # a model that cannot predict must not cost the user their answer
         log.exception("cost model %s could not be applied", cost_model.version)
         state.notes.append(

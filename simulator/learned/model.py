@@ -9,6 +9,13 @@ a few jobs, boosting turns their errors into one shift for every new job. Where 
 differs from job to job, that shift is as often wrong as right, and the model then stays near the
 simulator.
 
+Trials measured in several places (published sources, other deployments) each carry their place's own
+level: its clocks, its harness, what its timer includes. A place's level is its mean log ratio, shrunk
+towards the simulator by `prior_strength` trials (`place_levels_`). The boosters learn what is left,
+how the error varies within a place, which is what can carry over to a place without trials. A row of a
+known place gets its level back; a row of any other place gets none, and its interval widens by the
+spread of the levels (`level_log_std_`).
+
 Saved as one JSON document (XGBoost's own JSON for each booster, never pickle).
 """
 
@@ -133,9 +140,12 @@ class CostModel:
         self.boosters_: list[xgb.Booster] = []
         self.residual_log_std_ = float(self.prior_log_std)
         self.scale_ = 1.0
+        self.place_levels_ = _place_levels(matrix, self.prior_strength)
+        self.level_log_std_ = _spread(self.place_levels_)
         if len(matrix):
-            self.scale_ = self._cross_validated_scale(matrix)
-            self._fit_ensemble(matrix)
+            within = _levelled(matrix, self.place_levels_)
+            self.scale_ = self._cross_validated_scale(within)
+            self._fit_ensemble(within)
         self.n_train_ = len(matrix)
         self.n_groups_ = len(set(matrix.groups))
         self.metadata_: dict[str, Any] = {
@@ -160,12 +170,7 @@ class CostModel:
         splits = distinct if by_place else min(self.shrink_folds, distinct)
         inner = {**self.get_params(), "shrink_folds": 0, "n_bootstrap": 1}
         folded = FeatureMatrix(
-            X=matrix.X,
-            names=matrix.names,
-            simulated_s=matrix.simulated_s,
-            measured_s=matrix.measured_s,
-            groups=folds,
-            sources=matrix.sources,
+            X=matrix.X, names=matrix.names, simulated_s=matrix.simulated_s, measured_s=matrix.measured_s, groups=folds
         )
         predicted = out_of_fold(lambda: CostModel(**inner), folded, n_splits=splits)
         correction = np.log(predicted) - np.log(matrix.simulated_s)
@@ -248,11 +253,13 @@ class CostModel:
         return simulated * np.exp(mean - width), simulated * np.exp(mean), simulated * np.exp(mean + width)
 
     def _log_ratio(self, matrix: FeatureMatrix) -> tuple[np.ndarray, np.ndarray]:
+        level, known = _row_levels(matrix, self.place_levels_)
+        unplaced = np.where(known, 0.0, self.level_log_std_**2)
         if not self.boosters_ or not len(matrix):
-            return np.zeros(len(matrix)), np.full(len(matrix), self.residual_log_std_)
+            return level, np.sqrt(self.residual_log_std_**2 + unplaced)
         outputs = self.scale_ * np.stack([self._tree_output(b, matrix.X, self.feature_names_) for b in self.boosters_])
         spread = outputs.std(axis=0)
-        return outputs.mean(axis=0), np.sqrt(spread**2 + self.residual_log_std_**2)
+        return level + outputs.mean(axis=0), np.sqrt(spread**2 + self.residual_log_std_**2 + unplaced)
 
     def feature_importance(self) -> dict[str, float]:
         """Total gain per feature averaged over the ensemble, normalised to sum to 1 (empty without boosters)."""
@@ -290,6 +297,8 @@ class CostModel:
         model.boosters_ = [_load_booster(raw, i) for i, raw in enumerate(document["boosters"])]
         model.residual_log_std_ = float(document["residual_log_std"])
         model.scale_ = float(document.get("scale", 1.0))
+        model.place_levels_ = {str(k): float(v) for k, v in (document.get("place_levels") or {}).items()}
+        model.level_log_std_ = _spread(model.place_levels_)
         model.n_train_ = int(document["n_train"])
         model.n_groups_ = int(document["n_groups"])
         model.metadata_ = dict(document.get("metadata") or {})
@@ -309,6 +318,7 @@ class CostModel:
             "feature_names": self.feature_names_,
             "residual_log_std": self.residual_log_std_,
             **({"scale": self.scale_} if self.scale_ != 1.0 else {}),
+            **({"place_levels": self.place_levels_} if self.place_levels_ else {}),
             "n_train": self.n_train_,
             "n_groups": self.n_groups_,
             "boosters": [json.loads(bytes(b.save_raw("json"))) for b in self.boosters_],
@@ -335,6 +345,51 @@ def _fold_labels(matrix: FeatureMatrix) -> tuple[list[str], bool]:
     if len(known) >= 2:
         return [source or "" for source in sources], True
     return list(matrix.groups), False
+
+
+def _place_levels(matrix: FeatureMatrix, prior_strength: float) -> dict[str, float]:
+    """Each place's mean log ratio, shrunk towards zero as if `prior_strength` trials had measured the
+    simulator exactly; empty unless the trials come from two or more places."""
+    places, by_place = _fold_labels(matrix)
+    if not by_place:
+        return {}
+    ratio = matrix.log_ratio
+    levels = {}
+    for place in sorted(set(places)):
+        rows = np.array([p == place for p in places])
+        levels[place] = float(ratio[rows].sum() / (rows.sum() + prior_strength))
+    return levels
+
+
+def _spread(levels: dict[str, float]) -> float:
+    """How far a place's level lies from the simulator (root mean square): what an unknown place may be off by."""
+    return math.sqrt(sum(v * v for v in levels.values()) / len(levels)) if levels else 0.0
+
+
+def _row_levels(matrix: FeatureMatrix, levels: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's place level (0 for a place without trials) and whether its place had trials."""
+    if not levels:
+        return np.zeros(len(matrix)), np.ones(len(matrix), dtype=bool)
+    if matrix.sources is None:
+        return np.zeros(len(matrix)), np.zeros(len(matrix), dtype=bool)
+    places = [source or "" for source in matrix.sources]
+    known = np.array([place in levels for place in places], dtype=bool)
+    return np.array([levels.get(place, 0.0) for place in places]), known
+
+
+def _levelled(matrix: FeatureMatrix, levels: dict[str, float]) -> FeatureMatrix:
+    """The matrix with each row's place level moved into its base margin, leaving the within-place error."""
+    if not levels:
+        return matrix
+    level, _ = _row_levels(matrix, levels)
+    return FeatureMatrix(
+        X=matrix.X,
+        names=matrix.names,
+        simulated_s=matrix.simulated_s * np.exp(level),
+        measured_s=matrix.measured_s,
+        groups=matrix.groups,
+        sources=matrix.sources,
+    )
 
 
 def _as_matrix(data: Data, names: Sequence[str]) -> FeatureMatrix:
@@ -428,6 +483,11 @@ def _check_document(document: Any) -> None:
     scale = document.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0.0 <= scale <= 1.0:
         problems.append(Problem("scale", f"must be a number in [0, 1], got {scale!r}"))
+    levels = document.get("place_levels", {})
+    if not isinstance(levels, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in levels.values()
+    ):
+        problems.append(Problem("place_levels", "must map each place to a finite number"))
     if not problems:
         unknown = sorted(set(document["params"]) - set(_init_parameter_names()))
         problems = [Problem(f"params.{name}", "unknown hyper-parameter") for name in unknown]

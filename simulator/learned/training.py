@@ -31,6 +31,10 @@ class TrialSampleLike(Protocol):
     def measured_step_time_s(self) -> float: ...
     @property
     def group(self) -> str: ...
+    @property
+    def place(self) -> str | None:
+        """Where the measurement was made (a published source, this service's trial backend); None when unknown."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,9 @@ class TrainedModel:
     """Samples the simulator refused (a strategy that no longer matches its graph or cluster)."""
 
 
-def records_from_samples(
-    samples: Sequence[TrialSampleLike], *, source: str | None = None
-) -> tuple[list[TrainingRecord], int]:
-    """Simulate every sample (batched per graph and cluster) and pair it with its measurement."""
+def records_from_samples(samples: Sequence[TrialSampleLike]) -> tuple[list[TrainingRecord], int]:
+    """Simulate every sample (batched per graph and cluster) and pair it with its measurement; a record's
+    source is the sample's place, so trials from several places each keep their own level (`CostModel`)."""
     by_pair: dict[tuple[str, str], list[TrialSampleLike]] = defaultdict(list)
     for sample in samples:
         by_pair[(str(sample.graph.id), str(sample.resources.id))].append(sample)
@@ -70,7 +73,7 @@ def records_from_samples(
                     measured_step_time_s=sample.measured_step_time_s,
                     group_id=sample.group,
                     simulator_version=simulator.SIMULATOR_VERSION,
-                    source=source,
+                    source=sample.place,
                 )
             )
     return records, skipped
@@ -85,7 +88,7 @@ class Trainer:
         """Hyper-parameters for every CostModel this trainer fits (see `CostModel.__init__`)."""
 
     def train(self, samples: Sequence[TrialSampleLike]) -> TrainedModel:
-        records, skipped = records_from_samples(samples, source="service")
+        records, skipped = records_from_samples(samples)
         model = CostModel(**self.params).fit(records)
         metrics: dict[str, Any] = {}
         if len({r.group_id for r in records}) >= 2:
