@@ -146,6 +146,8 @@ def gpu_kernels(
     forward_waves, backward_waves, dims = _waves(context, kind, tensor, micro_batches, knobs)
     scale = float(context.var_precision.activation[p]) if p else 1.0
     elementwise = (kernels.fused_bytes if knobs.compile else kernels.elementwise_bytes) * scale
+    if p in AUTOCAST and not knobs.compile:
+        elementwise = np.where(np.isnan(kernels.autocast_bytes), elementwise, kernels.autocast_bytes)
     arithmetic = np.maximum(kernels.arithmetic_bytes, 0.0) * scale
     streamed = k.memory_bandwidth[kind] * np.where(
         context.layer_norm, k.norm_efficiency[kind], k.elementwise_efficiency[kind]

@@ -18,7 +18,9 @@ one after another, so their times add (Williams et al. 2009's roofline holds per
   GEMMs (dX: M x K, dW: N x K) take the harmonic mean of their utilisations.
 - Element-wise and normalization kernels stream `Layer.elementwise_bytes` (captured per layer) at the
   kind's element-wise (or norm) efficiency of the memory bandwidth; under `torch.compile` each chain of
-  them between two arithmetic kernels is one kernel and moves `Layer.fused_elementwise_bytes`.
+  them between two arithmetic kernels is one kernel and moves `Layer.fused_elementwise_bytes`. Eager
+  under `amp-*` they move `Layer.autocast_elementwise_bytes`: half-precision tensors except those
+  autocast keeps in fp32 (softmax, norms, `pow`, what those feed), and the casts between.
 - A fused attention call (`Layer.attention`, `scaled_dot_product_attention`) runs as one
   FlashAttention-style kernel: its forward FLOPs (half of them when causal: the tiles above the
   diagonal are skipped) at the kind's `attention_efficiency` of the half-precision peak, its backward
@@ -80,6 +82,8 @@ class KernelArrays:
     """[L] bytes of the element-wise and normalization kernels, eager."""
     fused_bytes: np.ndarray
     """[L] the same with each chain fused (the eager figure where capture recorded none)."""
+    autocast_bytes: np.ndarray
+    """[L] the eager kernels' bytes under autocast, absolute; NaN where capture recorded none."""
     attention_flops: np.ndarray
     """[L] forward FLOPs of fused attention calls over the full score matrix."""
     attention_traced_bytes: np.ndarray
@@ -121,6 +125,13 @@ def kernel_arrays(graph: ModelGraph) -> KernelArrays:
         ),
         elementwise_bytes=elementwise,
         fused_bytes=fused,
+        autocast_bytes=np.array(
+            [
+                math.nan if layer.autocast_elementwise_bytes is None else layer.autocast_elementwise_bytes
+                for layer in layers
+            ],
+            dtype=float,
+        ),
         attention_flops=np.array([c.flops if c else 0.0 for c in calls], dtype=float),
         attention_traced_bytes=np.array([c.traced_bytes if c else 0.0 for c in calls], dtype=float),
         attention_io_bytes=np.array([c.io_bytes if c else 0.0 for c in calls], dtype=float),

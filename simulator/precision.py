@@ -10,7 +10,7 @@ computes in IEEE fp32.
 |---|---|---|---|---|---|---|
 | `fp32` | fp32 | TF32 where the device has it | fp32 | captured | captured | param + grad (captured) + optimizer state |
 | `tf32` | TF32 | TF32 | TF32 | captured | captured | as `fp32` |
-| `amp-fp16`, `amp-bf16` | fp16 / bf16 | fp16 / bf16 | fp16 / bf16 | 2 B | fp32 | fp32 param + fp32 grad + fp32 state, and the half copies of the weights autocast saves for backward (2 B) |
+| `amp-fp16`, `amp-bf16` | fp16 / bf16 | fp16 / bf16 | fp16 / bf16 | 2 B (element-wise kernels: 4 B where autocast keeps fp32) | fp32 | fp32 param + fp32 grad + fp32 state, and the half copies of the weights autocast saves for backward (2 B) |
 | `bf16` | bf16 | bf16 | bf16 | 2 B | bf16 | bf16 param + bf16 grad + fp32 master (4 B) + fp32 state |
 | `fp8` | fp8 | bf16 | bf16 | 2 B | bf16 | as `bf16` |
 | `fp16` | fp16 | fp16 | fp16 | 2 B | fp16 | as `bf16` |
@@ -21,7 +21,9 @@ computes in IEEE fp32.
   on an H200, `stratagem calibrate --gpu` measured fp32 matmul at 49.6 TFLOP/s and convolution at 131).
 - `amp-*` is `torch.autocast`: parameters, gradients and optimizer state stay fp32; matmuls cast their
   inputs to half precision and the cast weights are saved for backward; DDP reduces the fp32
-  gradients (FSDP2's `MixedPrecisionPolicy(reduce_dtype=float32)` does the same).
+  gradients (FSDP2's `MixedPrecisionPolicy(reduce_dtype=float32)` does the same). Autocast's fp32 ops
+  and what they feed move 4 B per element in the element-wise kernels (`Layer.autocast_elementwise_bytes`,
+  `simulator.kernels`); saved activations are counted at 2 B.
 - `bf16` is the engines' 16-bit mixed precision (Megatron-LM `--bf16`, DeepSpeed `bf16.enabled`): 16-bit
   parameters and gradients, fp32 master weights and optimizer state, the "2 + 2 + K" bytes per
   parameter of Rajbhandari et al. 2020 (ZeRO, section 3.1) with K = 4 + the optimizer's state (12 for

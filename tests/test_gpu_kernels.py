@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 from layout_helpers import gpt_graph, gpu_cluster, llama_graph
+from torch import nn
 
 from simulator import compile_context
 from simulator.compute import Knobs, layer_times
 from simulator.encoding import Precision
 from simulator.kernels import fp8_scaling_bytes, wave_utilisation
-from stratagem import Layout, predict
+from stratagem import Layout, capture, predict
 from stratagem.calibrate.kernels import KernelShapes, kernel_figures, kernel_probes
 from stratagem.calibrate.timing import Stepper
 from stratagem.hf import capture_hf_config
@@ -79,6 +80,51 @@ def test_dropout_is_one_kernel_and_a_fused_chain_moves_less_than_its_ops() -> No
     # a GPU's fused dropout keeps a 1-byte mask for backward where the CPU decomposition keeps fp32 noise
     assert dropout.gpu_activation_bytes == pytest.approx(dropout.activation_bytes - elements * (4 - 1))
     assert linear.gpu_activation_bytes == linear.activation_bytes
+
+
+def test_under_autocast_what_runs_in_fp32_stays_fp32_until_a_matmul_casts_it() -> None:
+    """Autocast's fp32 ops (layer norm, softmax, `pow`) return fp32, element-wise ops on an fp32 input stay
+    fp32 (the residual stream, from fp32 embeddings), batch norm keeps its half input, and a matmul
+    casts an fp32 activation down: 4 bytes read and 2 written per element."""
+    graph = capture_hf_config(TINY_GPT2, batch=2, seq=128, attn_implementation="eager")
+    elements = graph.layer("transformer.h.0.mlp.dropout").output_bytes / 4
+    # a dropout after a matmul: half in, half out, a one-byte mask
+    assert graph.layer("transformer.h.0.mlp.dropout").autocast_elementwise_bytes == pytest.approx(
+        elements * (2 + 2 + 1)
+    )
+    # the residual add: a half branch onto the fp32 stream, written fp32
+    assert graph.layer("transformer.h.0/ops0").autocast_elementwise_bytes == pytest.approx(elements * (2 + 4 + 4))
+    # layer norm of the fp32 stream moves what the fp32 capture counted
+    norm = graph.layer("transformer.h.0.ln_1")
+    assert norm.autocast_elementwise_bytes == pytest.approx(norm.elementwise_bytes)
+    # the GELU's fp32 output is cast down by the next matmul
+    gelu = graph.layer("transformer.h.0.mlp.act")
+    assert graph.layer("transformer.h.0.mlp.c_proj").autocast_elementwise_bytes == pytest.approx(
+        gelu.output_bytes / 4 * (4 + 2)
+    )
+    assert gelu.autocast_elementwise_bytes > 0.9 * gelu.elementwise_bytes
+    convolutional = capture(
+        nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()), (torch.randn(4, 3, 16, 16),), batch_size=4
+    )
+    relu = convolutional.layers[2]
+    assert relu.autocast_elementwise_bytes == pytest.approx(relu.elementwise_bytes / 2)
+    assert convolutional.layers[1].autocast_elementwise_bytes < 0.51 * convolutional.layers[1].elementwise_bytes
+
+
+def test_autocast_prices_the_fp32_it_keeps_and_the_engines_half_precision_does_not() -> None:
+    graph = capture_hf_config(TINY_GPT2 | {"n_embd": 256, "n_head": 8}, batch=8, seq=128, attn_implementation="eager")
+    unrecorded = graph.replace(
+        layers=[layer.model_copy(update={"autocast_elementwise_bytes": None}) for layer in graph.layers]
+    )
+    context = compile_context(graph, gpu_cluster(1, 1, device="V100"))
+    before = compile_context(unrecorded, gpu_cluster(1, 1, device="V100"))
+
+    def step(ctx, precision: Precision) -> float:
+        fwd, bwd = layer_times(ctx, 0, 1, 1, Knobs(precision=int(precision)))
+        return float(np.sum(fwd) + np.sum(bwd))
+
+    assert step(context, Precision.AMP_FP16) > 1.2 * step(before, Precision.AMP_FP16)
+    assert step(context, Precision.FP16) == step(before, Precision.FP16)
 
 
 # --- the simulator ------------------------------------------------------------------------------------

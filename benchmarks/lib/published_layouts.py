@@ -74,8 +74,7 @@ PRECISIONS = (
 """Source wording to `Layout.precision`, first prefix wins (after `SIXTEEN_BIT_MODELS` and the Trainer's
 own runs). DeepSpeed's `fp16` runs train an fp16 model beside fp32 master weights (`fp16.enabled`: the
 engine halves the model and its ZeRO or fp16 optimizer steps fp32 copies); DLPerf's AMP keeps fp32 weights
-(amp-fp16); torchtitan's FSDP2 (`mixed_precision_param = "bfloat16"` over fp32 shards) likewise
-(amp-bf16); torchtitan's float8 linears beside bf16 are `fp8`."""
+(amp-fp16); torchtitan's float8 linears beside bf16 are `fp8`."""
 AUTOCAST_VARIANTS = ("baseline_hf_ddp",)
 """Runs whose `fp16` is Hugging Face Trainer's `--fp16` without DeepSpeed: native AMP over fp32 weights."""
 TORCHTITAN_INTERLEAVED_CHUNKS = 2
@@ -83,10 +82,14 @@ TORCHTITAN_INTERLEAVED_CHUNKS = 2
 says otherwise (stratagem/interop/torchtitan.py, MULTI_STAGE)."""
 
 
-SIXTEEN_BIT_MODELS = ("megatron_sc21_table1", "bigscience_bloom176b")
+SIXTEEN_BIT_MODELS = ("megatron_sc21_table1", "bigscience_bloom176b", "torchtitan_benchmarks")
 """Sources whose engine trains a 16-bit model beside fp32 main weights and optimizer state, with no
 autocast: Megatron-LM's `--fp16` (Float16Module, fp16 gradients all-reduced by its local DDP), the IR's
-`fp16`, and Megatron-DeepSpeed's `--bf16` (BLOOM), priced as the IR's `bf16` (`simulator.precision`)."""
+`fp16`, and Megatron-DeepSpeed's `--bf16` (BLOOM), priced as the IR's `bf16` (`simulator.precision`).
+torchtitan's FSDP2 (`mixed_precision_param = "bfloat16"`) gathers its fp32 shards as bf16 and computes
+in bf16, without autocast (torchtitan's `maybe_enable_amp` leaves mixed precision to FSDP), so it is
+`bf16` too, except that it reduce-scatters gradients in fp32 (`mixed_precision_reduce`) where `bf16`
+reduces in bf16."""
 
 
 def precision(row: Row) -> str:

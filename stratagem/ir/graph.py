@@ -97,6 +97,11 @@ class Layer(Strict):
     """What those element-wise kernels move when a compiler fuses each chain between two arithmetic
     kernels into one (`torch.compile`): a chain reads its inputs once and writes only what a later
     kernel or backward reads. None when capture did not record it."""
+    autocast_elementwise_bytes: Bytes | None = None
+    """What the element-wise kernels move under `torch.autocast`: half-precision tensors, fp32 where
+    autocast keeps one (its fp32 ops, what they feed, parameters), and the casts between
+    (`stratagem.tracing.autocast`). Absolute bytes, whatever dtype the graph was captured in; None when
+    capture did not record it."""
     attention: FusedAttention | None = None
     """The fused attention kernel the layer calls, if any."""
 

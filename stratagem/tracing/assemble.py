@@ -45,6 +45,7 @@ def to_layer(record: LayerRecord) -> Layer:
         gpu_activation_bytes=record.activation_bytes - record.gpu_saved_excess,
         elementwise_bytes=record.elementwise_bytes,
         fused_elementwise_bytes=record.fused_elementwise_bytes,
+        autocast_elementwise_bytes=record.autocast_elementwise_bytes,
         attention=_attention(record),
     )
 

@@ -12,6 +12,8 @@ different kernels, which this module tells apart as the forward ops go by:
   convolution, attention, lookup) into one kernel: a tensor made and used inside the chain stays in
   registers, so the chain reads what comes from outside it once and writes only what a later kernel or
   backward reads (`Layer.fused_elementwise_bytes`);
+- under `torch.autocast` the same element-wise kernels move half-precision tensors, except where autocast
+  keeps a tensor in fp32 (`stratagem.tracing.autocast`: `Layer.autocast_elementwise_bytes`);
 - a `scaled_dot_product_attention` call runs as one fused kernel on a GPU (FlashAttention), whatever
   this CPU capture decomposes it into (the math path materializes the s x s scores when there is
   dropout): its FLOPs, the bytes its traced ops moved and the bytes a fused kernel streams are kept
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 
+from stratagem.tracing.autocast import AutocastWidths
 from stratagem.tracing.fake import storage_key
 
 ARITHMETIC = frozenset({"matmul", "conv", "attention", "embedding"})
@@ -60,7 +63,8 @@ class AttentionCall:
 class KernelTraffic:
     """Splits forward traffic per layer into element-wise bytes (eager and fused) and attention calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_storages: set[int]) -> None:
+        self.autocast = AutocastWidths(state_storages)
         self.region = 0
         """Index of the current fusible chain: every arithmetic op ends one."""
         self._made: dict[object, _Made] = {}
@@ -68,25 +72,40 @@ class KernelTraffic:
         self._dropout: tuple[Any, torch.Tensor, float] | None = None
 
     def op(
-        self, layer: Any, category: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], moved: float
+        self,
+        layer: Any,
+        name: str,
+        category: str,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        moved: float,
     ) -> None:
-        """One forward op of `layer` that moved `moved` bytes (its inputs and outputs as capture counts them)."""
+        """One forward op `name` of `layer` that moved `moved` bytes (its inputs and outputs as capture counts them)."""
         if self._attention is not None or self._dropout is not None:
             return
         if category in ARITHMETIC:
             layer.arithmetic_bytes += moved
+            layer.autocast_elementwise_bytes += self.autocast.arithmetic(category, inputs, outputs)
             for tensor in inputs:
                 self._reaches_memory(tensor)
             self.region += 1
             return
-        self._elementwise(layer, inputs, outputs, moved)
+        self._elementwise(layer, name, category, inputs, outputs, moved)
 
     def _elementwise(
-        self, layer: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor], moved: float, extra: float = 0.0
+        self,
+        layer: Any,
+        name: str,
+        category: str,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        moved: float,
+        extra: float = 0.0,
     ) -> None:
         """An element-wise kernel; `extra` bytes it writes beyond `outputs` (a dropout mask) always reach memory."""
         layer.elementwise_bytes += moved
         layer.fused_elementwise_bytes += extra
+        layer.autocast_elementwise_bytes += self.autocast.elementwise(name, category, inputs, outputs) + extra
         read = 0
         for tensor in inputs:
             made = self._made.get(storage_key(tensor))
@@ -125,7 +144,9 @@ class KernelTraffic:
         if not isinstance(output, torch.Tensor) or output is tensor:
             return
         mask = float(output.numel())
-        self._elementwise(layer, [tensor], [output], nbytes(tensor) + nbytes(output) + mask, extra=mask)
+        self._elementwise(
+            layer, "dropout", "elementwise", [tensor], [output], nbytes(tensor) + nbytes(output) + mask, extra=mask
+        )
         layer.gpu_saved_excess += max(layer.activation_bytes - saved - mask, 0.0)
 
     # -- fused attention ------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class OpRecorder(TorchDispatchMode):
             category = op_category(name)
             layer.bytes_moved += moved
             layer.categories.add(category)
-            recorder.kernels.op(layer, category, inputs, outputs, moved)
+            recorder.kernels.op(layer, name, category, inputs, outputs, moved)
         return layer
 
     def _count_lookups(self, layer: LayerRecord, args: tuple[Any, ...]) -> None:

@@ -51,6 +51,7 @@ class LayerRecord:
     its one-byte mask)."""
     elementwise_bytes: float = 0.0
     fused_elementwise_bytes: float = 0.0
+    autocast_elementwise_bytes: float = 0.0
     attention: AttentionCall | None = None
     """The layer's fused attention calls (`stratagem.tracing.kernels`)."""
 
@@ -95,7 +96,7 @@ class Recorder:
         self.consumers: dict[str, str] = {}
         self.lookups: Counter[str] = Counter()
         self.backward_layer: str | None = None
-        self.kernels = KernelTraffic()
+        self.kernels = KernelTraffic(self._state_storages)
 
     # -- where are we -------------------------------------------------------------------------------
 
