@@ -55,7 +55,7 @@ def candidates(client: Any, job_id: str) -> list[dict[str, Any]]:
 
 
 def record_trials(
-    client: Any, job: dict[str, Any], *, count: int, seed: int, bias: float = 1.3
+    client: Any, job: dict[str, Any], *, count: int, seed: int, bias: float = 1.3, backend: str = "generated"
 ) -> list[dict[str, Any]]:
     """Generated measurements of the top `count` candidates: the prediction times a bias and seeded noise."""
     rng = random.Random(seed)
@@ -70,7 +70,7 @@ def record_trials(
             "job_id": job["id"],
             "step_times_s": times,
             "predicted_step_time_s": predicted,
-            "backend": "generated",
+            "backend": backend,
         }
         response = client.post("/v1/trials", json=body)
         assert response.status_code == 201, response.text

@@ -238,6 +238,23 @@ def test_the_cost_model_page_shows_scores_and_feature_importance(make_client) ->
     assert _html(client, f"/cost-model?version={version['id']}") == page
 
 
+def test_the_cost_model_page_shows_each_places_level(make_client) -> None:
+    """Trials recorded by two backends (this service's runner, an imported paper) keep their own levels."""
+    client: TestClient = make_client(cost_model_trainer=Trainer(n_bootstrap=2, n_estimators=20))
+    for seed, (graph, backend, bias) in enumerate(
+        [(make_mlp_graph(), "ray", 2.0), (make_embedding_graph(), "paper-2021", 1.0)]
+    ):
+        record_trials(
+            client, _succeeded(client, graph, make_t4_cluster(2)), count=8, seed=seed, bias=bias, backend=backend
+        )
+    client.post("/v1/cost-model/retrain").raise_for_status()
+    page = _html(client, "/cost-model")
+    table = page[page.find('id="place-levels"') :][:800]
+    assert "measured in 2 places" in page and "ray" in table and "paper-2021" in table, table
+    ray = float(table.split('ray</td><td class="num">')[1].split("&times;")[0])
+    assert 1.4 < ray < 2.0
+
+
 def test_a_cost_model_in_another_format_says_why_it_shows_no_importances(make_client) -> None:
     class Constant:
         def train(self, samples):

@@ -10,7 +10,7 @@ not load says why instead of showing a chart.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -80,6 +80,8 @@ class StoredModel:
     """Why there are no importances, if there are none."""
     applied_share: float | None = None
     """The share of the fitted correction the model applies (its cross-validated `scale_`)."""
+    place_levels: dict[str, float] = field(default_factory=dict)
+    """Place (a trial backend) -> its level as a factor on the simulator, when trials came from several."""
 
 
 def read_model(model_text: str | None) -> StoredModel:
@@ -94,6 +96,7 @@ def read_model(model_text: str | None) -> StoredModel:
         shares = model.feature_importance()
     except Exception as error:  # a stored model from another format version: say so, keep the page
         return StoredModel({}, f"the stored model could not be read: {type(error).__name__}: {error}")
+    levels = {place: math.exp(level) for place, level in sorted(model.place_levels_.items())}
     if not model.boosters_:
         return StoredModel({}, "the model has no boosters (it was trained on no trials), so it is the simulator alone")
     if not shares:
@@ -101,8 +104,9 @@ def read_model(model_text: str | None) -> StoredModel:
             {},
             "no tree splits on any feature yet (too few trials to learn more than a constant correction)",
             model.scale_,
+            levels,
         )
-    return StoredModel(shares, None, model.scale_)
+    return StoredModel(shares, None, model.scale_, levels)
 
 
 def cost_model_context(session: Session, version_id: int | None) -> dict[str, Any] | None:
@@ -122,6 +126,7 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
         "figures": {},
         "promotion": None,
         "applied_share": None,
+        "place_levels": {},
     }
     if selected is None:
         return context
@@ -139,6 +144,7 @@ def cost_model_context(session: Session, version_id: int | None) -> dict[str, An
         importance_note=stored.note,
         promotion=promotion(selected.metrics or {}),
         applied_share=stored.applied_share,
+        place_levels=stored.place_levels,
     )
     return context
 
