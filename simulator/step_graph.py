@@ -4,8 +4,8 @@ The engine reads a graph as a replica's whole step and splits its batch into the
 strategy with `micro_batch_size` (every strategy a layout builds: its graph is captured at the
 micro-batch) trains `micro_batch_size × micro_batches` samples per replica per step instead, so it is
 priced on the graph scaled to that step: every per-sample figure (FLOPs, activation and output bytes,
-the bytes a layer moves beyond its weights, its element-wise kernels' bytes and its fused attention
-calls, sparse lookups) times `step samples / graph batch`, the
+the bytes a layer moves beyond its weights, its element-wise kernels' bytes (eager, fused and under
+autocast) and its fused attention calls, sparse lookups) times `step samples / graph batch`, the
 variables as they are. Compute, activations and samples are linear in the batch for the layers a
 graph records; the weights a layer reads are not, and stay.
 """
@@ -60,6 +60,9 @@ def _scaled(graph: ModelGraph, samples: int) -> ModelGraph:
                     "fused_elementwise_bytes": None
                     if layer.fused_elementwise_bytes is None
                     else layer.fused_elementwise_bytes * factor,
+                    "autocast_elementwise_bytes": None
+                    if layer.autocast_elementwise_bytes is None
+                    else layer.autocast_elementwise_bytes * factor,
                     "attention": None
                     if layer.attention is None
                     else layer.attention.model_copy(

@@ -18,6 +18,7 @@ from simulator import compile_context
 from simulator.compute import Knobs, layer_times
 from simulator.encoding import Precision
 from simulator.kernels import fp8_scaling_bytes, wave_utilisation
+from simulator.step_graph import step_graph
 from stratagem import Layout, capture, predict
 from stratagem.calibrate.kernels import KernelShapes, kernel_figures, kernel_probes
 from stratagem.calibrate.timing import Stepper
@@ -109,6 +110,14 @@ def test_under_autocast_what_runs_in_fp32_stays_fp32_until_a_matmul_casts_it() -
     relu = convolutional.layers[2]
     assert relu.autocast_elementwise_bytes == pytest.approx(relu.elementwise_bytes / 2)
     assert convolutional.layers[1].autocast_elementwise_bytes < 0.51 * convolutional.layers[1].elementwise_bytes
+
+
+def test_a_step_of_several_micro_batches_scales_what_autocast_moves_with_the_samples() -> None:
+    graph = capture_hf_config(TINY_GPT2, batch=2, seq=128, attn_implementation="eager")
+    scaled = step_graph(graph, 6)
+    for before, after in zip(graph.layers, scaled.layers, strict=True):
+        assert after.autocast_elementwise_bytes == pytest.approx(3 * before.autocast_elementwise_bytes)
+        assert after.elementwise_bytes == pytest.approx(3 * before.elementwise_bytes)
 
 
 def test_autocast_prices_the_fp32_it_keeps_and_the_engines_half_precision_does_not() -> None:
