@@ -112,6 +112,23 @@ def test_under_autocast_what_runs_in_fp32_stays_fp32_until_a_matmul_casts_it() -
     assert convolutional.layers[1].autocast_elementwise_bytes < 0.51 * convolutional.layers[1].elementwise_bytes
 
 
+def test_autocast_casts_an_fp32_query_key_and_value_for_fused_attention() -> None:
+    class ScaledAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = x * self.scale  # an fp32 parameter: the product stays fp32 under autocast
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    x = torch.randn(2, 4, 32, 16)
+    graph = capture(ScaledAttention(), (x,), batch_size=2)
+    core = next(layer for layer in graph.layers if layer.attention is not None)
+    # each of query, key and value is cast to half precision: 4 bytes read and 2 written per element
+    assert core.autocast_elementwise_bytes >= 3 * (4 + 2) * x.numel()
+
+
 def test_a_step_of_several_micro_batches_scales_what_autocast_moves_with_the_samples() -> None:
     graph = capture_hf_config(TINY_GPT2, batch=2, seq=128, attn_implementation="eager")
     scaled = step_graph(graph, 6)

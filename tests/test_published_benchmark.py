@@ -299,7 +299,9 @@ def test_all_fixture_rows_including_a_1024_gpu_megatron_run_and_the_405b_run_get
     by_id = {r["id"]: r for r in out["rows"]}
     assert by_id["torchtitan_benchmarks:2"]["capture"]["parameters"] > 400e9
     assert by_id["bigscience_bloom176b:1"]["capture"]["attn_implementation"] == "eager"
-    assert "leave_one_source_out" in out
+    learned = out["leave_one_source_out"]
+    assert set(learned["source_levels"]) == set(learned["sources_priced"])
+    assert all(level > 0 for level in learned["source_levels"].values())
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 For each source S: fit `simulator.learned.CostModel` on the priced rows of every other source, predict
 S's rows, and score the simulator alone and corrected on S (MAPE, Kendall tau within one model on one
-cluster). Pooled: every source's held-out predictions together. Only `simulator.learned`'s public API
+cluster). Pooled: every source's held-out predictions together. Beside them, each source's level (its
+measured over simulated, shrunk by the model's `prior_strength`) as a model fitted on every row keeps it. Only `simulator.learned`'s public API
 is used (`make_record`, `CostModel`); a record's group is the model on its cluster, its source the row's.
 """
 
@@ -85,8 +86,10 @@ def leave_one_source_out(priced: Sequence[Priced], *, random_state: int = 0) -> 
         pooled["simulated"] += simulated
         pooled["corrected"] += corrected
         pooled["groups"] += groups
+    everywhere = CostModel(random_state=random_state).fit(records)
     return {
         "per_source": per_source,
+        "source_levels": {source: round(math.exp(level), 4) for source, level in everywhere.place_levels_.items()},
         "pooled": {
             "n": len(pooled["measured"]),
             "simulator": _scores(pooled["measured"], pooled["simulated"], pooled["groups"]),

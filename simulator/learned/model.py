@@ -101,7 +101,8 @@ class CostModel:
         self.prior_log_std = prior_log_std
         """The simulator's error (std of the log ratio) assumed before any trial."""
         self.prior_strength = prior_strength
-        """How many trials the prior is worth when blended with the out-of-bag error."""
+        """How many trials the prior is worth: blended with the out-of-bag error, and shrinking each
+        place's level towards the simulator (`place_levels_`)."""
         self.interval_z = interval_z
         """Half-width of intervals in standard deviations (1.645: a two-sided 90% interval)."""
         self.shrink_folds = shrink_folds

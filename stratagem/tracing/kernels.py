@@ -159,6 +159,7 @@ class KernelTraffic:
         self._attention = (layer, layer.fwd_flops, layer.bytes_moved)
         call = layer.attention or AttentionCall()
         call.io_bytes += sum(nbytes(t) for t in _qkv(args, kwargs))
+        layer.autocast_elementwise_bytes += self.autocast.arithmetic("attention", _qkv(args, kwargs), [])
         causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
         call.causal = bool(causal) and kwargs.get("attn_mask", args[3] if len(args) > 3 else None) is None
         layer.attention = call
