@@ -22,7 +22,7 @@ from sqlalchemy import select
 import simulator
 from models import CostModelVersion
 from optimizer_service.core.cost_model import TrainedCostModel, TrialSample
-from optimizer_service.core.inputs import JobOptions, SearchBudget
+from optimizer_service.core.inputs import CLIENT_BACKEND, JobOptions, SearchBudget
 from optimizer_service.db import make_engine, make_session_factory
 from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
 from optimizer_service.jobs.pipeline import run_pipeline
@@ -268,6 +268,43 @@ def test_candidates_take_the_level_of_the_place_where_the_jobs_trials_run() -> N
     here, elsewhere = factors("fake"), factors(None)
     assert here and all(2.0 < f < SLOWDOWN * 1.05 for f in here), here
     assert all(0.7 < f < 1.4 for f in elsewhere), elsewhere
+
+
+def test_a_job_without_a_trial_runner_takes_the_level_of_the_trials_clients_record() -> None:
+    """Trials a client recorded (backend `external`, the user's own cluster) measured 3x the simulator,
+    imported published ones 1x: a job with no trial runner is priced at the clients' level."""
+    resources = make_t4_cluster(2)
+    records = []
+    for index, (rows, place, factor) in enumerate(
+        [(20_000, CLIENT_BACKEND, SLOWDOWN), (80_000, CLIENT_BACKEND, SLOWDOWN), (40_000, "paper", 1.0)]
+    ):
+        graph = make_embedding_graph(rows=rows)
+        strategies = [b.build(graph, resources) for b in all_builders()]
+        for strategy, prediction in zip(strategies, simulator.simulate(graph, resources, strategies), strict=True):
+            records.append(
+                make_record(
+                    graph,
+                    resources,
+                    strategy,
+                    prediction,
+                    measured_step_time_s=factor * prediction.step_time_s,
+                    group_id=f"job-{index}",
+                    source=place,
+                )
+            )
+    model = LoadedCostModel(version="cm-clients", model=CostModel(n_bootstrap=4).fit(records))
+    graph = make_embedding_graph(rows=50_000)
+    strategies = builders_predicted(graph, resources)
+    raw = {s.id: s.predicted.step_time_s for s in strategies}  # type: ignore[union-attr]
+    result = run_pipeline(
+        graph, resources, NO_TRIALS, lambda p: None, lambda: False, search=fixed_search(strategies), cost_model=model
+    )
+    factors = [
+        c.strategy.predicted.step_time_s / raw[c.strategy.id]  # type: ignore[union-attr]
+        for c in result.candidates
+        if c.strategy.predicted is not None and c.strategy.predicted.feasible
+    ]
+    assert factors and all(2.0 < f < SLOWDOWN * 1.05 for f in factors), factors
 
 
 def fixed_search(strategies: list[Strategy]) -> Any:

@@ -77,6 +77,10 @@ CurrentConfig = Annotated[
 """The present configuration as a job stores it: the short form is parsed into its Layout at submission."""
 
 
+CLIENT_BACKEND = "external"
+"""The backend of a trial a client records without naming one: measured on the user's own cluster."""
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -184,7 +188,7 @@ class TrialInput(Body):
     samples_per_s: float | None = Field(default=None, ge=0, lt=1e15)
     peak_memory_bytes: float | None = Field(default=None, ge=0, lt=1e18)
     error: str | None = Field(default=None, max_length=100_000)
-    backend: str = Field(default="external", min_length=1, max_length=32)
+    backend: str = Field(default=CLIENT_BACKEND, min_length=1, max_length=32)
     predicted_step_time_s: float | None = Field(default=None, gt=0, lt=1e6)
     simulator_version: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
 

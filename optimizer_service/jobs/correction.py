@@ -14,7 +14,8 @@ bootstrap ensemble. What a corrected candidate carries afterwards:
 
 A cost model trained on trials from several places (this service's runner, imported published runs)
 keeps each place's level apart; the candidates are queried as measured where the job's trials run
-(`place`, the trial backend), so that place's level applies and no other's does.
+(`place`, the trial backend, or `external` for a job without a runner), so that place's level applies
+and no other's does.
 
 The candidates are simulated again here because a training record needs what `PredictedPerformance`
 drops (each parameter server's load); the model's factor (corrected / simulated) is then applied to

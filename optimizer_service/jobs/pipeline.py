@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from models import JobPhase
-from optimizer_service.core.inputs import JobOptions
+from optimizer_service.core.inputs import CLIENT_BACKEND, JobOptions
 from optimizer_service.jobs.correction import LoadedCostModel, correct_candidates
 from optimizer_service.jobs.current import (
     join_candidates,
@@ -83,7 +83,7 @@ def run_pipeline(
     candidates = _distinct_candidates(outcome)
     if not candidates:
         raise JobInterrupted("the search returned no candidate strategy", why=Interruption.failed)
-    place = trials.backend if trials is not None else None
+    place = trials.backend if trials is not None else CLIENT_BACKEND
     intervals = _correct(graph, resources, candidates, cost_model, state, place)
     _rank_by_prediction(candidates)
     current = price_for_job(graph, resources, options.current, cost_model, state.notes, place=place)
@@ -178,8 +178,9 @@ def _correct(
     state: Progress,
     place: str | None,
 ) -> dict[str, Interval]:
-    """Apply the cost model in use, as measured at `place` (where the job's trials run); one that cannot
-    predict leaves the simulator's ranking, with a note."""
+    """Apply the cost model in use, as measured at `place`: where the job's trials run, or, with no trial
+    runner, where a client's own trials come from (`CLIENT_BACKEND`). One that cannot predict leaves the
+    simulator's ranking, with a note."""
     if cost_model is None:
         return {}
     try:
