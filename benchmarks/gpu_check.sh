@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one call (docs/simulator.md, "Calibration"): the CUDA tests, the kernels
-# of the published torchtitan rows at their own shapes, what the caching allocator reserves beyond a
+# of the published torchtitan rows at their own shapes, one rank's context-parallel attention, what the caching allocator reserves beyond a
 # step's peak, and one-rank trials of zoo models beside their predictions. Each result lands in OUT (default ./gpu-check) as JSON or text; a step that fails is
 # reported and the next one runs.
 #
@@ -22,6 +22,9 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 
 timeout 150 python3 -m benchmarks.gpu_kernel_shapes > "$OUT/gpu_kernel_shapes.json" 2> "$OUT/gpu_kernel_shapes.err"
 echo "gpu_kernel_shapes: exit $?"
+
+timeout 90 python3 -m benchmarks.gpu_context_parallel > "$OUT/gpu_context_parallel.json" 2> "$OUT/gpu_context_parallel.err"
+echo "gpu_context_parallel: exit $?"
 
 timeout 120 python3 -m benchmarks.gpu_memory_reserve > "$OUT/gpu_memory_reserve.json" 2> "$OUT/gpu_memory_reserve.err"
 echo "gpu_memory_reserve: exit $?"
