@@ -26,11 +26,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_kernel_shapes import HEAD_DIM, HEADS, board, timed
+from benchmarks.gpu_kernel_shapes import HEAD_DIM, HEADS, board, cuda_device, timed
 from simulator.encoding import Precision
 from simulator.kernels import CAUSAL_SHARE
 from simulator.precision import peaks
-from stratagem.calibrate.gpu import catalog_kind
 from stratagem.ir import DeviceSpec
 from stratagem.ir.catalog import CATALOG
 
@@ -122,12 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", help="catalog kind to price with (default: the device's own)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu_context_parallel needs a CUDA device")
-    properties = torch.cuda.get_device_properties(0)
-    kind = args.kind or catalog_kind(properties.name, properties.total_memory)
-    if kind is None or kind not in CATALOG:
-        raise SystemExit(f"{properties.name}: no catalog kind to price with; pass --kind")
+    properties, kind = cuda_device("gpu_context_parallel", args.kind)
     started = time.perf_counter()
     cases = [degree_case(CATALOG[kind], degree) for degree in DEGREES]
     print(

@@ -178,16 +178,23 @@ def board() -> dict[str, str]:
     )
 
 
+def cuda_device(benchmark: str, kind: str | None) -> tuple[Any, str]:
+    """The first CUDA device's properties and the catalog kind to compare with (`kind`, else the device's
+    own); exits with the reason when there is no device or no kind."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{benchmark} needs a CUDA device")
+    properties = torch.cuda.get_device_properties(0)
+    kind = kind or catalog_kind(properties.name, properties.total_memory)
+    if kind is None or kind not in CATALOG:
+        raise SystemExit(f"{properties.name}: no catalog kind to compare with; pass --kind")
+    return properties, kind
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", help="catalog kind to compare with (default: the device's own)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu_kernel_shapes needs a CUDA device")
-    properties = torch.cuda.get_device_properties(0)
-    kind = args.kind or catalog_kind(properties.name, properties.total_memory)
-    if kind is None or kind not in CATALOG:
-        raise SystemExit(f"{properties.name}: no catalog kind to compare with; pass --kind")
+    properties, kind = cuda_device("gpu_kernel_shapes", args.kind)
     spec = CATALOG[kind]
     started = time.perf_counter()
     attention = attention_cases(spec)

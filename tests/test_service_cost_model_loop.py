@@ -229,20 +229,14 @@ def test_with_a_cost_model_the_pipeline_ranks_by_the_corrected_time_and_keeps_th
     assert ps_heavy[1] > 0.2 and no_ps and ps_heavy[0] > 1.3 * max(no_ps), ratios
 
 
-def test_candidates_take_the_level_of_the_place_where_the_jobs_trials_run() -> None:
-    """Trials from this service's runner measured 3x the simulator, imported published ones 1x: a job
-    whose trials run here is corrected by this runner's level, one elsewhere by neither."""
-    resources = make_t4_cluster(2)
+def placed_records(resources: ResourceSpec, jobs: list[tuple[int, str, float]]) -> list[Any]:
+    """Every builder's strategy on an embedding model of each (rows, place, factor), measured at factor
+    times the simulator and recorded as measured at place: one job per model."""
     records = []
-    for index, (rows, place, factor) in enumerate(
-        [(20_000, "fake", SLOWDOWN), (80_000, "fake", SLOWDOWN), (40_000, "paper", 1.0), (160_000, "paper", 1.0)]
-    ):
+    for index, (rows, place, factor) in enumerate(jobs):
         graph = make_embedding_graph(rows=rows)
-        for strategy, prediction in zip(
-            graph_strategies := [b.build(graph, resources) for b in all_builders()],
-            simulator.simulate(graph, resources, graph_strategies),
-            strict=True,
-        ):
+        strategies = [b.build(graph, resources) for b in all_builders()]
+        for strategy, prediction in zip(strategies, simulator.simulate(graph, resources, strategies), strict=True):
             records.append(
                 make_record(
                     graph,
@@ -254,6 +248,17 @@ def test_candidates_take_the_level_of_the_place_where_the_jobs_trials_run() -> N
                     source=place,
                 )
             )
+    return records
+
+
+def test_candidates_take_the_level_of_the_place_where_the_jobs_trials_run() -> None:
+    """Trials from this service's runner measured 3x the simulator, imported published ones 1x: a job
+    whose trials run here is corrected by this runner's level, one elsewhere by neither."""
+    resources = make_t4_cluster(2)
+    records = placed_records(
+        resources,
+        [(20_000, "fake", SLOWDOWN), (80_000, "fake", SLOWDOWN), (40_000, "paper", 1.0), (160_000, "paper", 1.0)],
+    )
     model = LoadedCostModel(version="cm-places", model=CostModel(n_bootstrap=4).fit(records))
     graph = make_embedding_graph(rows=50_000)
 
@@ -274,24 +279,9 @@ def test_a_job_without_a_trial_runner_takes_the_level_of_the_trials_clients_reco
     """Trials a client recorded (backend `external`, the user's own cluster) measured 3x the simulator,
     imported published ones 1x: a job with no trial runner is priced at the clients' level."""
     resources = make_t4_cluster(2)
-    records = []
-    for index, (rows, place, factor) in enumerate(
-        [(20_000, CLIENT_BACKEND, SLOWDOWN), (80_000, CLIENT_BACKEND, SLOWDOWN), (40_000, "paper", 1.0)]
-    ):
-        graph = make_embedding_graph(rows=rows)
-        strategies = [b.build(graph, resources) for b in all_builders()]
-        for strategy, prediction in zip(strategies, simulator.simulate(graph, resources, strategies), strict=True):
-            records.append(
-                make_record(
-                    graph,
-                    resources,
-                    strategy,
-                    prediction,
-                    measured_step_time_s=factor * prediction.step_time_s,
-                    group_id=f"job-{index}",
-                    source=place,
-                )
-            )
+    records = placed_records(
+        resources, [(20_000, CLIENT_BACKEND, SLOWDOWN), (80_000, CLIENT_BACKEND, SLOWDOWN), (40_000, "paper", 1.0)]
+    )
     model = LoadedCostModel(version="cm-clients", model=CostModel(n_bootstrap=4).fit(records))
     graph = make_embedding_graph(rows=50_000)
     strategies = builders_predicted(graph, resources)
