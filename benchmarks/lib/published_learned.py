@@ -3,8 +3,9 @@
 For each source S: fit `simulator.learned.CostModel` on the priced rows of every other source, predict
 S's rows, and score the simulator alone and corrected on S (MAPE, Kendall tau within one model on one
 cluster). Pooled: every source's held-out predictions together. Beside them, each source's level (its
-measured over simulated, shrunk by the model's `prior_strength`) as a model fitted on every row keeps it. Only `simulator.learned`'s public API
-is used (`make_record`, `CostModel`); a record's group is the model on its cluster, its source the row's.
+measured over simulated, shrunk by the model's `prior_strength`) as a model fitted on every row keeps it.
+Only `simulator.learned`'s public API is used (`make_record`, `CostModel`); a record's group is the model
+on its cluster, its source the row's.
 """
 
 from __future__ import annotations

@@ -92,15 +92,18 @@ class AutocastWidths:
 
     def elementwise(self, name: str, category: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:
         """Bytes an element-wise or normalization op moves under autocast, its input casts included."""
-        floating = [t for t in inputs if t.is_floating_point()]
+        read_wide = [self._is_wide(t) for t in inputs]
+        floating = [(t, w) for t, w in zip(inputs, read_wide, strict=True) if t.is_floating_point()]
+        casts = 0
         if name in FP32_OPS:
             wide = True
-            casts = sum((HALF + FP32) * t.numel() for t in floating if t.dim() > 0 and not self._is_wide(t))
+            casts = sum((HALF + FP32) * t.numel() for t, w in floating if t.dim() > 0 and not w)
+            read_wide = [True] * len(inputs)
         elif category == "norm":
-            wide, casts = bool(floating) and self._is_wide(floating[0]), 0
+            wide = bool(floating) and floating[0][1]
         else:
-            wide, casts = any(t.dim() > 0 and self._is_wide(t) for t in floating), 0
-        moved = sum(self._size(t, wide=wide if name in FP32_OPS else self._is_wide(t)) for t in inputs)
+            wide = any(w for t, w in floating if t.dim() > 0)
+        moved = sum(self._size(t, wide=w) for t, w in zip(inputs, read_wide, strict=True))
         moved += sum(self._size(t, wide=wide) for t in outputs)
         if wide:
             self._mark(outputs)

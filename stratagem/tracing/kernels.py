@@ -90,22 +90,24 @@ class KernelTraffic:
                 self._reaches_memory(tensor)
             self.region += 1
             return
-        self._elementwise(layer, name, category, inputs, outputs, moved)
+        autocast = self.autocast.elementwise(name, category, inputs, outputs)
+        self._elementwise(layer, inputs, outputs, moved, autocast=autocast)
 
     def _elementwise(
         self,
         layer: Any,
-        name: str,
-        category: str,
         inputs: list[torch.Tensor],
         outputs: list[torch.Tensor],
         moved: float,
+        *,
+        autocast: float,
         extra: float = 0.0,
     ) -> None:
-        """An element-wise kernel; `extra` bytes it writes beyond `outputs` (a dropout mask) always reach memory."""
+        """An element-wise kernel that moves `autocast` bytes under autocast; `extra` bytes it writes beyond
+        `outputs` (a dropout mask) always reach memory."""
         layer.elementwise_bytes += moved
         layer.fused_elementwise_bytes += extra
-        layer.autocast_elementwise_bytes += self.autocast.elementwise(name, category, inputs, outputs) + extra
+        layer.autocast_elementwise_bytes += autocast + extra
         read = 0
         for tensor in inputs:
             made = self._made.get(storage_key(tensor))
@@ -144,8 +146,9 @@ class KernelTraffic:
         if not isinstance(output, torch.Tensor) or output is tensor:
             return
         mask = float(output.numel())
+        autocast = self.autocast.elementwise("dropout", "elementwise", [tensor], [output])
         self._elementwise(
-            layer, "dropout", "elementwise", [tensor], [output], nbytes(tensor) + nbytes(output) + mask, extra=mask
+            layer, [tensor], [output], nbytes(tensor) + nbytes(output) + mask, autocast=autocast, extra=mask
         )
         layer.gpu_saved_excess += max(layer.activation_bytes - saved - mask, 0.0)
 
