@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The checks a lent GPU runs, in one call (docs/simulator.md, "Calibration"): the CUDA tests, the kernels
-# of the published torchtitan rows at their own shapes, one rank's context-parallel attention, what the caching allocator reserves beyond a
-# step's peak, and one-rank trials of zoo models beside their predictions. Each result lands in OUT (default ./gpu-check) as JSON or text; a step that fails is
+# The checks a lent GPU runs, in one call of about seven minutes (docs/simulator.md, "Calibration"): the
+# CUDA tests, the kernels of the published torchtitan rows at their own shapes, one rank's context-parallel
+# attention, what the caching allocator reserves beyond a step's peak, and one-rank trials of zoo models
+# beside their predictions. Each result lands in OUT (default ./gpu-check) as JSON or text, every step's
+# stderr in OUT/stderr.txt (seven files: the device tool brings back eight at most); a step that fails is
 # reported and the next one runs.
 #
 #   OUT=/some/folder bash benchmarks/gpu_check.sh
@@ -20,19 +22,19 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total,driver_version --format=csv | tee "$OUT/board.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-timeout 150 python3 -m benchmarks.gpu_kernel_shapes > "$OUT/gpu_kernel_shapes.json" 2> "$OUT/gpu_kernel_shapes.err"
+timeout 150 python3 -m benchmarks.gpu_kernel_shapes > "$OUT/gpu_kernel_shapes.json" 2>> "$OUT/stderr.txt"
 echo "gpu_kernel_shapes: exit $?"
 
-timeout 90 python3 -m benchmarks.gpu_context_parallel > "$OUT/gpu_context_parallel.json" 2> "$OUT/gpu_context_parallel.err"
+timeout 90 python3 -m benchmarks.gpu_context_parallel > "$OUT/gpu_context_parallel.json" 2>> "$OUT/stderr.txt"
 echo "gpu_context_parallel: exit $?"
 
-timeout 120 python3 -m benchmarks.gpu_memory_reserve > "$OUT/gpu_memory_reserve.json" 2> "$OUT/gpu_memory_reserve.err"
+timeout 120 python3 -m benchmarks.gpu_memory_reserve > "$OUT/gpu_memory_reserve.json" 2>> "$OUT/stderr.txt"
 echo "gpu_memory_reserve: exit $?"
 
-timeout 150 python3 -m pytest -q -p no:cacheprovider -rs -m "slow or not slow" tests/test_trial_cuda.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -m "slow or not slow" tests/test_trial_cuda.py \
     "tests/test_runtime_numerics.py::test_fp8_trains_on_an_fp8_gpu" > "$OUT/cuda_tests.txt" 2>&1
 echo "cuda tests: exit $?"; tail -n 5 "$OUT/cuda_tests.txt"
 
 kind=$(python3 -c "import torch; from stratagem.calibrate.gpu import catalog_kind; p = torch.cuda.get_device_properties(0); print(catalog_kind(p.name, p.total_memory) or 'H100')")
-timeout 150 python3 -m benchmarks.gpu_one_rank --device "$kind" > "$OUT/gpu_one_rank.json" 2> "$OUT/gpu_one_rank.err"
+timeout 150 python3 -m benchmarks.gpu_one_rank --device "$kind" > "$OUT/gpu_one_rank.json" 2>> "$OUT/stderr.txt"
 echo "gpu_one_rank: exit $?"
