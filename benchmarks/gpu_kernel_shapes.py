@@ -6,9 +6,9 @@ object.
 
 Each case is timed at the clock the power limit holds (a second of back-to-back kernels before the
 timed ones) and reported as achieved TFLOP/s, as a share of the catalog kind's data-sheet peak, and
-beside the share the simulator prices it at (`simulator.kernels`: the kind's efficiency times
-`sustained_matmul`, times the GEMM's wave utilisation). It measures what the published rows cannot
-separate: whether the catalog's attention efficiencies and narrow GEMMs hold on the hardware.
+beside the share the simulator prices it at (`simulator.kernels`: a GEMM at the kind's efficiency times
+`sustained_matmul` times its wave utilisation, attention at its own efficiency). It measures what the
+published rows cannot separate, and what set Hopper's GEMM efficiencies (`stratagem.ir.catalog`).
 
     python -m benchmarks.gpu_kernel_shapes
 """
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from simulator.api import SIMULATOR_VERSION
 from simulator.encoding import Precision
 from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS, wave_utilisation
 from simulator.precision import peaks
@@ -77,12 +78,13 @@ def timed(run: Callable[[], Any], *, hold_s: float = HOLD_S, reps: int = 20) -> 
     return float(np.median(samples))
 
 
-def modelled_gemm_share(spec: DeviceSpec, m: int, n: int, k: int) -> float:
-    """The share of the data-sheet peak the simulator prices this GEMM at."""
+def modelled_gemm_share(spec: DeviceSpec, m: int, n: int, k: int, precision: str = "bfloat16") -> float:
+    """The share of the data-sheet peak (bf16's, or fp8's for "float8") the simulator prices this GEMM at."""
     waves = wave_utilisation(
         np.array([float(m)]), np.array([float(n)]), np.array([float(k)]), float(spec.sm_count or 0)
     )
-    return float(peaks([spec], "bfloat16").matmul_efficiency[0, Precision.BF16] * waves[0])
+    column = Precision.FP8 if precision == "float8" else Precision.BF16
+    return float(peaks([spec], "bfloat16").matmul_efficiency[0, column] * waves[0])
 
 
 def gemm_cases(spec: DeviceSpec) -> list[dict[str, Any]]:
@@ -121,7 +123,7 @@ def _gemm_row(spec: DeviceSpec, case: str, precision: str, m: int, n: int, k: in
         "ms": round(seconds * 1e3, 4),
         "tflops": round(flops / seconds / 1e12, 1),
         "share_of_peak": round(flops / seconds / peak, 3),
-        "modelled_share": round(modelled_gemm_share(spec, m, n, k), 3),
+        "modelled_share": round(modelled_gemm_share(spec, m, n, k, precision), 3),
     }
 
 
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
                 "device": properties.name,
                 "board": board(),
                 "catalog_kind": kind,
+                "simulator_version": SIMULATOR_VERSION,
                 "torch": torch.__version__,
                 "seconds": round(time.perf_counter() - started, 1),
                 "attention": attention,

@@ -8,8 +8,9 @@ one after another, so their times add (Williams et al. 2009's roofline holds per
          + fused attention
 
 - GEMMs reach the kind's `matmul_efficiency` of the precision's peak (`fp32_matmul_efficiency` for IEEE
-  fp32 on CUDA cores) at the clock the board's power limit holds (`sustained_matmul`: a burst figure times
-  MSMF / MAMF, applied in `simulator.precision.peaks`, attention's efficiencies too), times the wave utilisation of their output tiles over the SMs: a GEMM whose
+  fp32 on CUDA cores, `fp8_matmul_efficiency` for scaled fp8) at the clock the board's power limit holds
+  (`sustained_matmul`: a burst figure times MSMF / MAMF, applied in `simulator.precision.peaks`; attention
+  is not slowed by it), times the wave utilisation of their output tiles over the SMs: a GEMM whose
   M x N output is `t` tiles of 128 x 128 runs in ceil(t / SMs) waves, and the last wave's idle SMs and
   the tiles' padding are lost (NVIDIA, Matrix Multiplication Background User's Guide, "Tile
   Quantization", "Wave Quantization"; cuBLAS's common half-precision tile is 128 x 128). M, N and K come

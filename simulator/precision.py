@@ -132,11 +132,13 @@ class Peaks:
     """[K] whether the kind has fp8 tensor cores."""
     matmul_efficiency: np.ndarray
     """[K, P] fraction of that peak matmuls reach: the kind's `fp32_matmul_efficiency` where they run
-    IEEE fp32 on CUDA cores, its (tensor-core) `matmul_efficiency` otherwise."""
+    IEEE fp32 on CUDA cores, its `fp8_matmul_efficiency` under `fp8`, its (tensor-core)
+    `matmul_efficiency` otherwise; each at the power-limited clock (`sustained_matmul`)."""
     conv_efficiency: np.ndarray
     """[K, P] the same for convolutions (the kind's `conv_efficiency` where it states one)."""
     attention_efficiency: np.ndarray
-    """[K, P] a fused attention kernel's forward fraction of the attention peak."""
+    """[K, P] a fused attention kernel's forward fraction of the attention peak (its own sustained
+    figure: the power limit does not slow it)."""
     attention_backward_efficiency: np.ndarray
     """[K, P] its backward's, on 2.5 times the forward FLOPs."""
 
@@ -160,14 +162,13 @@ def peaks(specs: list[DeviceSpec], dtype: str) -> Peaks:
         plain = dtype == "float32"
         fp32_matmul = vector if plain else tensor
         tf32_matmul = tensor if "tf32" in spec.peak_flops or not plain else vector
-        matmul_eff.append([fp32_matmul, tf32_matmul, tensor, tensor, tensor, tensor, tensor])
+        fp8_matmul = (spec.fp8_matmul_efficiency or spec.matmul_efficiency) * sustained
+        matmul_eff.append([fp32_matmul, tf32_matmul, tensor, tensor, tensor, fp8_matmul, tensor])
         conv_eff.append(
             [spec.conv_efficiency or e for e in (tf32_matmul, tf32_matmul, tensor, tensor, tensor, tensor, tensor)]
         )
-        forward = (spec.attention_efficiency or spec.matmul_efficiency) * sustained
-        backward = (
-            spec.attention_backward_efficiency or spec.attention_efficiency or spec.matmul_efficiency
-        ) * sustained
+        forward = spec.attention_efficiency or spec.matmul_efficiency * sustained
+        backward = spec.attention_backward_efficiency or spec.attention_efficiency or spec.matmul_efficiency * sustained
         attention_eff.append([fp32_matmul, tf32_matmul, forward, forward, forward, forward, forward])
         attention_bwd.append([fp32_matmul, tf32_matmul, backward, backward, backward, backward, backward])
     shape = (len(specs), PRECISIONS)

@@ -24,7 +24,7 @@ from stratagem.calibrate.kernels import KernelShapes, kernel_figures, kernel_pro
 from stratagem.calibrate.timing import Stepper
 from stratagem.hf import capture_hf_config
 from stratagem.ir import LayerKind, ModelGraph
-from stratagem.ir.catalog import CATALOG, H100_500W_CLOCK
+from stratagem.ir.catalog import CATALOG, H100_500W_CLOCK, HOPPER_FP8_OVER_BF16
 
 TINY_GPT2 = {
     "model_type": "gpt2",
@@ -299,7 +299,7 @@ def test_torchtitans_500_watt_h100_runs_at_the_clock_its_power_sustains() -> Non
     assert (part.memory_bytes, part.memory_bandwidth, part.sm_count) == (96e9, 2.4e12, 132)
 
 
-def test_a_power_limited_clock_slows_gemms_and_attention_but_not_memory_bound_kernels() -> None:
+def test_a_power_limited_clock_slows_gemms_but_not_attention_or_memory_bound_kernels() -> None:
     graph = gpt_graph(batch=16, hidden=512, seq=256)
     cluster = gpu_cluster(1, 8, device="H100")
     h100 = CATALOG["H100"]
@@ -308,13 +308,29 @@ def test_a_power_limited_clock_slows_gemms_and_attention_but_not_memory_bound_ke
     layout = Layout(precision="amp-bf16")
     sustained_kinds = compile_context(graph, cluster).kinds.peaks
     burst_kinds = compile_context(graph, burst).kinds.peaks
-    bf16 = int(Precision.AMP_BF16)
-    for field in ("matmul_efficiency", "conv_efficiency", "attention_efficiency", "attention_backward_efficiency"):
-        ratio = getattr(sustained_kinds, field)[0, bf16] / getattr(burst_kinds, field)[0, bf16]
+    bf16, fp8 = int(Precision.AMP_BF16), int(Precision.FP8)
+    for field, precision in (("matmul_efficiency", bf16), ("matmul_efficiency", fp8), ("conv_efficiency", bf16)):
+        ratio = getattr(sustained_kinds, field)[0, precision] / getattr(burst_kinds, field)[0, precision]
         assert ratio == pytest.approx(h100.sustained_matmul)
+    for field in ("attention_efficiency", "attention_backward_efficiency"):
+        assert getattr(sustained_kinds, field)[0, bf16] == getattr(burst_kinds, field)[0, bf16] == getattr(h100, field)
     slow, fast = predict(graph, cluster, layout), predict(graph, burst, layout)
     assert fast.breakdown["compute"] < slow.breakdown["compute"] < fast.breakdown["compute"] / h100.sustained_matmul
     assert CATALOG["V100"].sustained_matmul is None and CATALOG["CPU"].sustained_matmul is None
+
+
+def test_fp8_gemms_reach_a_smaller_share_of_their_doubled_peak_than_bf16_gemms() -> None:
+    graph = gpt_graph(batch=16, hidden=2048, seq=1024)
+    h100 = CATALOG["H100"]
+    assert h100.fp8_matmul_efficiency == pytest.approx(h100.matmul_efficiency * HOPPER_FP8_OVER_BF16)
+    peaks = compile_context(graph, gpu_cluster(1, 8, device="H100")).kinds.peaks
+    bf16_rate = peaks.matmul[0, Precision.BF16] * peaks.matmul_efficiency[0, Precision.BF16]
+    fp8_rate = peaks.matmul[0, Precision.FP8] * peaks.matmul_efficiency[0, Precision.FP8]
+    assert fp8_rate / bf16_rate == pytest.approx(2 * HOPPER_FP8_OVER_BF16, rel=1e-3)
+    cluster = gpu_cluster(1, 8, device="H100")
+    even = cluster.replace(devices={"H100": h100.model_copy(update={"fp8_matmul_efficiency": None})})
+    layout = Layout(precision="fp8")
+    assert predict(graph, even, layout).breakdown["compute"] < predict(graph, cluster, layout).breakdown["compute"]
 
 
 # --- calibration probes ------------------------------------------------------------------------------

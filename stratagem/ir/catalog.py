@@ -138,16 +138,22 @@ class DeviceSpec(Strict):
     fp32_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the fp32 peak that IEEE fp32 matmuls (CUDA cores, no tensor cores) reach; None means
     `matmul_efficiency`, which is then the tensor cores' figure (fp16, bf16, tf32, fp8)."""
+    fp8_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the fp8 peak that scaled fp8 GEMMs (`torch._scaled_mm`, as torchao's float8 training
+    runs them) reach. Twice the bf16 rate per clock is harder to feed and draws more power, so the same
+    shapes reach a smaller share of it. None means `matmul_efficiency`."""
     sustained_matmul: float | None = Field(default=None, gt=0, le=1)
     """Rate a dense tensor-core kernel holds once the board sits at its power limit over the rate it
     reaches in a short burst at the boost clock (MSMF / MAMF: Bekman, ml-engineering, "Maximum Achievable
     and Sustainable Matmul FLOPS"). A training step keeps the tensor cores busy for seconds, so the clock
-    settles where the power limit holds it; `matmul_efficiency`, `fp32_matmul_efficiency` and the attention
-    efficiencies are burst figures (short benchmark loops), and this scales each of them (and so every
-    convolution). None means 1 (no power-limited clock)."""
+    settles where the power limit holds it; the matmul efficiencies are burst figures (short benchmark
+    loops), and this scales each of them (and so every convolution). Attention kernels keep the tensor
+    cores less busy and draw less power, so the board holds its clock under them: their efficiencies are
+    their sustained rates, not scaled. None means 1 (no power-limited clock)."""
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of the half-precision peak a fused attention kernel (FlashAttention-style SDPA) reaches
-    in forward, on the FLOPs it does (causal: half the score matrix). None means `matmul_efficiency`."""
+    in forward, on the FLOPs it does (causal: half the score matrix), as a training step sustains it.
+    None means `matmul_efficiency` (then scaled by `sustained_matmul`)."""
     attention_backward_efficiency: float | None = Field(default=None, gt=0, le=1)
     """The same for its backward, counted as 2.5 times the forward FLOPs (the kernel recomputes the
     scores: Dao 2023, FlashAttention-2). None means `attention_efficiency`."""
@@ -228,18 +234,31 @@ _AMPERE = {
 """A100: 108 SMs; bf16 GEMMs reach 271.2 of 312 TFLOP/s in a burst (Bekman, ml-engineering, "Maximum Achievable
 Matmul FLOPS", A100 SXM, torch 2.6), `SUSTAINED_MATMUL` of that at the power limit; FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
 Figs. 4-7; 0.6 and 0.5 for head dimensions 64-128)."""
+HOPPER_SHAPE_GEMMS = 39.09 / 41.37
+"""A transformer layer's GEMMs against mamf-finder's best shape: the 20 bf16 GEMMs of a Llama 3.1 8B layer
+(forward, input and weight gradients of its five projections, at 16k tokens and at tensor degree 8) took
+41.37 ms on an H200 at its power limit where 0.851 of the burst peak, sustained, prices 39.09
+(`benchmarks.gpu_kernel_shapes`, benchmarks/results/gpu_kernel_shapes_h200.json)."""
+HOPPER_FP8_OVER_BF16 = 0.868
+"""Share of the fp8 peak over the share of the bf16 peak that the same GEMMs reach: the ten forward
+projections of that layer as `torch._scaled_mm` took 8.01 ms where bf16 took 13.92, against half of it
+at twice the rate (the same run)."""
 _HOPPER = {
     "sm_count": 132,
-    "matmul_efficiency": 0.851,
+    "matmul_efficiency": 0.851 * HOPPER_SHAPE_GEMMS,
+    "fp8_matmul_efficiency": 0.851 * HOPPER_SHAPE_GEMMS * HOPPER_FP8_OVER_BF16,
     "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.35,
     "attention_backward_efficiency": 0.3,
     "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
-"""H100/H200: 132 SMs; bf16 GEMMs reach 841.9 of 989 TFLOP/s in a burst (the same table, H200 SXM, torch 2.13;
-792-795 on H100 SXM with older stacks), `SUSTAINED_MATMUL` of that at the power limit; the FlashAttention-2
-kernel that SDPA runs reaches about 35% of peak on H100 forward, less backward (Shah et al. 2024,
-FlashAttention-3, abstract and Fig. 5)."""
+"""H100/H200: 132 SMs; bf16 GEMMs reach 841.9 of 989 TFLOP/s in a burst at their best shape (the same table,
+H200 SXM, torch 2.13; 792-795 on H100 SXM with older stacks), a layer's shapes `HOPPER_SHAPE_GEMMS` of
+that, `SUSTAINED_MATMUL` of it at the power limit; fp8 GEMMs `HOPPER_FP8_OVER_BF16` of bf16's share. The
+FlashAttention-2 kernel that SDPA runs reaches about 35% of peak on H100 forward and 30% backward (Shah
+et al. 2024, FlashAttention-3, abstract and Fig. 5); on an H200 at its power limit SDPA's flash kernel
+held 0.32-0.35 forward and 0.29-0.31 backward on the published rows' shapes, at a clock of 1875 MHz where
+the GEMMs held 1560 (`gpu_kernel_shapes_h200.json`): attention is not power-limited."""
 GPU_KERNELS: dict[str, dict[str, Any]] = {
     "V100": _VOLTA,
     "V100-16GB": _VOLTA,
