@@ -12,6 +12,8 @@ from cli_helpers import assert_one_line_error, run_cli
 from sample_documents import make_embedding_graph, make_mlp_graph
 
 from simulator import simulate
+from simulator.encoding import Precision
+from simulator.precision import peaks
 from stratagem.builders import DataParallel
 from stratagem.calibrate.compute import ProbeShapes, compute_figures
 from stratagem.calibrate.gpu import GPU_PROBES, catalog_kind, gpu_spec
@@ -77,7 +79,7 @@ def test_the_spec_prices_convolutions_at_their_own_rate_and_keeps_the_catalog_li
     device = spec.devices[node.device]
     assert node.device == "H200-calibrated" and node.gpus == [0, 1] and device.is_gpu
     # cuDNN's TF32 convolutions outrun the fp32 matmul: the peak is theirs, the matmul a share of it
-    assert device.peak_flops["float32"] == 120e12 and device.matmul_efficiency == pytest.approx(50 / 120)
+    assert device.peak_flops["float32"] == 120e12 and device.fp32_matmul_efficiency == pytest.approx(50 / 120)
     assert device.conv_efficiency == 1.0 and device.peak_flops["bfloat16"] == 700e12
     assert device.elementwise_efficiency == pytest.approx(0.5) and device.launch_overhead_s == 60e-6
     # what one device cannot measure stays the catalog kind's: NCCL's kernels slowing overlapped compute
@@ -86,6 +88,22 @@ def test_the_spec_prices_convolutions_at_their_own_rate_and_keeps_the_catalog_li
     assert device.optimizer_knee_bytes is None and device.scatter_efficiency is None
     assert spec.intra_node == DEFAULT_INTRA_NODE["H200"]
     assert ResourceSpec.model_validate_json(spec.to_json()) == spec
+
+
+def test_each_precision_s_gemms_run_at_the_rate_measured_for_it():
+    """fp32 matmuls at the fp32 GEMM's rate, half precision at the bf16 GEMM's (not scaled by the fp32
+    matmul's share of the TF32 convolutions), fp8 at `_scaled_mm`'s where it was measured."""
+    plain = gpu_spec(FIGURES, name="NVIDIA H200", memory_bytes=141e9, gpus=[0])
+    with_fp8 = gpu_spec(FIGURES | {"gemm_fp8_flops": 1.1e15}, name="NVIDIA H200", memory_bytes=141e9, gpus=[0])
+    graph = make_mlp_graph(batch_size=8, widths=(64, 64, 10))
+    for spec, fp8 in ((plain, None), (with_fp8, 1.1e15)):
+        rates = peaks(list(spec.devices.values()), graph.dtype)
+        achieved = rates.matmul[0] * rates.matmul_efficiency[0]
+        assert achieved[Precision.FP32] == pytest.approx(50e12)
+        assert achieved[Precision.AMP_BF16] == achieved[Precision.BF16] == pytest.approx(700e12)
+        assert bool(rates.fp8[0]) == (fp8 is not None)
+        if fp8 is not None:
+            assert achieved[Precision.FP8] == pytest.approx(fp8)
 
 
 def test_a_measured_launch_overhead_prices_a_small_model_slower_than_the_catalog():

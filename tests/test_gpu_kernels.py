@@ -340,10 +340,13 @@ def test_the_kernel_probes_measure_gemms_and_attention_into_efficiencies() -> No
     stepper = Stepper(lambda go: go)
     rates = {name: probe() for name, probe in kernel_probes(stepper, KernelShapes(), "cpu").items()}
     assert all(math.isfinite(rate) and rate > 0 for rate in rates.values())
-    figures = kernel_figures(rates, bf16_peak=1e15, fp32_peak=1e15, sms=4)
-    for key in ("matmul_efficiency", "fp32_matmul_efficiency", "attention_efficiency", "attention_backward_efficiency"):
+    assert "gemm_fp8_flops" in rates  # PyTorch's reference kernel on the CPU; on CUDA, fp8 tensor cores only
+    figures = kernel_figures(rates, bf16_peak=1e15, fp32_peak=1e15, sms=4, fp8_peak=2e15)
+    keys = ("matmul_efficiency", "fp32_matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency")
+    for key in (*keys, "attention_backward_efficiency"):
         assert 0 < figures[key] <= 1
     assert figures["sm_count"] == 4
+    assert "fp8_matmul_efficiency" not in kernel_figures(rates, bf16_peak=1e15, fp32_peak=1e15, sms=4)
 
 
 # --- the runtime -------------------------------------------------------------------------------------

@@ -165,22 +165,27 @@ def gpu_device_spec(
     figures: dict[str, Any], *, kind: str, memory_bytes: float, catalog: DeviceSpec | None = None
 ) -> DeviceSpec:
     """The measured rates as a GPU kind: the fp32 peak is the faster of matmul and convolution (cuDNN
-    convolves in TF32 by default where PyTorch's matmul does not), efficiencies are relative to it and
+    convolves in TF32 by default where PyTorch's matmul does not), the half-precision and fp8 peaks are
+    the measured GEMM rates (tensor cores at `matmul_efficiency` 1), efficiencies are relative to them and
     to the copy bandwidth, clamped into (0, 1]. Without size laws (its probes all stream from device memory) and
     with the catalog's communication figures for the kind (what NCCL's kernels take from overlapped
     compute, NVLink SHARP), which one device cannot measure."""
     matmul, conv, bandwidth = figures["matmul_flops"], figures["conv_flops"], figures["copy_bandwidth"]
     peak = max(matmul, conv)
+    peaks = {"float32": peak, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]}
+    if "gemm_fp8_flops" in figures:
+        peaks["float8"] = figures["gemm_fp8_flops"]
 
     def share(key: str) -> float:
         return fraction(figures[key] / bandwidth)
 
     return DeviceSpec(
         name=kind,
-        peak_flops={"float32": peak, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]},
+        peak_flops=peaks,
         memory_bytes=memory_bytes,
         memory_bandwidth=bandwidth,
-        matmul_efficiency=matmul / peak,
+        matmul_efficiency=1.0,
+        fp32_matmul_efficiency=matmul / peak,
         conv_efficiency=conv / peak,
         elementwise_efficiency=share("elementwise_rate"),
         norm_efficiency=share("norm_rate"),

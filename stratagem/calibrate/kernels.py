@@ -5,7 +5,8 @@
   (`fp32_matmul_efficiency`), and the same half-precision GEMM cut to fewer output tiles than the device
   has SMs, to check the wave-quantization law against what cuBLAS does there (`small_gemm_ratio`: the
   small GEMM's rate over the large one's; the law predicts its tiles' share of a wave unless split-K
-  fills it);
+  fills it), and where the device runs them, the large GEMM as scaled fp8 (`torch._scaled_mm`, as
+  torchao's float8 training runs it: `fp8_matmul_efficiency` against the fp8 peak);
 - fused attention (`scaled_dot_product_attention`, causal, bf16): forward, and forward plus backward, on
   the FLOPs a fused kernel does (half the score matrix; backward 2.5 times forward) ->
   `attention_efficiency` and `attention_backward_efficiency` against the bf16 peak.
@@ -42,6 +43,16 @@ GPU_KERNEL_SHAPES = KernelShapes(gemm=(8192, 8192, 8192), small_rows=256, attent
 2 x 64 tiles of 128 x 128, fewer than a 132-SM H100 holds in one wave."""
 
 
+def fp8_gemms(device: str) -> bool:
+    """Whether `torch._scaled_mm` runs on `device`: fp8 tensor cores on CUDA (compute capability 8.9 and
+    up); PyTorch's CPU kernel is a reference, which the tests run."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return False
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return True
+
+
 def kernel_probes(stepper: Stepper, shapes: KernelShapes, device: str) -> dict[str, Callable[[], float]]:
     """Rates (FLOP/s) by name, each measured on call."""
     m, n, k = shapes.gemm
@@ -57,7 +68,7 @@ def kernel_probes(stepper: Stepper, shapes: KernelShapes, device: str) -> dict[s
         out = F.scaled_dot_product_attention(q, key, v, is_causal=True)
         out.backward(torch.ones_like(out))
 
-    return {
+    probes: dict[str, Callable[[], float]] = {
         "gemm_bf16_flops": lambda: 2.0 * m * n * k / stepper.median(lambda: torch.mm(a, b), budget_s=0.5),
         "gemm_small_bf16_flops": lambda: (
             2.0 * shapes.small_rows * n * k / stepper.median(lambda: torch.mm(small, b), budget_s=0.5)
@@ -74,9 +85,21 @@ def kernel_probes(stepper: Stepper, shapes: KernelShapes, device: str) -> dict[s
         ),
         "attention_training_flops": lambda: (1.0 + 2.5) * causal_flops / stepper.median(attention_pass, budget_s=0.5),
     }
+    if fp8_gemms(device):
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+
+        def fp8_gemm() -> torch.Tensor:
+            return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=half)
+
+        probes["gemm_fp8_flops"] = lambda: 2.0 * m * n * k / stepper.median(fp8_gemm, budget_s=0.5)
+    return probes
 
 
-def kernel_figures(rates: dict[str, float], *, bf16_peak: float, fp32_peak: float, sms: int) -> dict[str, float]:
+def kernel_figures(
+    rates: dict[str, float], *, bf16_peak: float, fp32_peak: float, sms: int, fp8_peak: float | None = None
+) -> dict[str, float]:
     """Efficiencies for the catalog's fields from measured `rates` (see `kernel_probes`), against the
     data-sheet peaks of the device's kind: the backward's rate is what forward plus backward left after
     the forward's time."""
@@ -84,7 +107,7 @@ def kernel_figures(rates: dict[str, float], *, bf16_peak: float, fp32_peak: floa
     training = rates["attention_training_flops"]
     backward_time = 3.5 / training - 1.0 / forward
     backward = 2.5 / backward_time if backward_time > 0 else training
-    return {
+    figures = {
         "matmul_efficiency": fraction(rates["gemm_bf16_flops"] / bf16_peak),
         "fp32_matmul_efficiency": fraction(rates["gemm_fp32_flops"] / fp32_peak),
         "attention_efficiency": fraction(forward / bf16_peak),
@@ -92,6 +115,9 @@ def kernel_figures(rates: dict[str, float], *, bf16_peak: float, fp32_peak: floa
         "small_gemm_ratio": rates["gemm_small_bf16_flops"] / rates["gemm_bf16_flops"],
         "sm_count": float(sms),
     }
+    if fp8_peak and "gemm_fp8_flops" in rates:
+        figures["fp8_matmul_efficiency"] = fraction(rates["gemm_fp8_flops"] / fp8_peak)
+    return figures
 
 
 def _without_tf32(run: Callable[[], object]) -> Callable[[], object]:
