@@ -2,7 +2,8 @@
 
 For Llama-3 8B and 70B on H100 (torchtitan's published runs: `torchtitan_benchmarks` rows of
 `shared/published/gpu_measurements.csv`) and Megatron's 145B and 310B GPTs on 1536-1920 A100 (SC'21
-Table 1), each graph captured with `capture_hf_config` on the meta device at micro-batch 1 and the
+Table 1), each graph captured as the published benchmark captures the row (`benchmarks.lib.published_models`:
+the source's attention, compute dtype and optimizer) on the meta device at micro-batch 1 and the
 row's sequence, on the row's cluster, the search (engine runner, the row's global batch, precision and
 compile, a 2 s budget) is run and both layouts are priced with `stratagem.predict`. Prints one JSON
 object: `rows`, one per distinct published layout (model, GPUs, sequence, layout, precision, compile,
@@ -17,8 +18,9 @@ Clusters from the rows: H100 nodes of 8 with 400 Gb/s per GPU between nodes (tor
 H100s are the catalog's `H100-SXM-96GB-HBM2e`, the 96 GB HBM2e part at its 500 W cap); A100-80GB DGX nodes with 8 × 200 Gb/s HDR InfiniBand (SC'21 §5).
 A row's layout is read the way the published benchmark reads it (`benchmarks.lib.published_layouts`:
 torchtitan splits norms along the sequence under tensor parallelism and checkpoints per op, and states
-`compile`, `async_tp` and `fsdp_float8_all_gather` per row; Megatron's `--fp16` keeps fp32 main weights,
-amp-fp16, and its fused kernels price as compiled blocks). The row's precision and compile are the
+`compile`, `async_tp` and `fsdp_float8_all_gather` per row; Megatron's `--fp16` and torchtitan's FSDP2
+train a 16-bit model beside fp32 main weights without autocast, `fp16` and `bf16`, and Megatron's fused
+kernels price as compiled blocks). The row's precision and compile are the
 search's inputs (the user's numerics and trainer); async tensor parallelism and fp8 all-gathers are the
 search's to choose.
 """
@@ -26,19 +28,21 @@ search's to choose.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.published_layouts import FUSED_KERNELS
+from benchmarks.lib import published_rows
+from benchmarks.lib.published_capture import capture
+from benchmarks.lib.published_layouts import FUSED_KERNELS, precision, recompute
+from benchmarks.lib.published_models import model_spec
 from optimizer_service.search import search
+from simulator import SIMULATOR_VERSION
 from stratagem import Layout, predict
-from stratagem.hf import capture_hf_config
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +53,6 @@ H100_96GB = "H100-SXM 96GB HBM2e (500W cap)"
 GPU_KINDS = {"A100-SXM4-80GB": "A100-80GB", H100_96GB: "H100-SXM-96GB-HBM2e"}
 INFINIBAND_LATENCY_US = 5.0
 """One RDMA hop between nodes (docs/layouts.md's worked example)."""
-LLAMA3_ROPE = {"rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False}
-"""meta-llama/Meta-Llama-3-8B and -70B config.json beyond the row's numbers."""
-PRECISIONS = (("bf16 + float8", "fp8"), ("fp16", "amp-fp16"), ("bf16", "amp-bf16"))
-"""Source wording to precision (torchtitan's FSDP2 keeps fp32 shards under bf16 compute: amp-bf16)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class Row:
     recompute: str
     other: dict[str, Any]
     measured_tokens_per_gpu: float
+    published: published_rows.Row
+    """The published benchmark's reading of the same CSV line."""
 
     @property
     def seq(self) -> int:
@@ -120,81 +122,43 @@ def find_csv(given: str | None) -> Path:
 def read_rows(path: Path, models: tuple[str, ...]) -> list[Row]:
     """The rows of these models, one per distinct layout (compile, async-TP and fp8-gather variants each their own)."""
     out: dict[tuple, Row] = {}
-    with path.open() as handle:
-        for raw in csv.DictReader(handle):
-            config = json.loads(raw["model_config"])
-            if raw["source"] not in SOURCES or config.get("name") not in models or raw["gpu"] not in GPU_KINDS:
-                continue
-            row = _row(raw, config)
-            out.setdefault(row.key(), row)
+    for read in published_rows.read_rows(path):
+        if read.source not in SOURCES or read.model not in models or read.gpu not in GPU_KINDS:
+            continue
+        row = _row(read)
+        out.setdefault(row.key(), row)
     return list(out.values())
 
 
-def _row(raw: dict[str, str], config: dict[str, Any]) -> Row:
-    other = json.loads(raw["other_layout"] or "{}")
-    global_batch, n_gpus = int(raw["global_batch"]), int(raw["n_gpus"])
-    if raw["measured_metric"] == "tokens_per_s_per_gpu":
-        measured = float(raw["measured_value"])
+def _row(read: published_rows.Row) -> Row:
+    seq = int(read.config["seq"])
+    if read.measured_metric == "tokens_per_s_per_gpu":
+        measured = read.measured_value
     else:
-        measured = global_batch * int(config["seq"]) / (float(raw["derived_iteration_s"]) * n_gpus)
+        measured = read.global_batch * seq / (read.measured_step_s * read.n_gpus)
     return Row(
-        source=raw["source"],
-        model=config["name"],
-        config=config,
-        precision=next(name for prefix, name in PRECISIONS if raw["precision"].lower().startswith(prefix)),
-        gpu=raw["gpu"],
-        n_gpus=n_gpus,
-        gpus_per_node=int(raw["gpus_per_node"]),
-        inter_node_gbps=float(raw["inter_node_gbps"] or 0),
-        global_batch=global_batch,
-        micro_batch=int(raw["micro_batch"]),
-        dp=int(raw["dp"]),
-        tp=int(raw["tp"]),
-        pp=int(raw["pp"]),
-        zero=int(raw["zero_stage"]),
-        recompute=_recompute(raw),
-        other=other,
+        source=read.source,
+        model=read.model,
+        config=read.config,
+        precision=precision(read),
+        gpu=read.gpu,
+        n_gpus=read.n_gpus,
+        gpus_per_node=read.gpus_per_node,
+        inter_node_gbps=read.inter_node_gbps or 0.0,
+        global_batch=read.global_batch,
+        micro_batch=read.micro_batch,
+        dp=read.dp,
+        tp=read.tp,
+        pp=read.pp,
+        zero=read.zero_stage,
+        recompute=recompute(read),
+        other=read.other,
         measured_tokens_per_gpu=measured,
+        published=read,
     )
 
 
-def _recompute(raw: dict[str, str]) -> str:
-    """torchtitan's selective recomputation is per-op checkpointing (`selective-op`); Megatron's is the
-    attention core's (as `benchmarks.lib.published_layouts.recompute` reads them)."""
-    text = raw["recompute"].lower()
-    name = next(m for m in ("none", "selective", "full") if text.startswith(m))
-    return "selective-op" if name == "selective" and raw["source"] == "torchtitan_benchmarks" else name
-
-
 # --- the model and the cluster ---------------------------------------------------------------
-
-
-def hf_config(row: Row) -> dict[str, Any]:
-    """Llama with grouped-query attention; Megatron's GPT as GPT-2 (learned positions over the sequence,
-    tied embeddings, GeLU, ffn 4h, vocabulary 51200)."""
-    c = row.config
-    if row.source == "megatron_sc21_table1":
-        return {
-            "model_type": "gpt2",
-            "n_layer": c["layers"],
-            "n_embd": c["hidden"],
-            "n_head": c["heads"],
-            "n_inner": c["ffn"],
-            "n_positions": c["seq"],
-            "vocab_size": c["vocab"],
-            "activation_function": "gelu",
-        }
-    return {
-        "model_type": "llama",
-        "num_hidden_layers": c["layers"],
-        "hidden_size": c["hidden"],
-        "num_attention_heads": c["heads"],
-        "num_key_value_heads": c["kv_heads"],
-        "intermediate_size": c["ffn"],
-        "vocab_size": c["vocab"],
-        **LLAMA3_ROPE,
-        "max_position_embeddings": max(LLAMA3_ROPE["max_position_embeddings"], row.seq),
-    }
 
 
 def cluster(gpu: str, n_gpus: int, per_node: int, inter_node_gbps: float) -> ResourceSpec:
@@ -325,7 +289,7 @@ def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[st
 def captured(row: Row, graphs: dict[tuple, ModelGraph]) -> ModelGraph:
     key = (row.model, row.seq)
     if key not in graphs:
-        graphs[key] = capture_hf_config(hf_config(row), batch=1, seq=row.seq, name=row.model)
+        graphs[key] = capture(replace(model_spec(row.published), batch=1))
     return graphs[key]
 
 
@@ -333,7 +297,7 @@ def rows_70b_64(rows: list[Row]) -> Iterator[Row]:
     """The 70B's published bf16 run (compiled, synchronous tensor parallelism), on 64 H100 instead of 256: the
     2 s search-time target."""
     for row in rows:
-        if row.model == "llama3.1-70b" and row.precision == "amp-bf16" and not row.async_tp:
+        if row.model == "llama3.1-70b" and row.precision == "bf16" and not row.async_tp:
             yield row
             return
 
@@ -346,7 +310,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = read_rows(find_csv(args.csv), tuple(args.only))
     graphs: dict[tuple, ModelGraph] = {}
-    out: dict[str, Any] = {"budget_s": args.budget, "rows": []}
+    out: dict[str, Any] = {"budget_s": args.budget, "simulator_version": SIMULATOR_VERSION, "rows": []}
     for row in sorted(rows, key=lambda r: (MODELS.index(r.model), r.n_gpus, r.seq, r.precision, r.compile, r.async_tp)):
         out["rows"].append(run_row(row, args.budget, graphs))
     for row in rows_70b_64(rows):
