@@ -3,10 +3,11 @@ Llama 3.1 8B-wide decoder (two blocks, the full vocabulary) trained in bf16 with
 8192 tokens per sequence and one to four sequences. Needs CUDA; prints one JSON object.
 
 torchtitan reports `max_reserved` (82.4 GiB for its Llama 8B on 8 H100); the simulator prices what the
-step holds plus `reserved_memory_bytes` (the CUDA context and libraries). Reserved over allocated at the
-peak is the allocator's share between them (block rounding, cached free blocks), the figure "fits"
-needs to match what runs; the context is measured as what the device reports in use beyond the
-allocator's reservation.
+step holds, and a candidate fits when that, times one plus `allocator_overhead`, plus
+`reserved_memory_bytes` (the CUDA context and libraries) fits. Reserved over allocated at the peak is
+the allocator's share (block rounding, cached free blocks), which sets the catalog's
+`allocator_overhead`; the context is measured as what the device reports in use beyond the allocator's
+reservation.
 
     python -m benchmarks.gpu_memory_reserve
 """

@@ -151,7 +151,8 @@ def memory_phase(
         peak=peak,
         capacity=topo.capacity,
         server_over=server_over,
-        feasible=(peak + _reserved(context)[topo.kind] <= topo.capacity) & (server_over == 0),
+        feasible=(peak * _allocated(context)[topo.kind] + _reserved(context)[topo.kind] <= topo.capacity)
+        & (server_over == 0),
     )
 
 
@@ -377,3 +378,8 @@ def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) 
 def _reserved(context: SimContext) -> np.ndarray:
     """[K] bytes each kind's process holds outside its tensors (`DeviceSpec.reserved_memory_bytes`)."""
     return np.array([spec.reserved_memory_bytes or 0.0 for spec in context.kinds.specs])
+
+
+def _allocated(context: SimContext) -> np.ndarray:
+    """[K] what each kind's allocator holds per byte of live tensors (`DeviceSpec.allocator_overhead`)."""
+    return np.array([1.0 + (spec.allocator_overhead or 0.0) for spec in context.kinds.specs])

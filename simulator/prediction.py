@@ -94,14 +94,17 @@ def _infeasible_reason(context: SimContext, batch: CandidateBatch, result: Batch
     if over > 0:
         return f"a parameter server's memory is short by {_bytes(over)} for the variables it holds"
     need, have = float(result.memory[i]), float(result.capacity[i])
-    reserved = context.kinds.specs[_kind(context, batch, i)].reserved_memory_bytes or 0.0
-    if reserved:
-        have -= reserved
-        return (
-            f"does not fit: needs {_bytes(need)} per device, {_bytes(have)} available beside the "
-            f"{_bytes(reserved)} the CUDA context and libraries hold ({_bytes(need - have)} over)"
-        )
-    return f"does not fit: needs {_bytes(need)} per device, {_bytes(have)} available ({_bytes(need - have)} over)"
+    kind = context.kinds.specs[_kind(context, batch, i)]
+    slack, reserved = need * (kind.allocator_overhead or 0.0), kind.reserved_memory_bytes or 0.0
+    held = [
+        f"{_bytes(slack)} the caching allocator holds beyond it" if slack else "",
+        f"{_bytes(reserved)} for the CUDA context and libraries" if reserved else "",
+    ]
+    total = need + slack + reserved
+    needs = f"needs {_bytes(need)} per device"
+    if total > need:
+        needs += f", {_bytes(total)} with " + " and ".join(part for part in held if part)
+    return f"does not fit: {needs}; {_bytes(have)} available ({_bytes(total - have)} over)"
 
 
 HIDDEN_SHARE = 0.05

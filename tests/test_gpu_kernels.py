@@ -24,7 +24,7 @@ from stratagem.calibrate.kernels import KernelShapes, kernel_figures, kernel_pro
 from stratagem.calibrate.timing import Stepper
 from stratagem.hf import capture_hf_config
 from stratagem.ir import LayerKind, ModelGraph
-from stratagem.ir.catalog import CATALOG, H100_500W_CLOCK, HOPPER_FP8_OVER_BF16
+from stratagem.ir.catalog import CATALOG, GPU_ALLOCATOR_OVERHEAD, H100_500W_CLOCK, HOPPER_FP8_OVER_BF16
 
 TINY_GPT2 = {
     "model_type": "gpt2",
@@ -286,6 +286,26 @@ def test_a_gpu_fits_a_step_only_beside_what_the_cuda_context_and_libraries_hold(
     tight = roomy.replace(devices={"H100": CATALOG["H100"].model_copy(update={"memory_bytes": peak + reserved / 2})})
     squeezed = predict(graph, tight, Layout(precision="amp-bf16"))
     assert not squeezed.feasible and "CUDA context" in (squeezed.infeasible_reason or "")
+
+
+def test_the_caching_allocator_holds_a_share_of_the_peak_beyond_the_live_tensors() -> None:
+    graph = gpt_graph(batch=16, hidden=512, seq=256)
+    h100 = CATALOG["H100"]
+    assert h100.allocator_overhead == GPU_ALLOCATOR_OVERHEAD and all(
+        spec.allocator_overhead == GPU_ALLOCATOR_OVERHEAD for spec in CATALOG.values() if spec.is_gpu
+    )
+    layout = Layout(precision="amp-bf16")
+    peak = predict(graph, gpu_cluster(1, 8, device="H100"), layout).memory_per_device_bytes
+    reserved, slack = h100.reserved_memory_bytes or 0.0, peak * GPU_ALLOCATOR_OVERHEAD
+
+    def on(capacity: float):
+        device = h100.model_copy(update={"memory_bytes": capacity})
+        return predict(graph, gpu_cluster(1, 8, device="H100").replace(devices={"H100": device}), layout)
+
+    assert on(peak + reserved + slack * 1.01).feasible
+    short = on(peak + reserved + slack / 2)
+    assert not short.feasible and short.memory_per_device_bytes == peak
+    assert "the caching allocator holds beyond it" in (short.infeasible_reason or "")
 
 
 # --- the catalog -------------------------------------------------------------------------------------

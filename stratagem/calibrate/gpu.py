@@ -34,7 +34,7 @@ from stratagem.calibrate.kernels import GPU_KERNEL_SHAPES, kernel_figures, kerne
 from stratagem.calibrate.timing import CacheEvictor, Stepper
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Link, Node, ResourceSpec
-from stratagem.ir.catalog import CATALOG, GPU_COMM_OVERLAP
+from stratagem.ir.catalog import CATALOG, GPU_ALLOCATOR_OVERHEAD, GPU_COMM_OVERLAP, GPU_RESERVED_BYTES
 from stratagem.ir.resources import DEFAULT_INTRA_NODE
 
 GPU_PROBES = ProbeShapes(
@@ -169,7 +169,8 @@ def gpu_device_spec(
     the measured GEMM rates (tensor cores at `matmul_efficiency` 1), efficiencies are relative to them and
     to the copy bandwidth, clamped into (0, 1]. Without size laws (its probes all stream from device memory) and
     with the catalog's communication figures for the kind (what NCCL's kernels take from overlapped
-    compute, NVLink SHARP), which one device cannot measure."""
+    compute, NVLink SHARP) and its memory held beyond the tensors (the CUDA context, the caching
+    allocator), which these probes do not measure."""
     matmul, conv, bandwidth = figures["matmul_flops"], figures["conv_flops"], figures["copy_bandwidth"]
     peak = max(matmul, conv)
     peaks = {"float32": peak, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]}
@@ -203,6 +204,8 @@ def gpu_device_spec(
         coalesce_efficiency=share("coalesce_rate"),
         comm_overlap=catalog.comm_overlap if catalog is not None else GPU_COMM_OVERLAP,
         nvlink_sharp=catalog.nvlink_sharp if catalog is not None else None,
+        reserved_memory_bytes=catalog.reserved_memory_bytes if catalog is not None else GPU_RESERVED_BYTES,
+        allocator_overhead=catalog.allocator_overhead if catalog is not None else GPU_ALLOCATOR_OVERHEAD,
         is_gpu=True,
         **_kernel_fields(figures),
     )

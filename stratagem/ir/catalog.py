@@ -160,6 +160,11 @@ class DeviceSpec(Strict):
     reserved_memory_bytes: float | None = Field(default=None, ge=0)
     """Device memory a training process holds outside its tensors: the CUDA context, cuBLAS and cuDNN
     workspaces, NCCL's channel buffers. A candidate fits when its peak plus this fits. None means 0."""
+    allocator_overhead: float | None = Field(default=None, ge=0, le=1)
+    """What the framework's caching allocator holds beyond a step's peak of live tensors, as a share of
+    that peak: blocks rounded up to their size classes, and cached blocks split so that a later request
+    cannot use what is left of them. A candidate fits when its peak times one plus this, plus
+    `reserved_memory_bytes`, fits. None means 0."""
 
     def flops_for(self, dtype: str) -> float:
         if dtype in self.peak_flops:
@@ -201,6 +206,8 @@ def _gpu(
         memory_bandwidth=bandwidth_gbs * GIGA,
         comm_overlap=GPU_COMM_OVERLAP,
         nvlink_sharp=nvlink_sharp,
+        reserved_memory_bytes=GPU_RESERVED_BYTES,
+        allocator_overhead=GPU_ALLOCATOR_OVERHEAD,
         **GPU_KERNELS.get(name, {}),
     )
 
@@ -208,7 +215,15 @@ def _gpu(
 # -- GPU kernel figures (simulator.kernels; docs/simulator.md, "GPU compute") ---------------------------
 GPU_RESERVED_BYTES = 1e9
 """The CUDA context (a few hundred MB with lazily loaded modules), cuBLAS/cuDNN workspaces (tens of MB per
-stream) and NCCL's buffers (`NCCL_BUFFSIZE`, 4 MiB per channel and peer: a few hundred MB): about 1 GB."""
+stream) and NCCL's buffers (`NCCL_BUFFSIZE`, 4 MiB per channel and peer: a few hundred MB): about 1 GB.
+On an H200 a training process held 0.75 GB beyond what PyTorch's allocator reserved
+(`benchmarks.gpu_memory_reserve`, benchmarks/results/gpu_memory_reserve_h200.json)."""
+GPU_ALLOCATOR_OVERHEAD = 0.054
+"""`allocator_overhead` of the catalog's GPUs: PyTorch's caching allocator (default settings) reserved
+1.029, 1.054 and 1.179 times its peak allocated memory while an 8B-wide Llama of two blocks trained on an
+H200 at 1, 2 and 4 sequences of 8k tokens (`benchmarks.gpu_memory_reserve`); the median. The largest
+would refuse micro-batches DeepSpeed's autotuner ran: BERT-large at 93 sequences per V100, priced at
+27.8 GB, fits 32 GB with the median (30.3 GB) and not with 1.179 (33.8)."""
 SUSTAINED_MATMUL = 708.5 / 841.9
 """`sustained_matmul` of the catalog's Ampere and Hopper parts: an H200 SXM's bf16 GEMM sustains 708.5 TFLOP/s
 at its 700 W limit (1465 MHz) against 841.9 in a boost burst (1980 MHz), one run of mamf-finder (Bekman,
@@ -218,7 +233,6 @@ _VOLTA = {
     "sm_count": 80,
     "matmul_efficiency": 0.75,
     "fp32_matmul_efficiency": 0.9,
-    "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
 """V100: 80 SMs (NVIDIA Tesla V100 white paper). Tensor-core GEMMs: no published MAMF measurement; 0.75,
 below the A100's and H100's measured 0.80-0.86. IEEE fp32 GEMMs on CUDA cores keep their FMA pipes busier
@@ -229,7 +243,6 @@ _AMPERE = {
     "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.6,
     "attention_backward_efficiency": 0.5,
-    "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
 """A100: 108 SMs; bf16 GEMMs reach 271.2 of 312 TFLOP/s in a burst (Bekman, ml-engineering, "Maximum Achievable
 Matmul FLOPS", A100 SXM, torch 2.6), `SUSTAINED_MATMUL` of that at the power limit; FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
@@ -250,7 +263,6 @@ _HOPPER = {
     "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.35,
     "attention_backward_efficiency": 0.3,
-    "reserved_memory_bytes": GPU_RESERVED_BYTES,
 }
 """H100/H200: 132 SMs; bf16 GEMMs reach 841.9 of 989 TFLOP/s in a burst at their best shape (the same table,
 H200 SXM, torch 2.13; 792-795 on H100 SXM with older stacks), a layer's shapes `HOPPER_SHAPE_GEMMS` of
