@@ -57,53 +57,39 @@ INFINIBAND_LATENCY_US = 5.0
 
 @dataclass(frozen=True)
 class Row:
-    source: str
-    model: str
-    config: dict[str, Any]
-    precision: str
-    gpu: str
-    n_gpus: int
-    gpus_per_node: int
-    inter_node_gbps: float
-    global_batch: int
-    micro_batch: int
-    dp: int
-    tp: int
-    pp: int
-    zero: int
-    recompute: str
-    other: dict[str, Any]
-    measured_tokens_per_gpu: float
     published: published_rows.Row
-    """The published benchmark's reading of the same CSV line."""
+    """The published benchmark's reading of the CSV line."""
+    precision: str
+    recompute: str
+    measured_tokens_per_gpu: float
 
     @property
     def seq(self) -> int:
-        return int(self.config["seq"])
+        return int(self.published.config["seq"])
 
     @property
     def compile(self) -> bool:
         """torchtitan states it per row; Megatron's fused kernels are what compiled blocks price."""
-        return self.other.get("compile") is True or self.source in FUSED_KERNELS
+        return self.published.other.get("compile") is True or self.published.source in FUSED_KERNELS
 
     @property
     def async_tp(self) -> bool:
-        return self.other.get("async_tp") is True
+        return self.published.other.get("async_tp") is True
 
     @property
     def fp8_all_gather(self) -> bool:
-        return self.other.get("fsdp_float8_all_gather") is True
+        return self.published.other.get("fsdp_float8_all_gather") is True
 
     def key(self) -> tuple:
         return (
-            self.model,
-            self.n_gpus,
+            self.published.model,
+            self.published.n_gpus,
             self.seq,
             self.precision,
-            self.dp,
-            self.tp,
-            self.pp,
-            self.micro_batch,
+            self.published.dp,
+            self.published.tp,
+            self.published.pp,
+            self.published.micro_batch,
             self.compile,
             self.async_tp,
             self.fp8_all_gather,
@@ -131,31 +117,11 @@ def read_rows(path: Path, models: tuple[str, ...]) -> list[Row]:
 
 
 def _row(read: published_rows.Row) -> Row:
-    seq = int(read.config["seq"])
     if read.measured_metric == "tokens_per_s_per_gpu":
         measured = read.measured_value
     else:
-        measured = read.global_batch * seq / (read.measured_step_s * read.n_gpus)
-    return Row(
-        source=read.source,
-        model=read.model,
-        config=read.config,
-        precision=precision(read),
-        gpu=read.gpu,
-        n_gpus=read.n_gpus,
-        gpus_per_node=read.gpus_per_node,
-        inter_node_gbps=read.inter_node_gbps or 0.0,
-        global_batch=read.global_batch,
-        micro_batch=read.micro_batch,
-        dp=read.dp,
-        tp=read.tp,
-        pp=read.pp,
-        zero=read.zero_stage,
-        recompute=recompute(read),
-        other=read.other,
-        measured_tokens_per_gpu=measured,
-        published=read,
-    )
+        measured = read.global_batch * int(read.config["seq"]) / (read.measured_step_s * read.n_gpus)
+    return Row(published=read, precision=precision(read), recompute=recompute(read), measured_tokens_per_gpu=measured)
 
 
 # --- the model and the cluster ---------------------------------------------------------------
@@ -176,27 +142,28 @@ def cluster(gpu: str, n_gpus: int, per_node: int, inter_node_gbps: float) -> Res
 def published_strategy(row: Row, graph: ModelGraph, resources: ResourceSpec) -> Strategy:
     """The row's layout on the graph captured at one sample: built with micro-batches of the graph's one
     sample, then stating the row's micro-batch size, so a step trains the row's global batch."""
-    context = int(row.other.get("cp", 1))
-    chunks = int(row.other.get("virtual_pipeline_chunks", 1))
-    count = row.global_batch // (row.micro_batch * row.dp)
+    context = int(row.published.other.get("cp", 1))
+    chunks = int(row.published.other.get("virtual_pipeline_chunks", 1))
+    count = row.published.global_batch // (row.published.micro_batch * row.published.dp)
     layout = Layout(
-        data=row.dp,
-        tensor=row.tp,
-        pipeline=row.pp,
+        data=row.published.dp,
+        tensor=row.published.tp,
+        pipeline=row.published.pp,
         context=context,
         micro_batch=graph.batch_size,
         micro_batches=count,
         schedule="interleaved-1f1b" if chunks > 1 else "1f1b",
         virtual_stages=chunks,
-        zero=row.zero,
+        zero=row.published.zero_stage,
         recompute=row.recompute,
         precision=row.precision,
-        sequence_parallel=bool(row.other.get("seq_parallel")) or (row.source == SOURCES[0] and row.tp > 1),
+        sequence_parallel=bool(row.published.other.get("seq_parallel"))
+        or (row.published.source == SOURCES[0] and row.published.tp > 1),
         compile=row.compile,
         async_tensor_parallel=row.async_tp,
         fp8_all_gather=row.fp8_all_gather,
     )
-    return layout.build(graph, resources).replace(micro_batch_size=row.micro_batch)
+    return layout.build(graph, resources).replace(micro_batch_size=row.published.micro_batch)
 
 
 # --- one row ---------------------------------------------------------------------------------
@@ -265,17 +232,24 @@ def compare(
 
 def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[str, Any]:
     graph = captured(row, graphs)
-    resources = cluster(row.gpu, row.n_gpus, row.gpus_per_node, row.inter_node_gbps)
+    resources = cluster(
+        row.published.gpu, row.published.n_gpus, row.published.gpus_per_node, row.published.inter_node_gbps or 0.0
+    )
     published = published_strategy(row, graph, resources)
     chosen, search_record = compare(
-        graph, resources, global_batch=row.global_batch, precision=row.precision, compile=row.compile, budget=budget
+        graph,
+        resources,
+        global_batch=row.published.global_batch,
+        precision=row.precision,
+        compile=row.compile,
+        budget=budget,
     )
     return {
-        "model": row.model,
-        "source": row.source,
-        "cluster": f"{row.n_gpus} × {GPU_KINDS[row.gpu]}",
+        "model": row.published.model,
+        "source": row.published.source,
+        "cluster": f"{row.published.n_gpus} × {GPU_KINDS[row.published.gpu]}",
         "seq": row.seq,
-        "global_batch": row.global_batch,
+        "global_batch": row.published.global_batch,
         "precision": row.precision,
         "compile": row.compile,
         "measured_tokens_per_s_per_gpu": round(row.measured_tokens_per_gpu, 1),
@@ -287,7 +261,7 @@ def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[st
 
 
 def captured(row: Row, graphs: dict[tuple, ModelGraph]) -> ModelGraph:
-    key = (row.model, row.seq)
+    key = (row.published.model, row.seq)
     if key not in graphs:
         graphs[key] = capture(replace(model_spec(row.published), batch=1))
     return graphs[key]
@@ -297,7 +271,7 @@ def rows_70b_64(rows: list[Row]) -> Iterator[Row]:
     """The 70B's published bf16 run (compiled, synchronous tensor parallelism), on 64 H100 instead of 256: the
     2 s search-time target."""
     for row in rows:
-        if row.model == "llama3.1-70b" and row.precision == "bf16" and not row.async_tp:
+        if row.published.model == "llama3.1-70b" and row.precision == "bf16" and not row.async_tp:
             yield row
             return
 
@@ -311,12 +285,15 @@ def main() -> None:
     rows = read_rows(find_csv(args.csv), tuple(args.only))
     graphs: dict[tuple, ModelGraph] = {}
     out: dict[str, Any] = {"budget_s": args.budget, "simulator_version": SIMULATOR_VERSION, "rows": []}
-    for row in sorted(rows, key=lambda r: (MODELS.index(r.model), r.n_gpus, r.seq, r.precision, r.compile, r.async_tp)):
+    for row in sorted(
+        rows,
+        key=lambda r: (MODELS.index(r.published.model), r.published.n_gpus, r.seq, r.precision, r.compile, r.async_tp),
+    ):
         out["rows"].append(run_row(row, args.budget, graphs))
     for row in rows_70b_64(rows):
         graph = captured(row, graphs)
-        resources = cluster(row.gpu, 64, 8, row.inter_node_gbps)
-        batch = row.global_batch * 64 // row.n_gpus
+        resources = cluster(row.published.gpu, 64, 8, row.published.inter_node_gbps or 0.0)
+        batch = row.published.global_batch * 64 // row.published.n_gpus
         chosen, record = compare(
             graph, resources, global_batch=batch, precision=row.precision, compile=row.compile, budget=args.budget
         )
