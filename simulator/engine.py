@@ -76,6 +76,7 @@ class BatchResult:
     memory: np.ndarray
     """[N] peak bytes on the fullest replica device."""
     capacity: np.ndarray
+    """[N] bytes that device's live tensors may take (`memory.MemoryPhase.capacity`)."""
     feasible: np.ndarray
     breakdown: np.ndarray
     """[N, len(BREAKDOWN_KEYS)] seconds, columns in BREAKDOWN_KEYS order."""

@@ -112,6 +112,8 @@ class MemoryPhase:
     peak: np.ndarray
     """[N] bytes on the fullest replica device."""
     capacity: np.ndarray
+    """[N] bytes that device's live tensors may take: its memory less what the process holds outside
+    them (`reserved_memory_bytes`), over one plus the caching allocator's share (`allocator_overhead`)."""
     server_over: np.ndarray
     """[N] bytes by which the fullest non-replica server exceeds its memory (0 when it fits)."""
     feasible: np.ndarray
@@ -147,13 +149,8 @@ def memory_phase(
     peak = peak + np.where(replicas, held, 0.0).max(axis=1)
     device_capacity = context.kinds.memory_bytes[context.device_kind]
     server_over = np.maximum(np.where(replicas, 0.0, held - device_capacity).max(axis=1), 0.0)
-    return MemoryPhase(
-        peak=peak,
-        capacity=topo.capacity,
-        server_over=server_over,
-        feasible=(peak * _allocated(context)[topo.kind] + _reserved(context)[topo.kind] <= topo.capacity)
-        & (server_over == 0),
-    )
+    room = (topo.capacity - _reserved(context)[topo.kind]) / _allocated(context)[topo.kind]
+    return MemoryPhase(peak=peak, capacity=room, server_over=server_over, feasible=(peak <= room) & (server_over == 0))
 
 
 def _precision_state(

@@ -93,14 +93,15 @@ def _infeasible_reason(context: SimContext, batch: CandidateBatch, result: Batch
     over = float(result.server_over[i])
     if over > 0:
         return f"a parameter server's memory is short by {_bytes(over)} for the variables it holds"
-    need, have = float(result.memory[i]), float(result.capacity[i])
+    need, room = float(result.memory[i]), float(result.capacity[i])
     kind = context.kinds.specs[_kind(context, batch, i)]
-    slack, reserved = need * (kind.allocator_overhead or 0.0), kind.reserved_memory_bytes or 0.0
+    share, reserved = kind.allocator_overhead or 0.0, kind.reserved_memory_bytes or 0.0
+    have = room * (1.0 + share) + reserved
     held = [
-        f"{_bytes(slack)} the caching allocator holds beyond it" if slack else "",
+        f"{_bytes(need * share)} the caching allocator holds beyond it" if share else "",
         f"{_bytes(reserved)} for the CUDA context and libraries" if reserved else "",
     ]
-    total = need + slack + reserved
+    total = need * (1.0 + share) + reserved
     needs = f"needs {_bytes(need)} per device"
     if total > need:
         needs += f", {_bytes(total)} with " + " and ".join(part for part in held if part)

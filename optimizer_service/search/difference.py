@@ -159,7 +159,7 @@ def _what_fits(
         return {
             "dimension": dimension,
             "sentence": head + f"{mine} is what makes it fit; with {other} it needs {_gb(need)} per device "
-            f"({_gb(have)} available).",
+            f"(room for {_gb(have)} of tensors).",
         }
     return None
 
