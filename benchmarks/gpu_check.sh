@@ -25,7 +25,7 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 timeout 150 python3 -m benchmarks.gpu_kernel_shapes > "$OUT/gpu_kernel_shapes.json" 2>> "$OUT/stderr.txt"
 echo "gpu_kernel_shapes: exit $?"
 
-timeout 90 python3 -m benchmarks.gpu_context_parallel > "$OUT/gpu_context_parallel.json" 2>> "$OUT/stderr.txt"
+timeout 150 python3 -m benchmarks.gpu_context_parallel > "$OUT/gpu_context_parallel.json" 2>> "$OUT/stderr.txt"
 echo "gpu_context_parallel: exit $?"
 
 timeout 120 python3 -m benchmarks.gpu_memory_reserve > "$OUT/gpu_memory_reserve.json" 2>> "$OUT/stderr.txt"
