@@ -1,7 +1,7 @@
 """The simulator against published GPU measurements: every row re-predicted through the public API, as JSON.
 
     python -m benchmarks.published [--csv PATH] [--cache DIR | --no-cache] [--source NAME ...]
-                                   [--export-trials rows.jsonl] [--no-learned] [-o result.json]
+                                   [--export-trials rows.jsonl] [--no-learned | --loso-variants] [-o result.json]
 
 For each row of `shared/published/gpu_measurements.csv` (its README says where every number comes from):
 the architecture is captured on the meta device (`stratagem.capture_hf_config`, or the zoo's ResNet-50
@@ -9,7 +9,8 @@ v1.5), the cluster and `stratagem.Layout` are built from the row (`benchmarks/li
 `stratagem.predict` prices it. Printed per row (predicted and measured step time, ratio, the breakdown's
 main components, memory, capture time), per source and overall: MAPE of the step time, scaling error
 over series of one model on growing GPU counts, Kendall tau within one model on one cluster, and
-leave-one-source-out scores of the learned correction. A row the project cannot express, or that the
+leave-one-source-out scores of the learned correction (with `--loso-variants`, also at two other seeds
+and without place levels). A row the project cannot express, or that the
 simulator refuses, is a miss with its reason; misses are not scored.
 
 Beside them, apart from every target (`deepspeed_engine_timed`): the DeepSpeed source's runs as
@@ -34,7 +35,7 @@ from benchmarks.lib import published_layouts as setup
 from benchmarks.lib import published_rows as rows_
 from benchmarks.lib.published_capture import Captured, GraphCache, default_cache_dir, describe
 from benchmarks.lib.published_engine_timed import engine_timed_rows, outside_engine
-from benchmarks.lib.published_learned import Priced, leave_one_source_out
+from benchmarks.lib.published_learned import Priced, leave_one_source_out, loso_variants
 from benchmarks.lib.published_models import model_spec, training_graph
 from benchmarks.lib.published_rows import Row
 from benchmarks.lib.published_scoring import kendall_tau_by_group, mape, max_abs_scaling_error, scaling_errors
@@ -212,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", action="append", default=None, help="only this source's rows (repeatable)")
     parser.add_argument("--export-trials", type=Path, default=None, help="write the rows as trials (JSON Lines)")
     parser.add_argument("--no-learned", action="store_true", help="skip the leave-one-source-out correction")
+    parser.add_argument(
+        "--loso-variants",
+        action="store_true",
+        help="also score leave-one-source-out at other seeds and without place levels",
+    )
     parser.add_argument("-o", "--output", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
 
@@ -243,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             if r.scored and r.graph is not None and r.resources is not None and r.prediction is not None
         ]
         document["leave_one_source_out"] = leave_one_source_out(priced)
+        if args.loso_variants:
+            document["leave_one_source_out"]["variants"] = loso_variants(priced)
     engine_rows = engine_timed_rows(rows)
     if engine_rows:
         document["deepspeed_engine_timed"] = engine_timed(rows, [run_row(row, cache) for row in engine_rows])

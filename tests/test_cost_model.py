@@ -139,6 +139,9 @@ def test_each_source_keeps_its_own_level_and_a_source_without_trials_gets_none()
     unknown, unknown_std = model.predict_log_ratio(elsewhere)
     assert np.abs(unknown).max() < 0.05
     assert model.level_log_std_ > 0.15 and np.all(unknown_std > known_std)
+    flat = CostModel(**SMALL, place_levels=False).fit(placed)
+    assert flat.place_levels_ == {} and flat.level_log_std_ == 0.0
+    assert CostModel.from_json(flat.to_json()).place_levels is False
 
 
 def test_a_source_of_a_few_trials_weighs_as_much_as_one_of_many_in_the_share_applied():

@@ -53,7 +53,9 @@ def make_records(priced: Sequence[Priced]) -> list[Any]:
     return records
 
 
-def leave_one_source_out(priced: Sequence[Priced], *, random_state: int = 0) -> dict[str, Any]:
+def leave_one_source_out(
+    priced: Sequence[Priced], *, random_state: int = 0, place_levels: bool = True
+) -> dict[str, Any]:
     """Per held-out source and pooled: MAPE and tau of the simulator alone and corrected."""
     from simulator.learned import CostModel
 
@@ -77,7 +79,7 @@ def leave_one_source_out(priced: Sequence[Priced], *, random_state: int = 0) -> 
             entry["note"] = "no other source has a priced row to train on"
             per_source[held_out] = entry
             continue
-        model = CostModel(random_state=random_state).fit([records[i] for i in train])
+        model = CostModel(random_state=random_state, place_levels=place_levels).fit([records[i] for i in train])
         corrected = [float(x) for x in model.predict([records[i] for i in test])]
         entry["corrected"] = _scores(measured, corrected, groups)
         entry["train_sources"] = sorted({priced[i].row.source for i in train})
@@ -87,7 +89,7 @@ def leave_one_source_out(priced: Sequence[Priced], *, random_state: int = 0) -> 
         pooled["simulated"] += simulated
         pooled["corrected"] += corrected
         pooled["groups"] += groups
-    everywhere = CostModel(random_state=random_state).fit(records)
+    everywhere = CostModel(random_state=random_state, place_levels=place_levels).fit(records)
     return {
         "per_source": per_source,
         "source_levels": {source: round(math.exp(level), 4) for source, level in everywhere.place_levels_.items()},
@@ -97,6 +99,26 @@ def leave_one_source_out(priced: Sequence[Priced], *, random_state: int = 0) -> 
             "corrected": _scores(pooled["measured"], pooled["corrected"], pooled["groups"]),
         },
         "sources_priced": sources,
+    }
+
+
+VARIANT_SEEDS = (1, 2)
+"""The other `random_state`s the variants refit with (the main run is 0)."""
+
+
+def loso_variants(priced: Sequence[Priced]) -> dict[str, Any]:
+    """The pooled leave-one-source-out scores again at other seeds, and without place levels: how much
+    of the correction's edge over the simulator is its seed, and how much its levels."""
+    seeds = {
+        f"random_state={seed}": leave_one_source_out(priced, random_state=seed)["pooled"] for seed in VARIANT_SEEDS
+    }
+    flat = leave_one_source_out(priced, place_levels=False)
+    return {
+        **seeds,
+        "without_place_levels": {
+            "pooled": flat["pooled"],
+            "per_source_corrected": {source: entry["corrected"] for source, entry in flat["per_source"].items()},
+        },
     }
 
 

@@ -41,7 +41,7 @@ from stratagem.errors import InvalidDocumentError, Problem, StratagemError
 
 FORMAT = "stratagem-cost-model"
 FORMAT_VERSION = 1
-LEGACY_PARAMS: dict[str, Any] = {"shrink_folds": 0}
+LEGACY_PARAMS: dict[str, Any] = {"shrink_folds": 0, "place_levels": True}
 """Hyper-parameters added to format 1 later, at the value that reproduces documents saved without them
 (which load with it); a model at that value saves without it, and without `scale` at 1, so versions
 stored before keep their content hash."""
@@ -76,6 +76,7 @@ class CostModel:
         monotone: bool = False,
         prior_log_std: float = 0.3,
         prior_strength: float = 4.0,
+        place_levels: bool = True,
         interval_z: float = 1.645,
         shrink_folds: int = 3,
         random_state: int = 0,
@@ -103,6 +104,10 @@ class CostModel:
         self.prior_strength = prior_strength
         """How many trials the prior is worth: blended with the out-of-bag error, and shrinking each
         place's level towards the simulator (`place_levels_`)."""
+        self.place_levels = place_levels
+        """Keep each place's level apart where trials come from two or more places (`place_levels_`).
+        Off, every place shares one correction: the ablation `benchmarks.published --loso-variants`
+        scores."""
         self.interval_z = interval_z
         """Half-width of intervals in standard deviations (1.645: a two-sided 90% interval)."""
         self.shrink_folds = shrink_folds
@@ -141,7 +146,7 @@ class CostModel:
         self.boosters_: list[xgb.Booster] = []
         self.residual_log_std_ = float(self.prior_log_std)
         self.scale_ = 1.0
-        self.place_levels_ = _place_levels(matrix, self.prior_strength)
+        self.place_levels_ = _place_levels(matrix, self.prior_strength) if self.place_levels else {}
         self.level_log_std_ = _spread(self.place_levels_)
         if len(matrix):
             within = _levelled(matrix, self.place_levels_)
@@ -447,8 +452,9 @@ def _check_params(params: dict[str, Any]) -> None:
             problems.append(Problem(f"params.{name}", f"must be an integer, got {value!r}"))
         elif not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
             problems.append(Problem(f"params.{name}", f"must be a number in [{low}, {high}], got {value!r}"))
-    if not isinstance(params["monotone"], bool):
-        problems.append(Problem("params.monotone", f"must be true or false, got {params['monotone']!r}"))
+    for name in ("monotone", "place_levels"):
+        if not isinstance(params[name], bool):
+            problems.append(Problem(f"params.{name}", f"must be true or false, got {params[name]!r}"))
     if problems:
         raise InvalidCostModelError(problems)
 
