@@ -29,8 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_kernel_shapes import HEAD_DIM, HEADS, board, cuda_device, timed
-from simulator.api import SIMULATOR_VERSION
+from benchmarks.gpu_kernel_shapes import HEAD_DIM, HEADS, cuda_device, report_header, timed
 from simulator.encoding import Precision
 from simulator.kernels import CAUSAL_SHARE, FLASH_BACKWARD_FLOPS
 from simulator.precision import peaks
@@ -201,19 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     cases = [degree_case(CATALOG[kind], degree) for degree in DEGREES]
     print(
-        json.dumps(
-            {
-                "benchmark": "gpu_context_parallel",
-                "device": properties.name,
-                "board": board(),
-                "catalog_kind": kind,
-                "simulator_version": SIMULATOR_VERSION,
-                "torch": torch.__version__,
-                "seconds": round(time.perf_counter() - started, 1),
-                "cases": cases,
-            },
-            indent=2,
-        )
+        json.dumps({**report_header("gpu_context_parallel", properties.name, kind, started), "cases": cases}, indent=2)
     )
 
 

@@ -204,19 +204,27 @@ def main(argv: list[str] | None = None) -> None:
     print(
         json.dumps(
             {
-                "benchmark": "gpu_kernel_shapes",
-                "device": properties.name,
-                "board": board(),
-                "catalog_kind": kind,
-                "simulator_version": SIMULATOR_VERSION,
-                "torch": torch.__version__,
-                "seconds": round(time.perf_counter() - started, 1),
+                **report_header("gpu_kernel_shapes", properties.name, kind, started),
                 "attention": attention,
                 "gemm": gemms,
             },
             indent=2,
         )
     )
+
+
+def report_header(benchmark: str, device: str, kind: str, started: float) -> dict[str, Any]:
+    """What a GPU probe's report says of itself: the board and its clocks, the catalog kind it prices
+    with, the simulator and torch versions, and the seconds since `started`."""
+    return {
+        "benchmark": benchmark,
+        "device": device,
+        "board": board(),
+        "catalog_kind": kind,
+        "simulator_version": SIMULATOR_VERSION,
+        "torch": torch.__version__,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 if __name__ == "__main__":
