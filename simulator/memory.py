@@ -372,6 +372,13 @@ def _backward_extra(context: SimContext, batch: CandidateBatch, topo: Topology) 
     return out
 
 
+def tensor_room(context: SimContext, kinds: np.ndarray) -> np.ndarray:
+    """Bytes each of `kinds`' devices has for live tensors: the rule `memory_phase` decides fits by,
+    for callers that prune before pricing (the search's mesh cutting)."""
+    memory = context.kinds.memory_bytes[kinds]
+    return (memory - _reserved(context)[kinds]) / _allocated(context)[kinds]
+
+
 def _reserved(context: SimContext) -> np.ndarray:
     """[K] bytes each kind's process holds outside its tensors (`DeviceSpec.reserved_memory_bytes`)."""
     return np.array([spec.reserved_memory_bytes or 0.0 for spec in context.kinds.specs])

@@ -18,6 +18,7 @@ from simulator import compile_context
 from simulator.compute import Knobs, layer_times
 from simulator.encoding import Precision
 from simulator.kernels import fp8_scaling_bytes, wave_utilisation
+from simulator.memory import tensor_room
 from simulator.step_graph import step_graph
 from stratagem import Layout, capture, predict
 from stratagem.calibrate.kernels import KernelShapes, kernel_figures, kernel_probes
@@ -306,6 +307,21 @@ def test_the_caching_allocator_holds_a_share_of_the_peak_beyond_the_live_tensors
     short = on(peak + reserved + slack / 2)
     assert not short.feasible and short.memory_per_device_bytes == peak
     assert "the caching allocator holds beyond it" in (short.infeasible_reason or "")
+
+
+def test_the_search_prunes_meshes_against_the_room_the_simulator_fits_by() -> None:
+    """`tensor_room` is what the search's mesh cutting compares layers with; it must draw the line
+    where `predict` does, or the search keeps meshes the simulator refuses."""
+    graph = gpt_graph(batch=16, hidden=512, seq=256)
+    h100 = CATALOG["H100"]
+    layout = Layout(precision="amp-bf16")
+    peak = predict(graph, gpu_cluster(1, 8, device="H100"), layout).memory_per_device_bytes
+    for capacity in np.linspace(peak, peak * 1.2 + 2e9, 9):
+        cluster = gpu_cluster(1, 8, device="H100").replace(
+            devices={"H100": h100.model_copy(update={"memory_bytes": float(capacity)})}
+        )
+        room = float(tensor_room(compile_context(graph, cluster), np.array([0]))[0])
+        assert predict(graph, cluster, layout).feasible == (peak <= room)
 
 
 # --- the catalog -------------------------------------------------------------------------------------

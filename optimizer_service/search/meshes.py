@@ -53,6 +53,7 @@ from optimizer_service.search.dimensions import (
 from simulator.compute import layer_times
 from simulator.context import SimContext
 from simulator.encoding import Precision, Schedule
+from simulator.memory import tensor_room
 from simulator.pipeline import block_peak
 from stratagem.parallel_rules import graph_accumulation_refusal, graph_pipeline_refusal
 from stratagem.tensor_plan import candidate_splits
@@ -446,13 +447,14 @@ def _pack(
 
 
 class _LayerFigures:
-    """Per layer, on the slowest compute device kind: work, and memory by tensor degree (for cutting)."""
+    """Per layer, on the slowest compute device kind: work, and memory by tensor degree (for cutting),
+    against the room the smallest device leaves live tensors (`tensor_room`, as the simulator decides)."""
 
     def __init__(self, context: SimContext) -> None:
         self.context = context
         kinds = context.device_kind[context.compute_device_indices]
         self.kind = int(kinds[np.argmax(context.kind_slowness[kinds])])
-        self.capacity = float(context.kinds.memory_bytes[kinds].min())
+        self.capacity = float(tensor_room(context, kinds).min())
         held = 2 * context.var_bytes + context.var_state_bytes
         L = context.num_layers
         self._split = (
