@@ -50,15 +50,13 @@ from optimizer_service.search.dimensions import (
     rules_for,
     uncovered,
 )
-from simulator.compute import layer_times
+from optimizer_service.search.stage_cuts import LayerFigures, StageCuts, cut_by_compute, cut_under_cap
 from simulator.context import SimContext
 from simulator.encoding import Precision, Schedule
-from simulator.memory import tensor_room
-from simulator.pipeline import block_peak
 from stratagem.parallel_rules import graph_accumulation_refusal, graph_pipeline_refusal
 from stratagem.tensor_plan import candidate_splits
 
-__all__ = ["MAX_STAGES", "MeshChoice", "StageCuts", "mesh_choices", "mesh_notes"]
+__all__ = ["MAX_STAGES", "MeshChoice", "mesh_choices", "mesh_notes"]
 
 MICRO_FACTORS = (1, 2, 4, 8)
 """Micro-batches per stage tried with a pipeline: m = factor × P (the bubble is (P-1)/(m+P-1))."""
@@ -164,7 +162,7 @@ def mesh_choices(context: SimContext, rules: Rules | None = None, cuts: StageCut
     if rules.global_batch is not None:
         return _unique(_global_meshes(context, rules, cuts))
     devices = rules.devices
-    figures = _LayerFigures(context)
+    figures = LayerFigures(context)
     starts = np.asarray(rules.starts)
     out = [MeshChoice(data=devices, precision=rules.precisions[0], compile=rules.compiles[0])]
     for tensor in rules.tensor:
@@ -244,7 +242,7 @@ def mesh_notes(context: SimContext, rules: Rules | None = None) -> list[str]:
 
 
 def _meshes_for(
-    figures: _LayerFigures, starts: np.ndarray, rules: Rules, tensor: int, pipeline: int
+    figures: LayerFigures, starts: np.ndarray, rules: Rules, tensor: int, pipeline: int
 ) -> list[MeshChoice]:
     data = rules.devices // (tensor * pipeline)
     batch = rules.graph_batch
@@ -265,12 +263,15 @@ def _meshes_for(
             )
         return out
     cost = figures.cost(tensor)
-    balanced = _cut_by_compute(cost, starts, pipeline)
+    balanced = cut_by_compute(cost, starts, pipeline)
     recompute = "full" in rules.recompute_modes(pipeline)
     out = []
     for micro, schedule in _micro_batches(batch, pipeline):
         modes = ["none"]
-        if selective and figures.tight(balanced, tensor, pipeline, micro, schedule):
+        if (
+            selective
+            and figures.fullest_stage(balanced, tensor, pipeline, micro, schedule) > TIGHT_SHARE * figures.capacity
+        ):
             modes.append("selective")
         if recompute and figures.over_cap(balanced, tensor, pipeline, micro, schedule, recompute=False):
             modes.append("full")
@@ -278,7 +279,7 @@ def _meshes_for(
             full = mode == "full"
             stage, split = balanced, "compute"
             if figures.over_cap(stage, tensor, pipeline, micro, schedule, recompute=full):
-                capped = _cut_under_cap(figures, cost, starts, tensor, pipeline, micro, schedule, full)
+                capped = cut_under_cap(figures, cost, starts, tensor, pipeline, micro, schedule, full)
                 if capped is not None:
                     stage, split = capped, "memory cap"
             out.append(
@@ -315,7 +316,7 @@ def pipeline_micro_batches(batch: int, pipeline: int) -> list[int]:
 
 
 def _accumulation(
-    figures: _LayerFigures, tensor: int, batch: int, *, accumulate: bool, selective: bool
+    figures: LayerFigures, tensor: int, batch: int, *, accumulate: bool, selective: bool
 ) -> list[tuple[int, str]]:
     """(micro-batches, recomputation): one micro-batch; selective recomputation where activations are
     tight; where a whole batch's activations do not fit, the fewest accumulated micro-batches that do (one,
@@ -336,180 +337,3 @@ def _accumulation(
 
 def _unique(meshes: list[MeshChoice]) -> list[MeshChoice]:
     return list(dict.fromkeys(meshes))
-
-
-class StageCuts:
-    """Compute-balanced stage cuts per (tensor degree, chunks), worked out once per search."""
-
-    def __init__(self, context: SimContext, rules: Rules) -> None:
-        self.figures = _LayerFigures(context)
-        self.starts = np.asarray(rules.starts)
-        self._cuts: dict[tuple[int, int], tuple[int, ...]] = {}
-
-    def balanced(self, tensor: int, chunks: int) -> tuple[int, ...]:
-        if chunks <= 1:
-            return ()
-        key = (tensor, chunks)
-        found = self._cuts.get(key)
-        if found is None:
-            stage = _cut_by_compute(self.figures.cost(tensor), self.starts, chunks)
-            found = self._cuts[key] = tuple(int(s) for s in stage)
-        return found
-
-
-# --- stage splits -------------------------------------------------------------------------------------
-
-
-def _stages_from_cuts(cuts: np.ndarray, layers: int) -> np.ndarray:
-    """[L] stage per layer from the first layer of stages 1..P-1."""
-    stage = np.zeros(layers, dtype=np.int8)
-    for s, start in enumerate(cuts, start=1):
-        stage[start:] = s
-    return stage
-
-
-def _cut_by_compute(cost: np.ndarray, starts: np.ndarray, pipeline: int) -> np.ndarray:
-    """Cut at the unit boundaries nearest to equal shares of the work (every stage keeps a unit)."""
-    before = np.concatenate([[0.0], np.cumsum(cost)])[starts]
-    total = float(cost.sum())
-    cuts = []
-    low = 1
-    for k in range(1, pipeline):
-        high = len(starts) - (pipeline - k)
-        index = int(np.clip(np.argmin(np.abs(before - k * total / pipeline)), low, high))
-        cuts.append(starts[index])
-        low = index + 1
-    return _stages_from_cuts(np.array(cuts, dtype=np.intp), len(cost))
-
-
-def _cut_under_cap(
-    figures: _LayerFigures,
-    cost: np.ndarray,
-    starts: np.ndarray,
-    tensor: int,
-    pipeline: int,
-    micro: int,
-    schedule: Schedule,
-    recompute: bool,
-) -> np.ndarray | None:
-    """The most balanced cut whose stages all fit (bisection on the largest stage's work), or None."""
-    unit_cost = np.add.reduceat(cost, starts)
-    unit_static = np.add.reduceat(figures.static(tensor), starts)
-    unit_acts = np.add.reduceat(figures.activations(tensor, recompute), starts) / micro
-    capacity = figures.capacity - figures.peak(tensor, recompute) / micro
-    low, high = float(unit_cost.max()), float(unit_cost.sum())
-    best = _pack(unit_cost, unit_static, unit_acts, high, pipeline, micro, schedule, capacity)
-    if best is None:
-        return None
-    for _ in range(30):
-        middle = 0.5 * (low + high)
-        packed = _pack(unit_cost, unit_static, unit_acts, middle, pipeline, micro, schedule, capacity)
-        if packed is None:
-            low = middle
-        else:
-            best, high = packed, middle
-    return _stages_from_cuts(np.array([starts[u] for u in best], dtype=np.intp), len(cost))
-
-
-def _pack(
-    cost: np.ndarray,
-    static: np.ndarray,
-    acts: np.ndarray,
-    limit: float,
-    pipeline: int,
-    micro: int,
-    schedule: Schedule,
-    capacity: float,
-) -> list[int] | None:
-    """Greedy: fill stage s until its work passes `limit` or its memory the cap; the first unit of each
-    later stage, or None when P stages are not enough. Fewer stages are split up to P (which only
-    lowers the later stages' activations in flight)."""
-    cuts: list[int] = []
-    work = memory = 0.0
-    for u in range(len(cost)):
-        s = len(cuts)
-        flight = micro if schedule == Schedule.GPIPE else min(micro, pipeline - s)
-        need = static[u] + acts[u] * flight
-        if u > 0 and (work + cost[u] > limit or memory + need > capacity):
-            cuts.append(u)
-            s += 1
-            flight = micro if schedule == Schedule.GPIPE else min(micro, pipeline - s)
-            need = static[u] + acts[u] * flight
-            work = memory = 0.0
-        if need > capacity or len(cuts) >= pipeline:
-            return None
-        work += cost[u]
-        memory += need
-    free = [u for u in range(1, len(cost)) if u not in cuts]
-    while len(cuts) < pipeline - 1 and free:
-        cuts.append(free.pop())
-    return sorted(cuts) if len(cuts) == pipeline - 1 else None
-
-
-class _LayerFigures:
-    """Per layer, on the slowest compute device kind: work, and memory by tensor degree (for cutting),
-    against the room the smallest device leaves live tensors (`tensor_room`, as the simulator decides)."""
-
-    def __init__(self, context: SimContext) -> None:
-        self.context = context
-        kinds = context.device_kind[context.compute_device_indices]
-        self.kind = int(kinds[np.argmax(context.kind_slowness[kinds])])
-        self.capacity = float(tensor_room(context, kinds).min())
-        held = 2 * context.var_bytes + context.var_state_bytes
-        L = context.num_layers
-        self._split = (
-            np.bincount(context.var_layer, weights=held * context.var_tensor_split, minlength=L)
-            + context.layer_frozen_bytes * context.layer_tensor_split
-        )
-        self._whole = (
-            np.bincount(context.var_layer, weights=held * ~context.var_tensor_split, minlength=L)
-            + context.layer_frozen_bytes * ~context.layer_tensor_split
-        )
-
-    def cost(self, tensor: int) -> np.ndarray:
-        fwd, bwd = layer_times(self.context, self.kind, tensor, 1)
-        return fwd + bwd
-
-    def static(self, tensor: int) -> np.ndarray:
-        """[L] parameters, gradients and optimizer state a rank keeps for each layer."""
-        return self._split / tensor + self._whole
-
-    def activations(self, tensor: int, recompute: bool) -> np.ndarray:
-        """[L] activations a rank keeps for each layer over the whole per-replica batch (with
-        recomputation, a block's input at its first layer and nothing for the rest of it)."""
-        context = self.context
-        full = context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1)
-        return np.where(context.layer_recomputed, context.recompute_kept, full) if recompute else full
-
-    def peak(self, tensor: int, recompute: bool) -> float:
-        """With recomputation, the largest block's activations, rebuilt during its backward (whole batch)."""
-        if not recompute:
-            return 0.0
-        context = self.context
-        return float(
-            block_peak(context, context.activation_bytes / np.where(context.layer_sharded_input, tensor, 1))[0]
-        )
-
-    def tight(self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule) -> bool:
-        return self._per_stage(stage, tensor, pipeline, micro, schedule, recompute=False).max() > (
-            TIGHT_SHARE * self.capacity
-        )
-
-    def over_cap(
-        self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool
-    ) -> bool:
-        return bool(
-            (self._per_stage(stage, tensor, pipeline, micro, schedule, recompute=recompute) > self.capacity).any()
-        )
-
-    def _per_stage(
-        self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool
-    ) -> np.ndarray:
-        per_stage = np.bincount(stage, weights=self.static(tensor), minlength=pipeline)
-        acts = np.bincount(stage, weights=self.activations(tensor, recompute), minlength=pipeline) / micro
-        flight = (
-            np.full(pipeline, micro)
-            if schedule == Schedule.GPIPE
-            else np.minimum(micro, pipeline - np.arange(pipeline))
-        )
-        return per_stage + acts * flight + self.peak(tensor, recompute) / micro

@@ -33,7 +33,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer_service.search.dimensions import PRECISION_NAMES, RUNNERS, Rules, divisors, rules_for
-from optimizer_service.search.meshes import MeshChoice, StageCuts, mesh_choices, mesh_notes, pipeline_micro_batches
+from optimizer_service.search.meshes import MeshChoice, mesh_choices, mesh_notes, pipeline_micro_batches
+from optimizer_service.search.stage_cuts import StageCuts
 from simulator.context import SimContext, compile_context
 from simulator.encoding import CompressorKind, ConsistencyKind
 from stratagem.builders import ps_servers
