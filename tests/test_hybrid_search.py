@@ -219,3 +219,40 @@ def _backward_extra(context, *, tensor: int = 1, recompute: bool = False) -> flo
 
     shape = activations.Shape(tensor=tensor, recompute=recompute)
     return activations.backward_extra(context, shape, activations.held(context, shape))
+
+
+def test_under_a_global_batch_each_split_is_first_priced_at_a_variant_that_fits() -> None:
+    """A large model's pipelines fit only recomputed. Every split is priced once before any split's
+    second variant, so that first variant must be one the memory estimate fits: on a loaded machine a
+    2 s search priced 204 candidates for Megatron's 310B GPT on 1920 A100s, every split's first variant
+    unrecomputed and refused, and answered FSDP at a third of the published layout's speed."""
+    from layout_helpers import gpt_graph, gpu_cluster
+
+    from optimizer_service.search.dimensions import rules_for
+    from optimizer_service.search.stage_cuts import StageCuts
+    from simulator.encoding import Precision
+    from stratagem.ir.catalog import CATALOG
+
+    graph = gpt_graph(layers=8, batch=1, hidden=512, seq=1024)
+    h100 = CATALOG["H100"]
+    # 0.4 GB for tensors: a two-stage pipeline fits recomputed (0.27 GB) and not otherwise (0.49 GB).
+    tight = gpu_cluster(1, 8).replace(devices={"H100": h100.model_copy(update={"memory_bytes": 1.0e9 + 0.4e9 * 1.054})})
+    context = compile_context(graph, tight)
+    rules = rules_for(context, runner="engine", precision=Precision.BF16, global_batch=64)
+    cuts = StageCuts(context, rules)
+
+    def fits(mesh) -> bool:
+        samples = mesh.micro_batch_size / rules.graph_batch
+        return cuts.figures.fits_per_micro_batch(
+            mesh.layer_stage, mesh.tensor, mesh.pipeline, mesh.micro_batches, samples, recompute=mesh.recompute
+        )
+
+    first: dict[tuple[int, int], object] = {}
+    fitting: set[tuple[int, int]] = set()
+    for mesh in mesh_choices(context, rules, cuts)[1:]:
+        split = (mesh.tensor, mesh.pipeline)
+        first.setdefault(split, mesh)
+        if fits(mesh):
+            fitting.add(split)
+    assert (1, 2) in fitting and any(not fits(m) for m in mesh_choices(context, rules, cuts) if m.pipeline == 2)
+    assert all(fits(first[split]) for split in fitting)

@@ -21,7 +21,8 @@ For G compute devices, N per node, under the legal values of `dimensions.Rules`:
   one sample per micro-batch (the smallest bubble), the descent (`neighbours.py`) walks the size up;
 - recomputation: full where a layout's activations do not fit without it (it costs a forward per
   step); selective (only the attention cores: the largest activations for the least compute) wherever
-  activations are tight — more than `TIGHT_SHARE` of the device — and, under a global batch, always;
+  activations are tight — more than `TIGHT_SHARE` of the device — and, under a global batch, always,
+  each split's variants the memory estimate fits first;
 - schedule: 1F1B (GPipe where the micro-batches are fewer than the stages), and under a global batch
   interleaved 1F1B with two chunks per rank too;
 - sequence parallelism with every tensor degree > 1 under a global batch (Megatron's and torchtitan's
@@ -215,7 +216,21 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
                     )
                 )
     plain = [m for m in out if m.data == rules.devices and m.recompute_mode == "none"]
-    return plain + [m for m in out if m not in plain]
+    return plain + _fitting_first([m for m in out if m not in plain], cuts.figures, rules)
+
+
+def _fitting_first(meshes: list[MeshChoice], figures: LayerFigures, rules: Rules) -> list[MeshChoice]:
+    """Each split's variants with those the memory estimate fits first (stable otherwise): a split's first
+    variant is the one every split gets priced at before any split's second (`proposals._layout_order`),
+    and a large model's split without recomputation never fits. Selective recomputation counts as none."""
+
+    def fits(mesh: MeshChoice) -> bool:
+        samples = mesh.micro_batch_size / max(rules.graph_batch, 1)
+        return figures.fits_per_micro_batch(
+            mesh.layer_stage, mesh.tensor, mesh.pipeline, mesh.micro_batches, samples, recompute=mesh.recompute
+        )
+
+    return sorted(meshes, key=lambda mesh: not fits(mesh))
 
 
 def mesh_notes(context: SimContext, rules: Rules | None = None) -> list[str]:

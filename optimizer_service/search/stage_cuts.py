@@ -183,6 +183,19 @@ class LayerFigures:
             (self._per_stage(stage, tensor, pipeline, micro, schedule, recompute=recompute) > self.capacity).any()
         )
 
+    def fits_per_micro_batch(
+        self, chunks: tuple[int, ...], tensor: int, pipeline: int, micro: int, samples: float, *, recompute: bool
+    ) -> bool:
+        """Whether every pipeline rank's estimate fits with `micro` micro-batches of `samples` graph batches
+        each (a global batch's layouts): its chunks' (`chunks[layer]`, chunk c on rank c mod P) state,
+        plus 1F1B's in-flight micro-batches' activations, plus a recomputed block's rebuild."""
+        stage = np.asarray(chunks, dtype=np.intp) % pipeline if chunks else np.zeros(self.context.num_layers, np.intp)
+        static = np.bincount(stage, weights=self.static(tensor), minlength=pipeline)
+        acts = np.bincount(stage, weights=self.activations(tensor, recompute), minlength=pipeline) * samples
+        flight = np.minimum(micro, pipeline - np.arange(pipeline))
+        need = static + acts * flight + self.peak(tensor, recompute) * samples
+        return bool((need <= self.capacity).all())
+
     def _per_stage(
         self, stage: np.ndarray, tensor: int, pipeline: int, micro: int, schedule: Schedule, *, recompute: bool
     ) -> np.ndarray:
