@@ -106,6 +106,22 @@ def test_each_precision_s_gemms_run_at_the_rate_measured_for_it():
             assert achieved[Precision.FP8] == pytest.approx(fp8)
 
 
+def test_tf32_gemms_run_at_their_measured_rate_and_convolutions_keep_theirs():
+    """Without a TF32 figure the `tf32` precision ran at the IEEE fp32 GEMM's rate, an eighth of what an
+    Ampere or Hopper part's tensor cores give it. Convolutions, which every catalog GPU prices against
+    its TF32 peak, keep the rate measured for them under both fp32 and tf32."""
+    graph = make_mlp_graph(batch_size=8, widths=(64, 64, 10))
+    before = gpu_spec(FIGURES, name="NVIDIA H200", memory_bytes=141e9, gpus=[0])
+    after = gpu_spec(FIGURES | {"gemm_tf32_flops": 400e12}, name="NVIDIA H200", memory_bytes=141e9, gpus=[0])
+    assert "tf32" not in next(iter(before.devices.values())).peak_flops
+    for spec, tf32 in ((before, 50e12), (after, 400e12)):
+        rates = peaks(list(spec.devices.values()), graph.dtype)
+        matmul = rates.matmul[0] * rates.matmul_efficiency[0]
+        conv = rates.conv[0] * rates.conv_efficiency[0]
+        assert matmul[Precision.TF32] == pytest.approx(tf32) and matmul[Precision.FP32] == pytest.approx(50e12)
+        assert conv[Precision.FP32] == conv[Precision.TF32] == pytest.approx(120e12)
+
+
 def test_a_measured_launch_overhead_prices_a_small_model_slower_than_the_catalog():
     """The catalog's 5 µs per layer pass is what made one-rank H100 steps priced 2.7-61x too fast."""
     graph = make_mlp_graph(batch_size=8, widths=(256, 256, 10))

@@ -95,6 +95,8 @@ def test_a_real_gpu_calibrates_into_figures_near_its_kind():
         )
         if "float8" in catalog.peak_flops:  # Hopper and later: scaled fp8 GEMMs measured too
             assert 0.2 * catalog.peak_flops["float8"] < device.peak_flops["float8"] < 1.1 * catalog.peak_flops["float8"]
+        if "tf32" in catalog.peak_flops:  # Ampere and later: TF32 GEMMs on tensor cores
+            assert 0.2 * catalog.peak_flops["tf32"] < device.peak_flops["tf32"] < 1.1 * catalog.peak_flops["tf32"]
 
 
 def test_step_stats_on_cuda_leave_the_host_free_to_queue_ahead():

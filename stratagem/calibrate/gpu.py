@@ -165,8 +165,9 @@ def gpu_device_spec(
     figures: dict[str, Any], *, kind: str, memory_bytes: float, catalog: DeviceSpec | None = None
 ) -> DeviceSpec:
     """The measured rates as a GPU kind: the fp32 peak is the faster of matmul and convolution (cuDNN
-    convolves in TF32 by default where PyTorch's matmul does not), the half-precision and fp8 peaks are
-    the measured GEMM rates (tensor cores at `matmul_efficiency` 1), efficiencies are relative to them and
+    convolves in TF32 by default where PyTorch's matmul does not), the TF32, half-precision and fp8 peaks
+    are the measured GEMM rates (tensor cores at `matmul_efficiency` 1; convolutions, priced against the
+    TF32 peak where there is one, keep their measured rate), efficiencies are relative to them and
     to the copy bandwidth, clamped into (0, 1]. Without size laws (its probes all stream from device memory) and
     with the catalog's communication figures for the kind (what NCCL's kernels take from overlapped
     compute, NVLink SHARP) and its memory held beyond the tensors (the CUDA context, the caching
@@ -176,6 +177,9 @@ def gpu_device_spec(
     peaks = {"float32": peak, "bfloat16": figures["bf16_flops"], "float16": figures["bf16_flops"]}
     if "gemm_fp8_flops" in figures:
         peaks["float8"] = figures["gemm_fp8_flops"]
+    if "gemm_tf32_flops" in figures:
+        peaks["tf32"] = figures["gemm_tf32_flops"]
+    conv_peak = peaks.get("tf32", peak)
 
     def share(key: str) -> float:
         return fraction(figures[key] / bandwidth)
@@ -187,7 +191,7 @@ def gpu_device_spec(
         memory_bandwidth=bandwidth,
         matmul_efficiency=1.0,
         fp32_matmul_efficiency=matmul / peak,
-        conv_efficiency=conv / peak,
+        conv_efficiency=fraction(conv / conv_peak),
         elementwise_efficiency=share("elementwise_rate"),
         norm_efficiency=share("norm_rate"),
         launch_overhead_s=max(figures["layer_overhead_s"], 0.0),

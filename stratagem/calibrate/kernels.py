@@ -53,6 +53,12 @@ def fp8_gemms(device: str) -> bool:
     return True
 
 
+def tf32_gemms(device: str) -> bool:
+    """Whether `device` has TF32 tensor cores (CUDA compute capability 8.0 and up: Ampere and later); a
+    CPU has none, and PyTorch's flag changes nothing there."""
+    return device.startswith("cuda") and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def kernel_probes(stepper: Stepper, shapes: KernelShapes, device: str) -> dict[str, Callable[[], float]]:
     """Rates (FLOP/s) by name, each measured on call."""
     m, n, k = shapes.gemm
@@ -85,6 +91,10 @@ def kernel_probes(stepper: Stepper, shapes: KernelShapes, device: str) -> dict[s
         ),
         "attention_training_flops": lambda: (1.0 + 2.5) * causal_flops / stepper.median(attention_pass, budget_s=0.5),
     }
+    if tf32_gemms(device):
+        probes["gemm_tf32_flops"] = lambda: (
+            2.0 * m * n * k / stepper.median(_with_tf32(lambda: torch.mm(a32, b32)), budget_s=0.5)
+        )
     if fp8_gemms(device):
         a8 = a.to(torch.float8_e4m3fn)
         b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
@@ -122,10 +132,18 @@ def kernel_figures(
 
 def _without_tf32(run: Callable[[], object]) -> Callable[[], object]:
     """`run` with TF32 matmuls off, as PyTorch's default leaves them (an IEEE fp32 GEMM)."""
+    return _tf32_set(run, False)
 
+
+def _with_tf32(run: Callable[[], object]) -> Callable[[], object]:
+    """`run` with TF32 matmuls on, as the `tf32` precision sets them."""
+    return _tf32_set(run, True)
+
+
+def _tf32_set(run: Callable[[], object], allow: bool) -> Callable[[], object]:
     def once() -> object:
         before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = allow
         try:
             return run()
         finally:
