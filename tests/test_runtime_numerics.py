@@ -232,6 +232,45 @@ def test_bf16_puts_the_model_in_bf16_and_amp_keeps_fp32_parameters_with_fp32_out
     assert amp(images).dtype == torch.float32
 
 
+class Summed(nn.Module):
+    """Four weights, each used on its own, so each gradient is the same constant (2 per element)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Parameter(torch.ones(4, 2)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(((x @ w).sum() for w in (self.a, self.b, self.c, self.d)), torch.zeros((), dtype=x.dtype))
+
+
+@pytest.mark.parametrize("case", ["mixed", "fsdp"])
+def test_bf16_steps_fp32_master_weights_so_updates_below_its_resolution_add_up(one_rank, case: str) -> None:
+    """SGD at 5e-4 with gradient 2 moves 1.0 by 1e-3 a step, under half a bf16 step below 1 (2^-9):
+    a pure bf16 weight would stay 1.0 for ever. Ten steps move the fp32 masters to 0.99, whose nearest
+    bf16 is what every variable reads, whether all-reduced, split across a server, ZeRO-sharded or
+    served (`mixed`: one of each), or fully sharded by FSDP2."""
+    model = Summed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=5e-4)
+    if case == "mixed":
+        strategy = make_strategy("mixed", model, 1, precision="bf16")
+    else:
+        names = [n for n, _ in model.named_parameters()]
+        fsdp = [{"var_name": n, "synchronizer": {"kind": "sharded", "stage": 3}} for n in names]
+        strategy = Strategy.parse({"replicas": replicas(1), "variables": fsdp, "precision": "bf16"})
+    model, optimizer = distribute(model, optimizer, strategy)
+    x = torch.ones(2, 4)
+    for _ in range(10):
+        model(x).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    expected = torch.tensor(0.99).to(torch.bfloat16)
+    for name, p in model.named_parameters():
+        assert hasattr(p, "full_tensor") == (case == "fsdp")
+        value = p.detach().full_tensor() if case == "fsdp" else p.detach()
+        assert value.dtype == torch.bfloat16
+        assert torch.equal(value, torch.full_like(value, expected)), name
+
+
 def test_an_overflowed_fp16_step_changes_nothing_anywhere_and_halves_the_scale(one_rank) -> None:
     """All-reduce, ZeRO and parameter-server variables together (the `mixed` case): each kind skips."""
     batches = make_batches("cnn", steps=2, batch=8)

@@ -6,6 +6,8 @@ buckets, runs server and shard updates), then lets the user's optimizer update o
 every rank updates itself. Parameters updated elsewhere have their gradient hidden from it for the
 call, which every torch optimizer reads as "skip this parameter". Under `amp-fp16` a step whose
 gradients overflowed on any rank completes its communication and updates nothing (`LossScaler`).
+A 16-bit parameter (a `bf16` model's) is stepped through an fp32 master copy by a clone of the user's
+optimizer (`updates.MasterUpdater`), so its optimizer state is fp32 and lives with the clone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 from stratagem.runtime.executor import GradReadiness
 from stratagem.runtime.multi_optimizer import closure_loss
 from stratagem.runtime.stats import StatsRecorder, SyncStats
-from stratagem.runtime.updates import ReplicatedShards, skipping_updates
+from stratagem.runtime.updates import HALF_DTYPES, MasterUpdater, ReplicatedShards, skipping_updates
 
 if TYPE_CHECKING:
     from stratagem.runtime.precision import LossScaler
@@ -43,7 +45,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self._readiness = readiness
         self._replicated = replicated
-        self._local = {id(p) for p in local_params}
+        self._local = {id(p) for p in local_params if p.dtype not in HALF_DTYPES}
+        self._half = [p for p in local_params if p.dtype in HALF_DTYPES]
+        group_of = {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        self._masters = (
+            MasterUpdater(optimizer, [group_of[id(p)] for p in self._half], list(self._half)) if self._half else None
+        )
         self._stats = stats
         self.scaler = scaler
         """amp-fp16's loss scale (its `scale` and `skipped` steps), None under any other precision."""
@@ -80,6 +87,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             for p, grad in hidden:
                 p.grad = grad
+        if self._masters is not None:
+            self._masters.step([p.grad for p in self._half])
+            for p, master in zip(self._half, self._masters.masters, strict=True):
+                p.copy_(master)
 
     def detach(self) -> None:
         """Remove the gradient hooks (the model trains locally again)."""

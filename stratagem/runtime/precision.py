@@ -9,8 +9,9 @@
   fp32. Gradients are reduced in fp32. Under FSDP2 its `MixedPrecisionPolicy` gathers the sharded
   parameters in the half type and reduce-scatters gradients in fp32 (torchtitan's default).
 - `amp-fp16` adds dynamic loss scaling with `torch.amp.GradScaler`'s rule (`LossScaler`).
-- `bf16`: the model itself in bf16 (parameters, gradients, optimizer state, collectives); floating
-  inputs are cast to it and floating outputs back to fp32.
+- `bf16`: the model itself in bf16 (parameters, gradients, collectives), stepped through fp32 master
+  copies with fp32 optimizer state (`updates.MasterUpdater`); floating inputs are cast to it and
+  floating outputs back to fp32.
 - `fp8`: torchao's float8 training (per-tensor scaling) on the Linear layers, bf16 autocast elsewhere.
   It needs fp8 tensor cores (CUDA compute capability 8.9 or newer: L4, H100) and torchao; anything
   else is refused before any collective. With `fp8_all_gather`, the converted Linears' weights are

@@ -122,16 +122,26 @@ class DensePSBucket(Executor):
                     self.versions.append(self._version())
                     while len(self.versions) > self.lag + 1:
                         self.versions.popleft()
+                elif self._cast_on_pull:
+                    self.versions[0] = self._version()
         with stats.waiting(self.kind):
             values = self._pull()
         with torch.no_grad():
             for piece, value in zip(self.pieces, unflatten(values, self.shapes), strict=True):
                 piece.value().copy_(value)
 
+    @property
+    def _cast_on_pull(self) -> bool:
+        """fp32 masters of a 16-bit model: pulls send them in the model's dtype, a copy each step."""
+        return self.updater is not None and self.updater.masters[0].dtype != self.pieces[0].value().dtype
+
     def _version(self) -> torch.Tensor:
         """The values pulls send: under BSP the masters' own buffer, updated in place (no copy on the
-        server's critical path); with staleness a copy, kept until `lag` newer ones exist."""
+        server's critical path); with staleness, or cast to a 16-bit model's dtype, a copy, kept until
+        `lag` newer ones exist."""
         assert self.updater is not None and self.updater.flat is not None
+        if self._cast_on_pull:
+            return self.updater.flat.to(self.pieces[0].value().dtype)
         return self.updater.flat.clone() if self.lag else self.updater.flat
 
     def _collect(self) -> list[torch.Tensor]:
@@ -232,7 +242,7 @@ class SparsePSShard(Executor):
             self.updater.step([grad])
         after = master.index_select(0, candidates)
         changed = candidates[after.ne(before).reshape(candidates.numel(), -1).any(dim=1)]
-        return changed, master.index_select(0, changed)
+        return changed, master.index_select(0, changed).to(self.piece.value().dtype)
 
     def _pull(self, idx: torch.Tensor, vals: torch.Tensor) -> Rows:
         route = self.route

@@ -104,10 +104,12 @@ class ZeroBucket(Executor):
                 mine.div_(self.comm.world_size)
             self.updater.step([mine])
         master = self.updater.masters[0]
-        gathered = self.gathered.empty(self.padded_numel, master)
-        stats.add_bytes(self.kind, master.numel() * master.element_size())
+        dtype = self.pieces[0].value().dtype
+        sent = master if master.dtype == dtype else master.to(dtype)
+        gathered = self.gathered.empty(self.padded_numel, sent)
+        stats.add_bytes(self.kind, sent.numel() * sent.element_size())
         with stats.waiting(self.kind):
-            self.shard.all_gather_flat(gathered, master)
+            self.shard.all_gather_flat(gathered, sent)
         with torch.no_grad():
             for piece, value in zip(self.pieces, unflatten(gathered[: self.total], self.shapes), strict=True):
                 piece.value().copy_(value)

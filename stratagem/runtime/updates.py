@@ -6,12 +6,16 @@ hyper-parameters of the param group the original parameter belongs to. Hyper-par
 again before every step, so a learning-rate scheduler attached to the returned optimizer reaches the
 clones too. For elementwise optimizers (SGD, Adam, ...) this is exactly the whole-tensor update;
 `plan` refuses slicing anything else.
+
+The master of a 16-bit value (a `bf16` model's) is fp32, and so is its optimizer state: an update
+smaller than half a bf16 step (2^-9 of the value) would otherwise round away every step, which is why
+Megatron-LM and DeepSpeed keep fp32 masters and why the simulator prices them (`simulator.precision`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
 import torch
@@ -59,6 +63,15 @@ def _sync_hyperparameters(source: dict, target: dict) -> None:
             target[key] = value
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def master_copy(value: torch.Tensor) -> torch.Tensor:
+    """A master copy of `value`: fp32 for a 16-bit value, else the value's own dtype."""
+    detached = value.detach()
+    return detached.float() if detached.dtype in HALF_DTYPES else detached.clone()
+
+
 class MasterUpdater:
     """Master copies of some tensors and the optimizer clones that step them.
 
@@ -78,21 +91,21 @@ class MasterUpdater:
         """With `flat` (one dtype), the masters are views of this one buffer, which a server can send as
         it is instead of flattening its masters again every step."""
         if flat:
-            self.flat = flatten([v.detach() for v in values])
+            self.flat = flatten([master_copy(v) for v in values])
             self.masters = unflatten(self.flat, [v.shape for v in values])
         else:
-            self.masters = [v.detach().clone() for v in values]
+            self.masters = [master_copy(v) for v in values]
         by_group: dict[int, list[torch.Tensor]] = {}
         for group_index, master in zip(group_indices, self.masters, strict=True):
             by_group.setdefault(group_index, []).append(master)
         self.clones = {gi: clone_optimizer(optimizer, gi, tensors) for gi, tensors in by_group.items()}
 
-    def step(self, grads: list[torch.Tensor]) -> None:
-        """One optimizer step of every master with the given gradients (dense or sparse)."""
+    def step(self, grads: Sequence[torch.Tensor | None]) -> None:
+        """One optimizer step of every master with the given gradients (dense or sparse; None skips one)."""
         if _SKIPPING.get():
             return
         for master, grad in zip(self.masters, grads, strict=True):
-            master.grad = grad
+            master.grad = grad if grad is None or grad.dtype == master.dtype else grad.to(master.dtype)
         for gi, clone in self.clones.items():
             _sync_hyperparameters(self.optimizer.param_groups[gi], clone.param_groups[0])
             clone.step()
