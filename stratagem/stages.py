@@ -9,6 +9,8 @@ the forward + backward FLOPs as near equal as those places allow, and at least o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from stratagem.errors import InvalidLayoutError, Problem
@@ -75,14 +77,20 @@ def cut_stages(graph: ModelGraph, chunks: int, *, points: list[int] | None = Non
     work = np.array([layer.fwd_flops + layer.bwd_flops for layer in graph.layers], dtype=np.float64)
     if work.sum() <= 0:
         work = np.ones(len(names))
-    before = np.concatenate([[0.0], np.cumsum(work)])[np.array(points)]
+    bounds = [0, *balanced_cuts(work, points, chunks), len(names)]
+    return [names[bounds[s] : bounds[s + 1]] for s in range(chunks)]
+
+
+def balanced_cuts(work: np.ndarray, points: Sequence[int] | np.ndarray, chunks: int, *, first: int = 0) -> list[int]:
+    """The `chunks` - 1 cut points (layer indices) of `points[first:]` nearest to equal shares of the
+    per-layer `work`, in order, each later than the one before and leaving every chunk a point."""
+    before = np.concatenate([[0.0], np.cumsum(work)])[np.asarray(points)]
     total = float(work.sum())
     cuts: list[int] = []
-    low = 0
+    low = first
     for k in range(1, chunks):
         high = len(points) - (chunks - k)
         index = int(np.clip(np.argmin(np.abs(before - k * total / chunks)), low, high))
-        cuts.append(points[index])
+        cuts.append(int(points[index]))
         low = index + 1
-    bounds = [0, *cuts, len(names)]
-    return [names[bounds[s] : bounds[s + 1]] for s in range(chunks)]
+    return cuts

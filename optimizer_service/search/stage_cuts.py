@@ -16,6 +16,7 @@ from simulator.context import SimContext
 from simulator.encoding import Schedule
 from simulator.memory import tensor_room
 from simulator.pipeline import block_peak
+from stratagem.stages import balanced_cuts
 
 __all__ = ["LayerFigures", "StageCuts", "cut_by_compute", "cut_under_cap"]
 
@@ -51,16 +52,9 @@ def _stages_from_cuts(cuts: np.ndarray, layers: int) -> np.ndarray:
 
 
 def cut_by_compute(cost: np.ndarray, starts: np.ndarray, pipeline: int) -> np.ndarray:
-    """Cut at the unit boundaries nearest to equal shares of the work (every stage keeps a unit)."""
-    before = np.concatenate([[0.0], np.cumsum(cost)])[starts]
-    total = float(cost.sum())
-    cuts = []
-    low = 1
-    for k in range(1, pipeline):
-        high = len(starts) - (pipeline - k)
-        index = int(np.clip(np.argmin(np.abs(before - k * total / pipeline)), low, high))
-        cuts.append(starts[index])
-        low = index + 1
+    """Cut at the unit boundaries nearest to equal shares of the work (every stage keeps a unit; the
+    first unit starts at layer 0, so no cut is made there)."""
+    cuts = balanced_cuts(cost, starts, pipeline, first=1)
     return _stages_from_cuts(np.array(cuts, dtype=np.intp), len(cost))
 
 
