@@ -237,35 +237,38 @@ _VOLTA = {
 """V100: 80 SMs (NVIDIA Tesla V100 white paper). Tensor-core GEMMs: no published MAMF measurement; 0.75,
 below the A100's and H100's measured 0.80-0.86. IEEE fp32 GEMMs on CUDA cores keep their FMA pipes busier
 than tensor cores can be fed: 0.9 of the 15.7 TFLOP/s peak, fitted on the DeepSpeed BERT rows (docs/simulator.md)."""
+LAYER_SHAPE_GEMMS = 39.09 / 41.37
+"""A transformer layer's GEMMs against mamf-finder's best shape: the 20 bf16 GEMMs of a Llama 3.1 8B layer
+(forward, input and weight gradients of its five projections, at 16k tokens and at tensor degree 8) took
+41.37 ms on an H200 at its power limit where 0.851 of the burst peak, sustained, prices 39.09
+(`benchmarks.gpu_kernel_shapes`, benchmarks/results/gpu_kernel_shapes_h200.json). The A100's figure is
+mamf-finder's best shape too and takes the same ratio (no A100 was measured), as it takes
+`SUSTAINED_MATMUL`."""
 _AMPERE = {
     "sm_count": 108,
-    "matmul_efficiency": 0.869,
+    "matmul_efficiency": 0.869 * LAYER_SHAPE_GEMMS,
     "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.6,
     "attention_backward_efficiency": 0.5,
 }
-"""A100: 108 SMs; bf16 GEMMs reach 271.2 of 312 TFLOP/s in a burst (Bekman, ml-engineering, "Maximum Achievable
-Matmul FLOPS", A100 SXM, torch 2.6), `SUSTAINED_MATMUL` of that at the power limit; FlashAttention-2 reaches 50-73% of peak forward and less backward (Dao 2023,
-Figs. 4-7; 0.6 and 0.5 for head dimensions 64-128)."""
-HOPPER_SHAPE_GEMMS = 39.09 / 41.37
-"""A transformer layer's GEMMs against mamf-finder's best shape: the 20 bf16 GEMMs of a Llama 3.1 8B layer
-(forward, input and weight gradients of its five projections, at 16k tokens and at tensor degree 8) took
-41.37 ms on an H200 at its power limit where 0.851 of the burst peak, sustained, prices 39.09
-(`benchmarks.gpu_kernel_shapes`, benchmarks/results/gpu_kernel_shapes_h200.json)."""
+"""A100: 108 SMs; bf16 GEMMs reach 271.2 of 312 TFLOP/s in a burst at their best shape (Bekman, ml-engineering,
+"Maximum Achievable Matmul FLOPS", A100 SXM, torch 2.6), a layer's shapes `LAYER_SHAPE_GEMMS` of that,
+`SUSTAINED_MATMUL` of it at the power limit; FlashAttention-2 reaches 50-73% of peak forward and less
+backward (Dao 2023, Figs. 4-7; 0.6 and 0.5 for head dimensions 64-128)."""
 HOPPER_FP8_OVER_BF16 = 0.868
 """Share of the fp8 peak over the share of the bf16 peak that the same GEMMs reach: the ten forward
 projections of that layer as `torch._scaled_mm` took 8.01 ms where bf16 took 13.92, against half of it
 at twice the rate (the same run)."""
 _HOPPER = {
     "sm_count": 132,
-    "matmul_efficiency": 0.851 * HOPPER_SHAPE_GEMMS,
-    "fp8_matmul_efficiency": 0.851 * HOPPER_SHAPE_GEMMS * HOPPER_FP8_OVER_BF16,
+    "matmul_efficiency": 0.851 * LAYER_SHAPE_GEMMS,
+    "fp8_matmul_efficiency": 0.851 * LAYER_SHAPE_GEMMS * HOPPER_FP8_OVER_BF16,
     "sustained_matmul": SUSTAINED_MATMUL,
     "attention_efficiency": 0.35,
     "attention_backward_efficiency": 0.3,
 }
 """H100/H200: 132 SMs; bf16 GEMMs reach 841.9 of 989 TFLOP/s in a burst at their best shape (the same table,
-H200 SXM, torch 2.13; 792-795 on H100 SXM with older stacks), a layer's shapes `HOPPER_SHAPE_GEMMS` of
+H200 SXM, torch 2.13; 792-795 on H100 SXM with older stacks), a layer's shapes `LAYER_SHAPE_GEMMS` of
 that, `SUSTAINED_MATMUL` of it at the power limit; fp8 GEMMs `HOPPER_FP8_OVER_BF16` of bf16's share. The
 FlashAttention-2 kernel that SDPA runs reaches about 35% of peak on H100 forward and 30% backward (Shah
 et al. 2024, FlashAttention-3, abstract and Fig. 5); on an H200 at its power limit SDPA's flash kernel
