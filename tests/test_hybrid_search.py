@@ -3,6 +3,8 @@ cannot fit; the simulator prices what those layouts change (fast: hand-built gra
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from search_graphs import cluster, transformer_graph
@@ -117,7 +119,9 @@ def test_the_search_picks_a_hybrid_layout_or_fsdp_when_data_parallel_does_not_fi
     assert mesh.tensor > 1 or mesh.pipeline > 1 or best.pipeline is not None or fully_sharded
     assert best.validate_for(graph, resources).tensor_parallel or mesh.tensor == 1
     why = best.provenance.search["why"]
-    assert "Plain data parallel does not fit" in why
+    assert "Plain data parallel does not fit: needs" in why
+    for neighbour, winner in re.findall(r"\(([^()]*) instead of ([^()]*)\)", why):
+        assert neighbour != winner, why  # the change it names is a change
     assert "data(" in why or "FSDP (ZeRO-3)" in why
 
 

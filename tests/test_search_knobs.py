@@ -18,6 +18,7 @@ from optimizer_service.search.difference import difference
 from optimizer_service.search.guard import respects_options
 from optimizer_service.search.neighbours import (
     DIMENSIONS,
+    ZERO_DIMENSIONS,
     changes,
     dimension_words,
     mesh_of_row,
@@ -154,8 +155,27 @@ def test_the_explanation_names_each_new_knob_like_the_other_dimensions() -> None
     off = rows.take([j for j, c in enumerate(found) if c.dimension == "async tensor parallel"])
     assert len(off) and not off.async_tp.any() and off.compile.all(), "switching it off keeps compile"
     record = difference(space, batch, 0)
-    assert record is not None and record["dimension"] in {*DIMENSIONS, "shard group"}
+    assert record is not None and record["dimension"] in {*DIMENSIONS, *ZERO_DIMENSIONS["zero"]}
     assert "fp8 all-gathers" in record["layout"] and "sequence parallel (async)" in record["layout"]
+
+
+def test_a_partly_sharded_row_names_which_variables_its_neighbour_shards() -> None:
+    """Sharding every dense variable, where a row shards all but some, keeps the ZeRO stage: the
+    explanation calls it a change of which variables are sharded, not of the stage."""
+    graph, resources = llama_graph(batch=1, seq=64), gpu_cluster(1, 8)
+    space = Space(compile_context(graph, resources), SearchOptions(runner="engine", global_batch=32))
+    batch = CandidateBatch.allocate(space.context, 1)
+    mesh_row(1, sharded=True, stage=2)(space, batch, np.array([0]))
+    dense = np.flatnonzero(~space.context.var_sparse)
+    batch.kind[0, dense[0]] = SyncKind.ALLREDUCE
+    zero = zero_of_row(space, batch, 0)
+    assert zero.mixed and zero.stage == 2
+    found = [c for c in changes(space, batch, 0) if c.dimension == "sharded variables"]
+    assert len(found) == 1 and found[0].zero is not None and found[0].zero.stage == 2
+    mesh = mesh_of_row(space, batch, 0)
+    assert value_words("sharded variables", mesh, zero) == f"{len(dense) - 1} of {len(dense)} dense variables sharded"
+    assert value_words("sharded variables", mesh, found[0].zero) == "every dense variable sharded"
+    assert dimension_words("sharded variables") == "which dense variables are ZeRO-sharded"
 
 
 def test_the_space_counts_the_new_knobs() -> None:

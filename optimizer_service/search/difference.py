@@ -48,6 +48,7 @@ PARTS = {
 FIT_ORDER = (
     "recompute",
     "zero",
+    "sharded variables",
     "shard group",
     "fp8 all-gather",
     "micro-batch",

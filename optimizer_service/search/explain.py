@@ -216,7 +216,8 @@ def why(
             "global batch per step)."
         )
     elif data_parallel is not None:
-        sentences.append(f"Plain data parallel does not fit: {data_parallel.infeasible_reason}.")
+        reason = (data_parallel.infeasible_reason or "").removeprefix("does not fit: ")
+        sentences.append(f"Plain data parallel does not fit: {reason}.")
     if best_builder is not None and builder_name != best_builder[0] and best_builder[1].feasible:
         name, pred = best_builder
         sentences.append(

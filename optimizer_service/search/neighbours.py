@@ -127,8 +127,9 @@ DIMENSIONS = (
     "zero",
     "fp8 all-gather",
 )
-ZERO_DIMENSIONS = {"zero": ("zero", "shard group"), "fp8 all-gather": ("fp8 all-gather",)}
-"""The dimensions of the ZeRO setting, by the name a move draws (`zero` covers the shard group too)."""
+ZERO_DIMENSIONS = {"zero": ("zero", "sharded variables", "shard group"), "fp8 all-gather": ("fp8 all-gather",)}
+"""The dimensions of the ZeRO setting, by the name a move draws (`zero` covers which dense variables are
+sharded and the shard group too)."""
 
 
 def changes(space: Space, batch: CandidateBatch, i: int, only: str | None = None) -> list[Change]:
@@ -236,7 +237,7 @@ def zero_neighbours(space: Space, mesh: MeshChoice, zero: Zero) -> list[tuple[st
     out = [("zero", replace(zero, stage=stage, fp8_gather=False)) for stage in (1, 2, 3) if stage != zero.stage]
     out.append(("zero", Zero(0)))
     if zero.mixed:
-        out.append(("zero", Zero(zero.stage, zero.shard_group, fp8_gather=zero.fp8_gather)))
+        out.append(("sharded variables", Zero(zero.stage, zero.shard_group, fp8_gather=zero.fp8_gather)))
     out += [("shard group", replace(zero, shard_group=g)) for g in groups if g != zero.shard_group]
     if zero.stage == 3 and space.rules.fp8_gather_ok(mesh.precision):
         out.append(("fp8 all-gather", replace(zero, fp8_gather=not zero.fp8_gather)))
@@ -380,6 +381,7 @@ DIMENSION_WORDS = {
     "compile": "compiling the blocks",
     "precision": "the precision",
     "zero": "the ZeRO stage",
+    "sharded variables": "which dense variables are ZeRO-sharded",
     "shard group": "the hybrid shard group",
     "fp8 all-gather": "gathering fp8 weights in fp8",
 }
@@ -428,4 +430,8 @@ def value_words(dimension: str, mesh: MeshChoice, zero: Zero) -> str:
         return PRECISION_LABELS[Precision(mesh.precision)]
     if dimension == "fp8 all-gather":
         return "fp8 all-gathers" if zero.fp8_gather else "bf16 all-gathers"
+    if dimension == "sharded variables":
+        return (
+            f"{zero.sharded} of {zero.dense} dense variables sharded" if zero.mixed else "every dense variable sharded"
+        )
     return zero.words()
