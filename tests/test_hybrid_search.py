@@ -10,7 +10,7 @@ import pytest
 from search_graphs import cluster, transformer_graph
 
 from optimizer_service.search import search
-from optimizer_service.search.meshes import mesh_choices
+from optimizer_service.search.meshes import estimated_to_fit, mesh_choices
 from optimizer_service.search.moves import mutate
 from optimizer_service.search.proposals import autosync_samples
 from optimizer_service.search.space import Space
@@ -246,10 +246,7 @@ def test_under_a_global_batch_each_split_is_first_priced_at_a_variant_that_fits(
     cuts = StageCuts(context, rules)
 
     def fits(mesh) -> bool:
-        samples = mesh.micro_batch_size / rules.graph_batch
-        return cuts.figures.fits_per_micro_batch(
-            mesh.layer_stage, mesh.tensor, mesh.pipeline, mesh.micro_batches, samples, recompute=mesh.recompute
-        )
+        return estimated_to_fit(mesh, cuts.figures, rules)
 
     first: dict[tuple[int, int], object] = {}
     fitting: set[tuple[int, int]] = set()

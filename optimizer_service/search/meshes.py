@@ -57,7 +57,7 @@ from simulator.encoding import Precision, Schedule
 from stratagem.parallel_rules import graph_accumulation_refusal, graph_pipeline_refusal
 from stratagem.tensor_plan import candidate_splits
 
-__all__ = ["MAX_STAGES", "MeshChoice", "mesh_choices", "mesh_notes"]
+__all__ = ["MAX_STAGES", "MeshChoice", "estimated_to_fit", "mesh_choices", "mesh_notes"]
 
 MICRO_FACTORS = (1, 2, 4, 8)
 """Micro-batches per stage tried with a pipeline: m = factor × P (the bubble is (P-1)/(m+P-1))."""
@@ -222,15 +222,17 @@ def _global_meshes(context: SimContext, rules: Rules, cuts: StageCuts) -> list[M
 def _fitting_first(meshes: list[MeshChoice], figures: LayerFigures, rules: Rules) -> list[MeshChoice]:
     """Each split's variants with those the memory estimate fits first (stable otherwise): a split's first
     variant is the one every split gets priced at before any split's second (`proposals._layout_order`),
-    and a large model's split without recomputation never fits. Selective recomputation counts as none."""
+    and a large model's split without recomputation never fits."""
+    return sorted(meshes, key=lambda mesh: not estimated_to_fit(mesh, figures, rules))
 
-    def fits(mesh: MeshChoice) -> bool:
-        samples = mesh.micro_batch_size / max(rules.graph_batch, 1)
-        return figures.fits_per_micro_batch(
-            mesh.layer_stage, mesh.tensor, mesh.pipeline, mesh.micro_batches, samples, recompute=mesh.recompute
-        )
 
-    return sorted(meshes, key=lambda mesh: not fits(mesh))
+def estimated_to_fit(mesh: MeshChoice, figures: LayerFigures, rules: Rules) -> bool:
+    """Whether a global batch's layout fits by the cutting estimate (selective recomputation counts as
+    none); the simulator decides what fits."""
+    samples = mesh.micro_batch_size / max(rules.graph_batch, 1)
+    return figures.fits_per_micro_batch(
+        mesh.layer_stage, mesh.tensor, mesh.pipeline, mesh.micro_batches, samples, recompute=mesh.recompute
+    )
 
 
 def mesh_notes(context: SimContext, rules: Rules | None = None) -> list[str]:

@@ -47,10 +47,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._replicated = replicated
         self._local = {id(p) for p in local_params if p.dtype not in HALF_DTYPES}
         self._half = [p for p in local_params if p.dtype in HALF_DTYPES]
-        group_of = {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
-        self._masters = (
-            MasterUpdater(optimizer, [group_of[id(p)] for p in self._half], list(self._half)) if self._half else None
-        )
+        self._masters = _master_updater(optimizer, self._half) if self._half else None
         self._stats = stats
         self.scaler = scaler
         """amp-fp16's loss scale (its `scale` and `skipped` steps), None under any other precision."""
@@ -98,3 +95,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self.optimizer!r})"
+
+
+def _master_updater(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> MasterUpdater:
+    """fp32 masters of 16-bit parameters, each stepped with its own param group's hyper-parameters."""
+    group_of = {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    return MasterUpdater(optimizer, [group_of[id(p)] for p in params], list(params))
