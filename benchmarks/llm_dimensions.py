@@ -39,7 +39,7 @@ from typing import Any
 from benchmarks.lib import published_rows
 from benchmarks.lib.published_capture import capture
 from benchmarks.lib.published_layouts import FUSED_KERNELS, precision, recompute
-from benchmarks.lib.published_models import model_spec
+from benchmarks.lib.published_models import model_spec, training_graph
 from optimizer_service.search import search
 from simulator import SIMULATOR_VERSION
 from stratagem import Layout, predict
@@ -261,10 +261,11 @@ def run_row(row: Row, budget: float, graphs: dict[tuple, ModelGraph]) -> dict[st
 
 
 def captured(row: Row, graphs: dict[tuple, ModelGraph]) -> ModelGraph:
+    """The row's graph at one sample, stepping the optimizer as the row's engine does."""
     key = (row.published.model, row.seq)
     if key not in graphs:
         graphs[key] = capture(replace(model_spec(row.published), batch=1))
-    return graphs[key]
+    return training_graph(graphs[key], row.published)
 
 
 def rows_70b_64(rows: list[Row]) -> Iterator[Row]:

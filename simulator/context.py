@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.devices import LOOP_UPDATE_KERNELS, DeviceArrays, device_arrays, kinds_of
+from simulator.devices import DeviceArrays, UpdateKernels, device_arrays, kinds_of
 from simulator.layers import LayerArrays, layer_arrays
 from simulator.variables import VariableArrays, variable_arrays
 from stratagem.ir import ModelGraph, ResourceSpec, TensorParallelLayer
@@ -68,10 +68,8 @@ class SimContext(DeviceArrays, VariableArrays, LayerArrays):
 def compile_context(graph: ModelGraph, resources: ResourceSpec) -> SimContext:
     """Everything per-graph and per-cluster, computed once; candidates then cost only array work."""
     layers = layer_arrays(graph)
-    loop = graph.optimizer.implementation == "for-loop" or any(v.sparse for v in graph.variables)
-    kinds, device_kind = kinds_of(
-        resources, graph.dtype.value, loop=loop, loop_kernels=LOOP_UPDATE_KERNELS[graph.optimizer.kind]
-    )
+    update = UpdateKernels.of(graph.optimizer, sparse=any(v.sparse for v in graph.variables))
+    kinds, device_kind = kinds_of(resources, graph.dtype.value, update)
     variables = variable_arrays(graph, layers.layer_index, kinds)
     devices = device_arrays(resources, kinds, device_kind, total_flops=layers.fwd_flops.sum() + layers.bwd_flops.sum())
     return SimContext(

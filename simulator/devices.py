@@ -12,6 +12,7 @@ from simulator import collectives
 from simulator.precision import Peaks, peaks
 from stratagem.errors import InvalidResourceSpecError, Problem
 from stratagem.ir import DeviceSpec, Node, ResourceSpec
+from stratagem.ir.graph import OPTIMIZER_STATE_SLOTS, OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,9 @@ class DeviceArrays:
         return np.add.reduceat(per_device, self.node_starts, axis=1)
 
 
+UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
+"""The bytes an optimizer update is counted: the parameter in and out and the gradient in (3 x parameter
+bytes), and the optimizer state in and out (2 x state bytes); what a fused update moves."""
 LOOP_UPDATE_KERNELS: dict[str, int] = {
     "sgd": 1,
     "momentum": 3,
@@ -147,13 +151,52 @@ without weight decay for the L2 optimizers): SGD's `add_`; momentum's `mul_`, `a
 `lerp_` for the first moment, `mul_` and `addcmul_` for the second, `sqrt`, `div` and `add_` for the
 denominator and `addcdiv_` for the step, AdamW's decoupled decay beside them (transformers 4.12's `AdamW`
 launches the same); LAMB's trust ratio adds two norms and their quotient."""
+UNFUSED_UPDATE_BYTES: dict[str, float] = {
+    "sgd": 12.0,
+    "momentum": 32.0,
+    "adagrad": 44.0,
+    "rmsprop": 52.0,
+    "adam": 72.0,
+    "adamw": 80.0,
+    "lamb": 88.0,
+}
+"""Bytes per fp32 parameter that the kernels of `LOOP_UPDATE_KERNELS` move, each reading its operands and
+writing its result (the multi-tensor path runs the same kernels over lists): Adam's `lerp_` 12, `mul_` 8,
+`addcmul_` 12, `sqrt`, `div` and `add_` 8 each, `addcdiv_` 16; AdamW's decay 8 more; momentum's `mul_` 8
+and two `add_` 12 each. A fused update moves the counted 3 x parameter + 2 x state bytes (28 for Adam), so
+an unfused Adam moves 72 / 28 = 2.6 times what it is counted. An H200's calibration timed PyTorch's
+default (foreach) Adam at 0.197 of its measured bandwidth on the counted bytes, where its element-wise
+kernels reached 0.643: 0.643 x 28 / 72 = 0.25 prices it (benchmarks/results/gpu_one_rank_h200.json)."""
 
 
-def kinds_of(resources: ResourceSpec, dtype: str, *, loop: bool, loop_kernels: int) -> tuple[DeviceKinds, np.ndarray]:
-    """The device kinds of the cluster's devices, and each device's kind index. `loop`: the optimizer
-    steps one tensor at a time, launching `loop_kernels` element-wise kernels for each (`_tensor_seconds`)."""
+@dataclass(frozen=True)
+class UpdateKernels:
+    """How the graph's optimizer update runs (`OptimizerSpec.implementation`), as the kinds price it."""
+
+    loop: bool
+    """One tensor at a time (`for-loop`, or a parameter group holding a sparse gradient)."""
+    fused: bool
+    """One kernel over the counted bytes."""
+    loop_kernels: int
+    """Element-wise kernels the loop launches per tensor (`LOOP_UPDATE_KERNELS`)."""
+    counted_share: float
+    """The counted bytes over the bytes the unfused kernels move (28 / 72 for Adam)."""
+
+    @classmethod
+    def of(cls, optimizer: OptimizerSpec, *, sparse: bool) -> UpdateKernels:
+        counted = UPDATE_PARAM_PASSES * 4.0 + UPDATE_STATE_PASSES * 4.0 * OPTIMIZER_STATE_SLOTS[optimizer.kind]
+        return cls(
+            loop=optimizer.implementation == "for-loop" or sparse,
+            fused=optimizer.implementation == "fused" and not sparse,
+            loop_kernels=LOOP_UPDATE_KERNELS[optimizer.kind],
+            counted_share=counted / UNFUSED_UPDATE_BYTES[optimizer.kind],
+        )
+
+
+def kinds_of(resources: ResourceSpec, dtype: str, update: UpdateKernels) -> tuple[DeviceKinds, np.ndarray]:
+    """The device kinds of the cluster's devices, and each device's kind index."""
     kind_names, device_kind = _device_kinds(resources, resources.all_devices)
-    return _kinds_table(resources, kind_names, dtype, loop=loop, loop_kernels=loop_kernels), device_kind
+    return _kinds_table(resources, kind_names, dtype, update), device_kind
 
 
 def device_arrays(
@@ -202,15 +245,29 @@ def _device_kind_name(resources: ResourceSpec, node: Node, device: str) -> str:
     return "CPU"
 
 
-def _tensor_seconds(spec: DeviceSpec, *, loop: bool, loop_kernels: int) -> float:
+def _tensor_seconds(spec: DeviceSpec, update: UpdateKernels) -> float:
     """Seconds an update pays per tensor beyond its bytes: the loop figure calibration measured; on a GPU
     without one, a for-loop update's kernels, each as long as the host takes to issue it (they are far
     shorter on the device); else the kind's multi-tensor figure (0 on a GPU)."""
-    if loop and spec.optimizer_loop_tensor_s is not None:
+    if update.loop and spec.optimizer_loop_tensor_s is not None:
         return spec.optimizer_loop_tensor_s
-    if loop and spec.is_gpu:
-        return loop_kernels * spec.launch_overhead_s
+    if update.loop and spec.is_gpu:
+        return update.loop_kernels * spec.launch_overhead_s
     return spec.optimizer_tensor_s or 0.0
+
+
+def _update_efficiency(spec: DeviceSpec, update: UpdateKernels) -> float:
+    """Fraction of bandwidth an update reaches on its counted bytes: a fused update is one element-wise
+    pass over them; an unfused one runs at the kind's measured figure, else, on a GPU, at the element-wise
+    rate over the bytes its kernels move (each kernel streams its operands from memory). A CPU's passes
+    over a small tensor hit its caches, and `optimizer_knee_bytes` prices the tensors that do not."""
+    if update.fused:
+        return spec.elementwise_efficiency
+    if spec.optimizer_efficiency is not None:
+        return spec.optimizer_efficiency
+    if spec.is_gpu:
+        return spec.elementwise_efficiency * update.counted_share
+    return spec.elementwise_efficiency
 
 
 def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str], np.ndarray]:
@@ -224,12 +281,11 @@ def _device_kinds(resources: ResourceSpec, devices: list[str]) -> tuple[list[str
     return names, kind
 
 
-def _kinds_table(
-    resources: ResourceSpec, names: list[str], dtype: str, *, loop: bool, loop_kernels: int
-) -> DeviceKinds:
+def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, update: UpdateKernels) -> DeviceKinds:
     """The kinds' figures as arrays. A graph whose optimizer runs one tensor at a time (`for-loop`), or
     with a sparse gradient (PyTorch's multi-tensor optimizers fall back to the loop for a parameter group
-    holding one), pays the kind's loop figure per tensor (`_tensor_seconds`)."""
+    holding one), pays the kind's loop figure per tensor (`_tensor_seconds`); a fused update streams its
+    bytes at the element-wise rate (`_update_efficiency`)."""
     specs = []
     for i, name in enumerate(names):
         try:
@@ -248,7 +304,7 @@ def _kinds_table(
         memory_bytes=np.array([s.memory_bytes for s in specs]),
         conv_efficiency=np.array([s.conv_efficiency or s.matmul_efficiency for s in specs]),
         norm_efficiency=np.array([s.norm_efficiency or s.elementwise_efficiency for s in specs]),
-        optimizer_efficiency=np.array([s.optimizer_efficiency or s.elementwise_efficiency for s in specs]),
+        optimizer_efficiency=np.array([_update_efficiency(s, update) for s in specs]),
         stream_efficiency=np.array([s.stream_efficiency or s.elementwise_efficiency for s in specs]),
         cast_efficiency=np.array([s.cast_efficiency or s.elementwise_efficiency for s in specs]),
         select_efficiency=np.array([s.select_efficiency or s.elementwise_efficiency for s in specs]),
@@ -260,7 +316,7 @@ def _kinds_table(
         scatter_efficiency=np.array([s.scatter_efficiency or 1.0 for s in specs]),
         gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
         half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
-        optimizer_tensor_s=np.array([_tensor_seconds(s, loop=loop, loop_kernels=loop_kernels) for s in specs]),
+        optimizer_tensor_s=np.array([_tensor_seconds(s, update) for s in specs]),
         reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),

@@ -35,10 +35,10 @@ import numpy as np
 
 from simulator import activations, schedules
 from simulator.context import SimContext
+from simulator.devices import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES
 from simulator.encoding import CandidateBatch, Precision, SyncKind
 from simulator.pipeline import ComputePhase, block_peak
 from simulator.topology import Topology
-from simulator.variables import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES
 
 # Columns of the per-variable figures summed by synchronizer kind.
 PARAM_SPLIT, PARAM_REST, STATE_SPLIT, STATE_REST, UPDATE_SPLIT, UPDATE_REST = range(6)

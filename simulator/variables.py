@@ -9,14 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.compression import CompressionTables, VariableFigures, tables
-from simulator.devices import DeviceKinds
+from simulator.devices import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES, DeviceKinds
 from simulator.layers import splits
 from simulator.precision import PrecisionTable, precision_table
 from stratagem.ir import ModelGraph
 
-UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES = 3.0, 2.0
-"""An optimizer update streams the parameter in and out and the gradient in (3 x parameter bytes), and
-the optimizer state in and out (2 x state bytes)."""
 SPARSE_INDEX_BYTES = 8.0
 """A sparse gradient's row index is an int64, on the wire and in a coalesce."""
 SPARSE_STEP_COALESCES: dict[str, float] = {"sgd": 1.0}

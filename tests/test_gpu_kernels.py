@@ -454,3 +454,24 @@ def test_a_for_loop_optimizer_pays_its_kernels_per_tensor_on_a_gpu() -> None:
     sharded = Layout(data=8, zero=1)
     shards = predict(loop, cluster, sharded).breakdown["optimizer_update"]
     assert 0 < shards - predict(graph, cluster, sharded).breakdown["optimizer_update"] < extra / 4
+
+
+def test_an_unfused_update_moves_each_kernels_bytes_and_a_fused_one_the_counted_bytes() -> None:
+    from simulator.devices import UNFUSED_UPDATE_BYTES
+
+    graph = gpt_graph()
+    fused = graph.replace(optimizer=graph.optimizer.model_copy(update={"implementation": "fused"}))
+    cluster, layout = gpu_cluster(1, 1, device="V100"), Layout()
+    spec = CATALOG["V100"]
+    params = sum(v.nbytes for v in graph.variables if v.trainable)
+    counted = params * (3 + 2 * 2)  # fp32 Adam: parameter and gradient in, parameter out; two moments in and out
+    one_pass = counted / (spec.memory_bandwidth * spec.elementwise_efficiency)
+    assert predict(fused, cluster, layout).breakdown["optimizer_update"] == pytest.approx(one_pass, rel=1e-6)
+    unfused = predict(graph, cluster, layout).breakdown["optimizer_update"]
+    assert unfused == pytest.approx(one_pass * UNFUSED_UPDATE_BYTES["adam"] / 28, rel=1e-6)
+    # A measured figure is the unfused update's own (calibration times PyTorch's default Adam).
+    measured = cluster.model_copy(update={"devices": {"V100": spec.model_copy(update={"optimizer_efficiency": 0.2})}})
+    measured = type(cluster).model_validate(measured.model_dump(exclude={"id"}))
+    timed = predict(graph, measured, layout).breakdown["optimizer_update"]
+    assert timed == pytest.approx(counted / (spec.memory_bandwidth * 0.2), rel=1e-6)
+    assert predict(fused, measured, layout).breakdown["optimizer_update"] == pytest.approx(one_pass, rel=1e-6)

@@ -6,6 +6,7 @@ No hub download: every field is the row's or a default named here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,16 +234,31 @@ def _hugging_face(cfg: dict[str, Any], hf_model: str) -> dict[str, Any]:
     raise ValueError(f"model_config: no Hugging Face mapping for {hf_model!r}")
 
 
+FUSED_OPTIMIZER_SOURCES = ("megatron_sc21_table1", "bigscience_bloom176b")
+"""Sources whose engine steps a fused Adam: Megatron-LM's `--optimizer adam` is apex's `FusedAdam`, and
+Megatron-DeepSpeed's (BLOOM) is DeepSpeed's or apex's."""
+TORCHTITAN_FUSED_FROM_YEAR = 2025
+"""torchtitan's optimizer was `foreach` unless `--optimizer.fused` (default off) until its
+`optimizer.implementation` arrived with `fused` the default (pytorch/torchtitan, torchtitan/config_manager.py,
+December 2024 against June 2025): its 2024-12 benchmark ran foreach, its 2025-06 ones fused."""
+
+
 def optimizer_implementation(row: Row) -> str:
     """How the row's framework steps its optimizer (`OptimizerSpec.implementation`). Hugging Face's Trainer
     4.12 (the DeepSpeed source's runs) builds transformers' own `AdamW`, a loop over the parameters
-    (transformers/optimization.py); run without DeepSpeed, or by DeepSpeed without ZeRO in fp32 (which
-    steps the client optimizer over the model's parameters), it steps one tensor at a time. DeepSpeed's
-    fp16 and ZeRO optimizers step flat buffers, and the other sources' engines multi-tensor optimizers
-    (Megatron-LM's and DeepSpeed's fused Adam, torchtitan's foreach AdamW); NVIDIA's ResNet-50 recipe is
-    taken as the multi-tensor default too."""
-    if row.source != "deepspeed_autotuning_hf":
-        return "multi-tensor"
+    (transformers/optimization.py): run without DeepSpeed, or by DeepSpeed without ZeRO in fp32 (which
+    steps the client optimizer over the model's parameters), it steps one tensor at a time; DeepSpeed's
+    fp16 and ZeRO optimizers step it over flat buffers (the DeepSpeed configs name no optimizer, so the
+    client's is used), unfused. NVIDIA's ResNet-50 recipe steps `torch.optim.SGD` of PyTorch 1.5 (NGC 20.03),
+    which has no multi-tensor path."""
+    if row.source in FUSED_OPTIMIZER_SOURCES:
+        return "fused"
+    if row.source == "torchtitan_benchmarks":
+        dated = re.search(r"_(\d{4})-?\d{2}_", row.source_path)
+        fused = dated is not None and int(dated.group(1)) >= TORCHTITAN_FUSED_FROM_YEAR
+        return "fused" if fused else "multi-tensor"
+    if row.source == "dlperf_ngc_pytorch_resnet50":
+        return "for-loop"
     plain = row.other.get("variant") == "baseline_hf_ddp"
     unsharded_fp32 = row.zero_stage == 0 and row.precision.startswith("fp32")
     return "for-loop" if plain or unsharded_fp32 else "multi-tensor"

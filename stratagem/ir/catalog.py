@@ -39,9 +39,12 @@ class DeviceSpec(Strict):
     """Fraction of peak that convolutions reach, where it differs from matrix multiplies (on a CPU,
     im2col and narrow channels cost more than a GEMM); None means `matmul_efficiency`."""
     optimizer_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Fraction of memory bandwidth an optimizer update of small tensors reaches on the bytes the
-    simulator counts for it (parameter and gradient in, parameter out, state in and out); a real update
-    makes more passes than that. None means `elementwise_efficiency`."""
+    """Fraction of memory bandwidth an unfused optimizer update of small tensors (PyTorch's default: each
+    operation its own kernel) reaches on the bytes the simulator counts for it (parameter and gradient
+    in, parameter out, state in and out); its kernels move more than that. None means, on a GPU, an
+    element-wise kernel's rate over the bytes they move (`simulator.devices.UNFUSED_UPDATE_BYTES`), and on a
+    CPU, whose caches hold a small tensor between the passes, `elementwise_efficiency`. A `fused` update
+    is one pass over the counted bytes, at `elementwise_efficiency`."""
     optimizer_knee_bytes: float | None = Field(default=None, gt=0)
     """Parameter bytes of one tensor at which the optimizer update's time per byte has doubled: the
     update makes several passes over each tensor with temporaries of its size, and a tensor far

@@ -178,7 +178,7 @@ OPTIMIZER_STATE_SLOTS: dict[str, int] = {
 }
 
 
-OptimizerImplementation = Literal["multi-tensor", "for-loop"]
+OptimizerImplementation = Literal["multi-tensor", "for-loop", "fused"]
 
 
 class OptimizerSpec(Strict):
@@ -186,10 +186,12 @@ class OptimizerSpec(Strict):
     state_bytes_per_param: float = Field(default=8.0, ge=0)
     """Optimizer state per parameter (Adam in fp32: two moments, 8 bytes)."""
     implementation: OptimizerImplementation = "multi-tensor"
-    """How the update visits the parameters. `multi-tensor`: each operation launches once for many
-    tensors (PyTorch's `foreach` and `fused` paths, its default on CUDA; the flat buffers of DeepSpeed's and
-    Megatron-LM's optimizers). `for-loop`: each operation launches once per tensor (`foreach=False`;
-    transformers' own `AdamW`, which its Trainer stepped in version 4.12)."""
+    """How the update runs. `multi-tensor`: each operation is its own kernel, launched once for many
+    tensors (PyTorch's `foreach` path, its default on CUDA; an unfused optimizer stepping a flat buffer,
+    as DeepSpeed's ZeRO and fp16 optimizers step a client's). `for-loop`: each operation launches once per
+    tensor (`foreach=False`, PyTorch's default on a CPU; transformers' own `AdamW`, which its Trainer
+    stepped in version 4.12). `fused`: one kernel reads and writes each tensor once (`fused=True`; apex's
+    and DeepSpeed's `FusedAdam`, which Megatron-LM steps)."""
 
     @classmethod
     def of(cls, kind: str, param_itemsize: int = 4, implementation: str = "multi-tensor") -> OptimizerSpec:
