@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from layout_helpers import gpt_graph
 
 import stratagem
 from benchmarks import published
@@ -117,6 +118,25 @@ def test_deepspeeds_fp16_runs_are_fp16_models_and_the_trainers_own_fp16_is_autoc
     assert deepspeed.precision == "fp16" and published_layouts.layout(deepspeed).precision == "fp16"
     plain = dataclasses.replace(deepspeed, other={**deepspeed.other, "variant": "baseline_hf_ddp"})
     assert published_layouts.layout(plain).precision == "amp-fp16"
+
+
+def test_each_source_steps_its_engines_optimizer(rows) -> None:
+    """Megatron's and BLOOM's engines step a fused Adam; torchtitan foreach AdamW until its 2025 default of
+    fused; NVIDIA's ResNet-50 PyTorch 1.5's SGD loop; Hugging Face's Trainer its loop AdamW, which
+    DeepSpeed's fp16 ZeRO optimizer steps unfused over flat buffers."""
+    import dataclasses
+
+    implementation = published_models.optimizer_implementation
+    assert implementation(rows["megatron_sc21_table1:1"]) == "fused"
+    assert implementation(rows["bigscience_bloom176b:1"]) == "fused"
+    assert implementation(rows["dlperf_ngc_pytorch_resnet50:1"]) == "for-loop"
+    december = rows["torchtitan_benchmarks:1"]
+    assert implementation(december) == "multi-tensor"
+    june = dataclasses.replace(december, source_path="benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md")
+    assert implementation(june) == "fused"
+    assert implementation(rows["deepspeed_autotuning_hf:1"]) == "for-loop"
+    assert implementation(rows["deepspeed_autotuning_hf:2"]) == "multi-tensor"
+    assert published_models.training_graph(gpt_graph(), june).optimizer.implementation == "fused"
 
 
 def test_each_source_captures_the_attention_and_compute_dtype_its_runs_used(rows) -> None:

@@ -200,17 +200,22 @@ def _pick(
 
 
 def _variants(space: Space, archive: Archive, group: Group, prediction: Prediction) -> dict[str, Any]:
-    """The candidate's variants: how many, and for the first few what differs and their predicted step."""
+    """The candidate's variants: how many, and for the first few what differs and their predicted step.
+    A member that places every small variable as the representative does is the same strategy (its row
+    differs only in fields its synchronizers ignore, such as servers of a variable on no server), not a
+    variant."""
     small = small_variables(space.context)
     rep = group.representative
-    listed = [
-        {
-            "step_time_s": prediction.step_time_s * float(archive.scores[row] / archive.scores[rep]),
-            "differs": differences(space, archive.batch, rep, row, among=small, limit=VARIANTS_LISTED),
-        }
-        for row in group.variants[:VARIANTS_LISTED]
+    distinct = [
+        (row, differs)
+        for row in group.variants
+        if (differs := differences(space, archive.batch, rep, row, among=small, limit=VARIANTS_LISTED))
     ]
-    return {"key": group.key, "count": len(group.variants), "listed": listed}
+    listed = [
+        {"step_time_s": prediction.step_time_s * float(archive.scores[row] / archive.scores[rep]), "differs": differs}
+        for row, differs in distinct[:VARIANTS_LISTED]
+    ]
+    return {"key": group.key, "count": len(distinct), "listed": listed}
 
 
 def _decision(candidates: list[Strategy], baselines: dict[str, Strategy]) -> Decision | None:
