@@ -40,6 +40,7 @@ def capture_hf_config(
     batch: int,
     seq: int,
     optimizer: str = DEFAULT_OPTIMIZER,
+    optimizer_implementation: str = "multi-tensor",
     name: str | None = None,
     attn_implementation: AttnImplementation = "sdpa",
     dtype: CaptureDType = "float32",
@@ -50,7 +51,8 @@ def capture_hf_config(
     a GPU) or `eager` (the model's own matmuls and softmax, its s x s scores through memory, as
     transformers before 4.36 and engines with their own attention ran). `dtype` is the dtype the
     model's parameters compute in: `bfloat16` for a run whose weights are cast to bf16 for compute
-    (FSDP2's `param_dtype`), so that the graph records the casts to fp32 its norms and loss make."""
+    (FSDP2's `param_dtype`), so that the graph records the casts to fp32 its norms and loss make.
+    `optimizer_implementation` is as in `stratagem.capture`."""
     for option, value in (("batch", batch), ("seq", seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise CaptureError(f"{option}: must be a positive integer, got {value!r}")
@@ -74,11 +76,19 @@ def capture_hf_config(
         ids = torch.zeros(batch, seq, dtype=torch.long)
         labels = torch.zeros(batch, dtype=torch.long) if classifier else ids
     inputs = {"input_ids": ids, "labels": labels}
-    graph = capture(model, inputs, batch_size=batch, optimizer=optimizer, loss_fn=_loss, name=name or _name(hf_config))
+    graph = capture(
+        model,
+        inputs,
+        batch_size=batch,
+        optimizer=optimizer,
+        optimizer_implementation=optimizer_implementation,
+        loss_fn=_loss,
+        name=name or _name(hf_config),
+    )
     graph.architecture = hf_architecture(hf_config, seq=seq, causal=causal)
     if dtype != "float32":
         # The optimizer steps fp32 master weights (FSDP2's sharded parameters, or a bf16 run's master copy).
-        graph.optimizer = OptimizerSpec.of(optimizer, 4)
+        graph.optimizer = OptimizerSpec.of(optimizer, 4, optimizer_implementation)
     graph.provenance["hf_config"] = json.loads(hf_config.to_json_string(use_diff=True))
     graph.provenance["attn_implementation"] = model.config._attn_implementation
     return graph

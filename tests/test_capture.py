@@ -250,11 +250,21 @@ def test_data_dependent_forward_fails_naming_the_layer(module: nn.Module) -> Non
     assert "data-dependent" in message and "DataDependentOutputException" in message
 
 
+def test_the_optimizer_implementation_is_recorded_with_the_optimizer() -> None:
+    graph = capture(
+        TwoLinear(), (torch.randn(2, 8),), batch_size=2, optimizer="adamw", optimizer_implementation="fused"
+    )
+    assert graph.optimizer.kind == "adamw" and graph.optimizer.implementation == "fused"
+    assert capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2).optimizer.implementation == "multi-tensor"
+
+
 def test_bad_arguments_raise_errors_naming_the_field() -> None:
     with pytest.raises(InvalidGraphError, match=r"batch_size: must be a positive integer, got 0"):
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=0)
     with pytest.raises(InvalidGraphError, match=r"optimizer.kind: unknown optimizer 'adamz'"):
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, optimizer="adamz")
+    with pytest.raises(InvalidGraphError, match=r"optimizer.implementation: unknown implementation 'apex'"):
+        capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, optimizer_implementation="apex")
     with pytest.raises(CaptureError, match=r"loss_fn must return a scalar tensor, got shape \[2, 4\]"):
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, loss_fn=lambda out: out)
     frozen = TwoLinear().requires_grad_(False)

@@ -84,6 +84,7 @@ def test_optimize_refuses_a_graph_file_it_cannot_read(
         (["--size", "full"], "--size: configures a builder to capture, but"),
         (["--set", "layers=2"], "--set: configures a builder to capture, but"),
         (["--optimizer", "sgd"], "--optimizer: configures a builder to capture, but"),
+        (["--optimizer-implementation", "fused"], "--optimizer-implementation: configures a builder to capture, but"),
         (["--device", "V100"], "--device: names the GPU kind of an AutoDist spec's nodes, but"),
     ],
 )

@@ -37,6 +37,15 @@ def test_capture_builds_full_size_models_on_meta(tmp_path: Path) -> None:
     assert graph.variable("embed.weight").shape == [32000, 4096]
 
 
+def test_capture_records_how_the_optimizer_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["capture", "dlrm", "--batch", "2", "--optimizer", "adamw", "--optimizer-implementation", "fused"]
+    assert main(argv) == 0
+    graph = ModelGraph.parse(capsys.readouterr().out)
+    assert graph.optimizer.kind == "adamw" and graph.optimizer.implementation == "fused"
+    assert main(["capture", "dlrm", "--batch", "2", "--optimizer-implementation", "apex"]) == 2
+    assert "--optimizer-implementation: invalid choice: 'apex'" in capsys.readouterr().err
+
+
 def test_capture_without_output_writes_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["capture", "dlrm", "--batch", "2", "--optimizer", "sgd", "--name", "rec"]) == 0
     streams = capsys.readouterr()

@@ -19,13 +19,15 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from stratagem.cli.files import check_output, write_text
 from stratagem.errors import CaptureError, StratagemError
+from stratagem.ir.graph import OptimizerImplementation
 
 ZOO_MODULE = "stratagem.zoo"
 DEFAULT_OPTIMIZER = "adam"
+OPTIMIZER_IMPLEMENTATIONS = get_args(OptimizerImplementation)
 
 
 def register(subparsers: Any) -> None:
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             batch,
             batch_size=args.batch,
             optimizer=optimizer_kind(args),
+            optimizer_implementation=optimizer_implementation(args),
             name=args.name,
             trace=trace_path is not None or chakra_path is not None,
         )
@@ -137,6 +140,7 @@ def capture_hf(args: argparse.Namespace) -> Any:
         batch=args.batch,
         seq=args.seq,
         optimizer=args.optimizer or HF_OPTIMIZER,
+        optimizer_implementation=optimizer_implementation(args),
         name=args.name or args.hf_config.resolve().parent.name,
     )
 
@@ -185,6 +189,13 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
         "--optimizer",
         default=None,
         help=f"optimizer kind the model trains with (sgd, momentum, adam, adamw, ...; default {DEFAULT_OPTIMIZER})",
+    )
+    parser.add_argument(
+        "--optimizer-implementation",
+        default=None,
+        choices=OPTIMIZER_IMPLEMENTATIONS,
+        help="how the training run steps it: multi-tensor (PyTorch's default on CUDA), for-loop "
+        "(foreach=False) or fused (fused=True, FusedAdam); default multi-tensor",
     )
 
 
@@ -251,3 +262,7 @@ def first_line(error: BaseException) -> str:
 
 def optimizer_kind(args: argparse.Namespace) -> str:
     return DEFAULT_OPTIMIZER if args.optimizer is None else str(args.optimizer)
+
+
+def optimizer_implementation(args: argparse.Namespace) -> str:
+    return args.optimizer_implementation or "multi-tensor"

@@ -23,6 +23,7 @@ from stratagem.cli.capture import (
     add_builder_arguments,
     build_on_meta,
     make_example,
+    optimizer_implementation,
     optimizer_kind,
     parse_overrides,
     resolve_builder,
@@ -142,7 +143,12 @@ def load_or_capture(args: argparse.Namespace) -> ModelGraph:
     if args.model.lower().endswith(".json"):
         given = [
             option
-            for option, value in (("--size", args.size), ("--set", args.overrides), ("--optimizer", args.optimizer))
+            for option, value in (
+                ("--size", args.size),
+                ("--set", args.overrides),
+                ("--optimizer", args.optimizer),
+                ("--optimizer-implementation", args.optimizer_implementation),
+            )
             if value
         ]
         if given:
@@ -154,7 +160,12 @@ def load_or_capture(args: argparse.Namespace) -> ModelGraph:
     if args.batch is None:
         raise CaptureError(f"--batch: needed to capture {args.model!r} (the per-replica batch size)")
     return capture_model(
-        args.model, batch=args.batch, size=args.size, overrides=args.overrides, optimizer=optimizer_kind(args)
+        args.model,
+        batch=args.batch,
+        size=args.size,
+        overrides=args.overrides,
+        optimizer=optimizer_kind(args),
+        implementation=optimizer_implementation(args),
     )
 
 
@@ -170,7 +181,13 @@ def load_graph(path: Path, *, batch: int | None) -> ModelGraph:
 
 
 def capture_model(
-    spec: str, *, batch: int, size: str | None, overrides: list[str], optimizer: str = DEFAULT_OPTIMIZER
+    spec: str,
+    *,
+    batch: int,
+    size: str | None,
+    overrides: list[str],
+    optimizer: str = DEFAULT_OPTIMIZER,
+    implementation: str = "multi-tensor",
 ) -> ModelGraph:
     from stratagem.tracing import capture
 
@@ -178,7 +195,13 @@ def capture_model(
     if size is not None:
         kwargs["size"] = size
     module, make_batch = build_on_meta(resolve_builder(spec), kwargs)
-    return capture(module, make_example(make_batch, batch), batch_size=batch, optimizer=optimizer)
+    return capture(
+        module,
+        make_example(make_batch, batch),
+        batch_size=batch,
+        optimizer=optimizer,
+        optimizer_implementation=implementation,
+    )
 
 
 def read_resources(path: Path, *, device: str | None) -> ResourceSpec:

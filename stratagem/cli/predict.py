@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stratagem.cli.capture import add_builder_arguments, optimizer_kind
+from stratagem.cli.capture import add_builder_arguments, optimizer_implementation, optimizer_kind
 from stratagem.cli.configs import CONFIG_FILES, add_format_argument, config_layout
 from stratagem.cli.files import json_reason, parse_json, read_text
 from stratagem.cli.jobs import positive_int
@@ -114,7 +114,13 @@ def load_model(args: argparse.Namespace, layouts: list[Any]) -> Any:
                 raise CaptureError(f"--seq: needed to build {path} (a Hugging Face config) for capture")
             from stratagem.hf import capture_hf_config
 
-            return capture_hf_config(data, batch=batch or 1, seq=args.seq, name=path.parent.name or None)
+            return capture_hf_config(
+                data,
+                batch=batch or 1,
+                seq=args.seq,
+                optimizer_implementation=optimizer_implementation(args),
+                name=path.parent.name or None,
+            )
         graph = ModelGraph.parse(data)
         if batch is not None and batch != graph.batch_size:
             raise CaptureError(
@@ -124,7 +130,12 @@ def load_model(args: argparse.Namespace, layouts: list[Any]) -> Any:
     if batch is None:
         raise CaptureError(f"--batch: needed to capture {args.model!r} at the micro-batch")
     return capture_model(
-        args.model, batch=batch, size=args.size, overrides=args.overrides, optimizer=optimizer_kind(args)
+        args.model,
+        batch=batch,
+        size=args.size,
+        overrides=args.overrides,
+        optimizer=optimizer_kind(args),
+        implementation=optimizer_implementation(args),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -198,6 +198,11 @@ class OptimizerSpec(Strict):
         if kind not in OPTIMIZER_STATE_SLOTS:
             known = ", ".join(OPTIMIZER_STATE_SLOTS)
             raise InvalidGraphError([Problem("optimizer.kind", f"unknown optimizer {kind!r} (known: {known})")])
+        if implementation not in get_args(OptimizerImplementation):
+            known = ", ".join(get_args(OptimizerImplementation))
+            raise InvalidGraphError(
+                [Problem("optimizer.implementation", f"unknown implementation {implementation!r} (known: {known})")]
+            )
         return cls(
             kind=kind,  # type: ignore[arg-type]
             state_bytes_per_param=OPTIMIZER_STATE_SLOTS[kind] * param_itemsize,

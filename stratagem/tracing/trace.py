@@ -40,6 +40,7 @@ def capture(
     *,
     batch_size: int,
     optimizer: str = "adam",
+    optimizer_implementation: str = "multi-tensor",
     loss_fn: LossFn | None = None,
     name: str | None = None,
     trace: bool = True,
@@ -51,12 +52,19 @@ def capture(
     metadata is used. `loss_fn(output)` must return a scalar; by default the output (or its first
     tensor) is summed. The model is left as it was: parameters stay untouched, `training` is restored.
 
+    `optimizer_implementation` says how the training run steps it (`OptimizerSpec.implementation`):
+    `multi-tensor` (PyTorch's default on CUDA), `for-loop` (`foreach=False`) or `fused` (`fused=True`,
+    apex's or DeepSpeed's `FusedAdam`); a fused update moves a third of the bytes.
+
     With `trace` (the default) the step's operator trace is recorded too: the graph's `trace_id`
     names it and `graph.trace` holds it (see `docs/capture.md`).
     """
-    _check_arguments(model, batch_size, optimizer)
+    _check_arguments(model, batch_size, optimizer, optimizer_implementation)
     with collector_paused():
-        return _capture(model, example_inputs, batch_size, optimizer, loss_fn, name, trace)
+        graph = _capture(model, example_inputs, batch_size, optimizer, loss_fn, name, trace)
+    if optimizer_implementation != graph.optimizer.implementation:
+        graph.optimizer = graph.optimizer.model_copy(update={"implementation": optimizer_implementation})
+    return graph
 
 
 def _capture(
@@ -155,7 +163,7 @@ def _block_lists(model: nn.Module) -> list[str]:
     ]
 
 
-def _check_arguments(model: object, batch_size: object, optimizer: str) -> None:
+def _check_arguments(model: object, batch_size: object, optimizer: str, implementation: str) -> None:
     problems = []
     if not isinstance(model, nn.Module):
         problems.append(Problem("model", f"must be a torch.nn.Module, got {type(model).__name__}"))
@@ -163,7 +171,7 @@ def _check_arguments(model: object, batch_size: object, optimizer: str) -> None:
         problems.append(Problem("batch_size", f"must be a positive integer, got {batch_size!r}"))
     if problems:
         raise InvalidGraphError(problems)
-    OptimizerSpec.of(optimizer)
+    OptimizerSpec.of(optimizer, implementation=implementation)
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
