@@ -43,7 +43,7 @@ from simulator.allreduce import CollectivePhase, collective_phase
 from simulator.compute import update_seconds
 from simulator.context import SimContext
 from simulator.encoding import CandidateBatch, ConsistencyKind, Precision
-from simulator.memory import KindSums, MemoryPhase, memory_phase, update_bytes, update_tensors
+from simulator.memory import KindSums, MemoryPhase, memory_phase, unscale_bytes, update_bytes, update_tensors
 from simulator.pipeline import ComputePhase, compute_phase
 from simulator.ps import PSPhase, ps_phase
 from simulator.step_graph import step_context, step_samples
@@ -133,13 +133,15 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     ps = ps_phase(context, batch, topo, compute)
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
+    kinds = context.kinds
     update = update_seconds(
         context,
         topo.kind,
         update_bytes(context, batch, topo, compute, sums),
         update_tensors(context, batch, compute, sums),
+    ) + unscale_bytes(context, batch, topo, compute, sums) / (
+        kinds.memory_bandwidth[topo.kind] * kinds.elementwise_efficiency[topo.kind]
     )
-    kinds = context.kinds
     step, breakdown = _compose(
         batch,
         compute,

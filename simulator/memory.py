@@ -38,6 +38,7 @@ from simulator.context import SimContext
 from simulator.devices import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES
 from simulator.encoding import CandidateBatch, Precision, SyncKind
 from simulator.pipeline import ComputePhase, block_peak
+from simulator.precision import LOSS_SCALED, UNSCALE_PASSES
 from simulator.topology import Topology
 
 # Columns of the per-variable figures summed by synchronizer kind.
@@ -209,6 +210,25 @@ def update_bytes(
         )
         out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
     return out
+
+
+def unscale_bytes(
+    context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase, sums: KindSums
+) -> np.ndarray:
+    """[N] bytes dynamic loss scaling streams at the step on the busiest worker: each gradient the rank
+    steps, read and written (`precision.UNSCALE_PASSES`); none where the precision scales no loss."""
+    scaled = np.isin(batch.precision, LOSS_SCALED)
+    if not scaled.any():
+        return np.zeros(len(batch))
+    tensor, shards = batch.tensor.astype(np.float64), topo.shard_degree
+    out = sums.owned(PARAM_SPLIT, PARAM_REST, tensor, shards)
+    rows = compute.piped
+    if rows.size:
+        per_var = _per_variable(
+            context, batch, rows, context.var_bytes, ps_share=0.0, sharded_share=1.0 / shards[rows, None]
+        )
+        out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
+    return np.where(scaled, UNSCALE_PASSES * out, 0.0)
 
 
 def update_tensors(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:

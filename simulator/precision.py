@@ -34,8 +34,9 @@ computes in IEEE fp32.
   candidate is infeasible.
 - `fp16` is `bf16` in fp16 (Megatron-LM `--fp16`, DeepSpeed `fp16.enabled`: the engine halves the model
   and its fp16 or ZeRO optimizer steps fp32 master copies): the 16-bit mode of GPUs without bf16 tensor
-  cores (V100, T4), at their fp16 tensor rate. Dynamic loss scaling's overflow check is one pass over
-  the gradients, left out.
+  cores (V100, T4), at their fp16 tensor rate.
+- `amp-fp16` and `fp16` scale the loss dynamically: at the step each gradient the rank steps is read and
+  written once more to unscale it, its overflow checked in the same pass (`UNSCALE_PASSES`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ MASTER_BYTES = 4.0
 AMP_WEIGHT_COPY_BYTES = 2.0
 """Autocast casts each weight to half precision once per forward and autograd saves the cast for the
 input gradient in backward: a half copy of the parameters lives through forward and backward."""
+
+LOSS_SCALED = (Precision.AMP_FP16, Precision.FP16)
+"""Precisions that scale the loss dynamically (fp16's narrow exponent)."""
+UNSCALE_PASSES = 2.0
+"""Unscaling reads and writes each fp32 gradient once, checking for overflow on the way: PyTorch's
+`GradScaler` in one multi-tensor kernel (`_amp_foreach_non_finite_check_and_unscale_`), Megatron-LM's
+and DeepSpeed's fp16 optimizers over their fp32 main gradients, this runtime as each gradient arrives."""
 
 CAPTURED = {Precision.FP32, Precision.TF32}
 """Precisions that run the model in its captured dtype."""

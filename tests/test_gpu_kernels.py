@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -475,3 +476,19 @@ def test_an_unfused_update_moves_each_kernels_bytes_and_a_fused_one_the_counted_
     timed = predict(graph, measured, layout).breakdown["optimizer_update"]
     assert timed == pytest.approx(counted / (spec.memory_bandwidth * 0.2), rel=1e-6)
     assert predict(fused, measured, layout).breakdown["optimizer_update"] == pytest.approx(one_pass, rel=1e-6)
+
+
+def test_dynamic_loss_scaling_reads_and_writes_each_stepped_gradient_once_more() -> None:
+    graph, cluster = gpt_graph(), gpu_cluster(1, 8, device="A100-80GB")
+    spec = CATALOG["A100-80GB"]
+    params = sum(v.nbytes for v in graph.variables if v.trainable)
+    unscale = 2 * params / (spec.memory_bandwidth * spec.elementwise_efficiency)
+
+    def update(**layout: Any) -> float:
+        return predict(graph, cluster, Layout(data=8, **layout)).breakdown["optimizer_update"]
+
+    for scaled in ("amp-fp16", "fp16"):
+        assert update(precision=scaled) - update(precision="amp-bf16") == pytest.approx(unscale, rel=1e-6)
+    # Under ZeRO each rank unscales the shard it steps.
+    sharded = update(precision="amp-fp16", zero=2) - update(precision="amp-bf16", zero=2)
+    assert sharded == pytest.approx(unscale / 8, rel=1e-6)
