@@ -203,13 +203,7 @@ def update_bytes(
         out = UPDATE_PARAM_PASSES * sums.owned(
             PARAM_SPLIT, PARAM_REST, tensor, shards
         ) + UPDATE_STATE_PASSES * sums.owned(STATE_SPLIT, STATE_REST, tensor, shards)
-    rows = compute.piped
-    if rows.size:
-        per_var = _per_variable(
-            context, batch, rows, context.var_update_bytes, ps_share=0.0, sharded_share=1.0 / shards[rows, None]
-        )
-        out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
-    return out
+    return _busiest_stage(context, batch, topo, compute, out, context.var_update_bytes)
 
 
 def unscale_bytes(
@@ -220,15 +214,30 @@ def unscale_bytes(
     scaled = np.isin(batch.precision, LOSS_SCALED)
     if not scaled.any():
         return np.zeros(len(batch))
-    tensor, shards = batch.tensor.astype(np.float64), topo.shard_degree
-    out = sums.owned(PARAM_SPLIT, PARAM_REST, tensor, shards)
+    owned = sums.owned(PARAM_SPLIT, PARAM_REST, batch.tensor.astype(np.float64), topo.shard_degree)
+    return np.where(
+        scaled, UNSCALE_PASSES * _busiest_stage(context, batch, topo, compute, owned, context.var_bytes), 0.0
+    )
+
+
+def _busiest_stage(
+    context: SimContext,
+    batch: CandidateBatch,
+    topo: Topology,
+    compute: ComputePhase,
+    out: np.ndarray,
+    per_variable: np.ndarray,
+) -> np.ndarray:
+    """`out`, what each rank steps, with a pipeline's rows replaced by the busiest stage's sum of
+    `per_variable` (a [V] figure) over the variables it steps."""
     rows = compute.piped
     if rows.size:
+        shards = topo.shard_degree
         per_var = _per_variable(
-            context, batch, rows, context.var_bytes, ps_share=0.0, sharded_share=1.0 / shards[rows, None]
+            context, batch, rows, per_variable, ps_share=0.0, sharded_share=1.0 / shards[rows, None]
         )
         out[rows] = _per_stage(per_var, compute.piped_var_stage, int(batch.pipeline[rows].max())).max(axis=1)
-    return np.where(scaled, UNSCALE_PASSES * out, 0.0)
+    return out
 
 
 def update_tensors(context: SimContext, batch: CandidateBatch, compute: ComputePhase, sums: KindSums) -> np.ndarray:
