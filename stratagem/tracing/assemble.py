@@ -102,6 +102,7 @@ def build_graph(
     name: str,
     batch_size: int,
     optimizer: str,
+    optimizer_implementation: str = "multi-tensor",
     provenance: dict[str, Any],
     trace_id: str | None = None,
 ) -> ModelGraph:
@@ -111,7 +112,7 @@ def build_graph(
             name=name,
             batch_size=batch_size,
             dtype=dtype,
-            optimizer=OptimizerSpec.of(optimizer, dtype.itemsize),
+            optimizer=OptimizerSpec.of(optimizer, dtype.itemsize, optimizer_implementation),
             layers=[to_layer(r) for r in recorder.layers],
             variables=to_variables(model, recorder),
             trace_id=trace_id,

@@ -61,10 +61,7 @@ def capture(
     """
     _check_arguments(model, batch_size, optimizer, optimizer_implementation)
     with collector_paused():
-        graph = _capture(model, example_inputs, batch_size, optimizer, loss_fn, name, trace)
-    if optimizer_implementation != graph.optimizer.implementation:
-        graph.optimizer = graph.optimizer.model_copy(update={"implementation": optimizer_implementation})
-    return graph
+        return _capture(model, example_inputs, batch_size, optimizer, optimizer_implementation, loss_fn, name, trace)
 
 
 def _capture(
@@ -72,6 +69,7 @@ def _capture(
     example_inputs: Any,
     batch_size: int,
     optimizer: str,
+    optimizer_implementation: str,
     loss_fn: LossFn | None,
     name: str | None,
     trace: bool,
@@ -100,6 +98,7 @@ def _capture(
         name=graph_name,
         batch_size=batch_size,
         optimizer=optimizer,
+        optimizer_implementation=optimizer_implementation,
         provenance=provenance,
         trace_id=operator_trace.id if operator_trace is not None else None,
     )
