@@ -192,9 +192,19 @@ class OptimizerSpec(Strict):
     tensor (`foreach=False`, PyTorch's default on a CPU; transformers' own `AdamW`, which its Trainer
     stepped in version 4.12). `fused`: one kernel reads and writes each tensor once (`fused=True`; apex's
     and DeepSpeed's `FusedAdam`, which Megatron-LM steps)."""
+    max_grad_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Clip the step's gradient to this global L2 norm before the update (`clip_grad_norm_`; Megatron-LM's
+    `--clip-grad`, torchtitan's `training.max_norm`, Hugging Face's `max_grad_norm`); None clips nothing.
+    The norm is the whole model's, taken after gradients are averaged, across every rank's shards."""
 
     @classmethod
-    def of(cls, kind: str, param_itemsize: int = 4, implementation: str = "multi-tensor") -> OptimizerSpec:
+    def of(
+        cls,
+        kind: str,
+        param_itemsize: int = 4,
+        implementation: str = "multi-tensor",
+        max_grad_norm: float | None = None,
+    ) -> OptimizerSpec:
         if kind not in OPTIMIZER_STATE_SLOTS:
             known = ", ".join(OPTIMIZER_STATE_SLOTS)
             raise InvalidGraphError([Problem("optimizer.kind", f"unknown optimizer {kind!r} (known: {known})")])
@@ -203,10 +213,15 @@ class OptimizerSpec(Strict):
             raise InvalidGraphError(
                 [Problem("optimizer.implementation", f"unknown implementation {implementation!r} (known: {known})")]
             )
+        if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise InvalidGraphError(
+                [Problem("optimizer.max_grad_norm", f"must be a positive finite norm, got {max_grad_norm!r}")]
+            )
         return cls(
             kind=kind,  # type: ignore[arg-type]
             state_bytes_per_param=OPTIMIZER_STATE_SLOTS[kind] * param_itemsize,
             implementation=implementation,  # type: ignore[arg-type]
+            max_grad_norm=max_grad_norm,
         )
 
 
