@@ -53,6 +53,8 @@ class DeviceKinds:
     """A half-precision all-reduce's speed per byte relative to fp32 (else 1)."""
     optimizer_tensor_s: np.ndarray
     """Seconds an update pays per tensor stepped, beyond its bytes (else 0)."""
+    clip_tensor_s: np.ndarray
+    """Seconds a gradient clip pays per tensor stepped, beyond its bytes (`_clip_tensor_seconds`)."""
     reduce_efficiency: np.ndarray
     """A reduce to one rank (a PS push): its speed per byte relative to the link's all-reduce bandwidth (else 1)."""
     broadcast_efficiency: np.ndarray
@@ -151,6 +153,14 @@ without weight decay for the L2 optimizers): SGD's `add_`; momentum's `mul_`, `a
 `lerp_` for the first moment, `mul_` and `addcmul_` for the second, `sqrt`, `div` and `add_` for the
 denominator and `addcdiv_` for the step, AdamW's decoupled decay beside them (transformers 4.12's `AdamW`
 launches the same); LAMB's trust ratio adds two norms and their quotient."""
+CLIP_PASSES = 3.0
+"""Clipping to a global norm reads each gradient the rank steps for the norm, then reads and writes it to
+scale it: torch's `clip_grad_norm_` (`_foreach_norm`, then `_foreach_mul_`), apex's `multi_tensor_l2norm`
+and `multi_tensor_scale` (Megatron-LM's `--clip-grad`), DeepSpeed's norm and its combined unscale-and-clip.
+The norm's cross-rank all-reduce is one scalar, a latency the step does not notice."""
+CLIP_LOOP_KERNELS = 2
+"""Kernels a clip launches per tensor without multi-tensor kernels: a norm and a scale (torch 1.x's
+`clip_grad_norm_`, which transformers 4.12's Trainer ran, and any clip on a CPU)."""
 UNFUSED_UPDATE_BYTES: dict[str, float] = {
     "sgd": 12.0,
     "momentum": 32.0,
@@ -256,6 +266,15 @@ def _tensor_seconds(spec: DeviceSpec, update: UpdateKernels) -> float:
     return spec.optimizer_tensor_s or 0.0
 
 
+def _clip_tensor_seconds(spec: DeviceSpec, update: UpdateKernels) -> float:
+    """A clip beside a for-loop update, or on a CPU, launches its norm and its scale per tensor, each as
+    long as the host takes to issue it; beside a multi-tensor or fused update it runs multi-tensor kernels
+    whose launches a step does not notice."""
+    if update.loop or not spec.is_gpu:
+        return CLIP_LOOP_KERNELS * spec.launch_overhead_s
+    return 0.0
+
+
 def _update_efficiency(spec: DeviceSpec, update: UpdateKernels) -> float:
     """Fraction of bandwidth an update reaches on its counted bytes: a fused update is one element-wise
     pass over them; an unfused one runs at the kind's measured figure, else, on a GPU, at the element-wise
@@ -317,6 +336,7 @@ def _kinds_table(resources: ResourceSpec, names: list[str], dtype: str, update: 
         gather_efficiency=np.array([s.gather_efficiency or 1.0 for s in specs]),
         half_reduce_efficiency=np.array([s.half_reduce_efficiency or 1.0 for s in specs]),
         optimizer_tensor_s=np.array([_tensor_seconds(s, update) for s in specs]),
+        clip_tensor_s=np.array([_clip_tensor_seconds(s, update) for s in specs]),
         reduce_efficiency=np.array([s.reduce_efficiency or 1.0 for s in specs]),
         broadcast_efficiency=np.array([s.broadcast_efficiency or 1.0 for s in specs]),
         lowrank_round_s=np.array([s.lowrank_round_s or 0.0 for s in specs]),

@@ -43,7 +43,14 @@ from simulator.allreduce import CollectivePhase, collective_phase
 from simulator.compute import update_seconds
 from simulator.context import SimContext
 from simulator.encoding import CandidateBatch, ConsistencyKind, Precision
-from simulator.memory import KindSums, MemoryPhase, memory_phase, unscale_bytes, update_bytes, update_tensors
+from simulator.memory import (
+    KindSums,
+    MemoryPhase,
+    gradient_pass_bytes,
+    memory_phase,
+    update_bytes,
+    update_tensors,
+)
 from simulator.pipeline import ComputePhase, compute_phase
 from simulator.ps import PSPhase, ps_phase
 from simulator.step_graph import step_context, step_samples
@@ -134,14 +141,13 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
     sums = KindSums.of(context, batch, ps.rows, ps.variables)
     memory = memory_phase(context, batch, topo, compute, sums, ps.held)
     kinds = context.kinds
-    update = update_seconds(
-        context,
-        topo.kind,
-        update_bytes(context, batch, topo, compute, sums),
-        update_tensors(context, batch, compute, sums),
-    ) + unscale_bytes(context, batch, topo, compute, sums) / (
+    tensors = update_tensors(context, batch, compute, sums)
+    update = update_seconds(context, topo.kind, update_bytes(context, batch, topo, compute, sums), tensors)
+    update += gradient_pass_bytes(context, batch, topo, compute, sums) / (
         kinds.memory_bandwidth[topo.kind] * kinds.elementwise_efficiency[topo.kind]
     )
+    if context.graph.optimizer.max_grad_norm is not None:
+        update += tensors * kinds.clip_tensor_s[topo.kind]
     step, breakdown = _compose(
         batch,
         compute,

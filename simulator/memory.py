@@ -35,7 +35,7 @@ import numpy as np
 
 from simulator import activations, schedules
 from simulator.context import SimContext
-from simulator.devices import UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES
+from simulator.devices import CLIP_PASSES, UPDATE_PARAM_PASSES, UPDATE_STATE_PASSES
 from simulator.encoding import CandidateBatch, Precision, SyncKind
 from simulator.pipeline import ComputePhase, block_peak
 from simulator.precision import LOSS_SCALED, UNSCALE_PASSES
@@ -206,18 +206,19 @@ def update_bytes(
     return _busiest_stage(context, batch, topo, compute, out, context.var_update_bytes)
 
 
-def unscale_bytes(
+def gradient_pass_bytes(
     context: SimContext, batch: CandidateBatch, topo: Topology, compute: ComputePhase, sums: KindSums
 ) -> np.ndarray:
-    """[N] bytes dynamic loss scaling streams at the step on the busiest worker: each gradient the rank
-    steps, read and written (`precision.UNSCALE_PASSES`); none where the precision scales no loss."""
-    scaled = np.isin(batch.precision, LOSS_SCALED)
-    if not scaled.any():
+    """[N] bytes the step streams over the gradients the busiest worker steps, beside the update: dynamic
+    loss scaling unscales them (`precision.UNSCALE_PASSES`, under a loss-scaled precision), a clip takes
+    their norm and scales them (`devices.CLIP_PASSES`, when the graph's optimizer clips)."""
+    passes = np.where(np.isin(batch.precision, LOSS_SCALED), UNSCALE_PASSES, 0.0)
+    if context.graph.optimizer.max_grad_norm is not None:
+        passes += CLIP_PASSES
+    if not passes.any():
         return np.zeros(len(batch))
     owned = sums.owned(PARAM_SPLIT, PARAM_REST, batch.tensor.astype(np.float64), topo.shard_degree)
-    return np.where(
-        scaled, UNSCALE_PASSES * _busiest_stage(context, batch, topo, compute, owned, context.var_bytes), 0.0
-    )
+    return passes * _busiest_stage(context, batch, topo, compute, owned, context.var_bytes)
 
 
 def _busiest_stage(

@@ -492,3 +492,24 @@ def test_dynamic_loss_scaling_reads_and_writes_each_stepped_gradient_once_more()
     # Under ZeRO each rank unscales the shard it steps.
     sharded = update(precision="amp-fp16", zero=2) - update(precision="amp-bf16", zero=2)
     assert sharded == pytest.approx(unscale / 8, rel=1e-6)
+
+
+def test_clipping_reads_each_stepped_gradient_for_its_norm_then_scales_it() -> None:
+    graph, cluster = gpt_graph(), gpu_cluster(1, 8, device="A100-80GB")
+    spec = CATALOG["A100-80GB"]
+    params = sum(v.nbytes for v in graph.variables if v.trainable)
+    three_passes = 3 * params / (spec.memory_bandwidth * spec.elementwise_efficiency)
+
+    def update(optimizer: dict[str, Any], **layout: Any) -> float:
+        clipped = graph.replace(optimizer=graph.optimizer.model_copy(update=optimizer))
+        return predict(clipped, cluster, Layout(data=8, **layout)).breakdown["optimizer_update"]
+
+    assert update({"max_grad_norm": 1.0}) - update({}) == pytest.approx(three_passes, rel=1e-6)
+    # Under ZeRO each rank clips the shard it steps; the norm's all-reduce is one scalar.
+    sharded = update({"max_grad_norm": 1.0}, zero=2) - update({}, zero=2)
+    assert sharded == pytest.approx(three_passes / 8, rel=1e-6)
+    # Beside a for-loop update the clip launches a norm and a scale per tensor.
+    tensors = len([v for v in graph.variables if v.trainable])
+    loop = {"implementation": "for-loop"}
+    looped = update({**loop, "max_grad_norm": 1.0}) - update(loop)
+    assert looped == pytest.approx(three_passes + tensors * 2 * spec.launch_overhead_s, rel=1e-6)
