@@ -41,6 +41,7 @@ def capture_hf_config(
     seq: int,
     optimizer: str = DEFAULT_OPTIMIZER,
     optimizer_implementation: str = "multi-tensor",
+    max_grad_norm: float | None = None,
     name: str | None = None,
     attn_implementation: AttnImplementation = "sdpa",
     dtype: CaptureDType = "float32",
@@ -52,7 +53,7 @@ def capture_hf_config(
     transformers before 4.36 and engines with their own attention ran). `dtype` is the dtype the
     model's parameters compute in: `bfloat16` for a run whose weights are cast to bf16 for compute
     (FSDP2's `param_dtype`), so that the graph records the casts to fp32 its norms and loss make.
-    `optimizer_implementation` is as in `stratagem.capture`."""
+    `optimizer_implementation` and `max_grad_norm` are as in `stratagem.capture`."""
     for option, value in (("batch", batch), ("seq", seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise CaptureError(f"{option}: must be a positive integer, got {value!r}")
@@ -82,13 +83,14 @@ def capture_hf_config(
         batch_size=batch,
         optimizer=optimizer,
         optimizer_implementation=optimizer_implementation,
+        max_grad_norm=max_grad_norm,
         loss_fn=_loss,
         name=name or _name(hf_config),
     )
     graph.architecture = hf_architecture(hf_config, seq=seq, causal=causal)
     if dtype != "float32":
         # The optimizer steps fp32 master weights (FSDP2's sharded parameters, or a bf16 run's master copy).
-        graph.optimizer = OptimizerSpec.of(optimizer, 4, optimizer_implementation)
+        graph.optimizer = OptimizerSpec.of(optimizer, 4, optimizer_implementation, max_grad_norm)
     graph.provenance["hf_config"] = json.loads(hf_config.to_json_string(use_diff=True))
     graph.provenance["attn_implementation"] = model.config._attn_implementation
     return graph

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch,
             optimizer=optimizer_kind(args),
             optimizer_implementation=optimizer_implementation(args),
+            max_grad_norm=args.max_grad_norm,
             name=args.name,
             trace=trace_path is not None or chakra_path is not None,
         )
@@ -141,6 +142,7 @@ def capture_hf(args: argparse.Namespace) -> Any:
         seq=args.seq,
         optimizer=args.optimizer or HF_OPTIMIZER,
         optimizer_implementation=optimizer_implementation(args),
+        max_grad_norm=args.max_grad_norm,
         name=args.name or args.hf_config.resolve().parent.name,
     )
 
@@ -196,6 +198,13 @@ def add_builder_arguments(parser: argparse.ArgumentParser) -> None:
         choices=OPTIMIZER_IMPLEMENTATIONS,
         help="how the training run steps it: multi-tensor (PyTorch's default on CUDA), for-loop "
         "(foreach=False) or fused (fused=True, FusedAdam); default multi-tensor",
+    )
+    parser.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="the global gradient norm the training run clips to (clip_grad_norm_); default: no clipping",
     )
 
 

@@ -148,6 +148,7 @@ def load_or_capture(args: argparse.Namespace) -> ModelGraph:
                 ("--set", args.overrides),
                 ("--optimizer", args.optimizer),
                 ("--optimizer-implementation", args.optimizer_implementation),
+                ("--max-grad-norm", args.max_grad_norm),
             )
             if value
         ]
@@ -166,6 +167,7 @@ def load_or_capture(args: argparse.Namespace) -> ModelGraph:
         overrides=args.overrides,
         optimizer=optimizer_kind(args),
         implementation=optimizer_implementation(args),
+        max_grad_norm=args.max_grad_norm,
     )
 
 
@@ -188,6 +190,7 @@ def capture_model(
     overrides: list[str],
     optimizer: str = DEFAULT_OPTIMIZER,
     implementation: str = "multi-tensor",
+    max_grad_norm: float | None = None,
 ) -> ModelGraph:
     from stratagem.tracing import capture
 
@@ -201,6 +204,7 @@ def capture_model(
         batch_size=batch,
         optimizer=optimizer,
         optimizer_implementation=implementation,
+        max_grad_norm=max_grad_norm,
     )
 
 

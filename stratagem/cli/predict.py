@@ -119,6 +119,7 @@ def load_model(args: argparse.Namespace, layouts: list[Any]) -> Any:
                 batch=batch or 1,
                 seq=args.seq,
                 optimizer_implementation=optimizer_implementation(args),
+                max_grad_norm=args.max_grad_norm,
                 name=path.parent.name or None,
             )
         graph = ModelGraph.parse(data)
@@ -136,6 +137,7 @@ def load_model(args: argparse.Namespace, layouts: list[Any]) -> Any:
         overrides=args.overrides,
         optimizer=optimizer_kind(args),
         implementation=optimizer_implementation(args),
+        max_grad_norm=args.max_grad_norm,
     )
 
 

@@ -101,8 +101,7 @@ def build_graph(
     *,
     name: str,
     batch_size: int,
-    optimizer: str,
-    optimizer_implementation: str = "multi-tensor",
+    optimizer: OptimizerSpec,
     provenance: dict[str, Any],
     trace_id: str | None = None,
 ) -> ModelGraph:
@@ -112,7 +111,9 @@ def build_graph(
             name=name,
             batch_size=batch_size,
             dtype=dtype,
-            optimizer=OptimizerSpec.of(optimizer, dtype.itemsize, optimizer_implementation),
+            optimizer=OptimizerSpec.of(
+                optimizer.kind, dtype.itemsize, optimizer.implementation, optimizer.max_grad_norm
+            ),
             layers=[to_layer(r) for r in recorder.layers],
             variables=to_variables(model, recorder),
             trace_id=trace_id,

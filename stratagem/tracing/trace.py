@@ -41,6 +41,7 @@ def capture(
     batch_size: int,
     optimizer: str = "adam",
     optimizer_implementation: str = "multi-tensor",
+    max_grad_norm: float | None = None,
     loss_fn: LossFn | None = None,
     name: str | None = None,
     trace: bool = True,
@@ -54,22 +55,22 @@ def capture(
 
     `optimizer_implementation` says how the training run steps it (`OptimizerSpec.implementation`):
     `multi-tensor` (PyTorch's default on CUDA), `for-loop` (`foreach=False`) or `fused` (`fused=True`,
-    apex's or DeepSpeed's `FusedAdam`); a fused update moves a third of the bytes.
+    apex's or DeepSpeed's `FusedAdam`); a fused update moves a third of the bytes. `max_grad_norm` is the
+    global gradient norm the run clips to (`OptimizerSpec.max_grad_norm`; None when it does not clip).
 
     With `trace` (the default) the step's operator trace is recorded too: the graph's `trace_id`
     names it and `graph.trace` holds it (see `docs/capture.md`).
     """
-    _check_arguments(model, batch_size, optimizer, optimizer_implementation)
+    spec = _check_arguments(model, batch_size, optimizer, optimizer_implementation, max_grad_norm)
     with collector_paused():
-        return _capture(model, example_inputs, batch_size, optimizer, optimizer_implementation, loss_fn, name, trace)
+        return _capture(model, example_inputs, batch_size, spec, loss_fn, name, trace)
 
 
 def _capture(
     model: nn.Module,
     example_inputs: Any,
     batch_size: int,
-    optimizer: str,
-    optimizer_implementation: str,
+    optimizer: OptimizerSpec,
     loss_fn: LossFn | None,
     name: str | None,
     trace: bool,
@@ -81,7 +82,7 @@ def _capture(
     args, kwargs = _split_inputs(fake_batch)
     recorder = Recorder(model, params, buffers)
     graph_name = name or _zoo_name(model) or type(model).__name__
-    tracer = _tracer(graph_name, batch_size, optimizer, params, buffers, fake_batch) if trace else None
+    tracer = _tracer(graph_name, batch_size, optimizer.kind, params, buffers, fake_batch) if trace else None
     with _training_mode(model), fake_mode, torch.enable_grad(), recording(recorder, tracer):
         output = _guarded(recorder, lambda: functional_call(model, (params, buffers), args, kwargs, strict=False))
         loss = _guarded(recorder, lambda: _loss(loss_fn, output))
@@ -89,7 +90,7 @@ def _capture(
         _guarded(recorder, loss.backward)
     if tracer is not None:
         with fake_mode:
-            record_optimizer_step(tracer, params, optimizer, loss)
+            record_optimizer_step(tracer, params, optimizer.kind, loss)
     provenance = _provenance(model, example_inputs, seconds=time.perf_counter() - started)
     operator_trace = _finish_trace(tracer, provenance) if tracer is not None else None
     graph = build_graph(
@@ -98,7 +99,6 @@ def _capture(
         name=graph_name,
         batch_size=batch_size,
         optimizer=optimizer,
-        optimizer_implementation=optimizer_implementation,
         provenance=provenance,
         trace_id=operator_trace.id if operator_trace is not None else None,
     )
@@ -162,7 +162,10 @@ def _block_lists(model: nn.Module) -> list[str]:
     ]
 
 
-def _check_arguments(model: object, batch_size: object, optimizer: str, implementation: str) -> None:
+def _check_arguments(
+    model: object, batch_size: object, optimizer: str, implementation: str, max_grad_norm: float | None
+) -> OptimizerSpec:
+    """The optimizer as the run steps it, at fp32 itemsize (`build_graph` sets the model's)."""
     problems = []
     if not isinstance(model, nn.Module):
         problems.append(Problem("model", f"must be a torch.nn.Module, got {type(model).__name__}"))
@@ -170,7 +173,7 @@ def _check_arguments(model: object, batch_size: object, optimizer: str, implemen
         problems.append(Problem("batch_size", f"must be a positive integer, got {batch_size!r}"))
     if problems:
         raise InvalidGraphError(problems)
-    OptimizerSpec.of(optimizer, implementation=implementation)
+    return OptimizerSpec.of(optimizer, implementation=implementation, max_grad_norm=max_grad_norm)
 
 
 def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
