@@ -264,9 +264,27 @@ def optimizer_implementation(row: Row) -> str:
     return "for-loop" if plain or unsharded_fp32 else "multi-tensor"
 
 
+CLIPPING_SOURCES = ("megatron_sc21_table1", "bigscience_bloom176b", "torchtitan_benchmarks")
+"""Sources whose runs clip the gradient to a global norm of 1.0: Megatron-LM's SC21 script passes
+`--clip-grad 1.0` (examples/sc21/run_table_1.sh), Megatron-DeepSpeed (BLOOM) keeps Megatron's default of
+1.0, torchtitan's Llama 3.1 configs set `max_norm = 1.0` (train_configs/llama3_*.toml)."""
+
+
+def max_grad_norm(row: Row) -> float | None:
+    """The global norm the row's run clips its gradient to (`OptimizerSpec.max_grad_norm`). Hugging Face's
+    Trainer 4.12 clips at its `max_grad_norm` default of 1.0 when it steps the optimizer itself; under
+    DeepSpeed it leaves clipping to the engine, whose `gradient_clipping` the source's configs do not set
+    (4.12 fills it from the Trainer only where a config says "auto"). NVIDIA's ResNet-50 recipe does not clip."""
+    if row.source in CLIPPING_SOURCES:
+        return 1.0
+    if row.source == "deepspeed_autotuning_hf" and row.other.get("variant") == "baseline_hf_ddp":
+        return 1.0
+    return None
+
+
 def training_graph(graph: ModelGraph, row: Row) -> ModelGraph:
-    """The captured graph with the optimizer implementation the row's framework runs."""
-    implementation = optimizer_implementation(row)
-    if graph.optimizer.implementation == implementation:
+    """The captured graph with the optimizer the row's framework runs: its implementation and clipping."""
+    update = {"implementation": optimizer_implementation(row), "max_grad_norm": max_grad_norm(row)}
+    if all(getattr(graph.optimizer, key) == value for key, value in update.items()):
         return graph
-    return graph.replace(optimizer=graph.optimizer.model_copy(update={"implementation": implementation}))
+    return graph.replace(optimizer=graph.optimizer.model_copy(update=update))
