@@ -258,6 +258,14 @@ def test_the_optimizer_implementation_is_recorded_with_the_optimizer() -> None:
     assert capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2).optimizer.implementation == "multi-tensor"
 
 
+def test_the_clip_norm_is_recorded_with_the_optimizer_and_a_graph_without_one_keeps_its_id() -> None:
+    plain = capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, trace=False)
+    clipped = capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, max_grad_norm=1.0, trace=False)
+    assert plain.optimizer.max_grad_norm is None and clipped.optimizer.max_grad_norm == 1.0
+    assert clipped.id != plain.id
+    assert "max_grad_norm" not in str(plain.id_content())
+
+
 def test_bad_arguments_raise_errors_naming_the_field() -> None:
     with pytest.raises(InvalidGraphError, match=r"batch_size: must be a positive integer, got 0"):
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=0)
@@ -265,6 +273,8 @@ def test_bad_arguments_raise_errors_naming_the_field() -> None:
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, optimizer="adamz")
     with pytest.raises(InvalidGraphError, match=r"optimizer.implementation: unknown implementation 'apex'"):
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, optimizer_implementation="apex")
+    with pytest.raises(InvalidGraphError, match=r"optimizer.max_grad_norm: must be a positive finite norm, got 0.0"):
+        capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, max_grad_norm=0.0)
     with pytest.raises(CaptureError, match=r"loss_fn must return a scalar tensor, got shape \[2, 4\]"):
         capture(TwoLinear(), (torch.randn(2, 8),), batch_size=2, loss_fn=lambda out: out)
     frozen = TwoLinear().requires_grad_(False)

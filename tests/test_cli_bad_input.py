@@ -85,6 +85,7 @@ def test_optimize_refuses_a_graph_file_it_cannot_read(
         (["--set", "layers=2"], "--set: configures a builder to capture, but"),
         (["--optimizer", "sgd"], "--optimizer: configures a builder to capture, but"),
         (["--optimizer-implementation", "fused"], "--optimizer-implementation: configures a builder to capture, but"),
+        (["--max-grad-norm", "1.0"], "--max-grad-norm: configures a builder to capture, but"),
         (["--device", "V100"], "--device: names the GPU kind of an AutoDist spec's nodes, but"),
     ],
 )

@@ -44,6 +44,10 @@ def test_capture_records_how_the_optimizer_steps(capsys: pytest.CaptureFixture[s
     assert graph.optimizer.kind == "adamw" and graph.optimizer.implementation == "fused"
     assert main(["capture", "dlrm", "--batch", "2", "--optimizer-implementation", "apex"]) == 2
     assert "--optimizer-implementation: invalid choice: 'apex'" in capsys.readouterr().err
+    assert main(["capture", "dlrm", "--batch", "2", "--max-grad-norm", "0.5"]) == 0
+    assert ModelGraph.parse(capsys.readouterr().out).optimizer.max_grad_norm == 0.5
+    assert main(["capture", "dlrm", "--batch", "2", "--max-grad-norm", "-1"]) != 0
+    assert "optimizer.max_grad_norm: must be a positive finite norm, got -1.0" in capsys.readouterr().err
 
 
 def test_capture_without_output_writes_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,6 +139,21 @@ def test_each_source_steps_its_engines_optimizer(rows) -> None:
     assert published_models.training_graph(gpt_graph(), june).optimizer.implementation == "fused"
 
 
+def test_each_source_clips_as_its_runs_do(rows) -> None:
+    """Megatron's SC21 script passes --clip-grad 1.0, BLOOM keeps Megatron's 1.0, torchtitan's configs set
+    max_norm 1.0; Hugging Face's Trainer clips at 1.0 unless DeepSpeed steps (whose configs set no
+    gradient_clipping); NVIDIA's ResNet-50 recipe does not clip."""
+    clip = published_models.max_grad_norm
+    for row in ("megatron_sc21_table1:1", "bigscience_bloom176b:1", "torchtitan_benchmarks:1"):
+        assert clip(rows[row]) == 1.0
+    assert rows["deepspeed_autotuning_hf:1"].other["variant"] == "baseline_hf_ddp"
+    assert clip(rows["deepspeed_autotuning_hf:1"]) == 1.0
+    assert clip(rows["deepspeed_autotuning_hf:2"]) is None
+    assert clip(rows["dlperf_ngc_pytorch_resnet50:1"]) is None
+    graph = published_models.training_graph(gpt_graph(), rows["megatron_sc21_table1:1"])
+    assert graph.optimizer.max_grad_norm == 1.0 and graph.optimizer.implementation == "fused"
+
+
 def test_each_source_captures_the_attention_and_compute_dtype_its_runs_used(rows) -> None:
     spec = published_models.model_spec
     assert spec(rows["megatron_sc21_table1:1"]).attn_implementation == "eager"
