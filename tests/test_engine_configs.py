@@ -21,7 +21,15 @@ from stratagem.interop.engines import ENGINE_SOURCES, ENGINES, render
 
 # torchtitan/config/job_config.py at e347b1e5 (sections the export writes, and their fields).
 TORCHTITAN_FIELDS = {
-    "training": {"local_batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param", "steps"},
+    "training": {
+        "local_batch_size",
+        "global_batch_size",
+        "seq_len",
+        "dtype",
+        "mixed_precision_param",
+        "steps",
+        "max_norm",
+    },
     "parallelism": {
         "data_parallel_replicate_degree",
         "data_parallel_shard_degree",
@@ -51,9 +59,11 @@ DEEPSPEED_KEYS = {
     "tensor_parallel",
     "pipeline",
     "activation_checkpointing",
+    "gradient_clipping",
 }
 # megatron/training/arguments.py and the config dataclasses its flags come from, at d98e8a64.
 MEGATRON_FLAGS = {
+    "--clip-grad",
     "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size",
     "--context-parallel-size",
@@ -451,3 +461,28 @@ def test_torchtitan_checkpoints_per_op_or_per_layer_never_the_attention_core_alo
         Layout.from_string("dp=8,zero=3,recompute=selective").to_torchtitan()
     with pytest.raises(InvalidLayoutError, match="every n-th layer"):
         Layout.from_torchtitan('[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n')
+
+
+def test_each_engine_clips_as_the_graph_does_and_keeps_its_default_without_a_graph() -> None:
+    """DeepSpeed's `gradient_clipping` and Megatron-LM's `--clip-grad` turn off at 0 (Megatron's default of
+    1.0 clips); torchtitan clips every step at `training.max_norm`; Accelerate clips in the script."""
+    plain = gpt_graph()
+    clipped = plain.replace(optimizer=plain.optimizer.model_copy(update={"max_grad_norm": 0.5}))
+    layout = Layout.from_string("dp=16,zero=3,mb=2,gbs=32,precision=amp-bf16")
+    strategy, clipping = layout.build(plain, gpu_cluster(2, 8)), layout.build(clipped, gpu_cluster(2, 8))
+    assert clipping.to_deepspeed(clipped)["gradient_clipping"] == 0.5
+    assert strategy.to_deepspeed(plain)["gradient_clipping"] == 0.0
+    assert "gradient_clipping" not in layout.to_deepspeed()
+    args = clipping.to_megatron(clipped)
+    assert args[args.index("--clip-grad") + 1] == "0.5"
+    args = strategy.to_megatron(plain)
+    assert args[args.index("--clip-grad") + 1] == "0.0"
+    assert "--clip-grad" not in layout.to_megatron()
+    assert tomllib.loads(clipping.to_torchtitan(clipped))["training"]["max_norm"] == 0.5
+    text = strategy.to_torchtitan(plain)
+    assert "max_norm" not in tomllib.loads(text)["training"] and "the graph does not clip" in text
+    assert "accelerator.clip_grad_norm_(model.parameters(), 0.5)" in clipping.to_accelerate(clipped)
+    assert "clip_grad_norm_" not in strategy.to_accelerate(plain)
+    for engine in ENGINES:
+        imported = getattr(Layout, f"from_{engine}")(getattr(clipping, f"to_{engine}")(clipped))
+        assert imported.build(clipped, gpu_cluster(2, 8)).id == clipping.id, engine

@@ -34,7 +34,9 @@ PREFIX = "parallelism_config_"
 FSDP1_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3, "_HYBRID_SHARD_ZERO2": 2}
 
 
-def layout_to_accelerate(layout: Layout, *, machines: int | None = None) -> str:
+def layout_to_accelerate(layout: Layout, *, machines: int | None = None, clip: float | None = None) -> str:
+    """`clip` (`engines.graph_clip`) has no config key: the training script clips with
+    `accelerator.clip_grad_norm_`, which a comment says."""
     tensor, context = layout.tensor or 1, layout.context or 1
     refuse(ENGINE, _refusals(layout, tensor, context))
     data = layout.data or 1
@@ -71,7 +73,10 @@ def layout_to_accelerate(layout: Layout, *, machines: int | None = None) -> str:
         config["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     config["main_training_function"] = "main"
     config["use_cpu"] = False
-    return yaml.safe_dump(config, sort_keys=False)
+    text = yaml.safe_dump(config, sort_keys=False)
+    if clip:
+        text = f"# clip in the training script: accelerator.clip_grad_norm_(model.parameters(), {clip})\n" + text
+    return text
 
 
 def _refusals(layout: Layout, tensor: int, context: int) -> list[str]:

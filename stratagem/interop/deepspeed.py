@@ -41,7 +41,8 @@ CHECKPOINTING = {
 """DeepSpeed's activation checkpointing defaults (`activation_checkpointing/config.py`), written out."""
 
 
-def layout_to_deepspeed(layout: Layout) -> dict[str, Any]:
+def layout_to_deepspeed(layout: Layout, *, clip: float | None = None) -> dict[str, Any]:
+    """`clip` is the graph's global clip norm (`engines.graph_clip`; 0 turns DeepSpeed's clipping off)."""
     tensor, pipeline = layout.tensor or 1, layout.pipeline or 1
     refuse(ENGINE, _refusals(layout, tensor, pipeline))
     config: dict[str, Any] = {}
@@ -72,6 +73,8 @@ def layout_to_deepspeed(layout: Layout) -> dict[str, Any]:
         }
     if layout.recompute == "full":
         config["activation_checkpointing"] = dict(CHECKPOINTING)
+    if clip is not None:
+        config["gradient_clipping"] = clip
     return config
 
 

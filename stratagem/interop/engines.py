@@ -54,13 +54,23 @@ def strategy_to(engine: Engine, strategy: Strategy, graph: ModelGraph | None) ->
         raise UnsupportedStrategyError(f"{engine} cannot express this strategy: {error}") from None
     arch = architecture_of(graph) if graph is not None else None
     layers = arch.layers if arch is not None else None
+    clip = graph_clip(graph)
     exports: dict[str, Callable[[], Any]] = {
-        "torchtitan": lambda: torchtitan.layout_to_torchtitan(layout, layers=layers),
-        "deepspeed": lambda: deepspeed.layout_to_deepspeed(layout),
-        "megatron": lambda: megatron.layout_to_megatron(layout, layers=layers),
-        "accelerate": lambda: accelerate.layout_to_accelerate(layout, machines=node_count(strategy)),
+        "torchtitan": lambda: torchtitan.layout_to_torchtitan(layout, layers=layers, clip=clip),
+        "deepspeed": lambda: deepspeed.layout_to_deepspeed(layout, clip=clip),
+        "megatron": lambda: megatron.layout_to_megatron(layout, layers=layers, clip=clip),
+        "accelerate": lambda: accelerate.layout_to_accelerate(layout, machines=node_count(strategy), clip=clip),
     }
     return exports[engine]()
+
+
+def graph_clip(graph: ModelGraph | None) -> float | None:
+    """The global norm the graph's run clips to, as the engines write it: 0.0 where the graph does not clip
+    (DeepSpeed's `gradient_clipping` and Megatron-LM's `--clip-grad` turn off at 0), None without a graph
+    (the engine keeps its own default)."""
+    if graph is None:
+        return None
+    return graph.optimizer.max_grad_norm or 0.0
 
 
 def positive_int(engine: str, where: str, value: Any) -> int:

@@ -58,7 +58,9 @@ FLAGS = (
 """Flags read with a value; switches (`--sequence-parallel`, `--bf16`, ...) are read without one."""
 
 
-def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str]:
+def layout_to_megatron(layout: Layout, *, layers: int | None = None, clip: float | None = None) -> list[str]:
+    """`clip` is the graph's global clip norm (`engines.graph_clip`): `--clip-grad`, whose default of 1.0
+    clips, so a graph that does not clip writes 0."""
     tensor, pipeline, context = layout.tensor or 1, layout.pipeline or 1, layout.context or 1
     refuse(ENGINE, _refusals(layout, pipeline, layers))
     args = [
@@ -93,6 +95,8 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None) -> list[str
     }.get(layout.precision, [])
     if layout.fp8_all_gather:
         args.append("--fp8-param-gather")
+    if clip is not None:
+        args += ["--clip-grad", str(clip)]
     return args
 
 

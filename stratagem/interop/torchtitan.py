@@ -49,8 +49,10 @@ FLOAT8_CONVERTER = "quantize.linear.float8"
 AC_MODES = {"none": "none", "selective-op": "selective", "full": "full"}
 
 
-def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
-    """The `[training]`, `[parallelism]`, `[activation_checkpoint]` (and fp8) sections of a job config."""
+def layout_to_torchtitan(layout: Layout, *, layers: int | None = None, clip: float | None = None) -> str:
+    """The `[training]`, `[parallelism]`, `[activation_checkpoint]` (and fp8) sections of a job config.
+    `clip` (`engines.graph_clip`) is `training.max_norm`; torchtitan clips every step (0 would zero the
+    gradients), so a graph that does not clip gets a comment instead."""
     tensor, pipeline, context = layout.tensor or 1, layout.pipeline or 1, layout.context or 1
     reasons = _refusals(layout, tensor, pipeline, context, layers)
     refuse(ENGINE, reasons)
@@ -83,6 +85,8 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
     if layout.async_tensor_parallel:
         parallelism["enable_async_tensor_parallel"] = True
     sections: dict[str, dict[str, Any]] = {"training": _training(layout, pipeline), "parallelism": parallelism}
+    if clip:
+        sections["training"]["max_norm"] = clip
     sections["activation_checkpoint"] = {"mode": AC_MODES[layout.recompute]}
     if layout.recompute == "selective-op":
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
@@ -99,6 +103,8 @@ def layout_to_torchtitan(layout: Layout, *, layers: int | None = None) -> str:
     header = f"# torchtitan job config written by Stratagem for the layout {layout}\n"
     if layout.micro_batch is None:
         header += "# local_batch_size is unset: pass the graph (captured at the micro-batch) to write it\n"
+    if clip == 0.0:
+        header += "# the graph does not clip; torchtitan clips every step at training.max_norm (default 1.0)\n"
     return header + dump_toml(sections)
 
 
