@@ -42,7 +42,7 @@ import numpy as np
 from simulator.allreduce import CollectivePhase, collective_phase
 from simulator.compute import update_seconds
 from simulator.context import SimContext
-from simulator.encoding import CandidateBatch, ConsistencyKind, Precision
+from simulator.encoding import CandidateBatch, ConsistencyKind, Precision, SyncKind
 from simulator.memory import (
     KindSums,
     MemoryPhase,
@@ -166,8 +166,18 @@ def _simulate(context: SimContext, batch: CandidateBatch, detail: bool) -> Batch
 
 
 def supported(context: SimContext, batch: CandidateBatch, topo: Topology) -> np.ndarray:
-    """[N] whether the device can run the candidate's numerics: fp8 needs fp8 tensor cores."""
-    return (batch.precision != Precision.FP8) | context.kinds.peaks.fp8[topo.kind]
+    """[N] whether the device can run the candidate's numerics (fp8 needs fp8 tensor cores), and whether
+    its step can clip the graph's gradient: an asynchronous server applies each worker's push alone, so
+    no whole gradient exists to take the norm of."""
+    ok = (batch.precision != Precision.FP8) | context.kinds.peaks.fp8[topo.kind]
+    if context.graph.optimizer.max_grad_norm is not None:
+        ok &= ~unclippable(batch)
+    return ok
+
+
+def unclippable(batch: CandidateBatch) -> np.ndarray:
+    """[N] rows whose parameter servers run asynchronously (ASP)."""
+    return (batch.consistency == ConsistencyKind.ASP) & (batch.kind == SyncKind.PS).any(axis=1)
 
 
 def _compose(

@@ -8,7 +8,7 @@ import numpy as np
 
 from simulator.context import SimContext
 from simulator.encoding import CandidateBatch, Precision
-from simulator.engine import BREAKDOWN_KEYS, BatchResult, simulate_batch
+from simulator.engine import BREAKDOWN_KEYS, BatchResult, simulate_batch, unclippable
 from stratagem.ir import PredictedPerformance
 
 
@@ -86,6 +86,11 @@ def _prediction(context: SimContext, batch: CandidateBatch, result: BatchResult,
 
 
 def _infeasible_reason(context: SimContext, batch: CandidateBatch, result: BatchResult, i: int) -> str:
+    if context.graph.optimizer.max_grad_norm is not None and unclippable(batch.take(np.array([i])))[0]:
+        return (
+            "the graph clips its gradient (optimizer.max_grad_norm) and asynchronous parameter servers "
+            "apply each worker's push alone: no whole gradient to clip (use BSP or SSP)"
+        )
     if int(batch.precision[i]) == Precision.FP8:
         kind = context.kinds.specs[_kind(context, batch, i)]
         if "float8" not in kind.peak_flops:

@@ -513,3 +513,17 @@ def test_clipping_reads_each_stepped_gradient_for_its_norm_then_scales_it() -> N
     loop = {"implementation": "for-loop"}
     looped = update({**loop, "max_grad_norm": 1.0}) - update(loop)
     assert looped == pytest.approx(three_passes + tensors * 2 * spec.launch_overhead_s, rel=1e-6)
+
+
+def test_a_graph_that_clips_cannot_run_asynchronous_parameter_servers_and_is_told_why() -> None:
+    from sample_documents import make_mlp_graph, make_t4_cluster
+
+    from stratagem.builders import PS
+
+    graph, cluster = make_mlp_graph(), make_t4_cluster(2)
+    clipped = graph.replace(optimizer=graph.optimizer.model_copy(update={"max_grad_norm": 1.0}))
+    for sync, staleness in ((True, 0), (True, 2)):
+        assert predict(clipped, cluster, PS(sync=sync, staleness=staleness).build(clipped, cluster)).feasible
+    asp = predict(clipped, cluster, PS(sync=False).build(clipped, cluster))
+    assert not asp.feasible and "optimizer.max_grad_norm" in (asp.infeasible_reason or "")
+    assert predict(graph, cluster, PS(sync=False).build(graph, cluster)).feasible
