@@ -36,7 +36,7 @@ class AllReduceBucket(Executor):
     def launch(self, stats: StatsRecorder) -> None:
         self.reducer.start([piece.grad() for piece in self.pieces])
 
-    def finish(self, stats: StatsRecorder) -> None:
+    def settle(self, stats: StatsRecorder) -> None:
         with stats.waiting(self.kind):
             averaged = self.reducer.finish()
         stats.add_bytes(self.kind, self.reducer.wire_bytes)
@@ -65,9 +65,9 @@ class HierarchicalBucket(Executor):
         self._pending = (flat, node.reduce(flat, self.comm.leader_of(self.comm.rank), async_op=True))
         stats.add_bytes(self.kind, flat.numel() * flat.element_size())
 
-    def finish(self, stats: StatsRecorder) -> None:
+    def settle(self, stats: StatsRecorder) -> None:
         if self._pending is None:
-            raise RuntimeError("finish() before launch()")
+            raise RuntimeError("settle() before launch()")
         (flat, work), self._pending = self._pending, None
         comm, leader = self.comm, self.comm.leader_of(self.comm.rank)
         with stats.waiting(self.kind):
@@ -94,7 +94,7 @@ class SparseAllReduce(Executor):
     def params(self) -> list[nn.Parameter]:
         return [piece.param for piece in self.pieces]
 
-    def finish(self, stats: StatsRecorder) -> None:
+    def settle(self, stats: StatsRecorder) -> None:
         own = []
         for piece in self.pieces:
             param = piece.param

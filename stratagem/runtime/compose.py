@@ -1,11 +1,11 @@
 """The executors of a resolved data-parallel plan, composed behind one DistributedOptimizer.
 
 Plain data parallelism (`distribute`) and the data-parallel part of a tensor or pipeline mesh
-(`hybrid`) synchronize the same way, so they share this one composition. Executors run in the order
-their `finish` runs at each step, which must be the same on every rank because collectives match by
-issue order: all-reduce buckets first (already in flight since backward, finishing them only waits),
-then ZeRO buckets (in flight too; their all-gathers are the only new traffic), then parameter servers
-last (their pulls wait on server arithmetic and nothing is queued behind them). The user's optimizer
+(`hybrid`) synchronize the same way, so they share this one composition. Executors settle and apply
+at each step in list order, which must be the same on every rank because collectives match by issue
+order: all-reduce buckets first (already in flight since backward, settling them only waits), then
+ZeRO buckets (in flight too; their all-gathers are the only new traffic), then parameter servers last
+(their pulls wait on server arithmetic and nothing is queued behind them). The user's optimizer
 runs after all of them: it needs every averaged gradient, and the parameters it updates are disjoint
 from those the executors update.
 """

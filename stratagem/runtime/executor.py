@@ -1,11 +1,14 @@
-"""The two-phase contract every synchronizer executor follows, and the hooks that drive phase one.
+"""The contract every synchronizer executor follows, and the hooks that drive its first phase.
 
 Phase one (`launch`) runs inside backward, from a post-accumulate-grad hook, as soon as the last
 gradient an executor needs is ready: it starts asynchronous communication, as DDP's buckets do, so
-it overlaps the rest of backward. Phase two (`finish`) runs in the optimizer step: it waits, and for
-parameter servers and ZeRO shards also applies the update. Collectives match by issue order, so
-every rank must launch and finish executors in the same order: backward order for launches (the same
-graph runs on every rank), list order for anything still unlaunched at the step.
+it overlaps the rest of backward. The optimizer step then runs two more phases over every executor:
+`settle` waits for the communication and holds the averaged gradient this rank will apply, and
+`apply` runs the updates parameter servers and ZeRO shards own, then pulls or all-gathers the new
+values. Every executor settles before any applies, so the global gradient norm can be taken between
+the two (`clipping.py`). Collectives match by issue order, so every rank must launch, settle and
+apply executors in the same order: backward order for launches (the same graph runs on every rank),
+list order for anything still unlaunched at the step and for both later phases.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
@@ -33,8 +38,34 @@ class Executor(ABC):
         """Start communication that can overlap the rest of backward; many executors have none."""
 
     @abstractmethod
+    def settle(self, stats: StatsRecorder) -> None:
+        """Complete the gradient communication: an all-reduced gradient lands in `param.grad` (the user's
+        optimizer or a replicated shard steps it), a served or sharded one is held for `apply`."""
+
+    def apply(self, stats: StatsRecorder) -> None:  # noqa: B027 - optional phase
+        """Update what this executor owns with the gradient `settle` held, then share the new values."""
+
+    def applied_gradients(self) -> list[AppliedGradient]:
+        """The averaged gradient `apply` will step on this rank, for the global norm; empty when the user's
+        optimizer steps this executor's gradients (the norm counts them with its parameters)."""
+        return []
+
     def finish(self, stats: StatsRecorder) -> None:
-        """Complete communication and apply any update this executor owns."""
+        """Both phases of the step in turn, for an executor driven on its own (calibration probes)."""
+        self.settle(stats)
+        self.apply(stats)
+
+
+@dataclass(frozen=True)
+class AppliedGradient:
+    """Part of an averaged gradient an executor applies on this rank."""
+
+    param: nn.Parameter
+    """The parameter the values belong to."""
+    values: torch.Tensor
+    """Dense values, or the values of a sparse gradient's rows."""
+    owners: int = 1
+    """Ranks of the executor's group that apply these same values (a hybrid ZeRO chunk's replicas)."""
 
 
 class GradReadiness:
@@ -72,8 +103,8 @@ class GradReadiness:
         with self.stats.launching():
             self.executors[index].launch(self.stats)
 
-    def finish_all(self) -> None:
-        """Launch what backward did not (unused parameters), then finish everything, in list order."""
+    def settle_all(self) -> None:
+        """Launch what backward did not (unused parameters), then settle everything, in list order."""
         if self._repeated is not None:
             raise UnsupportedStrategyError(
                 f"{self._repeated}: gradient accumulation over several backward passes per step is not supported yet"
@@ -82,9 +113,14 @@ class GradReadiness:
             if not launched:
                 self._launch(index)
         for executor in self.executors:
-            executor.finish(self.stats)
+            executor.settle(self.stats)
         self._ready = [set() for _ in self.executors]
         self._launched = [False] * len(self.executors)
+
+    def apply_all(self) -> None:
+        """Apply every executor's update, in list order."""
+        for executor in self.executors:
+            executor.apply(self.stats)
 
     def remove(self) -> None:
         _remove_handles(self._handles)

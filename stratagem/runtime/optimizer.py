@@ -1,11 +1,12 @@
 """The optimizer `distribute` hands back: the user's optimizer, plus the synchronization it needs.
 
 It shares the wrapped optimizer's param groups and state (so schedulers, `zero_grad` and
-`state_dict` behave as usual) and its `step()` first completes every executor (waits on all-reduce
-buckets, runs server and shard updates), then lets the user's optimizer update only the parameters
-every rank updates itself. Parameters updated elsewhere have their gradient hidden from it for the
-call, which every torch optimizer reads as "skip this parameter". Under `amp-fp16` a step whose
-gradients overflowed on any rank completes its communication and updates nothing (`LossScaler`).
+`state_dict` behave as usual) and its `step()` first settles every executor (waits on all-reduce
+buckets and server pushes), then applies them (runs server and shard updates), then lets the user's
+optimizer update only the parameters every rank updates itself. Parameters updated elsewhere have
+their gradient hidden from it for the call, which every torch optimizer reads as "skip this
+parameter". Under `amp-fp16` a step whose gradients overflowed on any rank completes its
+communication and updates nothing (`LossScaler`).
 A 16-bit parameter (a `bf16` model's) is stepped through an fp32 master copy by a clone of the user's
 optimizer (`updates.MasterUpdater`), so its optimizer state is fp32 and lives with the clone.
 """
@@ -63,7 +64,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._stats.begin_step()
         apply = self.scaler.ready() if self.scaler is not None else True
         with skipping_updates(not apply):
-            self._readiness.finish_all()
+            self._readiness.settle_all()
+            self._readiness.apply_all()
         with self._stats.updating():
             if apply and self._replicated is not None:
                 self._replicated.step()

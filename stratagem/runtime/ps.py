@@ -39,7 +39,7 @@ from stratagem.runtime.comm import (
     unflatten,
     wait,
 )
-from stratagem.runtime.executor import Executor
+from stratagem.runtime.executor import AppliedGradient, Executor
 from stratagem.runtime.plan import Piece
 from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import MasterUpdater
@@ -94,6 +94,7 @@ class DensePSBucket(Executor):
         self.versions: deque[torch.Tensor] = deque([self._version()]) if self.updater else deque()
         self.pushed, self.pulled = FlatBuffer(), FlatBuffer()
         self._pending: tuple[torch.Tensor, Work, list[torch.Tensor] | None] | None = None
+        self._pushes: list[torch.Tensor] = []
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -111,9 +112,19 @@ class DensePSBucket(Executor):
         else:
             self._pending = (flat, route.upper.reduce(flat, route.server, async_op=True), None)
 
-    def finish(self, stats: StatsRecorder) -> None:
+    def settle(self, stats: StatsRecorder) -> None:
         with stats.waiting(self.kind):
-            pushes = self._collect()
+            self._pushes = self._collect()
+
+    def applied_gradients(self) -> list[AppliedGradient]:
+        return [
+            AppliedGradient(piece.param, grad)
+            for push in self._pushes
+            for piece, grad in zip(self.pieces, unflatten(push, self.shapes), strict=True)
+        ]
+
+    def apply(self, stats: StatsRecorder) -> None:
+        pushes, self._pushes = self._pushes, []
         if self.updater is not None:
             with stats.updating():
                 for push in pushes:
@@ -147,7 +158,7 @@ class DensePSBucket(Executor):
     def _collect(self) -> list[torch.Tensor]:
         """The server's list of gradients to apply, in order; empty on other ranks."""
         if self._pending is None:
-            raise RuntimeError("finish() before launch()")
+            raise RuntimeError("settle() before launch()")
         (flat, work, gathered), self._pending = self._pending, None
         route, world = self.route, self.route.comm.world_size
         wait(work)
@@ -191,21 +202,30 @@ class SparsePSShard(Executor):
         self.row_shape = piece.param.shape[1:]
         self.updater = _updater(optimizer, [piece]) if self.route.is_server else None
         self.deltas: deque[Rows] = deque()
+        self._pushes: list[Rows] = []
 
     @property
     def params(self) -> list[nn.Parameter]:
         return [self.piece.param]
 
-    def finish(self, stats: StatsRecorder) -> None:
+    def settle(self, stats: StatsRecorder) -> None:
         piece = self.piece
         idx, vals = coalesced_rows(piece.param.grad, piece.start, piece.length, self.row_shape, piece.param.detach())
         stats.add_bytes(self.kind, idx.numel() * idx.element_size() + vals.numel() * vals.element_size())
         with stats.waiting(self.kind):
-            pushes = self._collect(idx, vals)
-        empty = (idx.new_zeros(0), vals.new_zeros((0, *self.row_shape)))
+            self._pushes = self._collect(idx, vals)
+
+    def applied_gradients(self) -> list[AppliedGradient]:
+        return [AppliedGradient(self.piece.param, vals) for _, vals in self._pushes]
+
+    def apply(self, stats: StatsRecorder) -> None:
+        pushes, self._pushes = self._pushes, []
+        piece = self.piece
         if self.updater is not None:
             with stats.updating():
                 self.deltas.append(self._apply(pushes))
+        value = piece.value()
+        empty = (torch.zeros(0, dtype=torch.long, device=value.device), value.new_zeros((0, *self.row_shape)))
         send = self.deltas.popleft() if len(self.deltas) > self.lag else empty
         with stats.waiting(self.kind):
             idx, vals = self._pull(*send)

@@ -8,7 +8,7 @@ that one flat tensor), and is the only rank of its group that updates it.
 - Stage 2: gradients are reduce-scattered over the shard group, launched in backward as soon as the
   group's last gradient is ready; each rank keeps only its chunk of the averaged gradient.
 - Stage 1: gradients are all-reduced whole over the data-parallel group (every rank's `param.grad`
-  holds the average after the step, for clipping or logging), then each rank updates its chunk.
+  holds the average after the step, unclipped, for logging), then each rank updates its chunk.
 - Hybrid (`shard_group` g < data degree): the reduce-scattered chunk is all-reduced across the groups
   (the ranks holding the same chunk), as HSDP and ZeRO++'s hpZ do; the all-gather stays inside the group.
 
@@ -27,7 +27,7 @@ from torch import nn
 
 from stratagem.ir import ShardedSynchronizer
 from stratagem.runtime.comm import Comm, FlatBuffer, Team, Work, unflatten, wait
-from stratagem.runtime.executor import Executor
+from stratagem.runtime.executor import AppliedGradient, Executor
 from stratagem.runtime.plan import Piece
 from stratagem.runtime.stats import StatsRecorder
 from stratagem.runtime.updates import MasterUpdater
@@ -66,7 +66,9 @@ class ZeroBucket(Executor):
         own = FlatBuffer().flatten([p.value() for p in pieces], numel=self.padded_numel)[start : start + self.chunk]
         self.updater = MasterUpdater(optimizer, [pieces[0].group_index], [own])
         self.padded, self.mine, self.gathered = FlatBuffer(), FlatBuffer(), FlatBuffer()
+        self._segments = _segments(pieces, start, self.chunk)
         self._pending: tuple[torch.Tensor, torch.Tensor, Work] | None = None
+        self._mine: torch.Tensor | None = None
 
     @property
     def padded_numel(self) -> int:
@@ -85,9 +87,9 @@ class ZeroBucket(Executor):
         mine = self.mine.empty(self.chunk, flat)
         self._pending = (flat, mine, self.shard.reduce_scatter(mine, flat, async_op=True))
 
-    def finish(self, stats: StatsRecorder) -> None:
+    def settle(self, stats: StatsRecorder) -> None:
         if self._pending is None:
-            raise RuntimeError("finish() before launch()")
+            raise RuntimeError("settle() before launch()")
         (flat, mine, work), self._pending = self._pending, None
         with stats.waiting(self.kind):
             wait(work)
@@ -102,6 +104,20 @@ class ZeroBucket(Executor):
                 mine = flat[self.index * self.chunk : (self.index + 1) * self.chunk]
             else:
                 mine.div_(self.comm.world_size)
+        self._mine = mine
+
+    def applied_gradients(self) -> list[AppliedGradient]:
+        if self._mine is None:
+            return []
+        owners = self.replicate.size if self.replicate is not None else 1
+        mine = self._mine
+        return [AppliedGradient(param, mine[first:end], owners) for param, first, end in self._segments]
+
+    def apply(self, stats: StatsRecorder) -> None:
+        if self._mine is None:
+            raise RuntimeError("apply() before settle()")
+        mine, self._mine = self._mine, None
+        with stats.updating():
             self.updater.step([mine])
         master = self.updater.masters[0]
         dtype = self.pieces[0].value().dtype
@@ -113,6 +129,19 @@ class ZeroBucket(Executor):
         with torch.no_grad():
             for piece, value in zip(self.pieces, unflatten(gathered[: self.total], self.shapes), strict=True):
                 piece.value().copy_(value)
+
+
+def _segments(pieces: list[Piece], start: int, length: int) -> list[tuple[nn.Parameter, int, int]]:
+    """Where each piece's elements fall in the chunk [start, start + length) of the flat buffer, as
+    (parameter, first, end) offsets into the chunk; pieces outside it are left out."""
+    out = []
+    offset = 0
+    for piece in pieces:
+        first, end = max(offset, start), min(offset + piece.numel, start + length)
+        if first < end:
+            out.append((piece.param, first - start, end - start))
+        offset += piece.numel
+    return out
 
 
 def apply_sharded(
