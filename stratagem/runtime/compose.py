@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from stratagem.runtime.allreduce import apply_allreduce
+from stratagem.runtime.clipping import GradClipper
 from stratagem.runtime.comm import Comm
 from stratagem.runtime.executor import Executor, GradReadiness
 from stratagem.runtime.optimizer import DistributedOptimizer
@@ -41,12 +42,13 @@ def apply_synchronization(
     fully_sharded: list[nn.Parameter] | None = None,
     scaler: LossScaler | None = None,
     shard_teams: ShardTeams | None = None,
+    clipper: GradClipper | None = None,
 ) -> DistributedOptimizer:
     """The user's optimizer wrapped so its step first synchronizes every variable as `plan` says.
         `launch_in_backward=False` launches every collective at the step instead (gradients that
         accumulate over micro-batches are not ready when backward first produces them). `fully_sharded`
         parameters (FSDP2's, synchronized by FSDP itself) are stepped by the user's optimizer; `shard_teams`
-    are the hybrid shard groups of ZeRO-1/2 buckets."""
+    are the hybrid shard groups of ZeRO-1/2 buckets; `clipper` clips each step to a global gradient norm."""
     executors: list[Executor] = []
     executors += apply_allreduce(plan.allreduce, plan.sparse_allreduce, comm=comm)
     executors += apply_sharded(plan.sharded, comm=comm, optimizer=optimizer, teams=shard_teams)
@@ -63,4 +65,5 @@ def apply_synchronization(
         local_params=plan.local + list(fully_sharded or []),
         stats=stats,
         scaler=scaler,
+        clipper=clipper,
     )

@@ -2,8 +2,8 @@
 
 Order of composition, and why:
 1. `refuse_unrunnable`, then `resolve_plan`, before any collective: a strategy the runtime cannot
-   execute on these devices is refused on every rank alike, with the reason (and the variable's name),
-   and no rank is left waiting in a collective.
+   execute on these devices (or clip, given `max_grad_norm`) is refused on every rank alike, with the
+   reason (and the variable's name), and no rank is left waiting in a collective.
 2. Place the model on the replica's kind of device (in bf16 for `bf16`, its Linears converted for
    `fp8`), then broadcast rank 0's parameters and buffers, so every rank (and every server's master
    copy, made next) starts from the same values, as DDP does.
@@ -23,6 +23,7 @@ from torch import nn
 
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import AllReduceSynchronizer, Strategy, parse_device
+from stratagem.runtime.clipping import GradClipper, Holders, check_max_grad_norm, clipping_refusal
 from stratagem.runtime.comm import Comm, flatten, unflatten
 from stratagem.runtime.compile import apply_compile
 from stratagem.runtime.compose import apply_synchronization
@@ -51,6 +52,7 @@ def distribute(
     rank: int | None = None,
     process_group: dist.ProcessGroup | None = None,
     loss_fn: LossFn | None = None,
+    max_grad_norm: float | None = None,
 ) -> tuple[nn.Module, DistributedOptimizer]:
     """Make `model` and `optimizer` train under `strategy` on this rank; train with them as usual.
 
@@ -59,13 +61,18 @@ def distribute(
     mesh the slice is the data-parallel group's (`data_parallel_rank`; with a context degree each rank then
     keeps its positions of each sequence, `context_shard`), and a pipelined strategy returns a
     `PipelinedModel` trained with `model.train_step(*inputs, target=...)` and `loss_fn(output, target)`.
+    With `max_grad_norm` every step clips the averaged gradient to that global L2 norm, as
+    `torch.nn.utils.clip_grad_norm_` would on one process (`clipping.py`); the optimizer's
+    `last_grad_norm` is the norm before clipping. Clipping the local gradients before `optimizer.step()`
+    would not do: they are not averaged yet, and servers and ZeRO shards update inside the step.
     """
+    max_grad_norm = check_max_grad_norm(max_grad_norm)
     if not dist.is_available() or not dist.is_initialized():
         raise UnsupportedStrategyError(
             "no process group: call stratagem.runtime.init_from_env() or torch.distributed.init_process_group() first"
         )
     strategy = load_strategy(strategy) if isinstance(strategy, str | Path) else strategy
-    refuse_unrunnable(strategy)
+    refuse_unrunnable(strategy, max_grad_norm=max_grad_norm)
     world_size, me = dist.get_world_size(process_group), dist.get_rank(process_group)
     if rank is not None and rank != me:
         raise UnsupportedStrategyError(f"rank {rank} was given but this process is rank {me} of its process group")
@@ -85,6 +92,7 @@ def distribute(
             device=device,
             loss_fn=loss_fn,
             broadcast=broadcast_module,
+            max_grad_norm=max_grad_norm,
         )
     plan = resolve_plan(model, optimizer, strategy, world_size=world_size, rank=me)
     device = place_model(model, strategy.replicas[me])
@@ -97,12 +105,17 @@ def distribute(
     apply_precision_forward(model, strategy, device, scaler)
     if strategy.compile:
         apply_compile(model)
-    return model, apply_synchronization(plan, optimizer, comm=comm, device=device, scaler=scaler)
+    clipper = None
+    if max_grad_norm is not None:
+        holders = Holders(stage_ranks=world_size, group_ranks=world_size)
+        clipper = GradClipper(max_grad_norm, holders=holders, group=process_group, device=device)
+    return model, apply_synchronization(plan, optimizer, comm=comm, device=device, scaler=scaler, clipper=clipper)
 
 
-def refuse_unrunnable(strategy: Strategy) -> None:
-    """Knobs of the strategy document that cannot run on its devices here are refused on every rank
-    alike (the reason depends on the replicas, not on the rank), before any collective, never ignored."""
+def refuse_unrunnable(strategy: Strategy, *, max_grad_norm: float | None = None) -> None:
+    """Knobs of the strategy document that cannot run on its devices here, and clipping a strategy whose
+    steps have no one gradient, are refused on every rank alike (the reason depends on the replicas, not
+    on the rank), before any collective, never ignored."""
     kinds = {parse_device(replica)[1] for replica in strategy.replicas}
     kind = "CPU" if "CPU" in kinds else "GPU"
     reasons = []
@@ -121,6 +134,9 @@ def refuse_unrunnable(strategy: Strategy) -> None:
             "precision 'amp-fp16' with a compressor that keeps error feedback: a step whose scaled gradients "
             "overflowed would leave inf in the error buffer for every later step (use error_feedback false)"
         )
+    clipping = clipping_refusal(strategy) if max_grad_norm is not None else None
+    if clipping is not None:
+        reasons.append(clipping)
     if reasons:
         raise UnsupportedStrategyError("; ".join(reasons))
 

@@ -29,7 +29,8 @@ Order of composition, and why:
    holds the same shard of every split parameter, so the executors work on local shards. FSDP2's
    parameters are synchronized by FSDP2 and stepped by the user's optimizer.
 With micro-batches a parameter's gradient accumulates over several backward passes, so the executors
-launch at the optimizer step instead of inside backward.
+launch at the optimizer step instead of inside backward. Clipping to a global gradient norm takes one
+norm over the whole world, every stage and tensor shard (`clipping.Holders` says who holds what).
 
 The device mesh is (replicate, shard, pipeline, context, tensor) (`mesh_layout.device_meshes`).
 """
@@ -45,6 +46,7 @@ from torch import nn
 from stratagem.errors import UnsupportedStrategyError
 from stratagem.ir import ShardedSynchronizer, Strategy, device_address
 from stratagem.parallel_rules import context_pipeline_refusal
+from stratagem.runtime.clipping import GradClipper, Holders
 from stratagem.runtime.comm import Comm
 from stratagem.runtime.compile import apply_compile
 from stratagem.runtime.compose import apply_synchronization
@@ -93,8 +95,10 @@ def distribute_mesh(
     device: torch.device,
     loss_fn: LossFn | None,
     broadcast: Callable[[nn.Module, Comm], None],
+    max_grad_norm: float | None = None,
 ) -> tuple[nn.Module, DistributedOptimizer]:
-    """The hybrid half of `distribute`: `model` is already on `device`; `broadcast` copies rank 0's model."""
+    """The hybrid half of `distribute`: `model` is already on `device`; `broadcast` copies rank 0's model;
+    `max_grad_norm` (checked by `distribute`) clips each step to the whole model's gradient norm."""
     # DTensor and pipelining cost about 2 s of imports; only meshes need them.
     from stratagem.runtime.pipeline_parallel import (
         AccumulatedModel,
@@ -156,6 +160,7 @@ def distribute_mesh(
     numerics = StepNumerics(strategy.precision, device.type, scaler)
     runner: nn.Module = model
     module = model
+    tied: dict[int, int] = {}
     if chunks is None and cuts is None:
         apply_precision_forward(model, strategy, device, scaler)
     if accumulate_in_forward and pipeline is not None:
@@ -183,6 +188,7 @@ def distribute_mesh(
             for q in range(layout.pipeline)
         ]
         module = _holder(by_rank[p])
+        tied = {id(by_rank[p][n]): sum(n in stage for stage in by_rank) for n in _tied(by_rank) if n in by_rank[p]}
         runner = TracedPipelinedModel(
             model,
             cuts=cuts,
@@ -204,6 +210,10 @@ def distribute_mesh(
     if scaler is not None:
         scaler.watch(synchronized.parameters(), sharded=fsdp_params)
     teams = shard_teams(meshes, layout, rank, group_size) if group_size < layout.data else None
+    clipper = None
+    if max_grad_norm is not None:
+        holders = Holders(world_size // layout.pipeline, len(layout.data_group(rank)), tied)
+        clipper = GradClipper(max_grad_norm, holders=holders, group=None, device=device)
     optimizer_out = _synchronize(
         synchronized,
         optimizer,
@@ -215,6 +225,7 @@ def distribute_mesh(
         fully_sharded=fsdp_params,
         scaler=scaler,
         teams=teams,
+        clipper=clipper,
     )
     return runner, optimizer_out
 
@@ -360,6 +371,7 @@ def _synchronize(
     fully_sharded: list[nn.Parameter],
     scaler: LossScaler | None,
     teams: ShardTeams | None,
+    clipper: GradClipper | None,
 ) -> DistributedOptimizer:
     members = layout.data_group(rank)
     part = _data_parallel_part(strategy, module, members)
@@ -380,4 +392,5 @@ def _synchronize(
         fully_sharded=fully_sharded,
         scaler=scaler,
         shard_teams=teams,
+        clipper=clipper,
     )

@@ -26,9 +26,10 @@ class SyncStats:
     launch_s: float = 0.0
     """Part of compute_s spent inside backward hooks flattening, compressing and launching collectives."""
     wait_s: dict[str, float] = field(default_factory=dict)
-    """Seconds blocked on communication in the step, per synchronizer kind (allreduce, ps, sharded)."""
+    """Seconds blocked on communication in the step, per synchronizer kind (allreduce, ps, sharded), and
+    on the global gradient norm's all-reduce when the step clips (clip)."""
     update_s: float = 0.0
-    """Optimizer arithmetic: the local step, server updates and shard updates."""
+    """Optimizer arithmetic: the local step, server updates and shard updates, and clipping's norm and scaling."""
     step_s: float = 0.0
     """Total wall time inside `optimizer.step()`."""
     wire_bytes: dict[str, int] = field(default_factory=dict)

@@ -57,6 +57,20 @@ def skipping_updates(skip: bool) -> Iterator[None]:
         _SKIPPING.reset(token)
 
 
+_SCALE: ContextVar[torch.Tensor | None] = ContextVar("stratagem_update_scale", default=None)
+
+
+@contextlib.contextmanager
+def scaling_updates(coefficient: torch.Tensor | None) -> Iterator[None]:
+    """Inside it (when `coefficient` is given), master updates step with their gradients times it: the
+    clipping coefficient, which reaches gradients a server or ZeRO rank applies only here (`clipping.py`)."""
+    token = _SCALE.set(coefficient)
+    try:
+        yield
+    finally:
+        _SCALE.reset(token)
+
+
 def _sync_hyperparameters(source: dict, target: dict) -> None:
     for key, value in source.items():
         if key != "params":
@@ -104,8 +118,11 @@ class MasterUpdater:
         """One optimizer step of every master with the given gradients (dense or sparse; None skips one)."""
         if _SKIPPING.get():
             return
+        scale = _SCALE.get()
         for master, grad in zip(self.masters, grads, strict=True):
-            master.grad = grad if grad is None or grad.dtype == master.dtype else grad.to(master.dtype)
+            if grad is not None and grad.dtype != master.dtype:
+                grad = grad.to(master.dtype)
+            master.grad = grad if grad is None or scale is None else grad * scale
         for gi, clone in self.clones.items():
             _sync_hyperparameters(self.optimizer.param_groups[gi], clone.param_groups[0])
             clone.step()
