@@ -80,8 +80,9 @@ def trial(
     lone process becomes a one-rank group). `batch_size` is per replica (default: the graph's);
     `optimizer` is a torch optimizer over the model's parameters or an optimizer kind; `loss_fn(output)`
     defaults to the output itself when it is a scalar (the zoo's models and Hugging Face models given
-    labels return their loss), else the sum of its first tensor. `record_to`, `graph` and `resources`
-    together record the result on the service.
+    labels return their loss), else the sum of its first tensor. Steps clip to the graph's
+    `optimizer.max_grad_norm` when it has one. `record_to`, `graph` and `resources` together record the
+    result on the service.
     """
     from stratagem.runtime import distribute, init_from_env, load_strategy, replica_device
 
@@ -97,7 +98,8 @@ def trial(
         )
     torch_optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else make_optimizer(optimizer, model)
     device = replica_device(strategy.replicas[rank])
-    model, torch_optimizer = distribute(model, torch_optimizer, strategy, rank=rank)
+    max_grad_norm = graph.optimizer.max_grad_norm if graph is not None else None
+    model, torch_optimizer = distribute(model, torch_optimizer, strategy, rank=rank, max_grad_norm=max_grad_norm)
     loss_of = loss_fn or default_loss
     dist.barrier()
     times = []

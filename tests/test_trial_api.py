@@ -147,3 +147,19 @@ def test_a_graph_captured_from_the_zoo_trials_the_zoo_model_and_any_other_graph_
     tampered = graph.replace(provenance={**graph.provenance, "zoo": {**graph.provenance["zoo"], "name": "os.system"}})
     assert isinstance(workload_for_graph(tampered), ReplayWorkload)
     assert isinstance(workload_for_graph(make_mlp_graph()), ReplayWorkload)
+
+
+def test_a_trial_of_a_graph_that_clips_clips_to_the_graphs_norm():
+    from stratagem import zoo
+    from stratagem.tracing import capture
+    from trial_runner import workload_for_graph
+
+    module, make_batch = zoo.build("dlrm", "small")
+    graph = capture(module, make_batch(8), batch_size=8, optimizer="adagrad", max_grad_norm=1.0)
+    assert workload_for_graph(graph).max_grad_norm == 1.0
+    assert ZooWorkload("dlrm").max_grad_norm is None
+    mlp = make_mlp_graph()
+    replay = ReplayWorkload(mlp.replace(optimizer=mlp.optimizer.model_copy(update={"max_grad_norm": 0.5})))
+    assert FaultWorkload(inner=replay, fault="raise").max_grad_norm == 0.5
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        ZooWorkload("dlrm", max_grad_norm=0.0)

@@ -68,6 +68,16 @@ def test_a_zoo_model_trains_under_a_parameter_server_strategy():
     assert all("ps" in r.wait_by_kind_s for r in result.ranks)
 
 
+def test_a_graph_that_clips_refuses_asynchronous_servers_in_its_trial(trial_setup):
+    """The trial passes the graph's clip norm to the runtime, which refuses ASP with the reason."""
+    graph, resources, _ = trial_setup
+    clipped = graph.replace(optimizer=graph.optimizer.model_copy(update={"max_grad_norm": 1.0}))
+    asp = PS(sync=False).build(clipped, resources)
+    result = run_trial(ReplayWorkload(clipped), resources, asp, warmup=0, steps=1, timeout=120)
+    assert result.outcome == Outcome.invalid
+    assert "asynchronous parameter server" in result.error
+
+
 def test_a_strategy_for_another_model_is_refused_by_the_runtime_as_invalid(trial_setup):
     _, resources, strategy = trial_setup  # names fc1.weight ..., which gpt does not have
     result = run_trial(ZooWorkload("gpt", batch_size=2), resources, strategy, warmup=0, steps=1, timeout=120)

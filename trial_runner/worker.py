@@ -98,7 +98,9 @@ def _train(
     if spec.prime_optimizer:
         report.optimizer_primed = prime_optimizer_state(built, optimizer, spec.strategy, seed=spec.seed, device=device)
     advance("distribute", 0)
-    model, optimizer = distribute(built.model, optimizer, spec.strategy, rank=rank)
+    model, optimizer = distribute(
+        built.model, optimizer, spec.strategy, rank=rank, max_grad_norm=spec.workload.max_grad_norm
+    )
     dist.barrier()
     for step in range(spec.warmup + spec.steps):
         warm = step < spec.warmup

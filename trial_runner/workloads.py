@@ -43,6 +43,8 @@ class ZooWorkload(_Spec):
     overrides: dict[str, int | float | bool | str] = Field(default_factory=dict)
     """Keyword arguments for the zoo builder (e.g. `num_layers`), JSON scalars only."""
     optimizer: OptimizerKind = "adam"
+    max_grad_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """The global gradient norm each step clips to (the graph's `optimizer.max_grad_norm`); None clips nothing."""
 
     def __init__(self, name: str | None = None, /, **data: Any) -> None:
         if name is not None:
@@ -100,6 +102,10 @@ class ReplayWorkload(_Spec):
         return self.graph.optimizer.kind
 
     @property
+    def max_grad_norm(self) -> float | None:
+        return self.graph.optimizer.max_grad_norm
+
+    @property
     def label(self) -> str:
         return f"replay:{self.graph.name}"
 
@@ -127,6 +133,10 @@ class FaultWorkload(_Spec):
         return self.inner.optimizer
 
     @property
+    def max_grad_norm(self) -> float | None:
+        return self.inner.max_grad_norm
+
+    @property
     def label(self) -> str:
         return f"fault:{self.fault}:{self.inner.label}"
 
@@ -142,7 +152,14 @@ def workload_for_graph(graph: ModelGraph, *, trace: OperatorTrace | None = None)
     wanted = _graph_signature(graph)
     for name, size in _zoo_candidates(graph):
         if _zoo_signature(name, size) == wanted:
-            return ZooWorkload(name, size=size, batch_size=graph.batch_size, optimizer=graph.optimizer.kind)
+            optimizer = graph.optimizer
+            return ZooWorkload(
+                name,
+                size=size,
+                batch_size=graph.batch_size,
+                optimizer=optimizer.kind,
+                max_grad_norm=optimizer.max_grad_norm,
+            )
     return ReplayWorkload(graph, trace=trace) if trace is not None else ReplayWorkload(graph)
 
 
