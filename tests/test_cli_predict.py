@@ -73,6 +73,21 @@ def test_a_hugging_face_config_is_captured_at_the_micro_batch_and_sequence(tmp_p
     assert json.loads(out)[0]["label"] == "dp=2,tp=4,mb=2,gbs=4"
 
 
+def test_a_hugging_face_config_is_captured_with_the_optimizer_and_clip_given(tmp_path: Path, files, capsys) -> None:
+    from stratagem import predict
+    from stratagem.hf import capture_hf_config
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    argv = ["predict", str(config), "--seq", "64", "--resources", str(files["resources"]), "--layout", "tp=4,mb=2"]
+    code, out, err = _run([*argv, "--json", "--optimizer", "sgd", "--max-grad-norm", "1.0"], capsys)
+    assert code == 0, err
+    (row,) = json.loads(out)
+    graph = capture_hf_config(SMALL_LLAMA, batch=2, seq=64, optimizer="sgd", max_grad_norm=1.0, name="x")
+    expected = predict(graph, gpu_cluster(1, 8), Layout.from_string(row["label"]))
+    assert row["step_time_s"] == pytest.approx(expected.step_time_s, rel=1e-9)
+
+
 def test_a_zoo_model_is_captured_at_the_layouts_micro_batch(files, capsys) -> None:
     argv = ["predict", "gpt", "--size", "small", "--resources", str(files["resources"]), "--layout", "mb=4", "--json"]
     code, out, err = _run(argv, capsys)
@@ -89,6 +104,8 @@ def test_a_zoo_model_is_captured_at_the_layouts_micro_batch(files, capsys) -> No
         (["--layout", "tp=3"], "--layout 'tp=3': data: tensor(3)*pipeline(1)*context(1)=3 does not divide devices(8)"),
         (["--layout", "dp=8,turbo=1"], "turbo: unknown layout key"),
         (["--config", "missing.toml"], "--config: missing.toml: no such file"),
+        (["--layout", "mb=2", "--optimizer", "sgd"], "--optimizer: configures a builder to capture, but"),
+        (["--layout", "mb=2", "--max-grad-norm", "1"], "--max-grad-norm: configures a builder to capture, but"),
     ],
 )
 def test_bad_input_is_one_line_naming_what_is_wrong(extra, message: str, files, capsys, monkeypatch, tmp_path) -> None:

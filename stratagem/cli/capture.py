@@ -275,3 +275,20 @@ def optimizer_kind(args: argparse.Namespace) -> str:
 
 def optimizer_implementation(args: argparse.Namespace) -> str:
     return args.optimizer_implementation or "multi-tensor"
+
+
+def refuse_capture_options(args: argparse.Namespace, model: str) -> None:
+    """Options that configure a capture, refused beside a graph captured already, which would ignore them."""
+    options = (
+        ("--size", args.size),
+        ("--set", args.overrides),
+        ("--optimizer", args.optimizer),
+        ("--optimizer-implementation", args.optimizer_implementation),
+        ("--max-grad-norm", args.max_grad_norm),
+    )
+    given = [option for option, value in options if value is not None and value != []]
+    if given:
+        raise CaptureError(
+            f"{given[0]}: configures a builder to capture, but {model} is a graph captured already; "
+            "drop the option or name the builder"
+        )

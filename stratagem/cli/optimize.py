@@ -26,6 +26,7 @@ from stratagem.cli.capture import (
     optimizer_implementation,
     optimizer_kind,
     parse_overrides,
+    refuse_capture_options,
     resolve_builder,
 )
 from stratagem.cli.configs import CONFIG_FILES, add_format_argument, config_layout
@@ -141,22 +142,7 @@ def current_layout(args: argparse.Namespace) -> Any:
 def load_or_capture(args: argparse.Namespace) -> ModelGraph:
     """A `.json` path is a captured graph; anything else names a builder to capture."""
     if args.model.lower().endswith(".json"):
-        given = [
-            option
-            for option, value in (
-                ("--size", args.size),
-                ("--set", args.overrides),
-                ("--optimizer", args.optimizer),
-                ("--optimizer-implementation", args.optimizer_implementation),
-                ("--max-grad-norm", args.max_grad_norm),
-            )
-            if value
-        ]
-        if given:
-            raise CaptureError(
-                f"{given[0]}: configures a builder to capture, but {args.model} is a graph captured already; "
-                "drop the option or name the builder"
-            )
+        refuse_capture_options(args, args.model)
         return load_graph(Path(args.model), batch=args.batch)
     if args.batch is None:
         raise CaptureError(f"--batch: needed to capture {args.model!r} (the per-replica batch size)")

@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stratagem.cli.capture import add_builder_arguments, optimizer_implementation, optimizer_kind
+from stratagem.cli.capture import (
+    add_builder_arguments,
+    optimizer_implementation,
+    optimizer_kind,
+    refuse_capture_options,
+)
 from stratagem.cli.configs import CONFIG_FILES, add_format_argument, config_layout
 from stratagem.cli.files import json_reason, parse_json, read_text
 from stratagem.cli.jobs import positive_int
@@ -112,16 +117,19 @@ def load_model(args: argparse.Namespace, layouts: list[Any]) -> Any:
         if isinstance(data, dict) and "model_type" in data:
             if args.seq is None:
                 raise CaptureError(f"--seq: needed to build {path} (a Hugging Face config) for capture")
+            from stratagem.hf import DEFAULT_OPTIMIZER as HF_OPTIMIZER
             from stratagem.hf import capture_hf_config
 
             return capture_hf_config(
                 data,
                 batch=batch or 1,
                 seq=args.seq,
+                optimizer=args.optimizer or HF_OPTIMIZER,
                 optimizer_implementation=optimizer_implementation(args),
                 max_grad_norm=args.max_grad_norm,
                 name=path.parent.name or None,
             )
+        refuse_capture_options(args, str(path))
         graph = ModelGraph.parse(data)
         if batch is not None and batch != graph.batch_size:
             raise CaptureError(
