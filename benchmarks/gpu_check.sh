@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one call of about seven minutes (docs/simulator.md, "Calibration"): the
 # CUDA tests, the kernels of the published torchtitan rows at their own shapes, one rank's context-parallel
-# attention, what the caching allocator reserves beyond a step's peak, and one-rank trials of zoo models
-# beside their predictions. Each result lands in OUT (default ./gpu-check) as JSON or text, every step's
-# stderr in OUT/stderr.txt (seven files: the device tool brings back eight at most); a step that fails is
-# reported and the next one runs.
+# attention, what the caching allocator reserves beyond a step's peak, one-rank trials of zoo models
+# beside their predictions, and the gradient clip's cost beside its price. Each result lands in OUT
+# (default ./gpu-check) as JSON or text, every step's stderr in OUT/stderr.txt (eight files: the device
+# tool brings back eight at most); a step that fails is reported and the next one runs.
 #
 #   OUT=/some/folder bash benchmarks/gpu_check.sh
 #
@@ -38,3 +38,6 @@ echo "cuda tests: exit $?"; tail -n 5 "$OUT/cuda_tests.txt"
 kind=$(python3 -c "import torch; from stratagem.calibrate.gpu import catalog_kind; p = torch.cuda.get_device_properties(0); print(catalog_kind(p.name, p.total_memory) or 'H100')")
 timeout 150 python3 -m benchmarks.gpu_one_rank --device "$kind" > "$OUT/gpu_one_rank.json" 2>> "$OUT/stderr.txt"
 echo "gpu_one_rank: exit $?"
+
+timeout 90 python3 -m benchmarks.clip_cost --device cuda --kind "$kind" --repeats 50 > "$OUT/clip_cost.json" 2>> "$OUT/stderr.txt"
+echo "clip_cost: exit $?"

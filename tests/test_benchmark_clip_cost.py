@@ -14,7 +14,7 @@ def test_reports_each_model_measured_beside_its_price() -> None:
     """Run as a script (it owns a one-process gloo group), so the JSON it prints is what is checked."""
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.clip_cost", "--repeats", "3"],
+        [sys.executable, "-m", "benchmarks.clip_cost", "--repeats", "3", "--flat-elements", "4096"],
         cwd=root,
         capture_output=True,
         text=True,
@@ -22,11 +22,13 @@ def test_reports_each_model_measured_beside_its_price() -> None:
         check=True,
     )
     report = json.loads(done.stdout)
-    assert set(report["models"]) == set(clip_cost.MODELS)
-    for row in report["models"].values():
+    assert set(report["cases"]) == {*clip_cost.MODELS, clip_cost.FLAT}
+    assert report["cases"][clip_cost.FLAT]["parameters"] == clip_cost.FLAT_TENSORS * 4096
+    for row in report["cases"].values():
         assert row["tensors"] > 0 and row["parameters"] > 0
         assert row["runtime_s"] > 0 and row["per_tensor_loop_s"] > 0 and row["priced_s"] > 0
         assert row["loop_over_runtime"] == row["per_tensor_loop_s"] / row["runtime_s"]
+        assert row["priced_over_runtime"] == row["priced_s"] / row["runtime_s"]
 
 
 def test_the_loop_clips_to_the_same_norm_as_torch() -> None:
