@@ -271,8 +271,8 @@ def _clip_tensor_seconds(spec: DeviceSpec, update: UpdateKernels) -> float:
     the host takes to issue it. Beside a multi-tensor or fused update it runs multi-tensor kernels, as
     torch's `clip_grad_norm_` and this runtime do on a GPU and a CPU alike, whose per-tensor cost a step
     does not notice. A CPU runs each op in the caller's thread, so it has no launches to price: on these
-    CPUs the runtime clips a zoo model's 12-53 gradients in 0.10-0.16 ms, as fast as a loop of a norm and
-    a scale per tensor, and the catalog CPU prices 0.16-0.51 ms on bytes alone (`benchmarks.clip_cost`)."""
+    CPUs the runtime clips a zoo model's 12-53 gradients in 0.10-0.16 ms, a loop of a norm and a scale per
+    tensor in 0.8 of that, and the catalog CPU prices 0.16-0.51 ms on bytes alone (`benchmarks.clip_cost`)."""
     if update.loop and spec.is_gpu:
         return CLIP_LOOP_KERNELS * spec.launch_overhead_s
     return 0.0
