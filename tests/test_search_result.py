@@ -196,3 +196,16 @@ def test_a_tiny_space_ends_the_search_once_explored() -> None:
     graph, resources = one_variable_graph([4]), cluster(nodes=1, gpus=1)
     result = search(graph, resources, time_budget_s=None, max_candidates=10**6)
     assert result.stopped_by == "completed" and result.evaluated < 1000
+
+
+def test_a_graph_that_clips_gets_no_asynchronous_servers_even_when_async_is_allowed() -> None:
+    """ASP applies each worker's push alone, so no step has a whole gradient to clip: the simulator makes
+    those candidates infeasible and the search never returns one."""
+    graph, resources = recommender_graph(), cluster(nodes=4)
+    clipped = graph.replace(optimizer=graph.optimizer.model_copy(update={"max_grad_norm": 1.0}))
+    result = search(clipped, resources, top_k=8, seed=1, allow_async=True, **BUDGET)
+    assert result.candidates
+    kinds = {c.consistency.kind for c in result.candidates}
+    assert "asp" not in kinds
+    loose = search(graph, resources, top_k=8, seed=1, allow_async=True, **BUDGET)
+    assert "asp" in {c.consistency.kind for c in loose.candidates}
