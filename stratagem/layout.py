@@ -71,6 +71,15 @@ class Layout(Document):
     2: also gradients; 3: also parameters (FSDP's full shard)."""
     shard_group: int | None = Field(default=None, ge=1)
     """Hybrid sharding: shard over groups of this many data-parallel ranks, replicate across them."""
+    bucket_mb: int | None = Field(default=None, ge=1)
+    """DDP's gradient bucket cap in MiB (`bucket_cap_mb`) at zero 0; None: PyTorch's 25. A bucket's
+    all-reduce starts once backward has made all of its gradients, so larger buckets leave more of the
+    last one after backward; the first bucket still closes at DDP's 1 MiB."""
+    overlap_grad_reduce: bool = True
+    """Gradients are reduced during backward, as they become ready (DDP's buckets; Megatron's
+    `--overlap-grad-reduce`; DeepSpeed's `overlap_comm`). False: each pipeline chunk's gradients are
+    reduced in one collective after its backward, as DeepSpeed's stage 0, and its stages 1 and 2 without
+    `overlap_comm` (their default), do. Zero 3 always overlaps."""
     recompute: Recompute = "none"
     """Activation recomputation: `selective` (the attention core, as Megatron), `selective-op` (per-op
     checkpointing, torchtitan's `selective_ac_option = "op"`) or `full` blocks."""
@@ -262,6 +271,16 @@ def layout_problems(layout: Layout) -> list[Problem]:
             problems.append(
                 Problem("shard_group", f"shard_group({layout.shard_group}) does not divide data({layout.data})")
             )
+    if layout.bucket_mb is not None and layout.zero != 0:
+        problems.append(
+            Problem("bucket_mb", f"sets DDP's all-reduce buckets, which zero 0 has (zero is {layout.zero})")
+        )
+    if layout.bucket_mb is not None and not layout.overlap_grad_reduce:
+        problems.append(Problem("bucket_mb", "DDP's buckets overlap backward; overlap_grad_reduce is false"))
+    if not layout.overlap_grad_reduce and layout.zero == 3:
+        problems.append(
+            Problem("overlap_grad_reduce", "zero 3 gathers and reduce-scatters unit by unit during compute")
+        )
     if layout.global_batch is not None and layout.micro_batch is not None and layout.data is not None:
         per_step = layout.micro_batch * layout.data
         if layout.global_batch % per_step:
@@ -312,7 +331,45 @@ def layout_of(strategy: Strategy, graph: ModelGraph | None = None) -> Layout:
         async_tensor_parallel=strategy.async_tensor_parallel,
         fp8_all_gather=strategy.fp8_all_gather,
         compile=strategy.compile,
+        **_reduction_of(strategy, graph, zero),
     )
+
+
+def _reduction_of(strategy: Strategy, graph: ModelGraph | None, zero: ZeroLevel) -> dict[str, Any]:
+    """`overlap_grad_reduce` as the strategy states it, and with the graph, the DDP bucket cap its
+    all-reduce groups make."""
+    if not strategy.overlap_grad_reduce:
+        return {"overlap_grad_reduce": False}
+    if graph is None or zero != 0:
+        return {}
+    group = {
+        config.var_name: config.synchronizer.group
+        for config in strategy.variables
+        if isinstance(config.synchronizer, AllReduceSynchronizer)
+    }
+    return {"bucket_mb": _bucket_of(graph, [group.get(variable.name) for variable in graph.trainable_variables])}
+
+
+def _bucket_groups(graph: ModelGraph, bucket_mb: int | None) -> list[int]:
+    from stratagem.layout_build import DDP_BUCKET_MB, ddp_groups
+
+    return ddp_groups(graph, bucket_mb or DDP_BUCKET_MB)
+
+
+def _bucket_of(graph: ModelGraph, groups: list[int | None]) -> int | None:
+    """The DDP bucket cap (MiB) whose buckets are these all-reduce groups: None for DDP's own 25 MiB or
+    for groups no cap makes. A closed bucket holds at least the cap and less than the cap plus its last
+    gradient, so the second bucket's bytes bound the caps worth trying."""
+    from stratagem.layout_build import MIB
+
+    if groups == _bucket_groups(graph, None):
+        return None
+    variables = graph.trainable_variables
+    second = [variable.nbytes for variable, number in zip(variables, groups, strict=True) if number == 1]
+    if not second:
+        return None
+    low, high = max(1, (sum(second) - second[0]) // MIB), sum(second) // MIB + 1
+    return next((cap for cap in range(low, high + 1) if _bucket_groups(graph, cap) == groups), None)
 
 
 def _zero_of(strategy: Strategy) -> tuple[ZeroLevel, int | None]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from stratagem.architecture import architecture_of
 from stratagem.bounded_cache import BoundedCache
+from stratagem.builders.data_parallel import MIB, ddp_buckets
 from stratagem.errors import InvalidLayoutError, Problem
 from stratagem.ir import (
     AllReduceSynchronizer,
@@ -35,12 +36,11 @@ LAYOUT_BUILDER = "Layout"
 """`provenance.builder` of a strategy `Layout.build` wrote."""
 FUSION_CHUNK = 128
 """Variables per shard fusion group (ZeRO/FSDP), as AutoDist's AllReduce builder groups them."""
-MIB = 1024 * 1024
-DDP_BUCKET_BYTES = 25 * MIB
-DDP_FIRST_BUCKET_BYTES = 1 * MIB
-"""PyTorch DDP's gradient buckets (`bucket_cap_mb` 25 MiB; the first bucket, the last layers' gradients,
-closes at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB, so their all-reduce starts early):
-a zero-0 layout's all-reduce fusion groups."""
+DDP_BUCKET_MB = 25
+DDP_FIRST_BUCKET_MB = 1
+"""PyTorch DDP's gradient buckets (`bucket_cap_mb` 25 MiB unless `Layout.bucket_mb` says; the first
+bucket, the last layers' gradients, closes at `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB,
+so their all-reduce starts early): a zero-0 layout's all-reduce fusion groups."""
 
 
 def build_strategy(
@@ -91,7 +91,8 @@ def build_strategy(
         async_tensor_parallel=resolved.async_tensor_parallel,
         fp8_all_gather=resolved.fp8_all_gather,
         compile=resolved.compile,
-        variables=_variables(graph, resolved, shared),
+        overlap_grad_reduce=resolved.overlap_grad_reduce,
+        variables=_variables(graph, resolved, shared, pipe.stages if pipe is not None else None),
         provenance=Provenance(builder=LAYOUT_BUILDER, notes=[str(resolved)]),
     )
     return strategy.validate_for(graph, resources) if check else strategy
@@ -145,11 +146,11 @@ def graph_problems(layout: Layout, resources: ResourceSpec, arch: Architecture |
 
 @dataclass
 class SharedParts:
-    """What strategies built together from one graph share: the per-variable configs of each ZeRO level
-    and shard group (pricing 64 layouts of a 70B model builds two lists, not 64; the strategies then
-    hold the same VariableConfig objects) and the places the graph can be cut."""
+    """What strategies built together from one graph share: the per-variable configs of each ZeRO level,
+    shard group, bucket cap and reduction timing (pricing 64 layouts of a 70B model builds two lists, not
+    64; the strategies then hold the same VariableConfig objects) and the places the graph can be cut."""
 
-    variables: dict[tuple[int, int | None], list[VariableConfig]] = field(default_factory=dict)
+    variables: dict[tuple[int, int | None, int | None, bool, int], list[VariableConfig]] = field(default_factory=dict)
     cuts: list[int] | None = None
 
     def points(self, graph: ModelGraph) -> list[int]:
@@ -158,43 +159,70 @@ class SharedParts:
         return self.cuts
 
 
-def _variables(graph: ModelGraph, layout: Layout, shared: SharedParts | None) -> list[VariableConfig]:
+def _variables(
+    graph: ModelGraph, layout: Layout, shared: SharedParts | None, stages: list[list[str]] | None
+) -> list[VariableConfig]:
     if shared is None:
-        return synchronizers(graph, layout)
-    key = (layout.zero, layout.shard_group)
+        return synchronizers(graph, layout, stages)
+    chunks = len(stages) if stages is not None and not layout.overlap_grad_reduce else 1
+    key = (layout.zero, layout.shard_group, layout.bucket_mb, layout.overlap_grad_reduce, chunks)
     if key not in shared.variables:
-        shared.variables[key] = synchronizers(graph, layout)
+        shared.variables[key] = synchronizers(graph, layout, stages)
     return list(shared.variables[key])
 
 
-def synchronizers(graph: ModelGraph, layout: Layout) -> list[VariableConfig]:
-    """All-reduce for zero 0, fused into DDP's buckets (`ddp_buckets`), else ZeRO/FSDP sharding."""
+def synchronizers(graph: ModelGraph, layout: Layout, stages: list[list[str]] | None = None) -> list[VariableConfig]:
+    """All-reduce for zero 0, fused into DDP's buckets (`ddp_buckets`), else ZeRO/FSDP sharding in groups
+    of `FUSION_CHUNK` variables; without `overlap_grad_reduce`, one group per pipeline chunk."""
     configs = []
-    buckets = ddp_buckets(graph) if layout.zero == 0 else []
-    for index, variable in enumerate(graph.trainable_variables):
+    variables = graph.trainable_variables
+    if not layout.overlap_grad_reduce:
+        groups = after_backward_groups(graph, stages)
+    elif layout.zero == 0:
+        groups = ddp_groups(graph, layout.bucket_mb or DDP_BUCKET_MB)
+    else:
+        groups = [index // FUSION_CHUNK for index in range(len(variables))]
+    for variable, group in zip(variables, groups, strict=True):
         sync: AllReduceSynchronizer | ShardedSynchronizer = (
-            AllReduceSynchronizer(group=buckets[index])
+            AllReduceSynchronizer(group=group)
             if layout.zero == 0
-            else ShardedSynchronizer(group=index // FUSION_CHUNK, stage=layout.zero, shard_group=layout.shard_group)
+            else ShardedSynchronizer(group=group, stage=layout.zero, shard_group=layout.shard_group)
         )
         # Built from values checked here, so pydantic's per-field validation (most of a large model's build) is skipped.
         configs.append(VariableConfig.model_construct(var_name=variable.name, synchronizer=sync))
     return configs
 
 
-def ddp_buckets(graph: ModelGraph) -> list[int]:
-    """Each trainable variable's DDP bucket (graph order), as `DistributedDataParallel` assigns them:
-    parameters in reverse order (the order backward makes their gradients), a bucket closing once its
-    gradients reach the cap (1 MiB for the first, 25 MiB after). Bucket 0 is reduced first."""
-    variables = graph.trainable_variables
-    bucket = [0] * len(variables)
-    current, filled = 0, 0
-    for index in range(len(variables) - 1, -1, -1):
-        bucket[index] = current
-        filled += variables[index].nbytes
-        if filled >= (DDP_FIRST_BUCKET_BYTES if current == 0 else DDP_BUCKET_BYTES):
-            current, filled = current + 1, 0
-    return bucket
+def after_backward_groups(graph: ModelGraph, stages: list[list[str]] | None) -> list[int]:
+    """Each trainable variable's group when every pipeline chunk reduces its gradients in one collective
+    once its backward is done: the chunk of the layer that reads it (`Variable.consumer`, else its first
+    user), numbered from the last chunk, whose backward ends first."""
+    if stages is None or len(stages) == 1:
+        return [0] * len(graph.trainable_variables)
+    chunk_of = {name: chunk for chunk, names in enumerate(stages) for name in names}
+    first_user: dict[str, str] = {}
+    for layer in graph.layers:
+        for name in layer.variables:
+            first_user.setdefault(name, layer.name)
+    last = len(stages) - 1
+    return [
+        last - chunk_of.get(variable.consumer or first_user.get(variable.name, ""), 0)
+        for variable in graph.trainable_variables
+    ]
+
+
+def ddp_groups(graph: ModelGraph, bucket_mb: int) -> list[int]:
+    """Each trainable variable's DDP bucket (graph order), as `DistributedDataParallel` assigns them
+    (`stratagem.builders.ddp_buckets`) over the order backward makes the gradients, the reverse of the
+    graph's. Bucket 0 is reduced first."""
+    ready = graph.trainable_variables[::-1]
+    last = len(ready) - 1
+    group = [0] * len(ready)
+    buckets = ddp_buckets(ready, first_cap_bytes=DDP_FIRST_BUCKET_MB * MIB, cap_bytes=bucket_mb * MIB)
+    for number, members in enumerate(buckets):
+        for index in members:
+            group[last - index] = number
+    return group
 
 
 CACHED_GRAPHS = 8

@@ -19,6 +19,8 @@ LAYOUT_KEYS: dict[str, str] = {
     "vpp": "virtual_stages",
     "zero": "zero",
     "shard": "shard_group",
+    "bucket": "bucket_mb",
+    "overlap": "overlap_grad_reduce",
     "recompute": "recompute",
     "precision": "precision",
     "sp": "sequence_parallel",

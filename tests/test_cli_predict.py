@@ -50,7 +50,7 @@ def test_json_gives_every_prediction_in_full(files, capsys) -> None:
 def test_trainer_configs_are_priced_as_their_layouts(files, tmp_path: Path, capsys) -> None:
     layouts = {
         "torchtitan": ("train.toml", Layout.from_string("dp=8,zero=2,mb=2,gbs=32,precision=fp32")),
-        "deepspeed": ("ds_config.json", Layout.from_string("dp=8,mb=2,gbs=32")),
+        "deepspeed": ("ds_config.json", Layout.from_string("dp=8,mb=2,gbs=32,overlap=false")),
         "megatron": ("pretrain.sh", Layout.from_string("dp=4,tp=2,mb=2,gbs=16")),
         "accelerate": ("accelerate.yaml", Layout.from_string("dp=4,tp=2")),
     }
@@ -61,7 +61,12 @@ def test_trainer_configs_are_priced_as_their_layouts(files, tmp_path: Path, caps
     code, out, err = _run(argv, capsys)
     assert code == 0, err
     labels = [p["label"] for p in json.loads(out)]
-    assert labels == ["dp=8,mb=2,gbs=32,zero=2", "dp=8,mb=2,gbs=32", "dp=4,tp=2,mb=2,gbs=16", "dp=4,tp=2,mb=2,gbs=8"]
+    assert labels == [
+        "dp=8,mb=2,gbs=32,zero=2",
+        "dp=8,mb=2,gbs=32,overlap=false",
+        "dp=4,tp=2,mb=2,gbs=16",
+        "dp=4,tp=2,mb=2,gbs=8",
+    ]
 
 
 def test_a_hugging_face_config_is_captured_at_the_micro_batch_and_sequence(tmp_path: Path, files, capsys) -> None:

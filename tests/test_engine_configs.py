@@ -86,6 +86,7 @@ MEGATRON_FLAGS = {
     "--fp16",
     "--fp8-format",
     "--fp8-recipe",
+    "--ddp-bucket-size",
 }
 # src/accelerate/commands/config/config_args.py (ClusterConfig fields) at 16cb6eb8.
 ACCELERATE_KEYS = {
@@ -115,13 +116,15 @@ ROUND_TRIPS = {
         "dp=16,zero=3,shard=8,mb=2,gbs=32,precision=fp8",
         "cp=2,zero=3,mb=2,gbs=16",
         "dp=16,mb=2,gbs=128",
+        "dp=16,mb=2,gbs=128,bucket=100",
     ],
     "deepspeed": [
         "zero=1,mb=2,gbs=64,precision=amp-bf16",
         "tp=2,zero=3,mb=2,gbs=64,precision=fp16,recompute=full",
-        "pp=2,zero=1,mb=2,gbs=64,recompute=full",
+        "pp=2,zero=1,mb=2,gbs=64,recompute=full,overlap=false",
         "dp=16,zero=3,shard=8,mb=2,gbs=32",
-        "dp=16,mb=2,gbs=32",
+        "dp=16,mb=2,gbs=32,overlap=false",
+        "zero=2,mb=2,gbs=64,overlap=false",
     ],
     "megatron": [
         "tp=2,pp=2,sp,async_tp,mb=2,gbs=64,zero=1,recompute=selective,precision=amp-bf16",
@@ -129,6 +132,8 @@ ROUND_TRIPS = {
         "tp=2,pp=2,sp,mb=2,gbs=64,schedule=interleaved-1f1b,vpp=2,precision=fp8",
         "cp=2,mb=2,gbs=64,zero=3,recompute=full",
         "zero=2,mb=2,gbs=32,precision=fp16",
+        "mb=2,gbs=32,bucket=40",
+        "pp=2,mb=2,gbs=64,zero=1,overlap=false",
     ],
     "accelerate": [
         "zero=3,precision=amp-bf16",
@@ -136,7 +141,7 @@ ROUND_TRIPS = {
         "tp=2,cp=2,compile",
         "dp=16",
         "zero=2,precision=fp8",
-        "zero=1,gbs=128",
+        "zero=1,gbs=128,overlap=false",
     ],
 }
 
@@ -199,14 +204,14 @@ def test_torchtitan_writes_fsdp_hsdp_and_the_pipeline_in_its_own_words() -> None
 
 def test_deepspeed_configs_are_json_with_deepspeeds_own_keys() -> None:
     graph = gpt_graph()
-    strategy = Layout.from_string("tp=2,pp=2,zero=1,mb=2,gbs=64,recompute=full,precision=amp-bf16").build(
+    strategy = Layout.from_string("tp=2,pp=2,zero=1,mb=2,gbs=64,recompute=full,precision=amp-bf16,overlap=false").build(
         graph, gpu_cluster(2, 8)
     )
     config = json.loads(render("deepspeed", strategy.to_deepspeed(graph)))
     assert set(config) <= DEEPSPEED_KEYS
     assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"]) == (64, 2)
     assert config["gradient_accumulation_steps"] == 64 // (2 * 4)
-    assert config["zero_optimization"] == {"stage": 1} and config["bf16"] == {"enabled": True}
+    assert config["zero_optimization"] == {"stage": 1, "overlap_comm": False} and config["bf16"] == {"enabled": True}
     assert config["tensor_parallel"] == {"autotp_size": 2}
     assert config["pipeline"] == {"stages": 2, "activation_checkpoint_interval": 1}
     assert Layout.from_string("dp=16,zero=3,shard=8").to_deepspeed()["zero_optimization"]["mics_shard_size"] == 8
@@ -282,6 +287,12 @@ def test_accelerate_configs_are_yaml_with_fsdp2_and_the_parallelism_config() -> 
         ("accelerate", "dp=4,tp=2,sp", "the transformers tp_plan splits no norms"),
         ("accelerate", "dp=4,tp=2,zero=1", "zero 1 is DeepSpeed's stage 1 here"),
         ("accelerate", "tp=2", "resolve the layout for a device count first"),
+        ("deepspeed", "dp=8,bucket=50", "DeepSpeed's stage 0 all-reduces the gradients after backward"),
+        ("deepspeed", "dp=4,pp=2,zero=1", "DeepSpeed's pipeline engine reduces the gradients after the schedule"),
+        ("torchtitan", "dp=8,zero=2,overlap=false", "torchtitan's DDP and FSDP reduce gradients during backward"),
+        ("accelerate", "dp=8,zero=1", "the DeepSpeed plugin writes no overlap_comm"),
+        ("accelerate", "dp=8,overlap=false", "DDP and FSDP reduce gradients during backward"),
+        ("torchtitan", "dp=8,bucket=50", "torchtitan's DDP buckets at 100 MiB (apply_ddp)"),
     ],
 )
 def test_what_an_engine_cannot_express_is_refused_naming_what_and_why(engine: str, text: str, reason: str) -> None:
@@ -380,7 +391,7 @@ def test_torchtitans_llama3_8b_config_reads_as_fsdp_over_the_rest_of_the_cluster
 
 def test_megatrons_gpt3_175b_arguments_read_as_tp8_pp16_on_any_cluster_they_divide() -> None:
     layout = Layout.from_megatron(MEGATRON_GPT3_175B)
-    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,precision=fp16"
+    assert str(layout) == "dp=auto,tp=8,pp=16,mb=1,gbs=1536,overlap=false,precision=fp16"
     assert layout.resolved(1536).data == 12
 
 
@@ -424,6 +435,11 @@ def test_a_hugging_face_deepspeed_config_reads_its_stated_knobs_and_refuses_auto
         ),
         ("deepspeed", "{not json", "deepspeed: not JSON"),
         ("deepspeed", '{"zero_optimization": {"stage": 5}}', "zero_optimization.stage: must be 0, 1, 2 or 3"),
+        (
+            "deepspeed",
+            '{"zero_optimization": {"stage": 2, "overlap_comm": "yes"}}',
+            "zero_optimization.overlap_comm: must be true or false, got 'yes'",
+        ),
         ("megatron", "--tensor-model-parallel-size two", "must be a positive integer, got 'two'"),
         (
             "megatron",
@@ -486,3 +502,30 @@ def test_each_engine_clips_as_the_graph_does_and_keeps_its_default_without_a_gra
     for engine in ENGINES:
         imported = getattr(Layout, f"from_{engine}")(getattr(clipping, f"to_{engine}")(clipped))
         assert imported.build(clipped, gpu_cluster(2, 8)).id == clipping.id, engine
+
+
+def test_ddps_bucket_cap_is_each_engines_own_setting() -> None:
+    layout = Layout.from_string("dp=8,mb=2,gbs=16,bucket=40")
+    args = layout.to_megatron()
+    assert args[args.index("--ddp-bucket-size") + 1] == str(40 * 2**20 // 4)
+    assert Layout.from_megatron([*args, "--use-distributed-optimizer"]).bucket_mb is None
+    assert "DistributedDataParallelKwargs(bucket_cap_mb=40)" in layout.to_accelerate().splitlines()[0]
+    assert "bucket_cap_mb" not in Layout.from_string("dp=8").to_accelerate()
+    ddp = Layout.from_torchtitan(Layout.from_string("dp=8,mb=2,gbs=16").to_torchtitan())
+    assert (ddp.zero, ddp.bucket_mb) == (0, 100)
+    assert Layout.from_torchtitan(Layout.from_string("dp=8,zero=3").to_torchtitan()).bucket_mb is None
+
+
+def test_each_engine_reduces_gradients_during_backward_only_where_it_says_so() -> None:
+    ds = Layout.from_string("dp=8,zero=2,mb=2,gbs=16").to_deepspeed()
+    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    assert Layout.from_deepspeed(ds).overlap_grad_reduce
+    assert not Layout.from_deepspeed({"zero_optimization": {"stage": 2}}).overlap_grad_reduce
+    assert not Layout.from_deepspeed({"zero_optimization": {"stage": 0}}).overlap_grad_reduce
+    assert Layout.from_deepspeed({"zero_optimization": {"stage": 3}}).overlap_grad_reduce
+    args = Layout.from_string("dp=8,mb=2,gbs=16,overlap=false").to_megatron()
+    assert "--overlap-grad-reduce" not in args and not Layout.from_megatron(args).overlap_grad_reduce
+    assert Layout.from_megatron([*args, "--overlap-grad-reduce"]).overlap_grad_reduce
+    accelerate = Layout.from_string("dp=8,zero=1,overlap=false").to_accelerate()
+    assert not Layout.from_accelerate(accelerate).overlap_grad_reduce
+    assert Layout.from_accelerate(Layout.from_string("dp=8").to_accelerate()).overlap_grad_reduce

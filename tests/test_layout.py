@@ -7,9 +7,10 @@ import pytest
 from layout_helpers import gpt_graph, gpu_cluster, llama_graph
 from sample_documents import make_mlp_graph, make_t4_cluster
 
-from stratagem import InvalidLayoutError, Layout, UnsupportedStrategyError
-from stratagem.builders import PS, AllReduce
+from stratagem import InvalidLayoutError, Layout, UnsupportedStrategyError, predict
+from stratagem.builders import PS, AllReduce, DataParallel
 from stratagem.ir import AllReduceSynchronizer, ShardedSynchronizer
+from stratagem.layout_build import FUSION_CHUNK
 from stratagem.parallel_rules import Refusal, block_cuts, block_of
 
 
@@ -56,6 +57,8 @@ def test_degrees_that_do_not_fill_the_devices_say_the_arithmetic(layout: Layout,
         ("sp", "sequence_parallel: needs tensor > 1 (tensor is 1)"),
         ("dp=8,shard=4", "shard_group: hybrid sharding needs zero >= 1 (zero is 0)"),
         ("dp=6,zero=3,shard=4", "shard_group: shard_group(4) does not divide data(6)"),
+        ("zero=1,bucket=50", "bucket_mb: sets DDP's all-reduce buckets, which zero 0 has (zero is 1)"),
+        ("bucket=0", "bucket_mb: Input should be greater than or equal to 1"),
         ("dp=8,mb=2,gbs=100", "global_batch: global_batch(100) is not a multiple of micro_batch(2)*data(8)=16"),
         ("tp=0", "tensor: Input should be greater than or equal to 1"),
         ("zero=4", "zero: Input should be 0, 1, 2 or 3"),
@@ -116,6 +119,24 @@ def test_zero_0_all_reduces_in_fusion_groups_and_zero_3_shards_in_the_shard_grou
     syncs = [c.synchronizer for c in hybrid.variables]
     assert all(isinstance(s, ShardedSynchronizer) and s.stage == 3 and s.shard_group == 8 for s in syncs)
     assert len(hybrid.variables) == len(graph.trainable_variables)
+
+
+@pytest.mark.parametrize("bucket_mb", [1, 4, 50])
+def test_a_bucket_cap_groups_gradients_as_ddp_buckets_them(bucket_mb: int) -> None:
+    graph, cluster = gpt_graph(hidden=256), gpu_cluster(2, 8)
+    layout = Layout.from_string(f"bucket={bucket_mb}")
+    assert layout.bucket_mb == bucket_mb and Layout.from_string(str(layout)) == layout
+    groups = [c.synchronizer.group for c in layout.build(graph, cluster).variables]
+    ddp = DataParallel(bucket_cap_mb=bucket_mb).build(graph, cluster)
+    assert groups == [c.synchronizer.group for c in ddp.variables]
+    ready = list(zip(groups, graph.trainable_variables, strict=True))[::-1]
+    sizes = [sum(v.nbytes for g, v in ready if g == group) for group in range(max(groups) + 1)]
+    last_member = {g: v.nbytes for g, v in ready}
+    caps = [2**20] + [bucket_mb * 2**20] * (len(sizes) - 1)
+    assert all(cap <= size < cap + last_member[g] for g, (size, cap) in enumerate(zip(sizes[:-1], caps, strict=False)))
+    assert sizes[-1] < caps[-1] + last_member[len(sizes) - 1] and sum(sizes) == sum(
+        v.nbytes for v in graph.trainable_variables
+    )
 
 
 @pytest.mark.parametrize(
@@ -205,3 +226,54 @@ def test_a_built_strategy_states_its_micro_batch_and_a_trial_feeds_every_micro_b
     assert strategy.step_samples(graph.batch_size) == 4 * graph.batch_size
     spec = TrialSpec(workload=ReplayWorkload(graph), resources=cluster, strategy=strategy)
     assert spec.global_batch_size == graph.batch_size * 4 * 8
+
+
+def test_a_strategy_gives_back_the_bucket_cap_that_makes_its_groups() -> None:
+    graph, cluster = gpt_graph(hidden=256), gpu_cluster(2, 8)
+    for bucket_mb in (None, 1, 4):
+        strategy = Layout(bucket_mb=bucket_mb).build(graph, cluster)
+        assert strategy.layout(graph).bucket_mb == bucket_mb
+    assert Layout(bucket_mb=4).build(graph, cluster).layout().bucket_mb is None
+    args = Layout(bucket_mb=4).build(graph, cluster).to_megatron(graph)
+    assert args[args.index("--ddp-bucket-size") + 1] == str(4 * 2**20 // 4)
+
+
+def test_reducing_after_backward_is_one_group_per_pipeline_chunk_and_reads_back() -> None:
+    graph, cluster = gpt_graph(layers=12, hidden=256), gpu_cluster(2, 8)
+    assert len(graph.trainable_variables) > FUSION_CHUNK
+    for text in ("overlap=false", "zero=1,overlap=false", "dp=4,pp=4,zero=2,m=4,overlap=false"):
+        layout = Layout.from_string(text)
+        assert Layout.from_string(str(layout)) == layout and "overlap=false" in str(layout)
+        strategy = layout.build(graph, cluster)
+        groups = [c.synchronizer.group for c in strategy.variables]
+        chunks = (layout.pipeline or 1) * layout.virtual_stages
+        assert sorted(set(groups)) == list(range(chunks)) and groups == sorted(groups, reverse=True)
+        assert strategy.layout(graph).overlap_grad_reduce is False
+        assert (
+            Layout.from_string(text.replace(",overlap=false", "").replace("overlap=false", ""))
+            .build(graph, cluster)
+            .layout(graph)
+            .overlap_grad_reduce
+        )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("zero=3,overlap=false", "overlap_grad_reduce: zero 3 gathers and reduce-scatters unit by unit"),
+        ("bucket=50,overlap=false", "bucket_mb: DDP's buckets overlap backward; overlap_grad_reduce is false"),
+    ],
+)
+def test_reducing_after_backward_refuses_what_it_cannot_mean(text: str, message: str) -> None:
+    with pytest.raises(InvalidLayoutError) as error:
+        Layout.from_string(text)
+    assert message in str(error.value)
+
+
+def test_reducing_after_backward_exposes_the_whole_reduction() -> None:
+    graph, cluster = gpt_graph(layers=12, hidden=256, batch=16, seq=256), gpu_cluster(2, 8)
+    for zero in (0, 1, 2):
+        during = predict(graph, cluster, Layout(zero=zero))
+        after = predict(graph, cluster, Layout(zero=zero, overlap_grad_reduce=False))
+        kind = "allreduce" if zero == 0 else "sharded"
+        assert after.breakdown[kind] > during.breakdown[kind] and after.step_time_s > during.step_time_s

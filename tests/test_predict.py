@@ -158,3 +158,11 @@ def test_a_search_strategys_micro_batches_split_its_graphs_batch() -> None:
     assert (layout.micro_batch, layout.global_batch) == (graph.batch_size // 2, graph.batch_size * 8)
     prediction = predict(graph, cluster, split)
     assert prediction.global_batch == graph.batch_size * 8 and prediction.label == str(layout)
+
+
+def test_larger_ddp_buckets_leave_more_of_the_all_reduce_after_backward() -> None:
+    graph, cluster = gpt_graph(hidden=256, batch=64, seq=256), gpu_cluster(2, 8)
+    steps = [predict(graph, cluster, Layout(bucket_mb=mb)) for mb in (1, 4, 25, 200)]
+    exposed = [p.breakdown["allreduce"] for p in steps]
+    assert exposed[0] < exposed[1] < exposed[2] == pytest.approx(exposed[3])
+    assert steps[2].step_time_s == pytest.approx(predict(graph, cluster, Layout()).step_time_s)

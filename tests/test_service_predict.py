@@ -122,7 +122,7 @@ def test_a_stored_strategy_downloads_as_each_trainers_config(make_client) -> Non
     plain = Layout.from_string("dp=16,zero=2,mb=2,gbs=32").build(graph, cluster)
     record_trial(client, graph, cluster, plain, step_times_s=[0.2])
     config = json.loads(client.get(f"/v1/strategies/{plain.id}", params={"format": "deepspeed"}).text)
-    assert config["zero_optimization"] == {"stage": 2} and config["train_batch_size"] == 32
+    assert config["zero_optimization"] == {"stage": 2, "overlap_comm": True} and config["train_batch_size"] == 32
     assert (
         yaml.safe_load(client.get(f"/v1/strategies/{plain.id}", params={"format": "accelerate"}).text)["num_machines"]
         == 2

@@ -36,7 +36,8 @@ FSDP1_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SH
 
 def layout_to_accelerate(layout: Layout, *, machines: int | None = None, clip: float | None = None) -> str:
     """`clip` (`engines.graph_clip`) has no config key: the training script clips with
-    `accelerator.clip_grad_norm_`, which a comment says."""
+    `accelerator.clip_grad_norm_`, which a comment says; so does DDP's bucket cap (`bucket_mb`), which
+    `DistributedDataParallelKwargs` sets."""
     tensor, context = layout.tensor or 1, layout.context or 1
     refuse(ENGINE, _refusals(layout, tensor, context))
     data = layout.data or 1
@@ -76,6 +77,11 @@ def layout_to_accelerate(layout: Layout, *, machines: int | None = None, clip: f
     text = yaml.safe_dump(config, sort_keys=False)
     if clip:
         text = f"# clip in the training script: accelerator.clip_grad_norm_(model.parameters(), {clip})\n" + text
+    if layout.bucket_mb is not None and kind == "MULTI_GPU":
+        text = (
+            "# DDP's buckets in the training script: Accelerator(kwargs_handlers=["
+            f"DistributedDataParallelKwargs(bucket_cap_mb={layout.bucket_mb})])\n" + text
+        )
     return text
 
 
@@ -102,6 +108,13 @@ def _refusals(layout: Layout, tensor: int, context: int) -> list[str]:
         reasons.append(
             "zero 1 beside tensor or context parallelism or a shard group: zero 1 is DeepSpeed's stage 1 here"
         )
+    if layout.zero == 1 and layout.overlap_grad_reduce:
+        reasons.append(
+            "zero 1 overlapped with backward: the DeepSpeed plugin writes no overlap_comm, so stage 1 reduces "
+            "after backward; state overlap_grad_reduce false"
+        )
+    if layout.zero != 1 and not layout.overlap_grad_reduce:
+        reasons.append("reducing after backward: DDP and FSDP reduce gradients during backward")
     if layout.zero == 1 and layout.recompute == "full":
         reasons.append("full recomputation under DeepSpeed: the model's code checkpoints, not the Accelerate config")
     if layout.data is None:
@@ -142,7 +155,11 @@ def layout_from_accelerate(yaml_text: str) -> Layout:
         fields["data"] = processes if isinstance(processes, int) and processes > 0 else None
     elif kind == "DEEPSPEED":
         deepspeed = _table(config, "deepspeed_config")
-        fields |= {"data": processes if isinstance(processes, int) else None, "zero": deepspeed.get("zero_stage", 0)}
+        fields |= {
+            "data": processes if isinstance(processes, int) else None,
+            "zero": deepspeed.get("zero_stage", 0),
+            "overlap_grad_reduce": deepspeed.get("zero_stage", 0) == 3,
+        }
         steps = deepspeed.get("gradient_accumulation_steps")
         fields["micro_batches"] = steps if isinstance(steps, int) else None
     elif kind == "FSDP":

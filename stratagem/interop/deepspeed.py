@@ -18,7 +18,10 @@ must say:
 - recomputation is whatever the model checkpoints with `deepspeed.checkpointing`: the config's
   `activation_checkpointing` section (and the pipeline's `activation_checkpoint_interval`) stands for
   full recomputation of every block; a selective granularity has no key;
-- compiling is `engine.compile()` in the training script: the config has no key for it.
+- compiling is `engine.compile()` in the training script: the config has no key for it;
+- gradients are reduced after backward at stage 0 (`engine.allreduce_gradients`) and in the pipeline
+  engine (its `ReduceGrads` step), and at stages 1 and 2 unless `zero_optimization.overlap_comm`, which
+  defaults to true only at stage 3: `Layout.overlap_grad_reduce`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def layout_to_deepspeed(layout: Layout, *, clip: float | None = None) -> dict[st
     if count is not None or layout.global_batch is None:
         config["gradient_accumulation_steps"] = count or 1
     zero: dict[str, Any] = {"stage": layout.zero}
+    if layout.zero in (1, 2):
+        zero["overlap_comm"] = layout.overlap_grad_reduce
     if layout.shard_group is not None:
         zero["mics_shard_size"] = layout.shard_group
     config["zero_optimization"] = zero
@@ -89,6 +94,16 @@ def _refusals(layout: Layout, tensor: int, pipeline: int) -> list[str]:
         )
     if precision == "fp8":
         reasons.append("fp8: no ds_config key (fp8 comes from Transformer Engine in the model code)")
+    if layout.zero == 0 and layout.overlap_grad_reduce:
+        reasons.append(
+            "zero 0 overlapped with backward: DeepSpeed's stage 0 all-reduces the gradients after backward "
+            "(engine.allreduce_gradients); state overlap_grad_reduce false, or zero 1 or 2 (overlap_comm)"
+        )
+    if pipeline > 1 and layout.overlap_grad_reduce:
+        reasons.append(
+            "a pipeline overlapped with backward: DeepSpeed's pipeline engine reduces the gradients after the "
+            "schedule (ReduceGrads); state overlap_grad_reduce false"
+        )
     if layout.recompute in ("selective", "selective-op"):
         reasons.append(
             f"{layout.recompute} recomputation: DeepSpeed recomputes what the model checkpoints; the config has no "
@@ -145,8 +160,20 @@ def layout_from_deepspeed(config: str | dict[str, Any]) -> Layout:
         else None,
         "recompute": "full" if checkpointing else "none",
         "precision": _precision(config),
+        "overlap_grad_reduce": _overlap(zero_config, zero) and pipeline == 1,
     }
     return Layout.parse(fields)
+
+
+def _overlap(zero_config: dict[str, Any], zero: int) -> bool:
+    """Stage 0 all-reduces after backward; stages 1 and 2 reduce during it with `overlap_comm`, which
+    DeepSpeed turns on by default only at stage 3 (`DeepSpeedZeroConfig.overlap_comm_valid`)."""
+    if zero == 0:
+        return False
+    value = zero_config.get("overlap_comm", zero == 3)
+    if not isinstance(value, bool):
+        raise config_error(ENGINE, "zero_optimization.overlap_comm", f"must be true or false, got {value!r}")
+    return value or zero == 3
 
 
 def _table(config: dict[str, Any], key: str) -> dict[str, Any]:

@@ -19,9 +19,12 @@ a layout must say:
   Engine's (`--fp8-format hybrid --fp8-recipe tensorwise` with `--bf16`); pure bf16 and TF32 have no flag;
 - `--tp-comm-overlap` overlaps sequence parallelism's collectives with the GEMMs (Transformer Engine's
   userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8;
-- `--overlap-grad-reduce` (and at zero 3 `--overlap-param-gather`) is written into every export, as the
-  simulator prices the data-parallel collectives overlapped; Megatron's default is not to overlap them,
-  and an imported command line is priced overlapped whether it says so or not.
+- `--overlap-grad-reduce` is `Layout.overlap_grad_reduce`: without it Megatron reduces the gradients after
+  backward; zero 3 (Megatron FSDP) is always written with it and `--overlap-param-gather`;
+- `--ddp-bucket-size` counts parameters of Megatron's fp32 main-gradient buffers, so `Layout.bucket_mb`
+  exports as MiB / 4 bytes and imports back at zero 0; without it Megatron buckets
+  max(40M, 1M × dp) parameters (`DistributedDataParallelConfig.bucket_size`), which an exported default
+  layout (priced at DDP's 25 MiB) does not state;
 - Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
   bias-dropout-add, on by default), which prices as `Layout.compile`; Megatron has no `torch.compile`
   switch, so an exported layout writes none either way and an imported one does not compile (state
@@ -37,6 +40,9 @@ from stratagem.interop.engines import TF32_REASON, config_error, refuse
 from stratagem.layout import Layout
 
 ENGINE = "megatron"
+MAIN_GRAD_BYTES = 4
+"""Bytes per element of Megatron's main-gradient buffers (`main_grads_dtype`, fp32 by default)."""
+MIB = 1024 * 1024
 SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 FLAGS = (
     "--tensor-model-parallel-size",
@@ -54,6 +60,7 @@ FLAGS = (
     "--num-distributed-optimizer-instances",
     "--fp8-format",
     "--fp8-recipe",
+    "--ddp-bucket-size",
 )
 """Flags read with a value; switches (`--sequence-parallel`, `--bf16`, ...) are read without one."""
 
@@ -97,6 +104,8 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None, clip: float
         args.append("--fp8-param-gather")
     if clip is not None:
         args += ["--clip-grad", str(clip)]
+    if layout.bucket_mb is not None:
+        args += ["--ddp-bucket-size", str(layout.bucket_mb * MIB // MAIN_GRAD_BYTES)]
     return args
 
 
@@ -140,10 +149,10 @@ def _batch(layout: Layout) -> list[str]:
 
 
 def _sharding(layout: Layout) -> list[str]:
-    """The data-parallel flags. The simulator prices the gradient reduction overlapped with backward (and,
-    at zero 3, each unit's gather with the compute before it), which Megatron does only when asked:
-    `overlap_grad_reduce` and `overlap_param_gather` default to False (`DistributedDataParallelConfig`)."""
-    args = ["--overlap-grad-reduce"]
+    """The data-parallel flags. Megatron overlaps the gradient reduction with backward (and, at zero 3, each
+    unit's gather with the compute before it) only when asked: `overlap_grad_reduce` and
+    `overlap_param_gather` default to False (`DistributedDataParallelConfig`)."""
+    args = ["--overlap-grad-reduce"] if layout.overlap_grad_reduce else []
     if layout.zero == 1:
         args.append("--use-distributed-optimizer")
         if layout.shard_group is not None and layout.data is not None:
@@ -179,6 +188,10 @@ def layout_from_megatron(args: str | list[str]) -> Layout:
         "precision": _precision(values, switches),
     }
     fields |= _zero(values, switches)
+    fields["overlap_grad_reduce"] = "--overlap-grad-reduce" in switches or fields["zero"] == 3
+    bucket = _int(values, "--ddp-bucket-size", None)
+    if bucket is not None and fields["zero"] == 0:
+        fields["bucket_mb"] = max(1, round(bucket * MAIN_GRAD_BYTES / MIB))
     fields["fp8_all_gather"] = "--fp8-param-gather" in switches and fields["precision"] == "fp8" and fields["zero"] == 3
     return Layout.parse(fields)
 

@@ -6,7 +6,8 @@ Key names and rules follow torchtitan's `torchtitan/config/job_config.py`, `dist
 same section and field names). What that version does, and so what a layout must say:
 - data parallelism is `data_parallel_replicate_degree` × `data_parallel_shard_degree`: shard > 1 is
   FSDP2 (zero 3, or 2 with `fsdp_reshard_after_forward = "never"`), both > 1 is HSDP (the shard degree is
-  the shard group), shard 1 is DDP, which torchtitan runs only as the sole parallelism;
+  the shard group), shard 1 is DDP, which torchtitan runs only as the sole parallelism, in buckets of
+  100 MiB (`apply_ddp`'s `bucket_cap_mb`, which no config key changes; an imported DDP states it);
 - tensor parallelism always comes with sequence parallelism (norms as `SequenceParallel`);
 - mixed precision (`mixed_precision_param`, bfloat16 or float32) acts through FSDP, or through autocast
   under DDP or on one device: with TP or PP and no FSDP or CP the step runs in fp32; `training.dtype =
@@ -46,6 +47,8 @@ FROM_SCHEDULE = {
 MULTI_STAGE = ("interleaved1f1b", "zbvzerobubble", "interleavedzerobubble", "loopedbfs", "dualpipev")
 """Schedules that hold several stages per rank (2 unless `pipeline_parallel_layers_per_stage` says)."""
 FLOAT8_CONVERTER = "quantize.linear.float8"
+DDP_BUCKET_MB = 100
+"""`apply_ddp` (`models/llama3/infra/parallelize.py`) replicates with `bucket_cap_mb=100`."""
 AC_MODES = {"none": "none", "selective-op": "selective", "full": "full"}
 
 
@@ -128,6 +131,13 @@ def _refusals(layout: Layout, tensor: int, pipeline: int, context: int, layers: 
         reasons.append(
             "zero 0 (DDP) beside tensor, pipeline or context parallelism: torchtitan runs DDP only as the sole "
             "parallelism; use zero 2 or 3 (FSDP)"
+        )
+    if not layout.overlap_grad_reduce:
+        reasons.append("reducing after backward: torchtitan's DDP and FSDP reduce gradients during backward")
+    if layout.bucket_mb not in (None, DDP_BUCKET_MB):
+        reasons.append(
+            f"bucket_mb({layout.bucket_mb}): torchtitan's DDP buckets at {DDP_BUCKET_MB} MiB (apply_ddp), which "
+            "no config key changes"
         )
     if layout.zero == 0 and data is None:
         reasons.append("data: DDP states its replicate degree; resolve the layout for a device count first")
@@ -229,6 +239,7 @@ def layout_from_torchtitan(toml_text: str) -> Layout:
         "virtual_stages": chunks,
         "zero": zero,
         "shard_group": shard if fsdp and replicate > 1 else None,
+        "bucket_mb": DDP_BUCKET_MB if not fsdp and replicate > 1 and context == 1 else None,
         "recompute": _recompute(ac),
         "precision": _precision(training, model, fsdp=fsdp or context > 1, alone=tensor == pipeline == 1),
         "sequence_parallel": tensor > 1 and bool(par.get("enable_sequence_parallel", True)),

@@ -93,6 +93,11 @@ class Strategy(Document):
     reads its inputs once and writes only what a later kernel or backward needs. Engines with hand-fused
     kernels for the same chains (Megatron-LM's fused scale-mask-softmax, bias-GeLU, bias-dropout-add and
     LayerNorm) compute the same way."""
+    overlap_grad_reduce: bool = True
+    """The engine reduces gradients during backward, each fusion group once its gradients are ready. False
+    states an engine that reduces them after backward (DeepSpeed's stage 0), for `layout()` and the engine
+    exports; the groups are what the simulator prices and the runtime runs, and `Layout.build` makes them
+    one per pipeline chunk, each ready once its chunk's backward is done."""
     consistency: Consistency = Field(default_factory=Consistency)
     variables: list[VariableConfig] = Field(max_length=MAX_VARIABLES)
     predicted: PredictedPerformance | None = None
