@@ -178,7 +178,38 @@ def layout(row: Row) -> Layout:
         precision=precision(row),
         sequence_parallel=sequence_parallel,
         compile=fused,
+        bucket_mb=DDP_BUCKET_MB.get(row.source) if row.zero_stage == 0 else None,
+        overlap_grad_reduce=overlap_grad_reduce(row),
     )
+
+
+REDUCE_AFTER_BACKWARD = ("megatron_sc21_table1", "bigscience_bloom176b")
+"""Sources whose engine reduces gradients after backward. Megatron-LM at the SC'21 scripts' commit
+(6985e58, `megatron/training.py`'s `train_step`) all-reduces its local DDP's gradient buffers once the
+forward-backward schedule returns; BLOOM's Megatron-DeepSpeed steps through DeepSpeed's pipeline engine,
+which reduces them after the schedule (`ReduceGrads`)."""
+
+
+def overlap_grad_reduce(row: Row) -> bool:
+    """False where the engine reduces gradients after backward: `REDUCE_AFTER_BACKWARD`, and the DeepSpeed
+    source's DeepSpeed runs below stage 3. DeepSpeed at the examples' commit (9caa74e) all-reduces stage 0's
+    gradients after backward (`engine.allreduce_gradients`) and reduces stages 1 and 2 during it only with
+    `overlap_comm`, which defaults to false below stage 3 (`zero/constants.py`) and which the examples'
+    ds_configs do not set. Hugging Face's own runs (`AUTOCAST_VARIANTS`) overlap, as torch's DDP does."""
+    if row.source in REDUCE_AFTER_BACKWARD:
+        return False
+    if row.source == "deepspeed_autotuning_hf" and row.other.get("variant") not in AUTOCAST_VARIANTS:
+        return row.zero_stage == 3
+    return True
+
+
+DDP_BUCKET_MB = {"dlperf_ngc_pytorch_resnet50": 38}
+"""Sources whose data parallelism buckets gradients other than torch DDP's 25 MiB. DLPerf ran NVIDIA
+DeepLearningExamples' ResNet-50 at 5cc03caa (its README), whose `image_classification/training.py` wraps
+the model in apex's `DistributedDataParallel`, not torch's as the CSV's note says, at its default
+`message_size` of 10M elements: 38 MiB of fp32 gradients (under apex's O1 the weights, and so the
+gradients, stay fp32 with AMP too). Apex's first bucket is as large as the rest, where a layout's closes at
+DDP's 1 MiB: the last layer's gradients start one bucket early."""
 
 
 FUSED_KERNELS = ("megatron_sc21_table1", "bigscience_bloom176b")
