@@ -44,8 +44,9 @@ STEPS, GLOBAL_BATCH = 5, 12
 
 
 def _builder_strategies(world_size: int) -> list[dict[str, Any]]:
-    """Each builder's strategy for each model, made here once so that every rank runs the same one."""
-    from stratagem import ResourceSpec, capture
+    """Each builder's strategy for each model, and layouts that bucket or reduce after backward, made here
+    once so that every rank runs the same one."""
+    from stratagem import Layout, ResourceSpec, capture
     from stratagem.builders import all_builders
 
     nodes = [
@@ -63,11 +64,13 @@ def _builder_strategies(world_size: int) -> list[dict[str, Any]]:
             batch_size=GLOBAL_BATCH // world_size,
             optimizer="momentum" if opt_name == "sgd" else "adam",
         )
-        for builder in all_builders():
-            strategy = builder.build(graph, resources)
+        made = [(f"builder {type(builder).__name__}", builder.build(graph, resources)) for builder in all_builders()]
+        layouts = ["bucket=1", "overlap=false", *([] if sparse else ["zero=1,overlap=false"])]
+        made += [(f"layout {text}", Layout.from_string(text).build(graph, resources)) for text in layouts]
+        for label, strategy in made:
             runs.append(
                 {
-                    "name": f"builder {type(builder).__name__}/{kind}-{opt_name}",
+                    "name": f"{label}/{kind}-{opt_name}",
                     "kind": kind,
                     "opt": opt_name,
                     "sparse": sparse,
