@@ -526,6 +526,8 @@ def test_each_engine_reduces_gradients_during_backward_only_where_it_says_so() -
     args = Layout.from_string("dp=8,mb=2,gbs=16,overlap=false").to_megatron()
     assert "--overlap-grad-reduce" not in args and not Layout.from_megatron(args).overlap_grad_reduce
     assert Layout.from_megatron([*args, "--overlap-grad-reduce"]).overlap_grad_reduce
+    late = Layout.from_megatron([*args, "--ddp-bucket-size", "10000000"])
+    assert (late.overlap_grad_reduce, late.bucket_mb) == (False, None)
     accelerate = Layout.from_string("dp=8,zero=1,overlap=false").to_accelerate()
     assert not Layout.from_accelerate(accelerate).overlap_grad_reduce
     assert Layout.from_accelerate(Layout.from_string("dp=8").to_accelerate()).overlap_grad_reduce

@@ -22,7 +22,8 @@ a layout must say:
 - `--overlap-grad-reduce` is `Layout.overlap_grad_reduce`: without it Megatron reduces the gradients after
   backward; zero 3 (Megatron FSDP) is always written with it and `--overlap-param-gather`;
 - `--ddp-bucket-size` counts parameters of Megatron's fp32 main-gradient buffers, so `Layout.bucket_mb`
-  exports as MiB / 4 bytes and imports back at zero 0; without it Megatron buckets
+  exports as MiB / 4 bytes and imports back at zero 0 beside `--overlap-grad-reduce` (buckets matter
+  only there); without it Megatron buckets
   max(40M, 1M × dp) parameters (`DistributedDataParallelConfig.bucket_size`), which an exported default
   layout (priced at DDP's 25 MiB) does not state;
 - Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
@@ -190,7 +191,7 @@ def layout_from_megatron(args: str | list[str]) -> Layout:
     fields |= _zero(values, switches)
     fields["overlap_grad_reduce"] = "--overlap-grad-reduce" in switches or fields["zero"] == 3
     bucket = _int(values, "--ddp-bucket-size", None)
-    if bucket is not None and fields["zero"] == 0:
+    if bucket is not None and fields["zero"] == 0 and fields["overlap_grad_reduce"]:
         fields["bucket_mb"] = max(1, round(bucket * MAIN_GRAD_BYTES / MIB))
     fields["fp8_all_gather"] = "--fp8-param-gather" in switches and fields["precision"] == "fp8" and fields["zero"] == 3
     return Layout.parse(fields)
