@@ -509,6 +509,10 @@ def test_ddps_bucket_cap_is_each_engines_own_setting() -> None:
     args = layout.to_megatron()
     assert args[args.index("--ddp-bucket-size") + 1] == str(40 * 2**20 // 4)
     assert Layout.from_megatron([*args, "--use-distributed-optimizer"]).bucket_mb is None
+    plain = Layout.from_string("dp=8,mb=2,gbs=16").to_megatron()
+    assert plain[plain.index("--ddp-bucket-size") + 1] == str(25 * 2**20 // 4)
+    assert Layout.from_megatron(plain).bucket_mb is None
+    assert "--ddp-bucket-size" not in Layout.from_string("dp=8,zero=1").to_megatron()
     assert "DistributedDataParallelKwargs(bucket_cap_mb=40)" in layout.to_accelerate().splitlines()[0]
     assert "bucket_cap_mb" not in Layout.from_string("dp=8").to_accelerate()
     ddp = Layout.from_torchtitan(Layout.from_string("dp=8,mb=2,gbs=16").to_torchtitan())

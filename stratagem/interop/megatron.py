@@ -21,11 +21,10 @@ a layout must say:
   userbuffers): async tensor parallelism; `--fp8-param-gather` gathers fp8 parameters in fp8;
 - `--overlap-grad-reduce` is `Layout.overlap_grad_reduce`: without it Megatron reduces the gradients after
   backward; zero 3 (Megatron FSDP) is always written with it and `--overlap-param-gather`;
-- `--ddp-bucket-size` counts parameters of Megatron's fp32 main-gradient buffers, so `Layout.bucket_mb`
-  exports as MiB / 4 bytes and imports back at zero 0 beside `--overlap-grad-reduce` (buckets matter
-  only there); without it Megatron buckets
-  max(40M, 1M × dp) parameters (`DistributedDataParallelConfig.bucket_size`), which an exported default
-  layout (priced at DDP's 25 MiB) does not state;
+- `--ddp-bucket-size` counts parameters of Megatron's fp32 main-gradient buffers. Without it Megatron
+  buckets max(40M, 1M × dp) parameters (`DistributedDataParallelConfig.bucket_size`), so a zero-0 layout
+  that overlaps writes its bucket (`Layout.bucket_mb`, or DDP's 25 MiB, as priced) as MiB / 4 bytes,
+  and an import reads it back there (25 MiB as the default);
 - Megatron runs each element-wise chain of a block as one hand-written kernel (masked softmax, bias-GeLU,
   bias-dropout-add, on by default), which prices as `Layout.compile`; Megatron has no `torch.compile`
   switch, so an exported layout writes none either way and an imported one does not compile (state
@@ -39,6 +38,7 @@ from typing import Any, overload
 
 from stratagem.interop.engines import TF32_REASON, config_error, refuse
 from stratagem.layout import Layout
+from stratagem.layout_build import DDP_BUCKET_MB
 
 ENGINE = "megatron"
 MAIN_GRAD_BYTES = 4
@@ -105,8 +105,9 @@ def layout_to_megatron(layout: Layout, *, layers: int | None = None, clip: float
         args.append("--fp8-param-gather")
     if clip is not None:
         args += ["--clip-grad", str(clip)]
-    if layout.bucket_mb is not None:
-        args += ["--ddp-bucket-size", str(layout.bucket_mb * MIB // MAIN_GRAD_BYTES)]
+    if layout.zero == 0 and layout.overlap_grad_reduce:
+        bucket_mb = layout.bucket_mb or DDP_BUCKET_MB
+        args += ["--ddp-bucket-size", str(bucket_mb * MIB // MAIN_GRAD_BYTES)]
     return args
 
 
@@ -192,7 +193,8 @@ def layout_from_megatron(args: str | list[str]) -> Layout:
     fields["overlap_grad_reduce"] = "--overlap-grad-reduce" in switches or fields["zero"] == 3
     bucket = _int(values, "--ddp-bucket-size", None)
     if bucket is not None and fields["zero"] == 0 and fields["overlap_grad_reduce"]:
-        fields["bucket_mb"] = max(1, round(bucket * MAIN_GRAD_BYTES / MIB))
+        bucket_mb = max(1, round(bucket * MAIN_GRAD_BYTES / MIB))
+        fields["bucket_mb"] = None if bucket_mb == DDP_BUCKET_MB else bucket_mb
     fields["fp8_all_gather"] = "--fp8-param-gather" in switches and fields["precision"] == "fp8" and fields["zero"] == 3
     return Layout.parse(fields)
 
