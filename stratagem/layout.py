@@ -358,18 +358,25 @@ def _bucket_groups(graph: ModelGraph, bucket_mb: int | None) -> list[int]:
 
 def _bucket_of(graph: ModelGraph, groups: list[int | None]) -> int | None:
     """The DDP bucket cap (MiB) whose buckets are these all-reduce groups: None for DDP's own 25 MiB or
-    for groups no cap makes. A closed bucket holds at least the cap and less than the cap plus its last
-    gradient, so the second bucket's bytes bound the caps worth trying."""
+    for groups no cap makes. A bucket that closed holds at least the cap and less than the cap plus its
+    last gradient; the last bucket may instead have stayed open, below the cap. So the smallest cap above
+    every bucket's bytes less its last gradient makes the groups if any cap does, or else the smallest
+    above the last bucket's bytes."""
     from stratagem.layout_build import MIB
 
     if groups == _bucket_groups(graph, None):
         return None
-    variables = graph.trainable_variables
-    second = [variable.nbytes for variable, number in zip(variables, groups, strict=True) if number == 1]
-    if not second:
+    sizes: dict[int | None, int] = {}
+    last: dict[int | None, int] = {}
+    for variable, number in zip(graph.trainable_variables, groups, strict=True):
+        sizes[number] = sizes.get(number, 0) + variable.nbytes
+        last.setdefault(number, variable.nbytes)
+    later = [number for number in sizes if number not in (0, None)]
+    if not later:
         return None
-    low, high = max(1, (sum(second) - second[0]) // MIB), sum(second) // MIB + 1
-    return next((cap for cap in range(low, high + 1) if _bucket_groups(graph, cap) == groups), None)
+    closed = max(sizes[n] - last[n] for n in later) // MIB + 1
+    open_tail = max(closed, sizes[max(later)] // MIB + 1)
+    return next((cap for cap in (closed, open_tail) if _bucket_groups(graph, cap) == groups), None)
 
 
 def _zero_of(strategy: Strategy) -> tuple[ZeroLevel, int | None]:

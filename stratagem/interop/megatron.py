@@ -38,12 +38,11 @@ from typing import Any, overload
 
 from stratagem.interop.engines import TF32_REASON, config_error, refuse
 from stratagem.layout import Layout
-from stratagem.layout_build import DDP_BUCKET_MB
+from stratagem.layout_build import DDP_BUCKET_MB, MIB
 
 ENGINE = "megatron"
 MAIN_GRAD_BYTES = 4
 """Bytes per element of Megatron's main-gradient buffers (`main_grads_dtype`, fp32 by default)."""
-MIB = 1024 * 1024
 SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 FLAGS = (
     "--tensor-model-parallel-size",
