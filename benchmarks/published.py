@@ -10,8 +10,9 @@ v1.5), the cluster and `stratagem.Layout` are built from the row (`benchmarks/li
 main components, memory, capture time), per source and overall: MAPE of the step time, scaling error
 over series of one model on growing GPU counts, Kendall tau within one model on one cluster, and
 leave-one-source-out scores of the learned correction (with `--loso-variants`, also at two other seeds
-and without place levels). A row the project cannot express, or that the
-simulator refuses, is a miss with its reason; misses are not scored.
+and without place levels), and the peak memory priced against the peak a source reports (`memory`:
+torchtitan's `max_reserved`). A row the project cannot express, or that the simulator refuses, is a miss
+with its reason; misses are not scored.
 
 Beside them, apart from every target (`deepspeed_engine_timed`): the DeepSpeed source's runs as
 DeepSpeed's own timers measured them, forward, backward and step without the Trainer's loop
@@ -45,6 +46,7 @@ from stratagem import Layout, ModelGraph, Prediction, ResourceSpec
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT.parent / "shared" / "published" / "gpu_measurements.csv"
 GB = 1e9
+GIB = 1024**3
 TOP_COMPONENTS = 3
 
 
@@ -165,6 +167,33 @@ def scores(results: list[RowResult]) -> dict[str, Any]:
     }
 
 
+def memory_scores(results: list[RowResult]) -> dict[str, Any]:
+    """The peak priced against the peak a source reports (torchtitan's `max_reserved`): the live tensors
+    the simulator prices, times one plus the GPU's caching-allocator share (`DeviceSpec.allocator_overhead`),
+    which is what the allocator reserves for them."""
+    entries: dict[str, dict[str, Any]] = {}
+    reported_bytes, priced_bytes = [], []
+    for r in results:
+        reported = r.row.measured_memory_bytes
+        if reported is None or r.prediction is None or r.resources is None:
+            continue
+        spec = r.resources.node_device_spec(r.resources.nodes[0])
+        reserved = r.prediction.memory_per_device_bytes * (1.0 + (spec.allocator_overhead or 0.0))
+        entries[r.row.id] = {
+            "layout": str(r.layout) if r.layout is not None else None,
+            "predicted_gib": _round(reserved / GIB, 2),
+            "reported_gib": _round(reported / GIB, 2),
+            "ratio": _round(reserved / reported),
+        }
+        reported_bytes.append(reported)
+        priced_bytes.append(reserved)
+    return {
+        "rows": len(entries),
+        "mape": _round(mape(measured=reported_bytes, predicted=priced_bytes)) if entries else None,
+        "per_row": entries,
+    }
+
+
 def summary(results: list[RowResult], capture_wall_s: float) -> dict[str, Any]:
     by_source: dict[str, list[RowResult]] = defaultdict(list)
     for result in results:
@@ -192,6 +221,7 @@ def summary(results: list[RowResult], capture_wall_s: float) -> dict[str, Any]:
             "ids": [r.row.id for r in unscored],
         },
         "predicted_not_to_fit": [r.row.id for r in results if r.prediction is not None and not r.prediction.feasible],
+        "memory": memory_scores(results),
         "captures": {
             "distinct_graphs": len(captures),
             "total_capture_s": _round(sum(c["capture_s"] or 0.0 for c in captures.values())),

@@ -246,7 +246,22 @@ def test_misses_are_counted_by_reason_and_never_scored(rows) -> None:
     assert out["per_source"]["torchtitan_benchmarks"]["scored"] == 0
 
 
-def _prediction(*, step: float) -> Any:
+def test_memory_is_the_live_tensors_priced_with_the_allocators_share_against_the_reported_peak(rows) -> None:
+    row = rows["torchtitan_benchmarks:1"]
+    resources = published_layouts.cluster(row)
+    share = resources.node_device_spec(resources.nodes[0]).allocator_overhead or 0.0
+    reporting = published.RowResult(row, resources=resources)
+    reporting.prediction = _prediction(step=1.0, memory=70 * 1024**3)
+    silent = published.RowResult(rows["dlperf_ngc_pytorch_resnet50:1"])
+    silent.prediction = _prediction(step=0.5)
+    memory = published.summary([reporting, silent], capture_wall_s=0.0)["memory"]
+    entry = memory["per_row"]["torchtitan_benchmarks:1"]
+    assert list(memory["per_row"]) == ["torchtitan_benchmarks:1"] and memory["rows"] == 1
+    assert entry["reported_gib"] == 76.8 and entry["predicted_gib"] == pytest.approx(70 * (1 + share), abs=0.01)
+    assert memory["mape"] == pytest.approx(abs(70 * (1 + share) / 76.8 - 1), abs=1e-4)
+
+
+def _prediction(*, step: float, memory: float = 1.0) -> Any:
     return stratagem.Prediction(
         label="test",
         strategy_id="s",
@@ -255,8 +270,8 @@ def _prediction(*, step: float) -> Any:
         step_time_s=step,
         samples_per_s=1 / step,
         model_flops_per_step=1.0,
-        memory_per_device_bytes=1.0,
-        memory_capacity_bytes=2.0,
+        memory_per_device_bytes=memory,
+        memory_capacity_bytes=2.0 * memory,
         feasible=True,
         breakdown={"compute": step},
     )
@@ -334,6 +349,10 @@ def test_all_fixture_rows_including_a_1024_gpu_megatron_run_and_the_405b_run_get
     by_id = {r["id"]: r for r in out["rows"]}
     assert by_id["torchtitan_benchmarks:2"]["capture"]["parameters"] > 400e9
     assert by_id["bigscience_bloom176b:1"]["capture"]["attn_implementation"] == "eager"
+    memory = out["summary"]["memory"]["per_row"]
+    assert set(memory) == {"torchtitan_benchmarks:1", "torchtitan_benchmarks:2"}
+    # each pipeline stage holds its whole gradient until the last micro-batch, as torchtitan's 405B does
+    assert 0.8 < memory["torchtitan_benchmarks:2"]["ratio"] < 1.0
     learned = out["leave_one_source_out"]
     assert set(learned["source_levels"]) == set(learned["sources_priced"])
     assert all(level > 0 for level in learned["source_levels"].values())
