@@ -12,7 +12,7 @@ from stratagem.bounded_cache import BoundedCache
 from stratagem.errors import InvalidDocumentError
 from stratagem.ir import ModelGraph, ResourceSpec, Strategy
 
-SIMULATOR_VERSION = "principled-1.30"
+SIMULATOR_VERSION = "principled-1.31"
 """Bump when a formula changes: predictions (and learned corrections) record which simulator made them."""
 
 log = logging.getLogger(__name__)

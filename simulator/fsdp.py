@@ -22,7 +22,8 @@ parameters of the unit computing and the one prefetched.
 
 With a pipeline the stage's parameters stay gathered through the step (torchtitan turns
 `reshard_after_forward` off under pipeline parallelism: re-gathering per micro-batch would multiply
-the traffic by m), so stage 3 costs and holds what stage 2 does there.
+the traffic by m) and its gradients accumulate whole until the last micro-batch (`simulator.memory`),
+so stage 3 costs what stage 2 does there and holds what stage 1 does.
 """
 
 from __future__ import annotations

@@ -11,8 +11,12 @@ Per device: parameters + gradients + optimizer state + activations in flight.
   and `fp8`.
 - Sharded variables (ZeRO, over S = shard group (or data) × context ranks): stage 1 keeps 1/S of the
   optimizer state (master copy included), stage 2 also 1/S of the gradients, stage 3 also 1/S of the
-  parameters plus the two units it has gathered (`simulator.fsdp`; under a pipeline stage 3 holds what
-  stage 2 does).
+  parameters plus the two units it has gathered (`simulator.fsdp`).
+- Under a pipeline the stage's gradients are whole at every stage: the schedule accumulates each
+  micro-batch's gradient unsharded and reduces once after the last (torch.distributed.pipelining's
+  `backward_maybe_with_nosync` turns FSDP2's gradient sync and its resharding off until then, and FSDP2
+  keeps the sum at the gradient's precision); stage 3's parameters stay gathered (`simulator.fsdp`). So
+  a pipelined stage 2 or 3 holds what stage 1 does, its parameters whole.
 - PS variables keep a parameter copy and a gradient on every worker (the forward needs the weights and
   backward produces the gradient before the push); their optimizer state lives on the server. A server
   that is also a replica adds what it holds (parameters and state of its shards) to its own peak; any
@@ -283,11 +287,8 @@ def _pipelined_peak(context: SimContext, batch: CandidateBatch, topo: Topology, 
     n = rows.size
     S = int(batch.pipeline[rows].max())
     shards = topo.shard_degree[rows, None]
-    stage = batch.zero_stage[rows]
-    grad_share = np.where(stage == 1, 1.0, 1.0 / shards) if (stage == 1).any() else 1.0 / shards
     state_bytes = context.var_state_bytes
-    params = _per_variable(context, batch, rows, context.var_bytes, ps_share=1.0, sharded_share=1.0)
-    grads = _per_variable(context, batch, rows, context.var_bytes, ps_share=1.0, sharded_share=grad_share)
+    params = grads = _per_variable(context, batch, rows, context.var_bytes, ps_share=1.0, sharded_share=1.0)
     precision = batch.precision[rows].astype(np.intp)
     scaled = precision > Precision.TF32
     if scaled.any():

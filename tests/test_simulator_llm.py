@@ -442,6 +442,18 @@ def test_each_zero_stage_shards_what_it_names():
     )  # stage 3: + the gathered unit
 
 
+def test_a_pipelined_stage_holds_whole_gradients_at_every_zero_stage():
+    """The schedule accumulates every micro-batch's gradient unsharded and reduces once after the last,
+    so under a pipeline only the optimizer state is sharded: stages 1, 2 and 3 peak alike."""
+    context = compile_context(block_graph(blocks=8), gpus(per_node=8))
+    base = {"data": 4, "pipeline": 2, "micro_batches": 4}
+    rows = [base] + [{**base, "kind": SyncKind.SHARDED, "zero_stage": s} for s in (1, 2, 3)]
+    memory = simulate_batch(context, candidates(context, rows)).memory
+    stage_params = 4 * 12 * 256**2  # four blocks of qkv, out, fc and proj
+    assert memory[0] - memory[1] == pytest.approx(stage_params * (8 - 8 / 4))  # Adam's fp32 state, ÷ 4
+    assert memory[1] == memory[2] == memory[3]
+
+
 def test_zero_stage_one_all_reduces_gradients_and_stage_three_gathers_in_forward_and_backward():
     context = compile_context(gpt(), gpus(gbps=100))
     rows = [{"data": 8}] + [{"data": 8, "kind": SyncKind.SHARDED, "zero_stage": s} for s in (1, 2, 3)]
