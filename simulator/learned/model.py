@@ -16,7 +16,8 @@ how the error varies within a place, which is what can carry over to a place wit
 known place gets its level back; a row of any other place gets none, and its interval widens by the
 spread of the levels (`level_log_std_`).
 
-Saved as one JSON document (XGBoost's own JSON for each booster, never pickle).
+Saved as one JSON document (XGBoost's own JSON for each booster, never pickle; `simulator.learned.document`
+checks it on load).
 """
 
 from __future__ import annotations
@@ -34,30 +35,25 @@ import numpy as np
 import xgboost as xgb
 from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 
+from simulator.learned.document import (
+    FORMAT,
+    FORMAT_VERSION,
+    LEGACY_PARAMS,
+    InvalidCostModelError,
+    check_document,
+    check_params,
+    load_booster,
+)
 from simulator.learned.features import FeatureMatrix, build_features, default_feature_names, monotone_constraints
 from simulator.learned.metrics import out_of_fold
 from simulator.learned.records import TrainingRecord
-from stratagem.errors import InvalidDocumentError, Problem, StratagemError
-
-FORMAT = "stratagem-cost-model"
-FORMAT_VERSION = 1
-LEGACY_PARAMS: dict[str, Any] = {"shrink_folds": 0, "place_levels": True}
-"""Hyper-parameters added to format 1 later, at the value that reproduces documents saved without them
-(which load with it); a model at that value saves without it, and without `scale` at 1, so versions
-stored before keep their content hash."""
+from stratagem.errors import Problem, StratagemError
 
 Data = Sequence[TrainingRecord] | FeatureMatrix
 
 
 class NotFittedError(StratagemError, SklearnNotFittedError):
     """`predict` (or `to_json`) was called before `fit` or `from_json`."""
-
-
-class InvalidCostModelError(InvalidDocumentError):
-    """Bad hyper-parameters, training data without measurements, or a saved model that does not load."""
-
-    def __init__(self, problems: list[Problem] | str) -> None:
-        super().__init__(problems, document="cost model")
 
 
 class CostModel:
@@ -139,7 +135,7 @@ class CostModel:
 
     def fit(self, data: Data) -> Self:
         """Fit on measured trials; an empty set is allowed and leaves the simulator as it is."""
-        _check_params(self.get_params())
+        check_params(self.get_params())
         matrix = _as_matrix(data, default_feature_names())
         _check_measured(matrix)
         self.feature_names_ = list(matrix.names)
@@ -296,11 +292,11 @@ class CostModel:
             document = json.loads(text)
         except json.JSONDecodeError as error:
             raise InvalidCostModelError(f"not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
-        _check_document(document)
+        check_document(document, _init_parameter_names())
         model = cls(**{**LEGACY_PARAMS, **document["params"]})
-        _check_params(model.get_params())
+        check_params(model.get_params())
         model.feature_names_ = list(document["feature_names"])
-        model.boosters_ = [_load_booster(raw, i) for i, raw in enumerate(document["boosters"])]
+        model.boosters_ = [load_booster(raw, i) for i, raw in enumerate(document["boosters"])]
         model.residual_log_std_ = float(document["residual_log_std"])
         model.scale_ = float(document.get("scale", 1.0))
         model.place_levels_ = {str(k): float(v) for k, v in (document.get("place_levels") or {}).items()}
@@ -425,91 +421,6 @@ def _check_measured(matrix: FeatureMatrix) -> None:
                 for i in missing[:10]
             ]
         )
-
-
-_PARAM_RULES: dict[str, tuple[float, float, bool]] = {
-    # name: (lowest, highest, must be an integer)
-    "n_estimators": (1, 100_000, True),
-    "learning_rate": (1e-6, 1.0, False),
-    "max_depth": (1, 16, True),
-    "min_child_weight": (0.0, math.inf, False),
-    "reg_lambda": (0.0, math.inf, False),
-    "colsample_bytree": (1e-6, 1.0, False),
-    "n_bootstrap": (1, 1000, True),
-    "prior_log_std": (0.0, math.inf, False),
-    "prior_strength": (0.0, math.inf, False),
-    "interval_z": (0.0, math.inf, False),
-    "shrink_folds": (0, 100, True),
-    "n_jobs": (1, 1024, True),
-}
-
-
-def _check_params(params: dict[str, Any]) -> None:
-    problems = []
-    for name, (low, high, integer) in _PARAM_RULES.items():
-        value = params[name]
-        if integer and (isinstance(value, bool) or not isinstance(value, int)):
-            problems.append(Problem(f"params.{name}", f"must be an integer, got {value!r}"))
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
-            problems.append(Problem(f"params.{name}", f"must be a number in [{low}, {high}], got {value!r}"))
-    for name in ("monotone", "place_levels"):
-        if not isinstance(params[name], bool):
-            problems.append(Problem(f"params.{name}", f"must be true or false, got {params[name]!r}"))
-    if problems:
-        raise InvalidCostModelError(problems)
-
-
-def _check_document(document: Any) -> None:
-    if not isinstance(document, dict):
-        raise InvalidCostModelError("a saved cost model is a JSON object")
-    if document.get("format") != FORMAT:
-        raise InvalidCostModelError([Problem("format", f"expected {FORMAT!r}, got {document.get('format')!r}")])
-    if document.get("format_version") != FORMAT_VERSION:
-        raise InvalidCostModelError(
-            [
-                Problem(
-                    "format_version",
-                    f"{document.get('format_version')!r} is not supported (this library reads {FORMAT_VERSION})",
-                )
-            ]
-        )
-    expected: dict[str, type | tuple[type, ...]] = {
-        "params": dict,
-        "feature_names": list,
-        "boosters": list,
-        "residual_log_std": (int, float),
-        "n_train": int,
-        "n_groups": int,
-        "version": str,
-    }
-    problems = [
-        Problem(key, f"missing or not a {kind.__name__ if isinstance(kind, type) else 'number'}")
-        for key, kind in expected.items()
-        if not isinstance(document.get(key), kind)
-    ]
-    scale = document.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0.0 <= scale <= 1.0:
-        problems.append(Problem("scale", f"must be a number in [0, 1], got {scale!r}"))
-    levels = document.get("place_levels", {})
-    if not isinstance(levels, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in levels.values()
-    ):
-        problems.append(Problem("place_levels", "must map each place to a finite number"))
-    if not problems:
-        unknown = sorted(set(document["params"]) - set(_init_parameter_names()))
-        problems = [Problem(f"params.{name}", "unknown hyper-parameter") for name in unknown]
-    if problems:
-        raise InvalidCostModelError(problems)
-
-
-def _load_booster(raw: Any, index: int) -> xgb.Booster:
-    booster = xgb.Booster()
-    try:
-        booster.load_model(bytearray(json.dumps(raw).encode()))
-    except xgb.core.XGBoostError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "unreadable"
-        raise InvalidCostModelError([Problem(f"boosters[{index}]", f"XGBoost cannot load it: {first_line}")]) from None
-    return booster
 
 
 def _init_parameter_names() -> list[str]:
