@@ -12,11 +12,12 @@ Per device: parameters + gradients + optimizer state + activations in flight.
 - Sharded variables (ZeRO, over S = shard group (or data) × context ranks): stage 1 keeps 1/S of the
   optimizer state (master copy included), stage 2 also 1/S of the gradients, stage 3 also 1/S of the
   parameters plus the two units it has gathered (`simulator.fsdp`).
-- Under a pipeline the stage's gradients are whole at every stage: the schedule accumulates each
-  micro-batch's gradient unsharded and reduces once after the last (torch.distributed.pipelining's
-  `backward_maybe_with_nosync` turns FSDP2's gradient sync and its resharding off until then, and FSDP2
-  keeps the sum at the gradient's precision); stage 3's parameters stay gathered (`simulator.fsdp`). So
-  a pipelined stage 2 or 3 holds what stage 1 does, its parameters whole.
+- Under a pipeline a rank holds its chunks' whole gradients at every ZeRO stage: the schedule
+  accumulates each micro-batch's gradient unsharded and reduces once after the last
+  (torch.distributed.pipelining's `backward_maybe_with_nosync` turns FSDP2's gradient sync and its
+  resharding off until then, and FSDP2 keeps the sum at the gradient's precision), and stage 3's
+  parameters stay gathered (`simulator.fsdp`). So pipelined ZeRO 2 and 3 hold what ZeRO 1 does, their
+  parameters whole.
 - PS variables keep a parameter copy and a gradient on every worker (the forward needs the weights and
   backward produces the gradient before the push); their optimizer state lives on the server. A server
   that is also a replica adds what it holds (parameters and state of its shards) to its own peak; any
