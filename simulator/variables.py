@@ -87,17 +87,14 @@ class VariableArrays:
 
 
 def variable_arrays(graph: ModelGraph, layer_index: dict[str, int], kinds: DeviceKinds) -> VariableArrays:
-    users: dict[str, int] = {}
-    for i, layer in enumerate(graph.layers):
-        for name in layer.variables:
-            users.setdefault(name, i)
+    layer_names = graph.variable_layers()
     trainable = graph.trainable_variables
     rank = max([len(v.shape) for v in trainable] + [1])
     shape = np.ones((len(trainable), rank), dtype=np.int64)
     for i, var in enumerate(trainable):
         shape[i, : len(var.shape)] = var.shape
     layer_of = np.array(
-        [layer_index[v.consumer] if v.consumer else users.get(v.name, 0) for v in trainable], dtype=np.intp
+        [layer_index[layer_names[v.name]] if v.name in layer_names else 0 for v in trainable], dtype=np.intp
     )
     nbytes = np.array([v.nbytes for v in trainable], dtype=float)
     numel = np.array([v.numel for v in trainable], dtype=float)

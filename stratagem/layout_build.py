@@ -195,20 +195,14 @@ def synchronizers(graph: ModelGraph, layout: Layout, stages: list[list[str]] | N
 
 def after_backward_groups(graph: ModelGraph, stages: list[list[str]] | None) -> list[int]:
     """Each trainable variable's group when every pipeline chunk reduces its gradients in one collective
-    once its backward is done: the chunk of the layer that reads it (`Variable.consumer`, else its first
-    user), numbered from the last chunk, whose backward ends first."""
+    once its backward is done: the chunk of its layer (`ModelGraph.variable_layers`), numbered from the
+    last chunk, whose backward ends first."""
     if stages is None or len(stages) == 1:
         return [0] * len(graph.trainable_variables)
     chunk_of = {name: chunk for chunk, names in enumerate(stages) for name in names}
-    first_user: dict[str, str] = {}
-    for layer in graph.layers:
-        for name in layer.variables:
-            first_user.setdefault(name, layer.name)
+    layer_of = graph.variable_layers()
     last = len(stages) - 1
-    return [
-        last - chunk_of.get(variable.consumer or first_user.get(variable.name, ""), 0)
-        for variable in graph.trainable_variables
-    ]
+    return [last - chunk_of.get(layer_of.get(variable.name, ""), 0) for variable in graph.trainable_variables]
 
 
 def ddp_groups(graph: ModelGraph, bucket_mb: int) -> list[int]:

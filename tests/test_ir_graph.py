@@ -254,3 +254,18 @@ def test_non_finite_numbers_are_refused_naming_the_field() -> None:
     data = graph_dict()
     data["layers"][1]["bwd_flops"] = float("inf")
     assert "layers[1].bwd_flops: must be a finite number" in error_text(data)
+
+
+def test_a_variables_layer_is_its_consumer_else_the_first_layer_that_lists_it():
+    graph = ModelGraph(
+        name="tied",
+        batch_size=1,
+        layers=[
+            Layer(name="embed", type="Embedding", kind="embedding", variables=["wte"]),
+            Layer(name="fc", type="Linear", kind="matmul", variables=["w"]),
+            Layer(name="head", type="Linear", kind="matmul", variables=["wte", "w"]),
+        ],
+        variables=[Variable(name="wte", shape=[8, 4], consumer="head"), Variable(name="w", shape=[4, 4]),
+                   Variable(name="unused", shape=[2])],
+    )  # fmt: skip
+    assert graph.variable_layers() == {"wte": "head", "w": "fc"}

@@ -179,18 +179,6 @@ def _frozen_row(variable: Variable) -> VariableRow:
     )
 
 
-def _layer_of(graph: ModelGraph) -> dict[str, str]:
-    """Variable name -> the layer it is listed under: its consumer, else the first layer that uses it."""
-    owner: dict[str, str] = {}
-    for layer in graph.layers:
-        for name in layer.variables:
-            owner.setdefault(name, layer.name)
-    for variable in graph.variables:
-        if variable.consumer is not None:
-            owner[variable.name] = variable.consumer
-    return owner
-
-
 def placement(strategy: Strategy, graph: ModelGraph | None) -> Placement:
     variables = {v.name: v for v in graph.variables} if graph is not None else {}
     pieces: dict[str, list[Shard]] = {}
@@ -220,7 +208,7 @@ def placement(strategy: Strategy, graph: ModelGraph | None) -> Placement:
 def _group_by_layer(rows: dict[str, VariableRow], graph: ModelGraph | None) -> list[LayerRows]:
     if graph is None:
         return [LayerRows(name="(the graph is not stored)", type="", nbytes=None, variables=list(rows.values()))]
-    owner = _layer_of(graph)
+    owner = graph.variable_layers()
     grouped: dict[str, list[VariableRow]] = {}
     for name, row in rows.items():
         grouped.setdefault(owner.get(name, NO_LAYER), []).append(row)

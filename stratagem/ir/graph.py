@@ -282,6 +282,18 @@ class ModelGraph(Document):
     def variables_by_name(self) -> dict[str, Variable]:
         return {v.name: v for v in self.variables}
 
+    def variable_layers(self) -> dict[str, str]:
+        """Each variable's layer, whose backward makes its gradient: its `consumer`, else the first layer
+        that lists it; a variable no layer uses is absent."""
+        layers: dict[str, str] = {}
+        for layer in self.layers:
+            for name in layer.variables:
+                layers.setdefault(name, layer.name)
+        for variable in self.variables:
+            if variable.consumer is not None:
+                layers[variable.name] = variable.consumer
+        return layers
+
     @property
     def trainable_variables(self) -> list[Variable]:
         return [v for v in self.variables if v.trainable]
